@@ -1,0 +1,41 @@
+# memtrace build: per-arch CO-RE objects, shipped inside the Python package.
+#
+#   make            build memtrace/bpf/memtrace.{x86,arm64}.bpf.o
+#   make check-objects   rebuild into a scratch dir and compare with the shipped bytes
+#   make vmlinux-x86     regenerate vmlinux/x86/vmlinux.h from this host's BTF
+#   make vmlinux-arm64   regenerate vmlinux/arm64/vmlinux.h from Debian's arm64 kernel
+
+CLANG ?= clang
+ARCHES := x86 arm64
+OUT ?= memtrace/bpf
+SRC := bpf/memtrace.bpf.c
+HDRS := bpf/memtrace.h
+
+# Stable flags so the same sources give the same bytes on any checkout path.
+BPF_CFLAGS := -O2 -g -target bpf -fno-ident -Wall -Werror \
+	-fdebug-prefix-map=$(CURDIR)=. -fmacro-prefix-map=$(CURDIR)=. \
+	-fdebug-compilation-dir=. -I bpf
+
+OBJS := $(foreach a,$(ARCHES),$(OUT)/memtrace.$(a).bpf.o)
+
+.PHONY: all check-objects clean vmlinux-x86 vmlinux-arm64
+all: $(OBJS)
+
+$(OUT)/memtrace.%.bpf.o: $(SRC) $(HDRS) vmlinux/%/vmlinux.h
+	@mkdir -p $(OUT)
+	$(CLANG) $(BPF_CFLAGS) -D__TARGET_ARCH_$* -I vmlinux/$* -c $(SRC) -o $@
+	llvm-strip -g $@
+
+check-objects:
+	@tmp=$$(mktemp -d) && $(MAKE) -s --always-make OUT=$$tmp $(foreach a,$(ARCHES),$$tmp/memtrace.$(a).bpf.o) && \
+	for a in $(ARCHES); do cmp $$tmp/memtrace.$$a.bpf.o $(OUT)/memtrace.$$a.bpf.o || \
+	  { echo "memtrace.$$a.bpf.o is stale: run make" >&2; exit 1; }; done; rm -rf $$tmp; echo "shipped objects match sources"
+
+vmlinux-x86:
+	bpftool btf dump file /sys/kernel/btf/vmlinux format c > vmlinux/x86/vmlinux.h
+
+vmlinux-arm64:
+	vmlinux/gen-arm64.sh > vmlinux/arm64/vmlinux.h
+
+clean:
+	rm -f $(OBJS)

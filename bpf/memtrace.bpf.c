@@ -1,0 +1,488 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * memtrace: uprobes on the CUDA runtime and driver copy calls.
+ *
+ * Two generic programs (entry, return) serve every copy symbol of both
+ * layers; the bpf_cookie says where each symbol keeps its arguments
+ * (memtrace.h). Exact totals live in the `totals` hash; per-call detail
+ * goes to the `events` ring, submitted without wakeup (user space drains it
+ * on a timer: wakeups from uprobe context lose hits on current kernels).
+ *
+ * A tracepoint on openat holds a process (SIGSTOP) that has just opened a
+ * CUDA library whose inode has no probes yet (or whose executable was not
+ * yet checked for a statically linked runtime), so user space can attach
+ * before the library's first instruction runs; user space then continues it,
+ * and a guardian process continues every held process if the agent dies.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "memtrace.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define SIGSTOP 19
+
+/* Set by user space before load. */
+const volatile bool filter_pids = false; /* only processes in `traced` */
+const volatile bool hold_libraries = true;
+
+#define MAX_PROCESSES 10240
+#define MAX_INFLIGHT 65536
+
+struct inflight {
+	__u64 ts_ns;
+	__u64 cookie;
+	__u64 bytes;
+	__u64 stream;
+	__u8 direction;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_INFLIGHT);
+	__type(key, __u64); /* tid << 1 | layer */
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct mt_totals_key);
+	__type(value, struct mt_totals);
+} totals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MT_STAT_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 << 10);
+} ctl_events SEC(".maps");
+
+/* tgids traced when filter_pids is set; children join on fork. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+/* Inodes user space has dealt with: CUDA libraries with probes, and
+ * executables checked for a statically linked runtime. A process opening
+ * an attached library from a checked executable needs no hold. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct mt_inode_key);
+	__type(value, __u8);
+} attached SEC(".maps");
+
+/* Processes stopped by us and not yet continued: the guardian's list. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, __u64);
+} held SEC(".maps");
+
+/* Threads inside openat of a CUDA library name. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} pending_open SEC(".maps");
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool is_traced(__u32 tgid)
+{
+	if (!filter_pids)
+		return true;
+	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+}
+
+/* The integer arguments at function entry, loaded once at constant ctx
+ * offsets (the verifier refuses a ctx pointer the compiler has offset).
+ * Arguments past the registers are on the stack on x86-64 (above the
+ * return address); arm64 passes the first eight in x0..x7. */
+struct args {
+	__u64 r[8];
+	__u64 sp;
+};
+
+static __always_inline void load_args(struct pt_regs *ctx, struct args *a)
+{
+	a->r[0] = PT_REGS_PARM1(ctx);
+	a->r[1] = PT_REGS_PARM2(ctx);
+	a->r[2] = PT_REGS_PARM3(ctx);
+	a->r[3] = PT_REGS_PARM4(ctx);
+	a->r[4] = PT_REGS_PARM5(ctx);
+#if defined(__TARGET_ARCH_x86)
+	a->r[5] = ctx->r9;
+	a->sp = ctx->sp;
+#elif defined(__TARGET_ARCH_arm64)
+	a->r[5] = ((struct user_pt_regs *)ctx)->regs[5];
+	a->r[6] = ((struct user_pt_regs *)ctx)->regs[6];
+	a->r[7] = ((struct user_pt_regs *)ctx)->regs[7];
+#else
+#error "memtrace supports __TARGET_ARCH_x86 and __TARGET_ARCH_arm64"
+#endif
+}
+
+/* The n-th (1-based) argument; 0 when n is 0 or out of range. */
+static __always_inline __u64 arg_at(const struct args *a, __u32 n)
+{
+	if (n == 0 || n > 8)
+		return 0;
+#if defined(__TARGET_ARCH_x86)
+	if (n > 6) {
+		__u64 v = 0;
+
+		bpf_probe_read_user(&v, sizeof(v), (void *)(a->sp + 8 * (n - 6)));
+		return v;
+	}
+#endif
+	return a->r[(n - 1) & 7];
+}
+
+static __always_inline __u32 ck(__u64 cookie, __u32 shift)
+{
+	return (cookie >> shift) & MT_CK_NIBBLE;
+}
+
+static __always_inline __u8 dir_of_memtypes(__u32 src, __u32 dst)
+{
+	bool sh = src == MT_CU_MEMORYTYPE_HOST, dh = dst == MT_CU_MEMORYTYPE_HOST;
+	bool sd = src == MT_CU_MEMORYTYPE_DEVICE || src == MT_CU_MEMORYTYPE_ARRAY;
+	bool dd = dst == MT_CU_MEMORYTYPE_DEVICE || dst == MT_CU_MEMORYTYPE_ARRAY;
+
+	if (src == MT_CU_MEMORYTYPE_UNIFIED || dst == MT_CU_MEMORYTYPE_UNIFIED)
+		return MT_DIR_DEFAULT;
+	if (sh && dd)
+		return MT_DIR_H2D;
+	if (sd && dh)
+		return MT_DIR_D2H;
+	if (sd && dd)
+		return MT_DIR_D2D;
+	if (sh && dh)
+		return MT_DIR_H2H;
+	return MT_DIR_UNKNOWN;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(mt_copy_enter)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 layer = ck(cookie, MT_CK_LAYER_SHIFT) & 1;
+	__u32 n;
+	__u64 key, rkey;
+	struct inflight f = {};
+	struct args a = {};
+
+	if (!is_traced(id >> 32))
+		return 0;
+
+	/* A driver call made by the runtime on this thread is the runtime
+	 * call's own work: count the copy once, at the runtime layer. */
+	if (layer == MT_LAYER_DRIVER) {
+		rkey = ((__u64)(__u32)id << 1) | MT_LAYER_RUNTIME;
+		if (bpf_map_lookup_elem(&inflight, &rkey)) {
+			stat_inc(MT_STAT_NESTED);
+			return 0;
+		}
+	}
+
+	load_args(ctx, &a);
+	f.cookie = cookie;
+	n = ck(cookie, MT_CK_BYTES_SHIFT);
+	if (n)
+		f.bytes = arg_at(&a, n);
+	n = ck(cookie, MT_CK_MUL_SHIFT);
+	if (n)
+		f.bytes *= arg_at(&a, n);
+	n = ck(cookie, MT_CK_STREAM_SHIFT);
+	if (n)
+		f.stream = arg_at(&a, n);
+
+	n = ck(cookie, MT_CK_DIRARG_SHIFT);
+	switch (ck(cookie, MT_CK_DIRSRC_SHIFT)) {
+	case MT_DIRSRC_FIXED:
+		f.direction = n;
+		break;
+	case MT_DIRSRC_KIND: {
+		/* An enum is 32 bits: the ABI leaves the upper half of its
+		 * register or stack slot undefined (ctypes leaves garbage). */
+		__u32 kind = (__u32)arg_at(&a, n);
+
+		f.direction = kind <= MT_DIR_DEFAULT ? kind : MT_DIR_UNKNOWN;
+		break;
+	}
+	case MT_DIRSRC_DESC2D: {
+		/* Only the descriptor is read, never the memory it describes. */
+		const char *desc = (const char *)arg_at(&a, n);
+		__u32 st = 0, dt = 0;
+		__u64 w = 0, h = 0;
+
+		if (bpf_probe_read_user(&st, sizeof(st), desc + MT_M2D_SRC_MEMTYPE_OFF) ||
+		    bpf_probe_read_user(&dt, sizeof(dt), desc + MT_M2D_DST_MEMTYPE_OFF) ||
+		    bpf_probe_read_user(&w, sizeof(w), desc + MT_M2D_WIDTH_OFF) ||
+		    bpf_probe_read_user(&h, sizeof(h), desc + MT_M2D_HEIGHT_OFF)) {
+			f.direction = MT_DIR_UNKNOWN;
+			break;
+		}
+		f.direction = dir_of_memtypes(st, dt);
+		f.bytes = w * h;
+		break;
+	}
+	default:
+		f.direction = MT_DIR_UNKNOWN;
+	}
+
+	f.ts_ns = bpf_ktime_get_ns();
+	key = ((__u64)(__u32)id << 1) | layer;
+	if (bpf_map_update_elem(&inflight, &key, &f, BPF_ANY))
+		stat_inc(MT_STAT_INFLIGHT_FULL);
+	return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(mt_copy_return)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 key = ((__u64)(__u32)id << 1) | (ck(cookie, MT_CK_LAYER_SHIFT) & 1);
+	struct mt_totals_key tk = {};
+	struct mt_totals zero = {}, *t;
+	struct inflight *f;
+	struct mt_event *e;
+	__s32 ret = (__s32)PT_REGS_RC(ctx);
+	__u64 dur;
+
+	f = bpf_map_lookup_elem(&inflight, &key);
+	if (!f)
+		return 0; /* nested driver call, or entry not seen */
+	if (f->cookie != cookie) {
+		/* Entry of another symbol on this thread and layer: leave it. */
+		return 0;
+	}
+	dur = now - f->ts_ns;
+
+	tk.pid = id >> 32;
+	tk.api = cookie & 0xffff;
+	tk.direction = f->direction;
+	t = bpf_map_lookup_elem(&totals, &tk);
+	if (!t) {
+		bpf_map_update_elem(&totals, &tk, &zero, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&totals, &tk);
+	}
+	if (t) {
+		__sync_fetch_and_add(&t->calls, 1);
+		if (ret == 0)
+			__sync_fetch_and_add(&t->bytes, f->bytes);
+		else
+			__sync_fetch_and_add(&t->errors, 1);
+		__sync_fetch_and_add(&t->duration_ns, dur);
+	} else {
+		stat_inc(MT_STAT_TOTALS_FULL);
+	}
+
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (e) {
+		e->ts_ns = f->ts_ns;
+		e->duration_ns = dur;
+		e->bytes = f->bytes;
+		e->stream = f->stream;
+		e->pid = id >> 32;
+		e->tid = (__u32)id;
+		e->ret = ret;
+		e->api = cookie & 0xffff;
+		e->direction = f->direction;
+		e->layer = ck(cookie, MT_CK_LAYER_SHIFT) & 1;
+		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+		stat_inc(MT_STAT_EVENTS);
+	} else {
+		stat_inc(MT_STAT_DROPPED);
+	}
+	bpf_map_delete_elem(&inflight, &key);
+	return 0;
+}
+
+/* ---- holding processes until their CUDA library has probes ---- */
+
+static __always_inline bool has_prefix(const char *buf, __u32 base, const char *lit, __u32 len)
+{
+	for (__u32 j = 0; j < len; j++) {
+		if (buf[(base + j) & (MT_PATH_MAX - 1)] != lit[j])
+			return false;
+	}
+	return true;
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, char[MT_PATH_MAX]);
+} path_buf SEC(".maps");
+
+/* "/libcuda" as a little-endian u64 (BPF objects are little-endian). */
+#define SLASH_LIBCUDA 0x6164756362696c2fULL
+
+SEC("tracepoint/syscalls/sys_enter_openat")
+int mt_openat_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 zero = 0, tid = (__u32)id, at = MT_PATH_MAX;
+	__u8 one = 1;
+	char *buf;
+	long n;
+
+	if (!hold_libraries || !is_traced(id >> 32))
+		return 0;
+	buf = bpf_map_lookup_elem(&path_buf, &zero);
+	if (!buf)
+		return 0;
+	n = bpf_probe_read_user_str(buf, MT_PATH_MAX, (const char *)ctx->args[1]);
+	if (n <= 0)
+		return 0;
+	/* Find ".../libcuda.so*" or ".../libcudart.so*": one 8-byte compare
+	 * per position keeps the verifier's work linear. */
+	for (__u32 i = 0; i < MT_PATH_MAX - 16; i++) {
+		if (*(__u64 *)(buf + i) == SLASH_LIBCUDA) {
+			at = i + 8;
+			break;
+		}
+	}
+	if (at >= MT_PATH_MAX - 8 || at + 3 > n)
+		return 0;
+	if (has_prefix(buf, at, ".so", 3) || has_prefix(buf, at, "rt.so", 5))
+		bpf_map_update_elem(&pending_open, &tid, &one, BPF_ANY);
+	return 0;
+}
+
+static __always_inline void hold(__u32 type, __u64 id, __s32 fd, bool stop)
+{
+	struct mt_ctl_event *e;
+	__u32 pid = id >> 32;
+	__u64 now = bpf_ktime_get_ns();
+
+	e = bpf_ringbuf_reserve(&ctl_events, sizeof(*e), 0);
+	if (!e) {
+		/* Never stop a process user space will not hear about. */
+		stat_inc(stop ? MT_STAT_HOLD_MISSED : MT_STAT_CTL_DROPPED);
+		return;
+	}
+	e->ts_ns = now;
+	e->type = type;
+	e->pid = pid;
+	e->tid = (__u32)id;
+	e->fd = fd;
+	e->held = 0;
+	e->pad = 0;
+	if (stop && bpf_map_update_elem(&held, &pid, &now, BPF_ANY) == 0) {
+		if (bpf_send_signal(SIGSTOP) == 0) {
+			e->held = 1;
+			stat_inc(MT_STAT_HOLDS);
+		} else {
+			bpf_map_delete_elem(&held, &pid);
+		}
+	}
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+SEC("tracepoint/syscalls/sys_exit_openat")
+int mt_openat_exit(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct mt_inode_key ik = {};
+	struct task_struct *task;
+	struct file **fds, *file = NULL;
+	long fd = ctx->ret;
+
+	if (!bpf_map_lookup_elem(&pending_open, &tid))
+		return 0;
+	bpf_map_delete_elem(&pending_open, &tid);
+	if (fd < 0)
+		return 0;
+
+	/* Skip the hold when both the library and the executable are known. */
+	task = (struct task_struct *)bpf_get_current_task();
+	fds = BPF_CORE_READ(task, files, fdt, fd);
+	if (fds && bpf_core_read(&file, sizeof(file), &fds[fd & 0xfffff]) == 0 && file) {
+		ik.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+		ik.ino = BPF_CORE_READ(file, f_inode, i_ino);
+		if (bpf_map_lookup_elem(&attached, &ik)) {
+			file = BPF_CORE_READ(task, mm, exe_file);
+			ik.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+			ik.ino = BPF_CORE_READ(file, f_inode, i_ino);
+			if (bpf_map_lookup_elem(&attached, &ik))
+				return 0;
+		}
+	}
+	hold(MT_CTL_OPEN, id, fd, true);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(mt_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	__u8 one = 1;
+
+	if (!filter_pids || ptgid == ctgid)
+		return 0;
+	if (bpf_map_lookup_elem(&traced, &ptgid))
+		bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(mt_exit, struct task_struct *p)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	__u64 key;
+
+	/* A thread that dies inside a call never returns: release its
+	 * entries and count the calls that will never complete. */
+	key = ((__u64)tid << 1) | MT_LAYER_RUNTIME;
+	if (bpf_map_delete_elem(&inflight, &key) == 0)
+		stat_inc(MT_STAT_ABANDONED);
+	key = ((__u64)tid << 1) | MT_LAYER_DRIVER;
+	if (bpf_map_delete_elem(&inflight, &key) == 0)
+		stat_inc(MT_STAT_ABANDONED);
+	bpf_map_delete_elem(&pending_open, &tid);
+
+	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+		return 0; /* other threads of the process live on */
+	if (!is_traced(tgid))
+		return 0;
+	hold(MT_CTL_EXIT, id, -1, false);
+	bpf_map_delete_elem(&held, &tgid);
+	if (filter_pids)
+		bpf_map_delete_elem(&traced, &tgid);
+	return 0;
+}

@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * memtrace: what the BPF programs and the Python control plane share.
+ *
+ * This header is the single source of truth for the event layouts, the
+ * cookie encoding and every enum crossing the kernel/user boundary.
+ * memtrace/abi.py mirrors it; tests/test_abi.py compiles a C program against
+ * this file and fails if the two disagree.
+ */
+#ifndef __MEMTRACE_H
+#define __MEMTRACE_H
+
+#define MT_PATH_MAX 256
+
+/* Copy direction. 0..4 equal cudaMemcpyKind so the runtime's kind argument
+ * maps directly; the driver's fixed-direction calls use the same values. */
+enum mt_direction {
+	MT_DIR_H2H = 0,
+	MT_DIR_H2D = 1,
+	MT_DIR_D2H = 2,
+	MT_DIR_D2D = 3,
+	MT_DIR_DEFAULT = 4, /* cudaMemcpyDefault / unified cuMemcpy: not resolved */
+	MT_DIR_PEER = 5,
+	MT_DIR_UNKNOWN = 6, /* a kind value outside the enum */
+	MT_DIR_COUNT = 7,
+};
+
+enum mt_layer {
+	MT_LAYER_RUNTIME = 0, /* libcudart (shared or linked into an executable) */
+	MT_LAYER_DRIVER = 1,  /* libcuda */
+	MT_LAYER_COUNT = 2,
+};
+
+/* Where the direction of a copy comes from. */
+enum mt_dirsrc {
+	MT_DIRSRC_FIXED = 0,  /* the API implies it (cuMemcpyHtoD...): value in DIRARG */
+	MT_DIRSRC_KIND = 1,   /* a cudaMemcpyKind argument: its index in DIRARG */
+	MT_DIRSRC_DESC2D = 2, /* a CUDA_MEMCPY2D pointer: its index in DIRARG */
+};
+
+/*
+ * bpf_cookie layout: one generic program serves every copy symbol, and the
+ * cookie set at attach time says where this symbol keeps its arguments.
+ * Argument indices are 1-based; 0 means "none".
+ *
+ *   bits  0..15  api id (memtrace/apis.py)
+ *   bits 16..19  index of the byte-count argument
+ *   bits 20..23  index of a multiplier of the byte count (2D height)
+ *   bits 24..27  enum mt_dirsrc
+ *   bits 28..31  direction value (FIXED) or argument index (KIND, DESC2D)
+ *   bits 32..35  index of the stream argument
+ *   bit  36      layer (enum mt_layer)
+ */
+#define MT_CK_API_SHIFT 0
+#define MT_CK_BYTES_SHIFT 16
+#define MT_CK_MUL_SHIFT 20
+#define MT_CK_DIRSRC_SHIFT 24
+#define MT_CK_DIRARG_SHIFT 28
+#define MT_CK_STREAM_SHIFT 32
+#define MT_CK_LAYER_SHIFT 36
+#define MT_CK_NIBBLE 0xfULL
+
+/* CUDA_MEMCPY2D (cuda.h, 64-bit): the offsets BPF reads. The struct is
+ * 128 bytes; CUmemorytype is a 4-byte enum padded to 8. */
+#define MT_M2D_SRC_MEMTYPE_OFF 16
+#define MT_M2D_DST_MEMTYPE_OFF 72
+#define MT_M2D_WIDTH_OFF 112
+#define MT_M2D_HEIGHT_OFF 120
+#define MT_M2D_SIZE 128
+
+/* CUmemorytype */
+#define MT_CU_MEMORYTYPE_HOST 1
+#define MT_CU_MEMORYTYPE_DEVICE 2
+#define MT_CU_MEMORYTYPE_ARRAY 3
+#define MT_CU_MEMORYTYPE_UNIFIED 4
+
+/* Agent health counters, one slot each in the per-CPU `stats` array. */
+enum mt_stat {
+	MT_STAT_EVENTS = 0,        /* copy events queued on the ring */
+	MT_STAT_DROPPED = 1,       /* copy events lost: ring full (totals still exact) */
+	MT_STAT_TOTALS_FULL = 2,   /* copies not in totals: totals map full */
+	MT_STAT_INFLIGHT_FULL = 3, /* copies not measured: in-flight map full */
+	MT_STAT_NESTED = 4,        /* driver calls inside a runtime call (not counted twice) */
+	MT_STAT_ABANDONED = 5,     /* calls whose thread exited before returning */
+	MT_STAT_HOLDS = 6,         /* processes held while their CUDA library was attached */
+	MT_STAT_HOLD_MISSED = 7,   /* could not hold: control ring full */
+	MT_STAT_CTL_DROPPED = 8,   /* control events lost (exit notices) */
+	MT_STAT_COUNT = 9,
+};
+
+/* Control events: what user space must act on. */
+enum mt_ctl_type {
+	MT_CTL_OPEN = 1, /* a process opened a CUDA library; stopped if `held` is set */
+	MT_CTL_EXIT = 3, /* the last thread of a process exited */
+};
+
+struct mt_totals_key {
+	__u32 pid;
+	__u16 api;
+	__u8 direction;
+	__u8 pad;
+};
+
+struct mt_totals {
+	__u64 calls;
+	__u64 bytes; /* bytes of successful calls only */
+	__u64 errors;
+	__u64 duration_ns; /* sum over all calls */
+};
+
+/* One completed copy call, queued on the `events` ring. */
+struct mt_event {
+	__u64 ts_ns;       /* entry, CLOCK_MONOTONIC */
+	__u64 duration_ns; /* entry to return */
+	__u64 bytes;       /* requested bytes (moved only if ret == 0) */
+	__u64 stream;
+	__u32 pid;
+	__u32 tid;
+	__s32 ret;
+	__u16 api;
+	__u8 direction;
+	__u8 layer;
+};
+
+struct mt_ctl_event {
+	__u64 ts_ns;
+	__u32 type; /* enum mt_ctl_type */
+	__u32 pid;
+	__u32 tid;
+	__s32 fd; /* MT_CTL_OPEN: the descriptor of the library just opened */
+	__u32 held;
+	__u32 pad;
+};
+
+/* Inode of an attached library, as the kernel names it (s_dev, i_ino). */
+struct mt_inode_key {
+	__u64 dev;
+	__u64 ino;
+};
+
+#endif /* __MEMTRACE_H */

@@ -1,0 +1,127 @@
+"""The kernel/user ABI, mirrored from bpf/memtrace.h.
+
+tests/test_abi.py compiles a C program against the header and checks every
+constant, size and offset here, so the two cannot drift apart unseen.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+
+import numpy as np
+
+
+class Direction(enum.IntEnum):
+    H2H = 0
+    H2D = 1
+    D2H = 2
+    D2D = 3
+    DEFAULT = 4
+    PEER = 5
+    UNKNOWN = 6
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Layer(enum.IntEnum):
+    RUNTIME = 0
+    DRIVER = 1
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class DirSrc(enum.IntEnum):
+    FIXED = 0
+    KIND = 1
+    DESC2D = 2
+
+
+class Stat(enum.IntEnum):
+    EVENTS = 0
+    DROPPED = 1
+    TOTALS_FULL = 2
+    INFLIGHT_FULL = 3
+    NESTED = 4
+    ABANDONED = 5
+    HOLDS = 6
+    HOLD_MISSED = 7
+    CTL_DROPPED = 8
+
+
+STAT_COUNT = 9
+
+
+class CtlType(enum.IntEnum):
+    OPEN = 1
+    EXIT = 3
+
+
+CK_API_SHIFT = 0
+CK_BYTES_SHIFT = 16
+CK_MUL_SHIFT = 20
+CK_DIRSRC_SHIFT = 24
+CK_DIRARG_SHIFT = 28
+CK_STREAM_SHIFT = 32
+CK_LAYER_SHIFT = 36
+
+M2D_SRC_MEMTYPE_OFF = 16
+M2D_DST_MEMTYPE_OFF = 72
+M2D_WIDTH_OFF = 112
+M2D_HEIGHT_OFF = 120
+M2D_SIZE = 128
+
+
+class TotalsKey(ctypes.Structure):
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("api", ctypes.c_uint16),
+        ("direction", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+    ]
+
+
+class Totals(ctypes.Structure):
+    _fields_ = [
+        ("calls", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("errors", ctypes.c_uint64),
+        ("duration_ns", ctypes.c_uint64),
+    ]
+
+
+class CtlEvent(ctypes.Structure):
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("type", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("fd", ctypes.c_int32),
+        ("held", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class InodeKey(ctypes.Structure):
+    _fields_ = [("dev", ctypes.c_uint64), ("ino", ctypes.c_uint64)]
+
+
+# struct mt_event, decoded in batches.
+EVENT_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"),
+        ("duration_ns", "<u8"),
+        ("bytes", "<u8"),
+        ("stream", "<u8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("ret", "<i4"),
+        ("api", "<u2"),
+        ("direction", "u1"),
+        ("layer", "u1"),
+    ]
+)

@@ -1,0 +1,400 @@
+"""The BPF source: load memtrace's object, attach probes to CUDA libraries,
+drain its rings, read its maps.
+
+Everything that touches the kernel lives here; the model above it sees
+decoded event batches, control notices and totals.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import platform
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from elftools.elf.elffile import ELFFile
+
+from . import apis, discovery, elf
+from .abi import EVENT_DTYPE, STAT_COUNT, CtlEvent, CtlType, InodeKey, Layer, Stat, Totals, TotalsKey
+from .errors import AttachError, BTFMissing, MemtraceError, NotPrivileged, TracefsMissing
+from .libbpf import BpfObject, Libbpf, Link, Map, RingBuffer
+
+log = logging.getLogger("memtrace")
+
+ARCHES = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64"}
+TRACEFS = Path("/sys/kernel/tracing")
+DEFAULT_RING_BYTES = 16 << 20
+
+# `attached` map values
+_ATTACHED_LIBRARY = 1
+_CHECKED_EXECUTABLE = 2
+
+
+def bpf_arch() -> str:
+    m = platform.machine()
+    if m not in ARCHES:
+        raise MemtraceError(f"unsupported architecture {m}", "memtrace runs on x86_64 and aarch64")
+    return ARCHES[m]
+
+
+def object_path(arch: str | None = None) -> Path:
+    return Path(str(resources.files("memtrace") / "bpf" / f"memtrace.{arch or bpf_arch()}.bpf.o"))
+
+
+def rodata_offsets(path: Path) -> dict[str, int]:
+    """Offsets of the `const volatile` options inside .rodata."""
+    with open(path, "rb") as f:
+        e = ELFFile(f)
+        idx = next(i for i, s in enumerate(e.iter_sections()) if s.name == ".rodata")
+        symtab = e.get_section_by_name(".symtab")
+        return {
+            s.name: s["st_value"]
+            for s in symtab.iter_symbols()
+            if s["st_shndx"] == idx and s["st_info"]["type"] == "STT_OBJECT"
+        }
+
+
+def ensure_tracefs() -> None:
+    if (TRACEFS / "events").is_dir():
+        return
+    import subprocess
+
+    r = subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True, text=True)
+    if r.returncode != 0 or not (TRACEFS / "events").is_dir():
+        raise TracefsMissing(r.stderr.strip() or "mount failed")
+
+
+def check_kernel() -> None:
+    if not Path("/sys/kernel/btf/vmlinux").exists():
+        raise BTFMissing()
+    if os.geteuid() != 0:
+        # Capabilities may still allow it; the load will tell. Say it early
+        # only when it is certain to fail.
+        try:
+            caps = int(
+                next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("CapEff")).split()[1],
+                16,
+            )
+        except (OSError, StopIteration, ValueError):
+            caps = 0
+        CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+        if not (caps >> CAP_SYS_ADMIN) & 1 and not ((caps >> CAP_BPF) & 1 and (caps >> CAP_PERFMON) & 1):
+            raise NotPrivileged("loading BPF programs")
+
+
+@dataclass
+class Attachment:
+    """One file with probes: a CUDA library, or an executable with a static runtime."""
+
+    fid: discovery.FileId
+    name: str
+    layer: Layer
+    symbols: dict[str, int]  # symbol -> file offset, one per distinct offset
+    links: list[Link] = field(default_factory=list)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.destroy()
+        self.links.clear()
+
+
+@dataclass
+class Options:
+    only_traced: bool = False  # `memtrace run`: only processes added with trace_pid and their children
+    ring_bytes: int = DEFAULT_RING_BYTES
+    hold_libraries: bool = True
+
+
+class Guardian:
+    """A child process that continues every held process if the agent dies.
+
+    It holds the `held` map and the read end of a pipe; when the agent
+    exits for any reason (SIGKILL included) the pipe reaches EOF and the
+    guardian sends SIGCONT to whatever is still in the map.
+    """
+
+    def __init__(self, held: Map) -> None:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            try:
+                os.close(w)
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                    signal.signal(s, signal.SIG_IGN)
+                keep = {r, held.fd}
+                os.closerange(3, min(r, held.fd))
+                for fd in range(min(r, held.fd) + 1, 65536):
+                    if fd not in keep:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                while os.read(r, 64):
+                    pass
+                release_all(held)
+            finally:
+                os._exit(0)
+        os.close(r)
+        self.pid = pid
+        self._w = w
+
+    def close(self) -> None:
+        if self._w >= 0:
+            os.close(self._w)
+            self._w = -1
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def release_all(held: Map) -> list[int]:
+    out = []
+    for k in list(held.keys(ctypes.c_uint32)):
+        pid = k.value
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        held.delete(k)
+        out.append(pid)
+    return out
+
+
+class BpfSource:
+    """Owns the loaded object, its links and the attached libraries."""
+
+    def __init__(
+        self,
+        opts: Options,
+        on_events: Callable[[np.ndarray], None],
+        on_exit: Callable[[int], None] = lambda pid: None,
+        on_library: Callable[[Attachment], None] = lambda a: None,
+    ) -> None:
+        self.opts = opts
+        self.on_events = on_events
+        self.on_exit = on_exit
+        self.on_library = on_library
+        self.attachments: dict[discovery.FileId, Attachment] = {}
+        self._checked_executables: set[discovery.FileId] = set()
+        self._chunks: list[bytes] = []
+        self._ctl: list[CtlEvent] = []
+        self._links: list[Link] = []
+        self.obj: BpfObject | None = None
+        self.ring: RingBuffer | None = None
+        self.guardian: Guardian | None = None
+        self.started_ns = time.time_ns()
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        check_kernel()
+        lib = Libbpf.get()
+        path = object_path()
+        if self.opts.hold_libraries:
+            ensure_tracefs()
+        obj = BpfObject(path, lib)
+        self.obj = obj
+        obj.set_rodata(
+            rodata_offsets(path),
+            {"filter_pids": self.opts.only_traced, "hold_libraries": self.opts.hold_libraries},
+        )
+        obj.set_max_entries("events", self.opts.ring_bytes)
+        if not self.opts.hold_libraries:
+            obj.set_autoload("mt_openat_enter", False)
+            obj.set_autoload("mt_openat_exit", False)
+        obj.load()
+        self.maps = {n: obj.map(n) for n in ("totals", "stats", "traced", "attached", "held", "inflight")}
+        # Fork the guardian before any link exists, so it never keeps a
+        # probe alive after the agent is gone.
+        self.guardian = Guardian(self.maps["held"])
+        progs = ["mt_fork", "mt_exit"]
+        if self.opts.hold_libraries:
+            progs += ["mt_openat_enter", "mt_openat_exit"]
+        for p in progs:
+            self._links.append(obj.attach(p))
+        self.ring = RingBuffer(lib, [(obj.map("events"), self._on_event), (obj.map("ctl_events"), self._on_ctl)])
+
+    def close(self) -> None:
+        if self.obj is not None and self.obj.loaded:
+            release_all(self.maps["held"])
+        for a in self.attachments.values():
+            a.close()
+        for link in self._links:
+            link.destroy()
+        self._links.clear()
+        if self.ring:
+            self.ring.close()
+            self.ring = None
+        if self.guardian:
+            self.guardian.close()
+            self.guardian = None
+        if self.obj:
+            self.obj.close()
+            self.obj = None
+
+    # ---- processes and libraries ----
+
+    def trace_pid(self, pid: int) -> None:
+        one = ctypes.c_uint8(1)
+        self.maps["traced"].update(ctypes.c_uint32(pid), one)
+
+    def scan(self, pids: list[int] | None = None) -> None:
+        """Attach to the CUDA libraries already mapped by running processes."""
+        for pid in pids if pids is not None else list(discovery.pids()):
+            found_driver = False
+            for cand in discovery.mapped_libraries(pid):
+                self.attach(cand)
+                found_driver |= cand.layer == Layer.DRIVER
+            if found_driver:
+                exe = discovery.executable(pid)
+                if exe:
+                    self.check_executable(exe)
+
+    def check_executable(self, exe: discovery.Candidate) -> None:
+        """Attach runtime probes to an executable with a statically linked cudart."""
+        if exe.fid in self._checked_executables or exe.fid in self.attachments:
+            return
+        try:
+            self.attach(exe)
+        finally:
+            self._checked_executables.add(exe.fid)
+            self._mark(exe.fid, _CHECKED_EXECUTABLE)
+
+    def _mark(self, fid: discovery.FileId, value: int) -> None:
+        try:
+            self.maps["attached"].update(InodeKey(fid.dev, fid.ino), ctypes.c_uint8(value))
+        except OSError as e:  # full: the process is held each time, still correct
+            log.debug("attached map: %s", e)
+
+    def attach(self, cand: discovery.Candidate) -> Attachment | None:
+        if cand.fid in self.attachments:
+            return self.attachments[cand.fid]
+        layer = cand.layer if cand.layer is not None else Layer.RUNTIME
+        table = apis.apis_for(layer)
+        try:
+            with open(cand.path, "rb") as f:
+                offsets = elf.function_offsets(f, table)
+        except OSError as e:
+            log.warning("cannot read %s (pid %d): %s", cand.name, cand.pid, e)
+            return None
+        if not offsets:
+            if cand.layer is not None:
+                log.warning("%s exports no CUDA copy symbols; not attached", cand.name)
+            return None
+        # One probe per code address: aliases would count a call twice.
+        by_offset: dict[int, str] = {}
+        for sym in sorted(offsets, key=lambda s: (table[s].id, s != table[s].name, s)):
+            by_offset.setdefault(offsets[sym], sym)
+        att = Attachment(cand.fid, cand.name, layer, {s: o for o, s in by_offset.items()})
+        assert self.obj is not None
+        try:
+            for off, sym in sorted(by_offset.items()):
+                cookie = table[sym].cookie()
+                att.links.append(self.obj.attach_uprobe("mt_copy_enter", cand.path, off, cookie, False))
+                att.links.append(self.obj.attach_uprobe("mt_copy_return", cand.path, off, cookie, True))
+        except AttachError as e:
+            att.close()
+            log.warning("%s (pid %d) vanished while attaching: %s", cand.name, cand.pid, e.message)
+            return None
+        self.attachments[cand.fid] = att
+        self._mark(cand.fid, _ATTACHED_LIBRARY)
+        log.info("attached %d %s probes to %s", len(by_offset), layer.label, cand.name)
+        self.on_library(att)
+        return att
+
+    # ---- draining ----
+
+    def _on_event(self, data: int, size: int) -> None:
+        self._chunks.append(ctypes.string_at(data, size))
+
+    def _on_ctl(self, data: int, size: int) -> None:
+        if size >= ctypes.sizeof(CtlEvent):
+            self._ctl.append(CtlEvent.from_buffer_copy(ctypes.string_at(data, ctypes.sizeof(CtlEvent))))
+
+    def poll(self) -> int:
+        """Drain both rings and act on control events. Returns copy events seen."""
+        assert self.ring is not None
+        self.ring.consume()
+        ctl, self._ctl = self._ctl, []
+        for ev in ctl:
+            self._handle_ctl(ev)
+        if ctl:
+            # Events queued while a library was being attached.
+            self.ring.consume()
+            for ev in self._ctl:
+                self._handle_ctl(ev)
+            self._ctl = []
+        if not self._chunks:
+            return 0
+        chunks, self._chunks = self._chunks, []
+        batch = np.frombuffer(b"".join(chunks), dtype=EVENT_DTYPE)
+        self.on_events(batch)
+        return len(batch)
+
+    def _handle_ctl(self, ev: CtlEvent) -> None:
+        if ev.type == CtlType.OPEN:
+            try:
+                cand = discovery.opened_file(ev.pid, ev.fd)
+                if cand is not None and cand.layer is not None:
+                    self.attach(cand)
+                exe = discovery.executable(ev.pid)
+                if exe is not None:
+                    self.check_executable(exe)
+            except MemtraceError as e:
+                log.warning("pid %d: %s", ev.pid, e)
+            finally:
+                if ev.held:
+                    self._release(ev.pid)
+        elif ev.type == CtlType.EXIT:
+            self.on_exit(ev.pid)
+
+    def _release(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        except PermissionError as e:  # pragma: no cover
+            log.error("cannot continue pid %d: %s", pid, e)
+        self.maps["held"].delete(ctypes.c_uint32(pid))
+
+    # ---- maps ----
+
+    def totals(self) -> list[tuple[TotalsKey, Totals]]:
+        m = self.maps["totals"]
+        out = []
+        for k in m.keys(TotalsKey):
+            v = Totals()
+            if m.lookup(k, v):
+                out.append((k, v))
+        return out
+
+    def forget_pid(self, pid: int) -> None:
+        m = self.maps["totals"]
+        for k in list(m.keys(TotalsKey)):
+            if k.pid == pid:
+                m.delete(k)
+
+    def stats(self) -> dict[Stat, int]:
+        ncpu = Libbpf.get().lib.libbpf_num_possible_cpus()
+        vals = (ctypes.c_uint64 * ncpu)()
+        out = {}
+        for s in Stat:
+            out[s] = sum(vals) if self.maps["stats"].lookup(ctypes.c_uint32(s), vals) else 0
+        assert len(Stat) == STAT_COUNT
+        return out
+
+    def inflight_count(self) -> int:
+        return sum(1 for _ in self.maps["inflight"].keys(ctypes.c_uint64))
+
+
+def is_permission_error(e: OSError) -> bool:
+    return e.errno in (errno.EPERM, errno.EACCES)

@@ -1,0 +1,195 @@
+"""memtrace's command line."""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import sys
+import time
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from . import __version__
+from .errors import BadOption, MemtraceError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="memtrace: always-on eBPF tracing of CUDA memory copies.",
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+MIN_RING = 4096
+MAX_RING = 1 << 30
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="memtrace: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _ring_bytes(mib: float) -> int:
+    n = int(mib * (1 << 20))
+    if n < MIN_RING or n > MAX_RING:
+        raise BadOption(f"--ring-size {mib} MiB is out of range", "give a size between 0.004 and 1024 MiB")
+    # A ring's size must be a power of two multiple of the page size.
+    size = 4096
+    while size < n:
+        size <<= 1
+    return size
+
+
+def _fail(e: MemtraceError) -> None:
+    err.print(f"[bold red]memtrace:[/bold red] {e.message}", highlight=False)
+    if e.fix:
+        err.print(f"  [bold]fix:[/bold] {e.fix}", highlight=False)
+    raise typer.Exit(2)
+
+
+def version_cb(value: bool) -> None:
+    if value:
+        print(f"memtrace {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=version_cb, is_eager=True, help="Print the version."),
+) -> None:
+    pass
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    cmd: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to trace."),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Summary format."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the summary here instead of stdout."),
+    ring_size: float = typer.Option(16, "--ring-size", help="Event ring size in MiB (rounded up to a power of two)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
+) -> None:
+    """Trace CMD and its children from their first instruction until CMD exits,
+    then print what they copied. Exits with CMD's exit code."""
+    _setup_logging(verbose)
+    from .agent import Agent, run_command
+    from .bpfsource import Options
+    from .report import print_table, summary
+
+    try:
+        opts = Options(only_traced=True, ring_bytes=_ring_bytes(ring_size))
+        with Agent(opts) as agent:
+            done = run_command(agent, cmd)
+            doc = summary(
+                agent.model,
+                agent.stats(),
+                agent.libraries,
+                {"argv": cmd, "exit_code": done.exit_code, "wall_seconds": done.wall_seconds},
+            )
+    except MemtraceError as e:
+        _fail(e)
+        return
+    out = open(output, "w") if output else sys.stdout
+    try:
+        if fmt == Format.json:
+            json.dump(doc, out, indent=2)
+            out.write("\n")
+        else:
+            print_table(doc, Console(file=out, width=160 if output else None))
+    finally:
+        if output:
+            out.close()
+    raise typer.Exit(done.exit_code)
+
+
+@app.command()
+def top(
+    interval: float = typer.Option(1.0, "--interval", "-i", min=0.1, help="Refresh period in seconds."),
+    iterations: int = typer.Option(0, "--iterations", "-n", min=0, help="Stop after N refreshes (0: run until ^C)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """A live view of every CUDA process on the host: copies, bytes and rates."""
+    _setup_logging(verbose)
+    from .agent import DRAIN_INTERVAL_S, Agent
+    from .bpfsource import Options
+    from .report import human_bytes
+
+    console = Console()
+    prev: dict[int, tuple[int, int]] = {}
+
+    def render(dt: float) -> Table:
+        t = Table(title=f"memtrace top: CUDA copies per process (every {interval:g}s)", title_justify="left")
+        for c in ("pid", "process", "calls", "bytes", "errors", "calls/s", "bytes/s", "h2d", "d2h", "d2d"):
+            t.add_column(c, justify="left" if c == "process" else "right")
+        per: dict[int, dict[str, int]] = {}
+        for (pid, _api, d), st in agent.model.copies.items():
+            p = per.setdefault(pid, {"calls": 0, "bytes": 0, "errors": 0, 1: 0, 2: 0, 3: 0})
+            p["calls"] += st.calls
+            p["bytes"] += st.bytes
+            p["errors"] += st.errors
+            if d in (1, 2, 3):
+                p[d] += st.bytes
+        for pid, p in sorted(per.items(), key=lambda kv: -kv[1]["bytes"]):
+            pc, pb = prev.get(pid, (p["calls"], p["bytes"]))
+            proc = agent.model.processes.get(pid)
+            name = (proc.name if proc else "") + (" (exited)" if proc and proc.exited else "")
+            t.add_row(
+                str(pid),
+                name,
+                f"{p['calls']:,}",
+                human_bytes(p["bytes"]),
+                str(p["errors"]),
+                f"{(p['calls'] - pc) / dt:,.0f}",
+                human_bytes((p["bytes"] - pb) / dt) + "/s",
+                human_bytes(p[1]),
+                human_bytes(p[2]),
+                human_bytes(p[3]),
+            )
+            prev[pid] = (p["calls"], p["bytes"])
+        return t
+
+    try:
+        with Agent(Options()) as agent:
+            agent.source.scan()
+            n = 0
+            with Live(render(interval), console=console, auto_refresh=False) as live:
+                last = time.monotonic()
+                while iterations == 0 or n < iterations:
+                    deadline = last + interval
+                    while time.monotonic() < deadline:
+                        agent.poll()
+                        time.sleep(DRAIN_INTERVAL_S)
+                    agent.poll()
+                    agent.sync_totals()
+                    now = time.monotonic()
+                    live.update(render(now - last), refresh=True)
+                    last = now
+                    n += 1
+    except MemtraceError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def doctor() -> None:
+    """Check this host: kernel, BTF, privileges, libbpf, tracefs, CUDA libraries."""
+    from .doctor import run_checks
+
+    raise typer.Exit(0 if run_checks(Console()) else 1)
+
+
+def entry() -> None:
+    app()

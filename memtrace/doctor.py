@@ -1,0 +1,166 @@
+"""`memtrace doctor`: can this host run memtrace, and if not, what to fix."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from . import discovery
+from .errors import MemtraceError
+
+MIN_KERNEL = (5, 15)  # bpf_cookie for uprobes (5.15), ring buffers, tp_btf
+TESTED_KERNELS = "6.1 (arm64, x86-64) and 6.18 (x86-64)"
+BTF = Path("/sys/kernel/btf/vmlinux")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    warn: bool = False  # a problem that does not stop memtrace
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", release or platform.release())
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def check_kernel() -> Check:
+    v = kernel_version()
+    arch = platform.machine()
+    ok = v >= MIN_KERNEL and arch in ("x86_64", "aarch64")
+    return Check(
+        "kernel",
+        ok,
+        f"Linux {platform.release()} on {arch}",
+        f"memtrace needs Linux {MIN_KERNEL[0]}.{MIN_KERNEL[1]} or newer on x86_64 or aarch64 "
+        f"(tested on {TESTED_KERNELS})",
+    )
+
+
+def check_btf() -> Check:
+    ok = BTF.exists()
+    return Check(
+        "BTF",
+        ok,
+        str(BTF) if ok else f"{BTF} is missing",
+        "use a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+    )
+
+
+def check_privileges() -> Check:
+    if os.geteuid() == 0:
+        return Check("privileges", True, "running as root")
+    try:
+        from .bpfsource import check_kernel as ck
+
+        ck()
+        return Check("privileges", True, "CAP_BPF and CAP_PERFMON present")
+    except MemtraceError as e:
+        return Check("privileges", False, e.message, e.fix)
+
+
+def check_libbpf() -> Check:
+    try:
+        from .libbpf import Libbpf
+
+        lib = Libbpf.get()
+        return Check("libbpf", True, f"{lib.path} version {lib.version[0]}.{lib.version[1]}")
+    except MemtraceError as e:
+        return Check("libbpf", False, e.message, e.fix)
+
+
+def check_tracefs() -> Check:
+    from .bpfsource import TRACEFS
+
+    if (TRACEFS / "events").is_dir():
+        return Check("tracefs", True, f"mounted at {TRACEFS}")
+    return Check(
+        "tracefs",
+        True,
+        f"not mounted at {TRACEFS}; memtrace mounts it when it starts (needs CAP_SYS_ADMIN)",
+        "or mount it yourself: mount -t tracefs nodev /sys/kernel/tracing",
+        warn=True,
+    )
+
+
+def check_load() -> Check:
+    """Load (not attach) the real object: the verifier's verdict on this kernel."""
+    try:
+        from .bpfsource import object_path
+        from .libbpf import BpfObject
+
+        path = object_path()
+        obj = BpfObject(path)
+        try:
+            obj.load()
+        finally:
+            obj.close()
+        return Check("BPF programs", True, f"{path.name} loads on this kernel")
+    except MemtraceError as e:
+        return Check("BPF programs", False, e.message, e.fix)
+
+
+def find_cuda_libraries() -> list[str]:
+    found: set[str] = set()
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            path = line.rsplit("=>", 1)[-1].strip()
+            if discovery.layer_of(path) is not None:
+                found.add(path)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for pid in discovery.pids():
+        for c in discovery.mapped_libraries(pid):
+            found.add(c.name)
+    return sorted(found)
+
+
+def check_cuda() -> Check:
+    libs = find_cuda_libraries()
+    if libs:
+        return Check("CUDA libraries", True, ", ".join(libs[:6]) + (" ..." if len(libs) > 6 else ""))
+    return Check(
+        "CUDA libraries",
+        True,
+        "none found on the library path or in running processes",
+        "memtrace attaches when a process loads libcuda.so or libcudart.so; nothing to trace yet",
+        warn=True,
+    )
+
+
+CHECKS: list[Callable[[], Check]] = [
+    check_kernel,
+    check_btf,
+    check_privileges,
+    check_libbpf,
+    check_tracefs,
+    check_load,
+    check_cuda,
+]
+
+
+def run_checks(console: Console) -> bool:
+    ok = True
+    for fn in CHECKS:
+        c = fn()
+        # A failed prerequisite makes the load check's message redundant.
+        if fn is check_load and not ok:
+            continue
+        mark = "[green]  ok[/green]" if c.ok and not c.warn else ("[yellow]warn[/yellow]" if c.ok else "[red]FAIL[/red]")
+        console.print(f"{mark}  [bold]{c.name}[/bold]: {c.detail}", highlight=False)
+        if c.fix and (not c.ok or c.warn):
+            console.print(f"      fix: {c.fix}", highlight=False)
+        ok &= c.ok
+    console.print("memtrace can run here." if ok else "memtrace cannot run here until the failures above are fixed.")
+    return ok

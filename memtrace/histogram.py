@@ -1,0 +1,99 @@
+"""Base-2 exponential histograms (the OTLP ExponentialHistogram model),
+filled from numpy batches.
+
+Bucket i at scale s holds values in (base**i, base**(i+1)] with
+base = 2 ** (2 ** -s), exactly as OpenTelemetry defines them, so a
+histogram can be exported as is, or downscaled to fit a bucket budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_SCALE = 5  # 32 buckets per power of two: quantiles within 1.1%
+
+
+def map_to_index(values: np.ndarray, scale: int) -> np.ndarray:
+    """OTel MapToIndex for positive float64 values."""
+    mant, exp = np.frexp(values)  # values = mant * 2**exp, mant in [0.5, 1)
+    exact_pow2 = mant == 0.5
+    if scale <= 0:
+        idx = (exp - 1 - exact_pow2.astype(np.int64)) >> -scale
+        return idx.astype(np.int64)
+    idx = np.ceil(np.log2(values) * (1 << scale)).astype(np.int64) - 1
+    idx[exact_pow2] = ((exp[exact_pow2].astype(np.int64) - 1) << scale) - 1
+    return idx
+
+
+@dataclass
+class ExpHistogram:
+    scale: int = DEFAULT_SCALE
+    counts: dict[int, int] = field(default_factory=dict)
+    zero_count: int = 0
+    count: int = 0
+    sum: float = 0.0
+    min: float = math.inf
+    max: float = -math.inf
+
+    def add(self, values: np.ndarray) -> None:
+        if len(values) == 0:
+            return
+        v = np.asarray(values, dtype=np.float64)
+        self.count += len(v)
+        self.sum += float(v.sum())
+        self.min = min(self.min, float(v.min()))
+        self.max = max(self.max, float(v.max()))
+        pos = v[v > 0]
+        self.zero_count += len(v) - len(pos)
+        if len(pos):
+            idx, n = np.unique(map_to_index(pos, self.scale), return_counts=True)
+            c = self.counts
+            for i, k in zip(idx.tolist(), n.tolist()):
+                c[i] = c.get(i, 0) + k
+
+    def merge(self, other: ExpHistogram) -> None:
+        o = other.downscaled(self.scale) if other.scale > self.scale else other
+        if o.scale < self.scale:
+            self.__dict__.update(self.downscaled(o.scale).__dict__)
+        for i, k in o.counts.items():
+            self.counts[i] = self.counts.get(i, 0) + k
+        self.zero_count += o.zero_count
+        self.count += o.count
+        self.sum += o.sum
+        self.min = min(self.min, o.min)
+        self.max = max(self.max, o.max)
+
+    def downscaled(self, scale: int) -> ExpHistogram:
+        shift = self.scale - scale
+        assert shift >= 0
+        h = ExpHistogram(scale, {}, self.zero_count, self.count, self.sum, self.min, self.max)
+        for i, k in self.counts.items():
+            j = i >> shift
+            h.counts[j] = h.counts.get(j, 0) + k
+        return h
+
+    def fit(self, max_buckets: int) -> ExpHistogram:
+        """The finest downscale whose bucket span fits max_buckets."""
+        h = self
+        while h.counts and max(h.counts) - min(h.counts) + 1 > max_buckets and h.scale > -10:
+            h = h.downscaled(h.scale - 1)
+        return h
+
+    def quantile(self, q: float) -> float:
+        """An estimate within half a bucket (relative), clamped to [min, max]."""
+        if self.count == 0:
+            return 0.0
+        rank = q * (self.count - 1)
+        seen = self.zero_count
+        if rank < seen:
+            return 0.0
+        base = 2.0 ** (2.0**-self.scale)
+        for i in sorted(self.counts):
+            seen += self.counts[i]
+            if rank < seen:
+                mid = base ** (i + 0.5)
+                return min(max(mid, self.min), self.max)
+        return self.max

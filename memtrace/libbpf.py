@@ -1,0 +1,322 @@
+"""A ctypes binding to the system libbpf (1.1 or newer).
+
+Only what memtrace needs: open and load an object with its read-only
+options set, attach uprobes with cookies and auto-attach the tracepoints,
+drain ring buffers, read and write maps. Every failure is a MemtraceError
+that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .errors import AttachError, LibbpfMissing, LibbpfTooOld, LoadError, NotPrivileged
+
+log = logging.getLogger("memtrace.libbpf")
+
+MIN_VERSION = (1, 1)
+
+_c_void_p = ctypes.c_void_p
+_PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+RING_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+class _UprobeOpts(ctypes.Structure):
+    # struct bpf_uprobe_opts as of libbpf 1.1; `sz` tells newer libbpf which
+    # fields we know, so the same layout works with later versions.
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("ref_ctr_offset", ctypes.c_size_t),
+        ("bpf_cookie", ctypes.c_uint64),
+        ("retprobe", ctypes.c_bool),
+        ("func_name", ctypes.c_char_p),
+    ]
+
+
+def _find_library() -> str:
+    env = os.environ.get("MEMTRACE_LIBBPF")
+    if env:
+        return env
+    return ctypes.util.find_library("bpf") or "libbpf.so.1"
+
+
+class Libbpf:
+    """The loaded shared library with typed signatures."""
+
+    _instance: Libbpf | None = None
+
+    def __init__(self, path: str | None = None) -> None:
+        name = path or _find_library()
+        try:
+            lib = ctypes.CDLL(name, use_errno=True)
+        except OSError as e:
+            raise LibbpfMissing(str(e)) from None
+        self.lib = lib
+        self.path = name
+        try:
+            self.version = (int(lib.libbpf_major_version()), int(lib.libbpf_minor_version()))
+        except AttributeError:
+            raise LibbpfTooOld("< 0.7") from None
+        if self.version < MIN_VERSION:
+            raise LibbpfTooOld("%d.%d" % self.version)
+        self._declare()
+        self.messages: deque[str] = deque(maxlen=400)
+        self._libc = ctypes.CDLL(None)
+        self._print_cb = _PRINT_FN(self._on_print)
+        lib.libbpf_set_print(self._print_cb)
+
+    @classmethod
+    def get(cls) -> Libbpf:
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def _declare(self) -> None:
+        L = self.lib
+        sigs: dict[str, tuple[object, list[object]]] = {
+            "libbpf_set_print": (_c_void_p, [_PRINT_FN]),
+            "bpf_object__open_file": (_c_void_p, [ctypes.c_char_p, _c_void_p]),
+            "bpf_object__load": (ctypes.c_int, [_c_void_p]),
+            "bpf_object__close": (None, [_c_void_p]),
+            "bpf_object__find_program_by_name": (_c_void_p, [_c_void_p, ctypes.c_char_p]),
+            "bpf_object__find_map_by_name": (_c_void_p, [_c_void_p, ctypes.c_char_p]),
+            "bpf_object__next_program": (_c_void_p, [_c_void_p, _c_void_p]),
+            "bpf_program__name": (ctypes.c_char_p, [_c_void_p]),
+            "bpf_program__set_autoload": (ctypes.c_int, [_c_void_p, ctypes.c_bool]),
+            "bpf_program__attach": (_c_void_p, [_c_void_p]),
+            "bpf_program__attach_uprobe_opts": (
+                _c_void_p,
+                [_c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_UprobeOpts)],
+            ),
+            "bpf_link__destroy": (ctypes.c_int, [_c_void_p]),
+            "bpf_map__fd": (ctypes.c_int, [_c_void_p]),
+            "bpf_map__initial_value": (_c_void_p, [_c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
+            "bpf_map__set_max_entries": (ctypes.c_int, [_c_void_p, ctypes.c_uint32]),
+            "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, _c_void_p, _c_void_p]),
+            "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, _c_void_p, _c_void_p, ctypes.c_uint64]),
+            "bpf_map_delete_elem": (ctypes.c_int, [ctypes.c_int, _c_void_p]),
+            "bpf_map_get_next_key": (ctypes.c_int, [ctypes.c_int, _c_void_p, _c_void_p]),
+            "ring_buffer__new": (_c_void_p, [ctypes.c_int, RING_SAMPLE_FN, _c_void_p, _c_void_p]),
+            "ring_buffer__add": (ctypes.c_int, [_c_void_p, ctypes.c_int, RING_SAMPLE_FN, _c_void_p]),
+            "ring_buffer__consume": (ctypes.c_int, [_c_void_p]),
+            "ring_buffer__free": (None, [_c_void_p]),
+            "libbpf_num_possible_cpus": (ctypes.c_int, []),
+        }
+        for name, (res, args) in sigs.items():
+            fn = getattr(L, name)
+            fn.restype = res
+            fn.argtypes = args
+
+    def _on_print(self, level: int, fmt: bytes | None, args: int | None) -> int:
+        buf = ctypes.create_string_buffer(1 << 16)
+        self._libc.vsnprintf(buf, ctypes.c_size_t(len(buf)), fmt, ctypes.c_void_p(args))
+        msg = buf.value.decode(errors="replace").rstrip()
+        self.messages.append(msg)
+        log.debug("libbpf: %s", msg)
+        return 0
+
+    def drain_messages(self) -> str:
+        out = "\n".join(self.messages)
+        self.messages.clear()
+        return out
+
+
+def _errno(ret: int | None = None) -> int:
+    if ret is not None and ret < 0:
+        return -ret
+    return ctypes.get_errno() or errno.EINVAL
+
+
+class Map:
+    """A loaded map, by file descriptor, with fixed key and value types."""
+
+    def __init__(self, lib: Libbpf, fd: int, name: str) -> None:
+        self.lib = lib.lib
+        self.fd = fd
+        self.name = name
+
+    def lookup(self, key: ctypes._CData, value: ctypes._CData) -> bool:
+        return self.lib.bpf_map_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(value)) == 0
+
+    def update(self, key: ctypes._CData, value: ctypes._CData, flags: int = 0) -> None:
+        ret = self.lib.bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), flags)
+        if ret < 0:
+            raise OSError(_errno(ret), f"update of map {self.name}: {os.strerror(_errno(ret))}")
+
+    def delete(self, key: ctypes._CData) -> bool:
+        return self.lib.bpf_map_delete_elem(self.fd, ctypes.byref(key)) == 0
+
+    def keys(self, key_type: type[ctypes._CData]) -> Iterator[ctypes._CData]:
+        """All keys present now (a snapshot walk; entries may come and go)."""
+        cur = key_type()
+        nxt = key_type()
+        prev = None
+        while True:
+            ret = self.lib.bpf_map_get_next_key(self.fd, None if prev is None else ctypes.byref(cur), ctypes.byref(nxt))
+            if ret < 0:
+                return
+            ctypes.memmove(ctypes.byref(cur), ctypes.byref(nxt), ctypes.sizeof(key_type))
+            prev = True
+            out = key_type()
+            ctypes.memmove(ctypes.byref(out), ctypes.byref(cur), ctypes.sizeof(key_type))
+            yield out
+
+
+class Link:
+    def __init__(self, lib: Libbpf, ptr: int, what: str) -> None:
+        self._lib = lib
+        self.ptr: int | None = ptr
+        self.what = what
+
+    def destroy(self) -> None:
+        if self.ptr:
+            self._lib.lib.bpf_link__destroy(self.ptr)
+            self.ptr = None
+
+
+class BpfObject:
+    """One BPF object file: open, set options, load, attach, close."""
+
+    def __init__(self, path: Path, lib: Libbpf | None = None) -> None:
+        self.lib = lib or Libbpf.get()
+        self.path = path
+        ctypes.set_errno(0)
+        obj = self.lib.lib.bpf_object__open_file(str(path).encode(), None)
+        if not obj:
+            err = _errno()
+            raise LoadError(f"open {path}", err, self.lib.drain_messages())
+        self.obj: int | None = obj
+        self.loaded = False
+
+    def _map_ptr(self, name: str) -> int:
+        m = self.lib.lib.bpf_object__find_map_by_name(self.obj, name.encode())
+        if not m:
+            raise KeyError(f"no map {name} in {self.path}")
+        return int(m)
+
+    def set_rodata(self, offsets: dict[str, int], values: dict[str, int | bool]) -> None:
+        """Write `const volatile` options into .rodata before load."""
+        size = ctypes.c_size_t()
+        ptr = self.lib.lib.bpf_map__initial_value(self._map_ptr(".rodata"), ctypes.byref(size))
+        if not ptr:
+            raise KeyError(".rodata has no initial value")
+        for name, value in values.items():
+            off = offsets[name]
+            if off >= size.value:
+                raise KeyError(f"{name} lies outside .rodata")
+            ctypes.c_uint8.from_address(ptr + off).value = int(value)
+
+    def set_max_entries(self, map_name: str, n: int) -> None:
+        if self.lib.lib.bpf_map__set_max_entries(self._map_ptr(map_name), n) < 0:
+            raise ValueError(f"cannot set max_entries of {map_name} to {n}")
+
+    def set_autoload(self, prog: str, on: bool) -> None:
+        self.lib.lib.bpf_program__set_autoload(self._prog(prog), on)
+
+    def load(self) -> None:
+        self.lib.drain_messages()
+        ctypes.set_errno(0)
+        ret = self.lib.lib.bpf_object__load(self.obj)
+        if ret < 0:
+            err = _errno(ret)
+            if err == errno.EPERM:  # EACCES is the verifier's refusal
+                raise NotPrivileged("loading BPF programs")
+            raise LoadError(f"load {self.path.name}", err, self.lib.drain_messages())
+        self.loaded = True
+
+    def map(self, name: str) -> Map:
+        fd = self.lib.lib.bpf_map__fd(self._map_ptr(name))
+        if fd < 0:
+            raise KeyError(f"map {name} has no fd (not loaded?)")
+        return Map(self.lib, fd, name)
+
+    def _prog(self, name: str) -> int:
+        p = self.lib.lib.bpf_object__find_program_by_name(self.obj, name.encode())
+        if not p:
+            raise KeyError(f"no program {name} in {self.path}")
+        return int(p)
+
+    def attach(self, prog: str) -> Link:
+        """Attach a program by its section (tracepoints, tp_btf)."""
+        ctypes.set_errno(0)
+        link = self.lib.lib.bpf_program__attach(self._prog(prog))
+        if not link:
+            err = _errno()
+            if err in (errno.EPERM, errno.EACCES):
+                raise NotPrivileged(f"attaching {prog}")
+            raise AttachError(
+                f"cannot attach {prog}: {os.strerror(err)}",
+                "run `memtrace doctor`; tracepoints need tracefs at /sys/kernel/tracing",
+            )
+        return Link(self.lib, int(link), prog)
+
+    def attach_uprobe(self, prog: str, path: str, offset: int, cookie: int, retprobe: bool) -> Link:
+        opts = _UprobeOpts(sz=ctypes.sizeof(_UprobeOpts), bpf_cookie=cookie, retprobe=retprobe)
+        ctypes.set_errno(0)
+        link = self.lib.lib.bpf_program__attach_uprobe_opts(
+            self._prog(prog), -1, path.encode(), offset, ctypes.byref(opts)
+        )
+        if not link:
+            err = _errno()
+            if err in (errno.EPERM, errno.EACCES):
+                raise NotPrivileged(f"attaching a uprobe to {path}")
+            raise AttachError(
+                f"cannot attach a uprobe to {path}+{offset:#x}: {os.strerror(err)}",
+                "the library may have been removed or replaced; memtrace attaches again when it is mapped next",
+            )
+        return Link(self.lib, int(link), f"{path}+{offset:#x}")
+
+    def close(self) -> None:
+        if self.obj:
+            self.lib.lib.bpf_object__close(self.obj)
+            self.obj = None
+
+
+class RingBuffer:
+    """libbpf ring buffers drained on demand (no epoll: see field notes).
+
+    ``callback(data_ptr, size)`` is called per record; it must not raise.
+    """
+
+    def __init__(self, lib: Libbpf, maps: list[tuple[Map, Callable[[int, int], None]]]) -> None:
+        self.lib = lib
+        self._cbs: list[object] = []
+        self.rb: int | None = None
+        for m, fn in maps:
+            cb = RING_SAMPLE_FN(self._wrap(fn))
+            self._cbs.append(cb)
+            if self.rb is None:
+                rb = lib.lib.ring_buffer__new(m.fd, cb, None, None)
+                if not rb:
+                    raise OSError(_errno(), f"ring_buffer__new({m.name})")
+                self.rb = int(rb)
+            elif lib.lib.ring_buffer__add(self.rb, m.fd, cb, None) < 0:
+                raise OSError(_errno(), f"ring_buffer__add({m.name})")
+
+    @staticmethod
+    def _wrap(fn: Callable[[int, int], None]) -> Callable[[int, int, int], int]:
+        def cb(_ctx: int, data: int, size: int) -> int:
+            fn(data, size)
+            return 0
+
+        return cb
+
+    def consume(self) -> int:
+        """Drain every ring; returns the number of records consumed."""
+        assert self.rb is not None
+        n = self.lib.lib.ring_buffer__consume(self.rb)
+        if n < 0:
+            raise OSError(-n, "ring_buffer__consume")
+        return int(n)
+
+    def close(self) -> None:
+        if self.rb:
+            self.lib.lib.ring_buffer__free(self.rb)
+            self.rb = None

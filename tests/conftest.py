@@ -1,0 +1,85 @@
+"""Shared test fixtures: the test CUDA libraries, built once per session,
+and helpers to run memtrace and compare its totals with a workload's truth."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).parent.parent
+
+Key = tuple[int, str, str]  # pid, api, direction
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("CI"):
+        raise pytest.UsageError("CI must run as root: the BPF tests may not be skipped there")
+    skip = pytest.mark.skip(reason="needs root to load BPF programs")
+    for item in items:
+        if "bpf" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "bpf: loads real BPF programs into the kernel (needs root)")
+
+
+@pytest.fixture(scope="session")
+def fakecuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the test CUDA libraries and workloads; return the build dir."""
+    out = tmp_path_factory.mktemp("fakecuda")
+    subprocess.run(["make", "-s", "-C", str(FIXTURES), f"OUT={out}"], check=True, capture_output=True)
+    return out
+
+
+def memtrace_cmd() -> list[str]:
+    return [sys.executable, "-m", "memtrace"]
+
+
+def run_traced(
+    argv: list[str], tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 180
+) -> tuple[dict, list[dict], subprocess.CompletedProcess]:
+    """`memtrace run --format json` around argv; returns (summary, truth lines, process)."""
+    truth = tmp_path / "truth.jsonl"
+    out = tmp_path / "summary.json"
+    e = dict(os.environ, WORKLOAD_TRUTH=str(truth), **(env or {}))
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--format", "json", "-o", str(out), "--", *argv],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    lines = [json.loads(l) for l in truth.read_text().splitlines()] if truth.exists() else []
+    return doc, lines, p
+
+
+def truth_totals(lines: list[dict]) -> dict[Key, tuple[int, int, int]]:
+    out: dict[Key, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for line in lines:
+        for c in line["copies"]:
+            t = out[(line["pid"], c["api"], c["direction"])]
+            t[0] += c["calls"]
+            t[1] += c["bytes"]
+            t[2] += c["errors"]
+    return {k: tuple(v) for k, v in out.items()}  # type: ignore[misc]
+
+
+def observed_totals(doc: dict) -> dict[Key, tuple[int, int, int]]:
+    out: dict[Key, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r in doc["memcpy"]:
+        t = out[(r["pid"], r["api"], r["direction"])]
+        t[0] += r["calls"]
+        t[1] += r["bytes"]
+        t[2] += r["errors"]
+    return {k: tuple(v) for k, v in out.items()}  # type: ignore[misc]

@@ -1,0 +1,121 @@
+"""memtrace's totals equal the workloads' own ground truth, call for call and
+byte for byte: real BPF programs, real uprobes, real test libraries."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, observed_totals, run_traced, truth_totals
+
+pytestmark = pytest.mark.bpf
+
+
+def assert_exact(doc: dict, lines: list[dict], nprocs: int = 1) -> None:
+    truth = truth_totals(lines)
+    assert len({k[0] for k in truth}) == nprocs, lines
+    assert observed_totals(doc) == truth
+    calls = sum(v[0] for v in truth.values())
+    agent = doc["agent"]
+    assert agent["events"] == calls and agent["dropped"] == 0
+    assert agent["calls_without_event"] == 0
+
+
+def layers(doc: dict) -> dict[str, str]:
+    return {r["api"]: r["layer"] for r in doc["memcpy"]}
+
+
+def test_dynamic_runtime_and_driver_counted_once_each(fakecuda: Path, tmp_path: Path) -> None:
+    doc, lines, p = run_traced([str(fakecuda / "workload"), "-n", "1500", "-s", "11"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines)
+    # Each runtime copy made a nested driver copy, counted once (at the runtime).
+    assert doc["agent"]["nested_driver_calls"] > 0
+    seen = layers(doc)
+    assert seen["cudaMemcpy2D"] == "runtime" and seen["cuMemcpyHtoD_v2"] == "driver"
+    libs = {Path(l["path"]).name: l["layer"] for l in doc["agent"]["libraries"]}
+    assert libs == {"libcudart.so.13": "runtime", "libcuda.so.1": "driver"}
+
+
+def test_driver_only_workload_like_jax(fakecuda: Path, tmp_path: Path) -> None:
+    doc, lines, p = run_traced([str(fakecuda / "workload_driver"), "-n", "1500", "-s", "12"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines)
+    assert set(layers(doc).values()) == {"driver"}
+    assert {"cuMemcpy2D_v2", "cuMemcpyPeerAsync", "cuMemcpy"} <= set(layers(doc))
+
+
+def test_statically_linked_runtime_inside_the_executable(fakecuda: Path, tmp_path: Path) -> None:
+    doc, lines, p = run_traced([str(fakecuda / "workload_static"), "-n", "1500", "-s", "13"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines)
+    assert layers(doc)["cudaMemcpyAsync"] == "runtime"
+    libs = {Path(l["path"]).name: l["layer"] for l in doc["agent"]["libraries"]}
+    assert libs.get("workload_static") == "runtime"
+
+
+def test_python_loads_runtime_with_ctypes_after_start(fakecuda: Path, tmp_path: Path) -> None:
+    argv = [sys.executable, str(FIXTURES / "ctypes_workload.py"), str(fakecuda / "lib"), "--calls", "1200"]
+    doc, lines, p = run_traced(argv, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines)
+    # dlopen after start is caught by the hold: the first copy is counted.
+    assert doc["agent"]["holds"] >= 1
+
+
+def test_libraries_deleted_while_attached_keep_counting(fakecuda: Path, tmp_path: Path) -> None:
+    argv = [sys.executable, str(FIXTURES / "ctypes_workload.py"), str(fakecuda / "lib"), "--delete", "--calls", "800"]
+    doc, lines, p = run_traced(argv, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines)
+
+
+def test_threads(fakecuda: Path, tmp_path: Path) -> None:
+    doc, lines, p = run_traced([str(fakecuda / "workload"), "-n", "500", "-t", "6", "-s", "14"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines)
+
+
+def test_fork_children_are_traced_from_their_first_copy(fakecuda: Path, tmp_path: Path) -> None:
+    doc, lines, p = run_traced([str(fakecuda / "workload"), "-n", "1200", "-t", "2", "-f", "-s", "15"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines, nprocs=2)
+
+
+def test_children_spawned_through_a_shell(fakecuda: Path, tmp_path: Path) -> None:
+    w = fakecuda / "workload_driver"
+    script = f"{w} -n 300 -s 1 && {w} -n 300 -s 2 & {fakecuda / 'workload'} -n 300 -s 3; wait"
+    doc, lines, p = run_traced(["/bin/sh", "-c", script], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines, nprocs=3)
+
+
+def test_process_killed_inside_a_copy(fakecuda: Path, tmp_path: Path) -> None:
+    doc, lines, p = run_traced([str(fakecuda / "workload"), "-n", "400", "-s", "16", "-k"], tmp_path)
+    assert p.returncode == 128 + 9
+    # The copies that returned are exact; the one the process died in is
+    # counted as abandoned, not as a copy.
+    assert observed_totals(doc) == truth_totals(lines)
+    assert doc["agent"]["abandoned_calls"] == 1
+
+
+def test_exit_code_is_the_commands(tmp_path: Path) -> None:
+    _, _, p = run_traced(["/bin/sh", "-c", "exit 7"], tmp_path)
+    assert p.returncode == 7
+    _, _, p = run_traced(["/bin/sh", "-c", "kill -TERM $$"], tmp_path)
+    assert p.returncode == 128 + 15
+
+
+def test_untraced_processes_are_not_counted(fakecuda: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    outside = subprocess.Popen([str(fakecuda / "workload"), "-n", "3000", "-e"], env={"WORKLOAD_TRUTH": "/dev/null"})
+    try:
+        doc, lines, p = run_traced([str(fakecuda / "workload_driver"), "-n", "500", "-s", "17"], tmp_path)
+    finally:
+        outside.wait()
+    assert p.returncode == 0
+    assert {r["pid"] for r in doc["memcpy"]} == {lines[0]["pid"]}
+    assert_exact(doc, lines)
