@@ -8,7 +8,7 @@
  * goes to the `events` ring, submitted without wakeup (user space drains it
  * on a timer: wakeups from uprobe context lose hits on current kernels).
  *
- * A tracepoint on openat holds a process (SIGSTOP) that has just opened a
+ * A tracepoint on mmap holds a process (SIGSTOP) that maps the code of a
  * CUDA library whose inode has no probes yet (or whose executable was not
  * yet checked for a statically linked runtime), so user space can attach
  * before the library's first instruction runs; user space then continues it,
@@ -95,14 +95,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } held SEC(".maps");
-
-/* Threads inside openat of a CUDA library name. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, __u8);
-} pending_open SEC(".maps");
 
 static __always_inline void stat_inc(__u32 idx)
 {
@@ -329,55 +321,15 @@ int BPF_KRETPROBE(mt_copy_return)
 
 /* ---- holding processes until their CUDA library has probes ---- */
 
-static __always_inline bool has_prefix(const char *buf, __u32 base, const char *lit, __u32 len)
+#define PROT_EXEC 0x4
+
+static __always_inline bool has_prefix(const char *buf, const char *lit, __u32 len)
 {
 	for (__u32 j = 0; j < len; j++) {
-		if (buf[(base + j) & (MT_PATH_MAX - 1)] != lit[j])
+		if (buf[j] != lit[j])
 			return false;
 	}
 	return true;
-}
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, char[MT_PATH_MAX]);
-} path_buf SEC(".maps");
-
-/* "/libcuda" as a little-endian u64 (BPF objects are little-endian). */
-#define SLASH_LIBCUDA 0x6164756362696c2fULL
-
-SEC("tracepoint/syscalls/sys_enter_openat")
-int mt_openat_enter(struct trace_event_raw_sys_enter *ctx)
-{
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 zero = 0, tid = (__u32)id, at = MT_PATH_MAX;
-	__u8 one = 1;
-	char *buf;
-	long n;
-
-	if (!hold_libraries || !is_traced(id >> 32))
-		return 0;
-	buf = bpf_map_lookup_elem(&path_buf, &zero);
-	if (!buf)
-		return 0;
-	n = bpf_probe_read_user_str(buf, MT_PATH_MAX, (const char *)ctx->args[1]);
-	if (n <= 0)
-		return 0;
-	/* Find ".../libcuda.so*" or ".../libcudart.so*": one 8-byte compare
-	 * per position keeps the verifier's work linear. */
-	for (__u32 i = 0; i < MT_PATH_MAX - 16; i++) {
-		if (*(__u64 *)(buf + i) == SLASH_LIBCUDA) {
-			at = i + 8;
-			break;
-		}
-	}
-	if (at >= MT_PATH_MAX - 8 || at + 3 > n)
-		return 0;
-	if (has_prefix(buf, at, ".so", 3) || has_prefix(buf, at, "rt.so", 5))
-		bpf_map_update_elem(&pending_open, &tid, &one, BPF_ANY);
-	return 0;
 }
 
 static __always_inline void hold(__u32 type, __u64 id, __s32 fd, bool stop)
@@ -410,37 +362,46 @@ static __always_inline void hold(__u32 type, __u64 id, __s32 fd, bool stop)
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
-SEC("tracepoint/syscalls/sys_exit_openat")
-int mt_openat_exit(struct trace_event_raw_sys_exit *ctx)
+static __always_inline bool known(struct file *file)
+{
+	struct mt_inode_key ik = {};
+
+	ik.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	ik.ino = BPF_CORE_READ(file, f_inode, i_ino);
+	return bpf_map_lookup_elem(&attached, &ik) != NULL;
+}
+
+/*
+ * ld.so maps a library's code with PROT_EXEC before running any of it.
+ * When that file is a CUDA library (by its own name, not the path that
+ * led to it) and either it or the executable is new to user space, stop
+ * the process: the stop lands as mmap returns, before the library's code
+ * runs, and user space attaches and continues it.
+ */
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int mt_mmap(struct trace_event_raw_sys_enter *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	struct mt_inode_key ik = {};
+	long prot = ctx->args[2], fd = ctx->args[4];
 	struct task_struct *task;
 	struct file **fds, *file = NULL;
-	long fd = ctx->ret;
+	const unsigned char *name;
+	char base[16] = {};
 
-	if (!bpf_map_lookup_elem(&pending_open, &tid))
+	if (!hold_libraries || !(prot & PROT_EXEC) || fd < 0 || !is_traced(id >> 32))
 		return 0;
-	bpf_map_delete_elem(&pending_open, &tid);
-	if (fd < 0)
-		return 0;
-
-	/* Skip the hold when both the library and the executable are known. */
 	task = (struct task_struct *)bpf_get_current_task();
 	fds = BPF_CORE_READ(task, files, fdt, fd);
-	if (fds && bpf_core_read(&file, sizeof(file), &fds[fd & 0xfffff]) == 0 && file) {
-		ik.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-		ik.ino = BPF_CORE_READ(file, f_inode, i_ino);
-		if (bpf_map_lookup_elem(&attached, &ik)) {
-			file = BPF_CORE_READ(task, mm, exe_file);
-			ik.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-			ik.ino = BPF_CORE_READ(file, f_inode, i_ino);
-			if (bpf_map_lookup_elem(&attached, &ik))
-				return 0;
-		}
-	}
-	hold(MT_CTL_OPEN, id, fd, true);
+	if (!fds || bpf_core_read(&file, sizeof(file), &fds[fd & 0xfffff]) || !file)
+		return 0;
+	name = BPF_CORE_READ(file, f_path.dentry, d_name.name);
+	if (bpf_probe_read_kernel_str(base, sizeof(base), name) <= 0)
+		return 0;
+	if (!has_prefix(base, "libcuda.so", 10) && !has_prefix(base, "libcudart.so", 12))
+		return 0;
+	if (known(file) && known(BPF_CORE_READ(task, mm, exe_file)))
+		return 0;
+	hold(MT_CTL_MAP, id, fd, true);
 	return 0;
 }
 
@@ -474,7 +435,6 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	key = ((__u64)tid << 1) | MT_LAYER_DRIVER;
 	if (bpf_map_delete_elem(&inflight, &key) == 0)
 		stat_inc(MT_STAT_ABANDONED);
-	bpf_map_delete_elem(&pending_open, &tid);
 
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0; /* other threads of the process live on */

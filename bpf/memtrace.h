@@ -10,8 +10,6 @@
 #ifndef __MEMTRACE_H
 #define __MEMTRACE_H
 
-#define MT_PATH_MAX 256
-
 /* Copy direction. 0..4 equal cudaMemcpyKind so the runtime's kind argument
  * maps directly; the driver's fixed-direction calls use the same values. */
 enum mt_direction {
@@ -90,7 +88,7 @@ enum mt_stat {
 
 /* Control events: what user space must act on. */
 enum mt_ctl_type {
-	MT_CTL_OPEN = 1, /* a process opened a CUDA library; stopped if `held` is set */
+	MT_CTL_MAP = 1,  /* a process maps a CUDA library's code (fd); stopped if `held` */
 	MT_CTL_EXIT = 3, /* the last thread of a process exited */
 };
 
@@ -127,7 +125,7 @@ struct mt_ctl_event {
 	__u32 type; /* enum mt_ctl_type */
 	__u32 pid;
 	__u32 tid;
-	__s32 fd; /* MT_CTL_OPEN: the descriptor of the library just opened */
+	__s32 fd; /* MT_CTL_MAP: the descriptor of the library being mapped */
 	__u32 held;
 	__u32 pad;
 };

@@ -57,7 +57,7 @@ STAT_COUNT = 9
 
 
 class CtlType(enum.IntEnum):
-    OPEN = 1
+    MAP = 1
     EXIT = 3
 
 

@@ -31,6 +31,7 @@ log = logging.getLogger("memtrace")
 
 ARCHES = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64"}
 TRACEFS = Path("/sys/kernel/tracing")
+BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 DEFAULT_RING_BYTES = 16 << 20
 
 # `attached` map values
@@ -72,22 +73,24 @@ def ensure_tracefs() -> None:
         raise TracefsMissing(r.stderr.strip() or "mount failed")
 
 
+CAP_KILL, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 5, 21, 38, 39
+
+
+def effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
 def check_kernel() -> None:
-    if not Path("/sys/kernel/btf/vmlinux").exists():
+    if not BTF_PATH.exists():
         raise BTFMissing()
-    if os.geteuid() != 0:
-        # Capabilities may still allow it; the load will tell. Say it early
-        # only when it is certain to fail.
-        try:
-            caps = int(
-                next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("CapEff")).split()[1],
-                16,
-            )
-        except (OSError, StopIteration, ValueError):
-            caps = 0
-        CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
-        if not (caps >> CAP_SYS_ADMIN) & 1 and not ((caps >> CAP_BPF) & 1 and (caps >> CAP_PERFMON) & 1):
-            raise NotPrivileged("loading BPF programs")
+    # Root without capabilities (a dropped bounding set, a restricted
+    # container) is as unprivileged as anyone: look at what is effective.
+    caps = effective_caps()
+    if not (caps >> CAP_SYS_ADMIN) & 1 and not ((caps >> CAP_BPF) & 1 and (caps >> CAP_PERFMON) & 1):
+        raise NotPrivileged("loading BPF programs")
 
 
 @dataclass
@@ -209,8 +212,7 @@ class BpfSource:
         )
         obj.set_max_entries("events", self.opts.ring_bytes)
         if not self.opts.hold_libraries:
-            obj.set_autoload("mt_openat_enter", False)
-            obj.set_autoload("mt_openat_exit", False)
+            obj.set_autoload("mt_mmap", False)
         obj.load()
         self.maps = {n: obj.map(n) for n in ("totals", "stats", "traced", "attached", "held", "inflight")}
         # Fork the guardian before any link exists, so it never keeps a
@@ -218,7 +220,7 @@ class BpfSource:
         self.guardian = Guardian(self.maps["held"])
         progs = ["mt_fork", "mt_exit"]
         if self.opts.hold_libraries:
-            progs += ["mt_openat_enter", "mt_openat_exit"]
+            progs.append("mt_mmap")
         for p in progs:
             self._links.append(obj.attach(p))
         self.ring = RingBuffer(lib, [(obj.map("events"), self._on_event), (obj.map("ctl_events"), self._on_ctl)])
@@ -341,7 +343,7 @@ class BpfSource:
         return len(batch)
 
     def _handle_ctl(self, ev: CtlEvent) -> None:
-        if ev.type == CtlType.OPEN:
+        if ev.type == CtlType.MAP:
             try:
                 cand = discovery.opened_file(ev.pid, ev.fd)
                 if cand is not None and cand.layer is not None:

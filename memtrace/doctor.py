@@ -58,15 +58,19 @@ def check_btf() -> Check:
 
 
 def check_privileges() -> Check:
-    if os.geteuid() == 0:
-        return Check("privileges", True, "running as root")
-    try:
-        from .bpfsource import check_kernel as ck
+    from .bpfsource import CAP_BPF, CAP_KILL, CAP_PERFMON, CAP_SYS_ADMIN, effective_caps
 
-        ck()
-        return Check("privileges", True, "CAP_BPF and CAP_PERFMON present")
-    except MemtraceError as e:
-        return Check("privileges", False, e.message, e.fix)
+    caps = effective_caps()
+    names = [n for n, bit in (("CAP_SYS_ADMIN", CAP_SYS_ADMIN), ("CAP_BPF", CAP_BPF), ("CAP_PERFMON", CAP_PERFMON),
+                              ("CAP_KILL", CAP_KILL)) if (caps >> bit) & 1]
+    ok = "CAP_SYS_ADMIN" in names or {"CAP_BPF", "CAP_PERFMON"} <= set(names)
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    return Check(
+        "privileges",
+        ok,
+        f"{who} with {', '.join(names) or 'no relevant capabilities'}",
+        "run as root, or grant CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN and CAP_KILL",
+    )
 
 
 def check_libbpf() -> Check:

@@ -1,0 +1,118 @@
+"""memtrace/abi.py mirrors bpf/memtrace.h: a C program compiled against the
+header prints every size, offset and constant, and they must agree."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from memtrace import abi, apis
+from memtrace.abi import CtlType, Direction, Layer, Stat
+
+from conftest import FIXTURES, REPO
+
+PROBE = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <linux/types.h>
+#include "memtrace.h"
+#include "cuda_fake.h"
+#define S(t) printf("\"sizeof %s\": %zu,\n", #t, sizeof(struct t))
+#define O(t, f) printf("\"%s.%s\": %zu,\n", #t, #f, offsetof(struct t, f))
+#define C(x) printf("\"%s\": %lld,\n", #x, (long long)(x))
+int main(void) {
+  printf("{\n");
+  S(mt_event); O(mt_event, ts_ns); O(mt_event, duration_ns); O(mt_event, bytes); O(mt_event, stream);
+  O(mt_event, pid); O(mt_event, tid); O(mt_event, ret); O(mt_event, api); O(mt_event, direction); O(mt_event, layer);
+  S(mt_totals_key); O(mt_totals_key, pid); O(mt_totals_key, api); O(mt_totals_key, direction);
+  S(mt_totals); O(mt_totals, calls); O(mt_totals, bytes); O(mt_totals, errors); O(mt_totals, duration_ns);
+  S(mt_ctl_event); O(mt_ctl_event, type); O(mt_ctl_event, pid); O(mt_ctl_event, fd); O(mt_ctl_event, held);
+  S(mt_inode_key);
+  C(MT_DIR_H2H); C(MT_DIR_H2D); C(MT_DIR_D2H); C(MT_DIR_D2D); C(MT_DIR_DEFAULT); C(MT_DIR_PEER); C(MT_DIR_UNKNOWN);
+  C(MT_LAYER_RUNTIME); C(MT_LAYER_DRIVER); C(MT_DIRSRC_FIXED); C(MT_DIRSRC_KIND); C(MT_DIRSRC_DESC2D);
+  C(MT_STAT_EVENTS); C(MT_STAT_DROPPED); C(MT_STAT_TOTALS_FULL); C(MT_STAT_INFLIGHT_FULL); C(MT_STAT_NESTED);
+  C(MT_STAT_ABANDONED); C(MT_STAT_HOLDS); C(MT_STAT_HOLD_MISSED); C(MT_STAT_CTL_DROPPED); C(MT_STAT_COUNT);
+  C(MT_CTL_MAP); C(MT_CTL_EXIT);
+  C(MT_CK_API_SHIFT); C(MT_CK_BYTES_SHIFT); C(MT_CK_MUL_SHIFT); C(MT_CK_DIRSRC_SHIFT); C(MT_CK_DIRARG_SHIFT);
+  C(MT_CK_STREAM_SHIFT); C(MT_CK_LAYER_SHIFT);
+  C(MT_M2D_SRC_MEMTYPE_OFF); C(MT_M2D_DST_MEMTYPE_OFF); C(MT_M2D_WIDTH_OFF); C(MT_M2D_HEIGHT_OFF); C(MT_M2D_SIZE);
+  /* The offsets BPF reads, against the struct as cuda.h declares it. */
+  printf("\"cuda srcMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY2D, srcMemoryType));
+  printf("\"cuda dstMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY2D, dstMemoryType));
+  printf("\"cuda WidthInBytes\": %zu,\n", offsetof(CUDA_MEMCPY2D, WidthInBytes));
+  printf("\"cuda Height\": %zu,\n", offsetof(CUDA_MEMCPY2D, Height));
+  printf("\"cuda sizeof\": %zu\n}\n", sizeof(CUDA_MEMCPY2D));
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def header(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    d = tmp_path_factory.mktemp("abi")
+    (d / "probe.c").write_text(PROBE)
+    subprocess.run(
+        ["cc", "-I", str(REPO / "bpf"), "-I", str(FIXTURES), "-o", str(d / "probe"), str(d / "probe.c")], check=True
+    )
+    return json.loads(subprocess.run([str(d / "probe")], capture_output=True, text=True, check=True).stdout)
+
+
+def test_event_layout_matches_the_numpy_dtype(header: dict[str, int]) -> None:
+    dt = abi.EVENT_DTYPE
+    assert dt.itemsize == header["sizeof mt_event"]
+    for name in dt.names:
+        assert dt.fields[name][1] == header[f"mt_event.{name}"], name
+
+
+def test_map_structs_match(header: dict[str, int]) -> None:
+    for cls, cname in ((abi.TotalsKey, "mt_totals_key"), (abi.Totals, "mt_totals"), (abi.CtlEvent, "mt_ctl_event")):
+        assert ctypes.sizeof(cls) == header[f"sizeof {cname}"], cname
+        for f, _ in cls._fields_:
+            if f"{cname}.{f}" in header:
+                assert getattr(cls, f).offset == header[f"{cname}.{f}"], (cname, f)
+    assert ctypes.sizeof(abi.InodeKey) == header["sizeof mt_inode_key"]
+
+
+def test_enums_match(header: dict[str, int]) -> None:
+    for d in Direction:
+        assert header[f"MT_DIR_{d.name}"] == d.value
+    for l in Layer:
+        assert header[f"MT_LAYER_{l.name}"] == l.value
+    for s in Stat:
+        assert header[f"MT_STAT_{s.name}"] == s.value
+    assert header["MT_STAT_COUNT"] == abi.STAT_COUNT == len(Stat)
+    for c in CtlType:
+        assert header[f"MT_CTL_{c.name}"] == c.value
+    for src in abi.DirSrc:
+        assert header[f"MT_DIRSRC_{src.name}"] == src.value
+
+
+def test_cookie_and_descriptor_constants_match(header: dict[str, int]) -> None:
+    for name in ("API", "BYTES", "MUL", "DIRSRC", "DIRARG", "STREAM", "LAYER"):
+        assert header[f"MT_CK_{name}_SHIFT"] == getattr(abi, f"CK_{name}_SHIFT")
+    for name in ("SRC_MEMTYPE_OFF", "DST_MEMTYPE_OFF", "WIDTH_OFF", "HEIGHT_OFF", "SIZE"):
+        assert header[f"MT_M2D_{name}"] == getattr(abi, f"M2D_{name}")
+    assert header["MT_M2D_SRC_MEMTYPE_OFF"] == header["cuda srcMemoryType"]
+    assert header["MT_M2D_DST_MEMTYPE_OFF"] == header["cuda dstMemoryType"]
+    assert header["MT_M2D_WIDTH_OFF"] == header["cuda WidthInBytes"]
+    assert header["MT_M2D_HEIGHT_OFF"] == header["cuda Height"]
+    assert header["MT_M2D_SIZE"] == header["cuda sizeof"]
+
+
+def test_cookies_decode_to_the_table() -> None:
+    for a in apis.COPY_APIS:
+        c = a.cookie()
+        assert c & 0xFFFF == a.id
+        assert (c >> abi.CK_BYTES_SHIFT) & 0xF == a.bytes_arg
+        assert (c >> abi.CK_MUL_SHIFT) & 0xF == a.mul_arg
+        assert (c >> abi.CK_DIRSRC_SHIFT) & 0xF == a.dirsrc
+        assert (c >> abi.CK_DIRARG_SHIFT) & 0xF == a.dirval
+        assert (c >> abi.CK_STREAM_SHIFT) & 0xF == a.stream_arg
+        assert (c >> abi.CK_LAYER_SHIFT) & 1 == a.layer
+    assert len({a.id for a in apis.COPY_APIS}) == len(apis.COPY_APIS)
+    syms = [s for a in apis.COPY_APIS for s in a.symbols]
+    assert len(syms) == len(set(syms))

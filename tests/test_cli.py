@@ -1,0 +1,120 @@
+"""Bad input gets a clear, actionable message and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memtrace import bpfsource
+from memtrace.errors import BTFMissing, LibbpfMissing, LibbpfTooOld
+
+from conftest import memtrace_cmd
+
+
+def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*memtrace_cmd(), *args], capture_output=True, text=True, env=dict(os.environ, **(env or {})), **kw
+    )
+
+
+@pytest.mark.bpf
+def test_unknown_command() -> None:
+    p = memtrace("run", "--", "/no/such/program")
+    assert p.returncode == 2
+    assert "command not found: /no/such/program" in p.stderr and "fix:" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_missing_command_and_bad_options() -> None:
+    p = memtrace("run")
+    assert p.returncode == 2 and "Missing argument" in p.stderr
+    p = memtrace("run", "--format", "xml", "--", "true")
+    assert p.returncode == 2 and "xml" in p.stderr
+    p = memtrace("run", "--ring-size", "0", "--", "true")
+    assert p.returncode == 2 and "--ring-size" in p.stderr and "fix:" in p.stderr
+    p = memtrace("top", "--interval", "0")
+    assert p.returncode == 2
+
+
+def test_missing_libbpf_says_how_to_install_it() -> None:
+    p = memtrace("run", "--", "true", env={"MEMTRACE_LIBBPF": "/nonexistent/libbpf.so.1"})
+    assert p.returncode == 2
+    assert "libbpf was not found" in p.stderr and "apt-get install libbpf1" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_too_old_libbpf_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "old.c"
+    src.write_text("int libbpf_major_version(void){return 0;}\nint libbpf_minor_version(void){return 8;}\n")
+    lib = tmp_path / "libbpf.so.0"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    from memtrace.libbpf import Libbpf
+
+    with pytest.raises(LibbpfTooOld, match="0.8 is too old"):
+        Libbpf(str(lib))
+    with pytest.raises(LibbpfMissing):
+        Libbpf(str(tmp_path / "absent.so"))
+
+
+def test_missing_btf_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(bpfsource, "BTF_PATH", tmp_path / "vmlinux")
+    with pytest.raises(BTFMissing, match="CONFIG_DEBUG_INFO_BTF"):
+        bpfsource.check_kernel()
+
+
+@pytest.mark.bpf
+def test_unprivileged_user_is_told_what_to_grant(tmp_path: Path) -> None:
+    # Root with every capability dropped: what a locked-down container gets.
+    p = subprocess.run(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", *memtrace_cmd(), "run", "--", "true"],
+        capture_output=True, text=True,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "permission denied" in p.stderr and "CAP_BPF" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.bpf
+def test_doctor_passes_here_and_fails_with_a_fix_without_libbpf() -> None:
+    p = memtrace("doctor")
+    assert p.returncode == 0, p.stdout
+    assert "BPF programs" in p.stdout and "loads on this kernel" in p.stdout
+    p = memtrace("doctor", env={"MEMTRACE_LIBBPF": "/nonexistent.so"})
+    assert p.returncode == 1
+    assert "FAIL" in p.stdout and "libbpf" in p.stdout and "fix:" in p.stdout
+
+
+@pytest.mark.bpf
+def test_top_shows_a_process_started_before_it(fakecuda: Path) -> None:
+    w = subprocess.Popen(
+        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    top = subprocess.Popen([*memtrace_cmd(), "top", "-n", "3", "-i", "1"], stdout=subprocess.PIPE, text=True,
+                           env=dict(os.environ, COLUMNS="200"))
+    time.sleep(1.5)
+    assert w.stdin is not None
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    out, _ = top.communicate(timeout=60)
+    w.wait()
+    assert top.returncode == 0
+    assert str(w.pid) in out and "workload" in out
+
+
+def test_version() -> None:
+    p = memtrace("--version")
+    assert p.returncode == 0 and p.stdout.startswith("memtrace ")
+
+
+def test_help_lists_the_commands() -> None:
+    p = memtrace("--help", env={"COLUMNS": "120"})
+    for cmd in ("run", "top", "doctor"):
+        assert cmd in p.stdout
+    assert sys.executable

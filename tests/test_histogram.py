@@ -1,0 +1,79 @@
+"""The exponential histogram follows OTel's bucket definition and its
+quantiles stay within half a bucket of the exact values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memtrace.histogram import ExpHistogram, map_to_index
+
+
+def reference_index(v: float, scale: int) -> int:
+    """OTel's definition: bucket i holds (base**i, base**(i+1)]."""
+    base = 2.0 ** (2.0**-scale)
+    i = math.floor(math.log(v, base))
+    # Walk to the exact bucket, immune to log rounding.
+    while base ** (i + 1) < v:
+        i += 1
+    while base**i >= v:
+        i -= 1
+    return i
+
+
+@given(st.floats(min_value=1e-9, max_value=1e12, allow_nan=False), st.integers(min_value=-3, max_value=8))
+@settings(max_examples=400, deadline=None)
+def test_index_matches_the_otel_definition(v: float, scale: int) -> None:
+    got = int(map_to_index(np.array([v]), scale)[0])
+    want = reference_index(v, scale)
+    # Values within float rounding of a boundary may land either side.
+    base = 2.0 ** (2.0**-scale)
+    if got != want:
+        assert abs(v / base ** max(got, want) - 1) < 1e-9
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("scale", [0, 3, 5])
+def test_exact_powers_of_two_close_their_bucket(scale: int) -> None:
+    v = np.array([0.25, 1.0, 2.0, 1024.0])
+    idx = map_to_index(v, scale)
+    assert list(idx) == [((int(math.log2(x))) << scale) - 1 for x in v]
+
+
+def test_quantiles_within_half_a_bucket() -> None:
+    rng = np.random.default_rng(7)
+    values = rng.lognormal(mean=-11, sigma=1.5, size=50_000)
+    h = ExpHistogram()
+    for chunk in np.array_split(values, 17):
+        h.add(chunk)
+    assert h.count == len(values)
+    assert h.max == values.max() and h.min == values.min()
+    assert math.isclose(h.sum, values.sum(), rel_tol=1e-9)
+    half_bucket = 2.0 ** (2.0**-h.scale / 2) - 1
+    for q in (0.5, 0.95, 0.99):
+        exact = np.quantile(values, q, method="lower")
+        assert abs(h.quantile(q) / exact - 1) <= half_bucket * 1.01 + 1e-3, q
+
+
+def test_zeros_and_downscale_keep_counts() -> None:
+    h = ExpHistogram(scale=5)
+    h.add(np.array([0.0, 0.0, 1e-6, 2e-6, 3.5, 1e3]))
+    assert h.zero_count == 2 and h.count == 6
+    d = h.downscaled(0)
+    assert sum(d.counts.values()) == sum(h.counts.values()) == 4
+    f = h.fit(4)
+    assert max(f.counts) - min(f.counts) + 1 <= 4 and sum(f.counts.values()) == 4
+    assert h.quantile(0.1) == 0.0
+
+
+def test_merge_of_different_scales() -> None:
+    a, b = ExpHistogram(scale=5), ExpHistogram(scale=2)
+    a.add(np.array([1.0, 2.0, 3.0]))
+    b.add(np.array([4.0, 5.0]))
+    a.merge(b)
+    assert a.scale == 2 and a.count == 5 and sum(a.counts.values()) == 5
