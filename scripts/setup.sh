@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install what memtrace needs on a Debian/Ubuntu host into ./.venv.
+#   scripts/setup.sh          runtime: libbpf1 and the Python package
+#   scripts/setup.sh --dev    also clang, bpftool, gcc: to build objects and run the tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dev=0; [ "${1:-}" = "--dev" ] && dev=1
+
+need_apt=()
+have() { dpkg -s "$1" >/dev/null 2>&1; }
+for p in libbpf1 libelf1 zlib1g; do have "$p" || need_apt+=("$p"); done
+if [ $dev = 1 ]; then
+  for p in clang llvm libbpf-dev bpftool gcc make libc6-dev util-linux; do have "$p" || need_apt+=("$p"); done
+fi
+python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+extras=""; [ $dev = 1 ] && extras="[test,dev]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
+echo "setup: memtrace installed in $(pwd)/.venv ($(.venv/bin/memtrace --version))" >&2

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up everything and run the whole test suite (as root: the tests load
+# real BPF programs into this kernel).
+#   sudo scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --dev
+make -s check-objects
+exec .venv/bin/python -m pytest "$@"
