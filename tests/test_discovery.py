@@ -92,3 +92,23 @@ def test_each_file_is_attached_once_however_many_processes_map_it(fakecuda: Path
     assert p.returncode == 0
     assert observed_totals(doc) == truth_totals(lines)
     assert len(doc["agent"]["libraries"]) == 2
+
+
+def test_process_started_later_that_dlopens_the_runtime_is_counted_from_its_first_copy(
+    fakecuda: Path, tmp_path: Path
+) -> None:
+    truth = tmp_path / "truth.jsonl"
+    with Agent(Options()) as agent:
+        agent.source.scan()
+        p = subprocess.Popen(
+            [sys.executable, str(FIXTURES / "ctypes_workload.py"), str(fakecuda / "lib"), "--calls", "700"],
+            env={"WORKLOAD_TRUTH": str(truth), "PATH": "/usr/bin:/bin"},
+        )
+        drain_until_exit(agent, p)
+        from memtrace.report import summary
+
+        doc = summary(agent.model, agent.stats(), agent.libraries)
+    lines = [__import__("json").loads(l) for l in truth.read_text().splitlines()]
+    got = {k: v for k, v in observed_totals(doc).items() if k[0] == p.pid}
+    assert got == truth_totals(lines)
+    assert doc["agent"]["holds"] >= 1
