@@ -93,6 +93,25 @@ def check_kernel() -> None:
         raise NotPrivileged("loading BPF programs")
 
 
+@dataclass(frozen=True)
+class Probe:
+    symbol: str
+    offset: int  # file offset of the function
+    cookie: int
+
+
+def probe_plan(path: str, layer: Layer) -> list[Probe]:
+    """The probes for one file: each copy symbol of `layer` it defines, one
+    per code address (aliases of one function would count a call twice)."""
+    table = apis.apis_for(layer)
+    with open(path, "rb") as f:
+        offsets = elf.function_offsets(f, table)
+    by_offset: dict[int, str] = {}
+    for sym in sorted(offsets, key=lambda s: (table[s].id, s != table[s].name, s)):
+        by_offset.setdefault(offsets[sym], sym)
+    return [Probe(sym, off, table[sym].cookie()) for off, sym in sorted(by_offset.items())]
+
+
 @dataclass
 class Attachment:
     """One file with probes: a CUDA library, or an executable with a static runtime."""
@@ -281,35 +300,28 @@ class BpfSource:
         if cand.fid in self.attachments:
             return self.attachments[cand.fid]
         layer = cand.layer if cand.layer is not None else Layer.RUNTIME
-        table = apis.apis_for(layer)
         try:
-            with open(cand.path, "rb") as f:
-                offsets = elf.function_offsets(f, table)
+            plan = probe_plan(cand.path, layer)
         except OSError as e:
             log.warning("cannot read %s (pid %d): %s", cand.name, cand.pid, e)
             return None
-        if not offsets:
+        if not plan:
             if cand.layer is not None:
                 log.warning("%s exports no CUDA copy symbols; not attached", cand.name)
             return None
-        # One probe per code address: aliases would count a call twice.
-        by_offset: dict[int, str] = {}
-        for sym in sorted(offsets, key=lambda s: (table[s].id, s != table[s].name, s)):
-            by_offset.setdefault(offsets[sym], sym)
-        att = Attachment(cand.fid, cand.name, layer, {s: o for o, s in by_offset.items()})
+        att = Attachment(cand.fid, cand.name, layer, {p.symbol: p.offset for p in plan})
         assert self.obj is not None
         try:
-            for off, sym in sorted(by_offset.items()):
-                cookie = table[sym].cookie()
-                att.links.append(self.obj.attach_uprobe("mt_copy_enter", cand.path, off, cookie, False))
-                att.links.append(self.obj.attach_uprobe("mt_copy_return", cand.path, off, cookie, True))
+            for p in plan:
+                att.links.append(self.obj.attach_uprobe("mt_copy_enter", cand.path, p.offset, p.cookie, False))
+                att.links.append(self.obj.attach_uprobe("mt_copy_return", cand.path, p.offset, p.cookie, True))
         except AttachError as e:
             att.close()
             log.warning("%s (pid %d) vanished while attaching: %s", cand.name, cand.pid, e.message)
             return None
         self.attachments[cand.fid] = att
         self._mark(cand.fid, _ATTACHED_LIBRARY)
-        log.info("attached %d %s probes to %s", len(by_offset), layer.label, cand.name)
+        log.info("attached %d %s probes to %s", len(plan), layer.label, cand.name)
         self.on_library(att)
         return att
 

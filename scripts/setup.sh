@@ -10,7 +10,17 @@ need_apt=()
 have() { dpkg -s "$1" >/dev/null 2>&1; }
 for p in libbpf1 libelf1 zlib1g; do have "$p" || need_apt+=("$p"); done
 if [ $dev = 1 ]; then
-  for p in clang llvm libbpf-dev bpftool gcc make libc6-dev util-linux; do have "$p" || need_apt+=("$p"); done
+  # Build the objects and the test libraries; boot other kernels (qemu) with
+  # an arm64 cross toolchain for the portability tests.
+  for p in clang llvm libbpf-dev bpftool gcc make libc6-dev util-linux cpio busybox-static \
+           qemu-system-arm qemu-system-x86 gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+           libbpf-dev:arm64 libelf-dev:arm64 zlib1g-dev:arm64 libzstd-dev:arm64; do
+    have "$p" || need_apt+=("$p")
+  done
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    dpkg --add-architecture arm64
+    need_apt+=(libbpf-dev:arm64)
+  fi
 fi
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -118,3 +118,15 @@ def test_help_lists_the_commands() -> None:
     for cmd in ("run", "top", "doctor"):
         assert cmd in p.stdout
     assert sys.executable
+
+
+def test_doctor_judges_kernels_by_version_and_arch() -> None:
+    from memtrace.doctor import check_kernel
+
+    assert check_kernel("6.18.44-fc", "x86_64").ok and not check_kernel("6.18.44-fc", "x86_64").warn
+    assert check_kernel("6.1.0-56-cloud-arm64", "aarch64").ok
+    old = check_kernel("5.15.0-91-generic", "x86_64")
+    assert old.ok and old.warn and "proven" in old.detail
+    too_old = check_kernel("5.10.0-28-amd64", "x86_64")
+    assert not too_old.ok and "5.15 or newer" in too_old.fix
+    assert not check_kernel("6.1.0", "riscv64").ok

@@ -1,0 +1,158 @@
+/* Runs memtrace's shipped BPF object inside a guest kernel the way the agent
+ * does, against a workload with known truth, and prints what the kernel
+ * counted.
+ *
+ *   harness OBJECT PLAN WORKLOAD [ARGS...]
+ *
+ * PLAN holds one probe a line, "PATH OFFSET COOKIE", written on the host by
+ * memtrace.bpfsource.probe_plan (the agent's own symbol table and cookie
+ * encoding). Like `memtrace run`, the workload is forked gated, its pid put
+ * in `traced` before it execs, and its children join through the fork
+ * tracepoint. Output lines: "MT-TOTAL api dir calls bytes errors",
+ * "MT-STAT idx value", "MT-EVENTS n", "MT-EXIT code".
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <linux/types.h>
+#include <bpf/bpf.h>
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
+#include "memtrace.h"
+
+static long events;
+
+static int on_event(void *ctx, void *data, size_t size)
+{
+	(void)ctx; (void)data;
+	if (size >= sizeof(struct mt_event))
+		events++;
+	return 0;
+}
+
+static int on_ctl(void *ctx, void *data, size_t size)
+{
+	(void)ctx; (void)data; (void)size;
+	return 0;
+}
+
+static void set_rodata(struct bpf_object *obj, const char *name, __u8 value)
+{
+	struct btf *btf = bpf_object__btf(obj);
+	int id = btf__find_by_name_kind(btf, ".rodata", BTF_KIND_DATASEC);
+	const struct btf_type *t = btf__type_by_id(btf, id);
+	const struct btf_var_secinfo *v = btf_var_secinfos(t);
+	size_t size;
+	char *data = (char *)bpf_map__initial_value(bpf_object__find_map_by_name(obj, ".rodata"), &size);
+
+	for (int i = 0; i < btf_vlen(t); i++, v++) {
+		const char *n = btf__name_by_offset(btf, btf__type_by_id(btf, v->type)->name_off);
+		if (strcmp(n, name) == 0) {
+			data[v->offset] = value;
+			return;
+		}
+	}
+	fprintf(stderr, "harness: no option %s\n", name);
+	exit(2);
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "harness: %s: %s\n", what, strerror(errno));
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 4) {
+		fprintf(stderr, "usage: harness OBJECT PLAN WORKLOAD [ARGS...]\n");
+		return 2;
+	}
+	struct bpf_object *obj = bpf_object__open_file(argv[1], NULL);
+	if (!obj)
+		die("open object");
+	set_rodata(obj, "filter_pids", 1);
+	set_rodata(obj, "hold_libraries", 1);
+	if (bpf_object__load(obj))
+		die("load object");
+	const char *progs[] = {"mt_fork", "mt_exit", "mt_mmap"};
+	for (int i = 0; i < 3; i++)
+		if (!bpf_program__attach(bpf_object__find_program_by_name(obj, progs[i])))
+			die(progs[i]);
+
+	FILE *plan = fopen(argv[2], "r");
+	char path[512];
+	unsigned long off;
+	unsigned long long cookie;
+	int probes = 0;
+	struct bpf_program *enter = bpf_object__find_program_by_name(obj, "mt_copy_enter");
+	struct bpf_program *ret = bpf_object__find_program_by_name(obj, "mt_copy_return");
+	if (!plan)
+		die("open plan");
+	while (fscanf(plan, "%511s %lu %llu", path, &off, &cookie) == 3) {
+		LIBBPF_OPTS(bpf_uprobe_opts, o, .bpf_cookie = cookie);
+		if (!bpf_program__attach_uprobe_opts(enter, -1, path, off, &o))
+			die("attach entry");
+		o.retprobe = true;
+		if (!bpf_program__attach_uprobe_opts(ret, -1, path, off, &o))
+			die("attach return");
+		probes++;
+	}
+	printf("MT-PROBES %d\n", probes);
+	fflush(stdout);
+
+	int gate[2];
+	if (pipe(gate))
+		die("pipe");
+	pid_t child = fork();
+	if (child == 0) {
+		char c;
+		close(gate[1]);
+		if (read(gate[0], &c, 1) != 1)
+			_exit(125);
+		execv(argv[3], argv + 3);
+		_exit(127);
+	}
+	close(gate[0]);
+	__u32 pid = child;
+	__u8 one = 1;
+	if (bpf_map_update_elem(bpf_map__fd(bpf_object__find_map_by_name(obj, "traced")), &pid, &one, BPF_ANY))
+		die("trace pid");
+	struct ring_buffer *rb =
+		ring_buffer__new(bpf_map__fd(bpf_object__find_map_by_name(obj, "events")), on_event, NULL, NULL);
+	ring_buffer__add(rb, bpf_map__fd(bpf_object__find_map_by_name(obj, "ctl_events")), on_ctl, NULL);
+	if (write(gate[1], "g", 1) != 1)
+		die("release");
+	int status;
+	while (waitpid(child, &status, WNOHANG) == 0) {
+		ring_buffer__consume(rb);
+		usleep(5000);
+	}
+	ring_buffer__consume(rb);
+
+	int fd = bpf_map__fd(bpf_object__find_map_by_name(obj, "totals"));
+	struct mt_totals_key k, next, *prev = NULL;
+	struct mt_totals t;
+	while (bpf_map_get_next_key(fd, prev, &next) == 0) {
+		if (bpf_map_lookup_elem(fd, &next, &t) == 0)
+			printf("MT-TOTAL %u %u %u %llu %llu %llu\n", next.pid, next.api, next.direction,
+			       (unsigned long long)t.calls, (unsigned long long)t.bytes, (unsigned long long)t.errors);
+		k = next;
+		prev = &k;
+	}
+	int ncpu = libbpf_num_possible_cpus();
+	__u64 vals[ncpu];
+	int sfd = bpf_map__fd(bpf_object__find_map_by_name(obj, "stats"));
+	for (__u32 i = 0; i < MT_STAT_COUNT; i++) {
+		__u64 sum = 0;
+		if (bpf_map_lookup_elem(sfd, &i, vals) == 0)
+			for (int c = 0; c < ncpu; c++)
+				sum += vals[c];
+		printf("MT-STAT %u %llu\n", i, (unsigned long long)sum);
+	}
+	printf("MT-EVENTS %ld\nMT-EXIT %d\n", events, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+	return 0;
+}
