@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -15,8 +16,11 @@ import numpy as np
 
 from .abi import Stat
 from .bpfsource import Attachment, BpfSource, Options
+from .config import PushConfig
 from .errors import CommandNotFound
 from .model import Model
+from .otlp import Batch, Exporter, MetricsBuilder
+from .resources import host_attributes
 
 log = logging.getLogger("memtrace")
 
@@ -157,3 +161,88 @@ def run_command(agent: Agent, argv: list[str]) -> Finished:
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+
+
+def backoff(interval: float, failures: int, cap: float = 60.0) -> float:
+    """Time to the next push after `failures` consecutive failures."""
+    if failures == 0:
+        return interval
+    return min(interval * 2 ** min(failures, 10), max(cap, interval))
+
+
+def push_forever(agent: Agent, cfg: PushConfig, stop: threading.Event, exporter: Exporter | None = None,
+                 final_timeout: float = 5.0) -> int:
+    """Trace every CUDA process and push OTLP metrics every interval until
+    `stop` is set, then flush a last push. Returns the number of failed pushes."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    builder = MetricsBuilder(cfg, host_attributes())
+    exporter = exporter or Exporter(cfg)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")
+    inflight: tuple[Future[tuple[bool, str]], Batch] | None = None
+    failures = 0
+    next_at = time.monotonic() + cfg.interval
+    log.warning("pushing to %s", cfg.redacted())
+
+    def build() -> Batch:
+        agent.poll()
+        agent.sync_totals()
+        for pid, proc in agent.model.processes.items():
+            if not proc.exited and not os.path.exists(f"/proc/{pid}"):
+                proc.exited = True  # its exit notice was lost: never keep its series forever
+        return builder.build(agent.model, agent.stats(), len(agent.libraries))
+
+    def settle(ok: bool, reason: str, batch: Batch) -> None:
+        nonlocal failures
+        if ok:
+            batch.commit()
+            for pid in batch.exited:  # sent a final time: drop the series
+                agent.model.forget(pid)
+                agent.source.forget_pid(pid)
+            if failures:
+                log.warning("push to %s works again after %d failed attempts; totals are current",
+                            cfg.endpoint, failures)
+            failures = 0
+        else:
+            batch.rollback()
+            builder.export_failures += 1
+            failures += 1
+            if failures == 1:
+                log.warning("push to %s failed: %s. Tracing goes on; retrying with backoff, and the "
+                            "next successful push carries the full totals", cfg.endpoint, reason)
+            else:
+                log.debug("push failed again (%d): %s", failures, reason)
+
+    try:
+        while not stop.is_set():
+            agent.poll()
+            if inflight is not None and inflight[0].done():
+                ok, reason = inflight[0].result()
+                settle(ok, reason, inflight[1])
+                inflight = None
+            if inflight is None and time.monotonic() >= next_at:
+                batch = build()
+                inflight = (pool.submit(exporter.export, batch.data), batch)
+                next_at = time.monotonic() + backoff(cfg.interval, failures)
+            stop.wait(DRAIN_INTERVAL_S)
+        # Flush: whatever was in flight, then one last push with everything.
+        deadline = time.monotonic() + final_timeout
+        if inflight is not None:
+            try:
+                ok, reason = inflight[0].result(timeout=max(0.1, deadline - time.monotonic()))
+                settle(ok, reason, inflight[1])
+            except TimeoutError:
+                inflight[1].rollback()
+        batch = build()
+        fut = pool.submit(exporter.export, batch.data)
+        try:
+            ok, reason = fut.result(timeout=max(0.5, deadline - time.monotonic()))
+            settle(ok, reason, batch)
+            if not ok:
+                log.warning("the last push failed: %s", reason)
+        except TimeoutError:
+            log.warning("the last push did not finish within %.0fs", final_timeout)
+        return builder.export_failures
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        exporter.shutdown()

@@ -184,6 +184,63 @@ def top(
 
 
 @app.command()
+def push(
+    endpoint: Optional[str] = typer.Option(
+        None, "--endpoint", "-e", help="Collector URL (OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT)."
+    ),
+    protocol: Optional[str] = typer.Option(
+        None, "--protocol", help="http/protobuf or grpc (OTEL_EXPORTER_OTLP_PROTOCOL)."
+    ),
+    interval: float = typer.Option(5.0, "--interval", "-i", help="Seconds between pushes."),
+    headers: Optional[str] = typer.Option(
+        None, "--headers", help="K=V,... sent with each push (OTEL_EXPORTER_OTLP_HEADERS). Values are never logged."
+    ),
+    insecure: Optional[bool] = typer.Option(None, "--insecure/--secure", help="Plaintext gRPC (TLS is the default)."),
+    temporality: str = typer.Option("cumulative", "--temporality", help="cumulative or delta."),
+    histogram: str = typer.Option(
+        "exponential", "--histogram", help="exponential, or explicit (fixed power-of-two buckets)."
+    ),
+    ring_size: float = typer.Option(16, "--ring-size", help="Event ring size in MiB."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Trace every CUDA process on this host and push OTLP metrics to a collector.
+    Flags win over the standard OTEL_EXPORTER_OTLP_* variables. No listening port."""
+    import os
+    import signal
+    import threading
+
+    _setup_logging(verbose)
+    from .agent import Agent, push_forever
+    from .bpfsource import Options
+    from .config import resolve
+
+    try:
+        cfg = resolve(
+            os.environ,
+            endpoint=endpoint,
+            protocol=protocol,
+            headers=headers,
+            interval=interval,
+            insecure=insecure,
+            temporality=temporality,
+            histogram=histogram,
+        )
+        opts = Options(ring_bytes=_ring_bytes(ring_size))
+    except MemtraceError as e:
+        _fail(e)
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with Agent(opts) as agent:
+            agent.source.scan()
+            push_forever(agent, cfg, stop)
+    except MemtraceError as e:
+        _fail(e)
+
+
+@app.command()
 def doctor() -> None:
     """Check this host: kernel, BTF, privileges, libbpf, tracefs, CUDA libraries."""
     from .doctor import run_checks

@@ -37,6 +37,9 @@ class ExpHistogram:
     sum: float = 0.0
     min: float = math.inf
     max: float = -math.inf
+    # min and max since the last take_window(): what a delta export reports
+    window_min: float = math.inf
+    window_max: float = -math.inf
 
     def add(self, values: np.ndarray) -> None:
         if len(values) == 0:
@@ -44,8 +47,11 @@ class ExpHistogram:
         v = np.asarray(values, dtype=np.float64)
         self.count += len(v)
         self.sum += float(v.sum())
-        self.min = min(self.min, float(v.min()))
-        self.max = max(self.max, float(v.max()))
+        lo, hi = float(v.min()), float(v.max())
+        self.min = min(self.min, lo)
+        self.max = max(self.max, hi)
+        self.window_min = min(self.window_min, lo)
+        self.window_max = max(self.window_max, hi)
         pos = v[v > 0]
         self.zero_count += len(v) - len(pos)
         if len(pos):
@@ -53,6 +59,28 @@ class ExpHistogram:
             c = self.counts
             for i, k in zip(idx.tolist(), n.tolist()):
                 c[i] = c.get(i, 0) + k
+
+    def take_window(self) -> tuple[float, float]:
+        w = (self.window_min, self.window_max)
+        self.window_min, self.window_max = math.inf, -math.inf
+        return w
+
+    def restore_window(self, w: tuple[float, float]) -> None:
+        self.window_min = min(self.window_min, w[0])
+        self.window_max = max(self.window_max, w[1])
+
+    def copy(self) -> ExpHistogram:
+        return ExpHistogram(self.scale, dict(self.counts), self.zero_count, self.count, self.sum, self.min, self.max)
+
+    def minus(self, base: ExpHistogram) -> ExpHistogram:
+        """What was added since `base`, a copy of this histogram taken earlier."""
+        assert base.scale == self.scale
+        d = ExpHistogram(self.scale, {}, self.zero_count - base.zero_count, self.count - base.count, self.sum - base.sum)
+        for i, k in self.counts.items():
+            n = k - base.counts.get(i, 0)
+            if n:
+                d.counts[i] = n
+        return d
 
     def merge(self, other: ExpHistogram) -> None:
         o = other.downscaled(self.scale) if other.scale > self.scale else other
@@ -69,7 +97,8 @@ class ExpHistogram:
     def downscaled(self, scale: int) -> ExpHistogram:
         shift = self.scale - scale
         assert shift >= 0
-        h = ExpHistogram(scale, {}, self.zero_count, self.count, self.sum, self.min, self.max)
+        h = ExpHistogram(scale, {}, self.zero_count, self.count, self.sum, self.min, self.max,
+                         self.window_min, self.window_max)
         for i, k in self.counts.items():
             j = i >> shift
             h.counts[j] = h.counts.get(j, 0) + k

@@ -7,13 +7,14 @@ a total. Nothing here knows of ctypes, BPF or OTLP.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import apis
+from . import apis, resources
 from .abi import Direction, Layer
 from .histogram import ExpHistogram
 
@@ -27,7 +28,8 @@ class CopyStats:
     errors: int = 0
     duration_ns: int = 0
     events: int = 0  # events received for this key (calls - events were dropped)
-    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
+    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds, every call
+    sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes, successful calls
 
 
 @dataclass
@@ -35,11 +37,14 @@ class Process:
     pid: int
     name: str = ""
     exe: str = ""
-    first_seen: float = field(default_factory=time.time)
+    first_seen_ns: int = field(default_factory=time.time_ns)
+    start_ns: int = 0  # when the process started (0: unknown)
     exited: bool = False
+    attributes: dict[str, str | int] = field(default_factory=dict)  # OTLP resource
 
     @classmethod
     def probe(cls, pid: int) -> Process:
+        """Read what identifies the process now: it may be gone by export time."""
         p = cls(pid)
         try:
             p.name = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -49,7 +54,26 @@ class Process:
             p.exe = str(Path(f"/proc/{pid}/exe").readlink())
         except OSError:
             pass
+        p.attributes = resources.process_attributes(pid, p.name, p.exe)
+        p.start_ns = process_start_ns(pid)
         return p
+
+
+_BOOT_NS: int | None = None
+
+
+def process_start_ns(pid: int) -> int:
+    """Wall-clock start of a process (/proc/PID/stat starttime + boot time), 0 if gone."""
+    global _BOOT_NS
+    try:
+        if _BOOT_NS is None:
+            btime = next(l for l in Path("/proc/stat").read_text().splitlines() if l.startswith("btime"))
+            _BOOT_NS = int(btime.split()[1]) * 1_000_000_000
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        return _BOOT_NS + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0
 
 
 class Model:
@@ -77,6 +101,8 @@ class Model:
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
         durations = batch["duration_ns"][order].astype(np.float64) * 1e-9
+        ok = batch["ret"][order] == 0
+        sizes = batch["bytes"][order].astype(np.float64)
         uniq, starts = np.unique(keys, return_index=True)
         ends = np.append(starts[1:], len(keys))
         for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist()):
@@ -87,6 +113,7 @@ class Model:
                 self._process(key[0])
             st.events += e - s
             st.durations.add(durations[s:e])
+            st.sizes.add(sizes[s:e][ok[s:e]])
 
     def set_totals(self, pid: int, api: int, direction: int, calls: int, nbytes: int, errors: int, dur: int) -> None:
         key = (pid, api, direction)

@@ -1,0 +1,193 @@
+"""`memtrace push` configuration: flags over OTEL_EXPORTER_OTLP_* variables,
+validated before anything starts, so a typo fails at once with a fix."""
+
+from __future__ import annotations
+
+import enum
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import BadOption
+
+
+class Protocol(str, enum.Enum):
+    http = "http/protobuf"
+    grpc = "grpc"
+
+
+class Temporality(str, enum.Enum):
+    cumulative = "cumulative"
+    delta = "delta"
+
+
+class HistogramKind(str, enum.Enum):
+    exponential = "exponential"
+    explicit = "explicit"
+
+
+DEFAULT_HTTP = "http://localhost:4318"
+DEFAULT_GRPC = "http://localhost:4317"
+
+
+@dataclass(frozen=True)
+class PushConfig:
+    endpoint: str
+    protocol: Protocol
+    headers: dict[str, str] = field(default_factory=dict)
+    interval: float = 5.0
+    timeout: float = 10.0
+    compression: str | None = None  # "gzip" or None
+    certificate: str | None = None
+    client_key: str | None = None
+    client_certificate: str | None = None
+    insecure: bool = False
+    temporality: Temporality = Temporality.cumulative
+    histogram: HistogramKind = HistogramKind.exponential
+    resource_attributes: dict[str, str] = field(default_factory=dict)
+
+    def redacted(self) -> str:
+        """A description safe for logs: header names, never their values."""
+        hdrs = ",".join(f"{k}=<redacted>" for k in self.headers) or "none"
+        return f"{self.protocol.value} {self.endpoint} (headers: {hdrs}, every {self.interval:g}s)"
+
+
+def parse_kv_list(text: str, what: str) -> dict[str, str]:
+    """W3C-baggage-like `k=v,k2=v2` as OTEL_EXPORTER_OTLP_HEADERS and
+    OTEL_RESOURCE_ATTRIBUTES use it; values are percent-decoded."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise BadOption(f"{what}: '{_safe(item)}' is not key=value", f"write {what} as key=value,key2=value2")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if not k or any(c.isspace() or ord(c) < 32 for c in k):
+            raise BadOption(f"{what}: bad key '{_safe(k)}'", "keys are non-empty tokens without spaces")
+        v = urllib.parse.unquote(v.strip())
+        if any(ord(c) < 32 and c != "\t" for c in v):
+            raise BadOption(f"{what}: the value of '{_safe(k)}' holds control characters", "remove them")
+        out[k] = v
+    return out
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in s)[:80]
+
+
+def _endpoint(url: str, protocol: Protocol, signal_specific: bool) -> str:
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise BadOption(
+            f"endpoint '{_safe(url)}' is not an http:// or https:// URL with a host",
+            "give the collector's URL, e.g. --endpoint http://otel-collector:4318",
+        )
+    try:
+        u.port
+    except ValueError:
+        raise BadOption(f"endpoint '{_safe(url)}' has a bad port", "use host:port with a number") from None
+    if protocol == Protocol.http and not signal_specific:
+        # The generic endpoint names the collector; metrics go to /v1/metrics.
+        path = u.path.rstrip("/")
+        if not path.endswith("/v1/metrics"):
+            path += "/v1/metrics"
+        return urllib.parse.urlunsplit((u.scheme, u.netloc, path, u.query, ""))
+    return url
+
+
+def _float(value: str, what: str, lo: float, hi: float) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise BadOption(f"{what} '{_safe(value)}' is not a number", f"give a number between {lo:g} and {hi:g}") from None
+    if not lo <= v <= hi:
+        raise BadOption(f"{what} {v:g} is out of range", f"give a number between {lo:g} and {hi:g}")
+    return v
+
+
+def _file(path: str, what: str) -> str:
+    if not os.path.isfile(path):
+        raise BadOption(f"{what} '{_safe(path)}' is not a readable file", "give the path of a PEM file")
+    return path
+
+
+def resolve(
+    env: Mapping[str, str],
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    headers: str | None = None,
+    interval: float | None = None,
+    insecure: bool | None = None,
+    temporality: str | None = None,
+    histogram: str | None = None,
+    timeout: float | None = None,
+    compression: str | None = None,
+    certificate: str | None = None,
+) -> PushConfig:
+    """Flags win over OTEL_EXPORTER_OTLP_METRICS_*, which win over OTEL_EXPORTER_OTLP_*."""
+
+    def var(name: str) -> str | None:
+        for key in (f"OTEL_EXPORTER_OTLP_METRICS_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
+            if env.get(key, "").strip():
+                return env[key].strip()
+        return None
+
+    proto_s = protocol or var("PROTOCOL") or Protocol.http.value
+    try:
+        proto = Protocol(proto_s)
+    except ValueError:
+        raise BadOption(f"protocol '{_safe(proto_s)}' is not supported", "use http/protobuf or grpc") from None
+
+    # Only OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is taken verbatim (the spec's
+    # rule); --endpoint, like OTEL_EXPORTER_OTLP_ENDPOINT, names the collector.
+    signal_specific = endpoint is None and bool(env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "").strip())
+    url = endpoint or var("ENDPOINT")
+    if url is None:
+        raise BadOption(
+            "no collector endpoint",
+            "give --endpoint http://COLLECTOR:4318 or set OTEL_EXPORTER_OTLP_ENDPOINT",
+        )
+    url = _endpoint(url, proto, signal_specific)
+
+    hdrs = parse_kv_list(headers if headers is not None else (var("HEADERS") or ""), "headers")
+    comp = (compression or var("COMPRESSION") or "none").lower()
+    if comp not in ("gzip", "none"):
+        raise BadOption(f"compression '{_safe(comp)}' is not supported", "use gzip or none")
+    t = timeout if timeout is not None else (_float(var("TIMEOUT"), "timeout", 0.001, 1e9) / 1000 if var("TIMEOUT") else 10.0)
+    cert = certificate or var("CERTIFICATE")
+    key = var("CLIENT_KEY")
+    ccert = var("CLIENT_CERTIFICATE")
+    ins = insecure if insecure is not None else (var("INSECURE") or "").lower() == "true"
+    if ins and url.startswith("https://"):
+        raise BadOption("--insecure with an https:// endpoint", "use http:// for a plaintext collector, or drop --insecure")
+    try:
+        temp = Temporality(temporality or env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").lower())
+    except ValueError:
+        raise BadOption(f"temporality '{_safe(str(temporality))}' is not supported", "use cumulative or delta") from None
+    try:
+        hist = HistogramKind(histogram or "exponential")
+    except ValueError:
+        raise BadOption(f"histogram '{_safe(str(histogram))}' is not supported", "use exponential or explicit") from None
+    iv = interval if interval is not None else 5.0
+    if not 0.1 <= iv <= 3600:
+        raise BadOption(f"interval {iv:g}s is out of range", "give an interval between 0.1 and 3600 seconds")
+    if not 0.001 <= t <= 600:
+        raise BadOption(f"timeout {t:g}s is out of range", "give a timeout between 1 ms and 600 s")
+    return PushConfig(
+        endpoint=url,
+        protocol=proto,
+        headers=hdrs,
+        interval=iv,
+        timeout=t,
+        compression=None if comp == "none" else "gzip",
+        certificate=_file(cert, "certificate") if cert else None,
+        client_key=_file(key, "client key") if key else None,
+        client_certificate=_file(ccert, "client certificate") if ccert else None,
+        insecure=ins,
+        temporality=temp,
+        histogram=hist,
+        resource_attributes=parse_kv_list(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES"),
+    )

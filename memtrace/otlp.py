@@ -1,0 +1,375 @@
+"""OTLP export: memtrace's exact aggregates as OTLP metrics, pushed by the
+OpenTelemetry SDK's own OTLP exporters (HTTP/protobuf or gRPC).
+
+Values are not re-recorded through SDK instruments (one Python call per
+copy would cost more than the copy's probe): the SDK's metric data model is
+built directly from the kernel's totals and the event histograms, and the
+SDK exporter encodes and sends it, with its TLS, headers, compression and
+retries.
+
+Metric reference (README.md): gpu.memcpy.{bytes,calls,errors} counters,
+gpu.memcpy.duration (s) and gpu.memcpy.size (By) histograms, labelled by
+direction, api, layer and mode (sync|async); memtrace.agent.* health.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Buckets,
+    ExponentialHistogram,
+    ExponentialHistogramDataPoint,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from . import __version__
+from .abi import Stat
+from .config import HistogramKind, Protocol, PushConfig, Temporality
+from .histogram import ExpHistogram
+from .model import CopyKey, Model, describe
+
+log = logging.getLogger("memtrace.otlp")
+
+SCOPE = InstrumentationScope("memtrace", __version__)
+MAX_BUCKETS = 160  # OTel's default exponential bucket budget
+
+# Explicit-bucket option: boundaries that are exponential-bucket boundaries
+# too, so counts are exact: 2**(k/4) s from ~1 us to 128 s; 2**k B to 1 TiB.
+DURATION_BOUNDS = [2.0 ** (k / 4) for k in range(-80, 29)]
+SIZE_BOUNDS = [2.0**k for k in range(0, 41)]
+
+
+def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: int) -> list[int]:
+    """Bucket counts for bounds 2**(e / 2**bounds_scale), e = lo_exp .. lo_exp+n-1."""
+    d = h.downscaled(bounds_scale) if h.scale > bounds_scale else h
+    counts = [0] * (n_bounds + 1)
+    counts[0] += d.zero_count
+    for i, k in d.counts.items():
+        j = i + 1 - lo_exp  # the value is <= 2**((i+1)/2**s): bound e = i+1
+        counts[min(max(j, 0), n_bounds)] += k
+    return counts
+
+
+@dataclass
+class _Base:
+    """What the last successful delta export covered, per series."""
+
+    totals: dict[CopyKey, tuple[int, int, int]] = field(default_factory=dict)
+    durations: dict[CopyKey, ExpHistogram] = field(default_factory=dict)
+    sizes: dict[CopyKey, ExpHistogram] = field(default_factory=dict)
+    time_ns: dict[CopyKey, int] = field(default_factory=dict)
+    health: dict[str, int] = field(default_factory=dict)
+    health_time_ns: int = 0
+
+
+@dataclass
+class Batch:
+    data: MetricsData
+    exited: list[int]  # processes sent a final time
+    commit: Callable[[], None]
+    rollback: Callable[[], None]
+
+
+class MetricsBuilder:
+    def __init__(self, cfg: PushConfig, host: dict[str, str], start_ns: int | None = None) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.start_ns = start_ns or time.time_ns()
+        self.base = _Base(health_time_ns=self.start_ns)
+        self.export_failures = 0
+        self.started: set[CopyKey] = set()  # series whose zero start point was delivered
+        agent_attrs: dict[str, Any] = {"service.name": "memtrace", "service.version": __version__}
+        agent_attrs.update(cfg.resource_attributes)
+        agent_attrs.update(host)
+        self.agent_resource = Resource(agent_attrs)
+
+    @property
+    def delta(self) -> bool:
+        return self.cfg.temporality == Temporality.delta
+
+    def _temporality(self) -> AggregationTemporality:
+        return AggregationTemporality.DELTA if self.delta else AggregationTemporality.CUMULATIVE
+
+    def _hist_point(self, attrs: dict[str, str], h: ExpHistogram, window: tuple[float, float], start: int, now: int,
+                    bounds: list[float], bounds_scale: int, lo_exp: int) -> Any:
+        lo, hi = (window if self.delta else (h.min, h.max))
+        lo = 0.0 if math.isinf(lo) else lo
+        hi = 0.0 if math.isinf(hi) else hi
+        if self.cfg.histogram == HistogramKind.explicit:
+            return HistogramDataPoint(attrs, start, now, h.count, h.sum, explicit_counts(h, bounds_scale, lo_exp, len(bounds)),
+                                      bounds, lo, hi)
+        f = h.fit(MAX_BUCKETS)
+        if f.counts:
+            off = min(f.counts)
+            buckets = [f.counts.get(i, 0) for i in range(off, max(f.counts) + 1)]
+        else:
+            off, buckets = 0, []
+        return ExponentialHistogramDataPoint(attrs, start, now, f.count, f.sum, f.scale, f.zero_count,
+                                             Buckets(off, buckets), Buckets(0, []), 0, lo, hi)
+
+    def _hist_metric(self, name: str, desc: str, unit: str, points: list[Any]) -> Metric:
+        if self.cfg.histogram == HistogramKind.explicit:
+            return Metric(name, desc, unit, Histogram(points, self._temporality()))
+        return Metric(name, desc, unit, ExponentialHistogram(points, self._temporality()))
+
+    def build(self, model: Model, stats: dict[Stat, int], libraries: int, now_ns: int | None = None) -> Batch:
+        now = now_ns or time.time_ns()
+        tmp = self._temporality()
+        by_pid: dict[int, list[CopyKey]] = {}
+        for key, st in model.copies.items():
+            if st.calls:
+                by_pid.setdefault(key[0], []).append(key)
+
+        new_base = _Base(dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes),
+                         dict(self.base.time_ns))
+        windows: list[tuple[ExpHistogram, tuple[float, float]]] = []
+        resource_metrics = []
+        exited = []
+        starting: list[CopyKey] = []
+        for pid, keys in sorted(by_pid.items()):
+            proc = model.processes.get(pid)
+            if proc is None:
+                continue
+            if proc.exited:
+                exited.append(pid)
+            attrs: dict[str, Any] = dict(self.cfg.resource_attributes)
+            attrs.update(self.host)
+            attrs.update(proc.attributes)
+            attrs.setdefault("service.name", "memtrace")
+            counters: dict[str, list[NumberDataPoint]] = {"bytes": [], "calls": [], "errors": []}
+            dur_points, size_points = [], []
+            # A cumulative series starts when its counters were certainly zero:
+            # the process's start, or this agent's if the agent came later.
+            series_start = max(proc.start_ns or proc.first_seen_ns, self.start_ns)
+            for key in sorted(keys):
+                st = model.copies[key]
+                layer, api, direction, sync = describe(key)
+                la = {"direction": direction, "api": api, "layer": layer, "mode": "sync" if sync else "async"}
+                cur = (st.calls, st.bytes, st.errors)
+                if self.delta:
+                    b = self.base.totals.get(key, (0, 0, 0))
+                    vals = tuple(c - p for c, p in zip(cur, b))
+                    start = self.base.time_ns.get(key, proc.first_seen_ns)
+                    dur = st.durations.minus(self.base.durations.get(key) or ExpHistogram(st.durations.scale))
+                    size = st.sizes.minus(self.base.sizes.get(key) or ExpHistogram(st.sizes.scale))
+                    new_base.totals[key] = cur
+                    new_base.durations[key] = st.durations.copy()
+                    new_base.sizes[key] = st.sizes.copy()
+                    new_base.time_ns[key] = now
+                else:
+                    vals, start, dur, size = cur, series_start, st.durations, st.sizes
+                dw, sw = st.durations.take_window(), st.sizes.take_window()
+                windows += [(st.durations, dw), (st.sizes, sw)]
+                if not self.delta and key not in self.started and start < now:
+                    # A true zero at the start, as Prometheus' created-timestamp
+                    # zeros do: a short-lived process (one push) still has a rate.
+                    starting.append(key)
+                    for name in counters:
+                        counters[name].append(NumberDataPoint(la, start, start, 0))
+                for name, v in zip(("calls", "bytes", "errors"), vals):
+                    counters[name].append(NumberDataPoint(la, start, now, int(v)))
+                dur_points.append(self._hist_point(la, dur, dw, start, now, DURATION_BOUNDS, 2, -80))
+                size_points.append(self._hist_point(la, size, sw, start, now, SIZE_BOUNDS, 0, 0))
+            metrics = [
+                Metric("gpu.memcpy.bytes", "Bytes moved by successful CUDA memory copies", "By",
+                       Sum(counters["bytes"], tmp, True)),
+                Metric("gpu.memcpy.calls", "CUDA memory copy calls", "{call}", Sum(counters["calls"], tmp, True)),
+                Metric("gpu.memcpy.errors", "CUDA memory copy calls that returned an error", "{call}",
+                       Sum(counters["errors"], tmp, True)),
+                self._hist_metric("gpu.memcpy.duration",
+                                  "Duration of each copy call, entry to return (async: the enqueue time)", "s",
+                                  dur_points),
+                self._hist_metric("gpu.memcpy.size", "Bytes of each successful copy call", "By", size_points),
+            ]
+            resource_metrics.append(ResourceMetrics(Resource(attrs), [ScopeMetrics(SCOPE, metrics, "")], ""))
+
+        health_now = {
+            "events": stats.get(Stat.EVENTS, 0),
+            "dropped": stats.get(Stat.DROPPED, 0),
+            "abandoned": stats.get(Stat.ABANDONED, 0),
+            "untracked": stats.get(Stat.INFLIGHT_FULL, 0) + stats.get(Stat.TOTALS_FULL, 0),
+            "export_failures": self.export_failures,
+        }
+        hstart = self.base.health_time_ns if self.delta else self.start_ns
+        hv = {k: v - self.base.health.get(k, 0) for k, v in health_now.items()} if self.delta else health_now
+        if self.delta:
+            new_base.health = health_now
+            new_base.health_time_ns = now
+        live = sum(1 for p in model.processes.values() if not p.exited)
+
+        def counter(name: str, desc: str, unit: str, key: str) -> Metric:
+            return Metric(name, desc, unit, Sum([NumberDataPoint({}, hstart, now, int(hv[key]))], tmp, True))
+
+        health = [
+            counter("memtrace.agent.events", "Per-call events received from the kernel", "{event}", "events"),
+            counter("memtrace.agent.dropped_events", "Events lost to a full ring (totals stay exact)", "{event}",
+                    "dropped"),
+            counter("memtrace.agent.abandoned_calls", "Calls whose thread exited before returning", "{call}",
+                    "abandoned"),
+            counter("memtrace.agent.untracked_calls", "Calls not measured because a kernel map was full", "{call}",
+                    "untracked"),
+            counter("memtrace.agent.export_failures", "Pushes that failed", "{push}", "export_failures"),
+            Metric("memtrace.agent.libraries", "CUDA libraries and executables with probes", "{library}",
+                   Gauge([NumberDataPoint({}, hstart, now, libraries)])),
+            Metric("memtrace.agent.processes", "CUDA processes traced now", "{process}",
+                   Gauge([NumberDataPoint({}, hstart, now, live)])),
+        ]
+        resource_metrics.append(ResourceMetrics(self.agent_resource, [ScopeMetrics(SCOPE, health, "")], ""))
+
+        def commit() -> None:
+            if self.delta:
+                self.base = new_base
+            self.started.update(starting)
+            for pid in exited:
+                self.started.difference_update([k for k in self.started if k[0] == pid])
+
+        def rollback() -> None:
+            for h, w in windows:
+                h.restore_window(w)
+
+        return Batch(MetricsData(resource_metrics), exited, commit, rollback)
+
+
+class _Complaints(logging.Handler):
+    """Collects what the exporter says during one export instead of letting it
+    log each retry; the first specific cause is the reason users need."""
+
+    GENERIC = ("due to timeout, max retries or shutdown", "Failed to export")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.messages.append(record.getMessage())
+        except Exception:  # noqa: BLE001 - a logging handler must not raise
+            self.messages.append(str(record.msg))
+
+    @property
+    def reason(self) -> str:
+        specific = [m for m in self.messages if not any(g in m for g in self.GENERIC)]
+        return (specific or self.messages or [""])[0]
+
+
+class Exporter:
+    """The SDK's OTLP exporter for the configured protocol; failures become a reason string."""
+
+    def __init__(self, cfg: PushConfig) -> None:
+        self.cfg = cfg
+        self.complaints = _Complaints()
+        for name in ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                     "opentelemetry.exporter.otlp.proto.grpc.exporter",
+                     "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+                     "opentelemetry.exporter.otlp.proto.http", "opentelemetry.exporter.otlp.proto.grpc"):
+            lg = logging.getLogger(name)
+            lg.addHandler(self.complaints)
+            lg.propagate = False
+        compression: Any = None
+        if cfg.protocol == Protocol.http:
+            from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+            if cfg.compression:
+                compression = HttpCompression.Gzip
+            else:
+                compression = HttpCompression.NoCompression
+            self._exp: Any = HttpExporter(
+                endpoint=cfg.endpoint,
+                certificate_file=cfg.certificate,
+                client_key_file=cfg.client_key,
+                client_certificate_file=cfg.client_certificate,
+                headers=cfg.headers,
+                timeout=cfg.timeout,
+                compression=compression,
+            )
+        else:
+            import grpc
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+            creds = None
+            if not cfg.insecure and not cfg.endpoint.startswith("http://"):
+                root = open(cfg.certificate, "rb").read() if cfg.certificate else None
+                key = open(cfg.client_key, "rb").read() if cfg.client_key else None
+                chain = open(cfg.client_certificate, "rb").read() if cfg.client_certificate else None
+                creds = grpc.ssl_channel_credentials(root, key, chain)
+            if cfg.compression:
+                compression = grpc.Compression.Gzip
+            self._exp = GrpcExporter(
+                endpoint=cfg.endpoint,
+                insecure=cfg.insecure or cfg.endpoint.startswith("http://"),
+                credentials=creds,
+                headers=cfg.headers,
+                timeout=cfg.timeout,
+                compression=compression,
+            )
+
+        self._transport_error = ""
+        client = getattr(self._exp, "_client", None)
+        if client is not None and callable(getattr(client, "export", None)):
+            # The SDK's HTTP transport keeps the cause (status, connection
+            # error) in its result and logs only a generic line: keep it.
+            inner = client.export
+
+            def export_and_keep_cause(*args: Any, **kw: Any) -> Any:
+                res = inner(*args, **kw)
+                if not getattr(res, "success", True):
+                    status = getattr(res, "status_code", None)
+                    err = getattr(res, "error", None)
+                    self._transport_error = (f"HTTP {status}: " if status else "") + (str(err) if err else "")
+                return res
+
+            try:
+                client.export = export_and_keep_cause
+            except AttributeError:
+                pass
+
+    def _probe(self) -> str:
+        """Name a connection failure ourselves when the exporter did not."""
+        import socket
+        import urllib.parse
+
+        u = urllib.parse.urlsplit(self.cfg.endpoint)
+        port = u.port or (443 if u.scheme == "https" else 80)
+        try:
+            socket.create_connection((u.hostname, port), timeout=2).close()
+        except OSError as e:
+            return f"cannot connect to {u.hostname}:{port}: {e.strerror or e}"
+        return ""
+
+    def export(self, data: MetricsData) -> tuple[bool, str]:
+        self.complaints.messages = []
+        self._transport_error = ""
+        try:
+            ok = self._exp.export(data, timeout_millis=self.cfg.timeout * 1000) == MetricExportResult.SUCCESS
+        except Exception as e:  # noqa: BLE001 - any exporter failure is an outage, not a crash
+            return False, f"{type(e).__name__}: {e}"
+        if ok:
+            return True, ""
+        specific = [m for m in self.complaints.messages if not any(g in m for g in _Complaints.GENERIC)]
+        reason = self._transport_error or (specific[0] if specific else "") or self._probe()
+        return False, reason or self.complaints.reason or "the collector refused the push"
+
+    def shutdown(self) -> None:
+        try:
+            self._exp.shutdown(timeout_millis=1000)
+        except Exception:  # noqa: BLE001
+            pass

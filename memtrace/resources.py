@@ -1,0 +1,59 @@
+"""OTLP resource attributes for a traced process: who it is, where it runs.
+
+container.id and k8s.pod.uid come from the process's cgroup path, which
+names both under every common runtime (containerd, CRI-O, Docker; cgroupfs
+and systemd drivers). Values are sanitised so that odd process names cannot
+break an exporter or a backend's label rules.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+_CONTAINER = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
+_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+MAX_VALUE = 128
+
+
+def clean(value: str, limit: int = MAX_VALUE) -> str:
+    """Printable, bounded, never empty."""
+    s = "".join(c if c.isprintable() else "?" for c in value)[:limit]
+    return s or "?"
+
+
+def from_cgroup(text: str) -> dict[str, str]:
+    """container.id and k8s.pod.uid from /proc/PID/cgroup contents."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        for part in reversed(path.split("/")):
+            m = _CONTAINER.search(part)
+            if m and "container.id" not in out:
+                out["container.id"] = m.group(1)
+            p = _POD.search(part)
+            if p and "k8s.pod.uid" not in out:
+                out["k8s.pod.uid"] = p.group(1).replace("_", "-")
+    return out
+
+
+def host_attributes(env: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+    attrs = {"host.name": clean(socket.gethostname())}
+    node = env.get("NODE_NAME", "").strip()
+    if node:
+        attrs["k8s.node.name"] = clean(node)
+    return attrs
+
+
+def process_attributes(pid: int, name: str = "", exe: str = "", proc: Path = Path("/proc")) -> dict[str, str | int]:
+    attrs: dict[str, str | int] = {"process.pid": pid}
+    exe_name = os.path.basename(exe) if exe else name
+    if exe_name:
+        attrs["process.executable.name"] = clean(exe_name)
+    try:
+        attrs.update(from_cgroup((proc / str(pid) / "cgroup").read_text()))
+    except OSError:
+        pass
+    return attrs

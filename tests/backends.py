@@ -1,0 +1,115 @@
+"""Real backends for the end-to-end tests: VictoriaMetrics (Debian trixie's
+package) and an OpenTelemetry Collector built with ocb from
+deploy/otelcol/builder.yaml. Both are cached between runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from conftest import REPO
+
+CACHE = Path(os.environ.get("MEMTRACE_BACKEND_CACHE", Path.home() / ".cache" / "memtrace-backends"))
+BUILDER = REPO / "deploy" / "otelcol" / "builder.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def victoria_metrics() -> Path:
+    dest = CACHE / "victoria-metrics"
+    if not (dest / "victoria-metrics").exists():
+        subprocess.run([str(REPO / "tests" / "backends" / "fetch-victoria-metrics.sh"), str(dest)], check=True)
+    return dest / "victoria-metrics"
+
+
+def otelcol() -> Path:
+    """The collector of deploy/otelcol/builder.yaml, built once per manifest."""
+    text = BUILDER.read_text()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    out = CACHE / f"otelcol-{digest}" / "otelcol-memtrace"
+    if out.exists():
+        return out
+    version = re.search(r"^\s*version:\s*(\S+)", text, re.M).group(1)  # type: ignore[union-attr]
+    gobin = CACHE / "gobin"
+    env = dict(os.environ, GOBIN=str(gobin), GOFLAGS="-mod=mod")
+    subprocess.run(["go", "install", f"go.opentelemetry.io/collector/cmd/builder@v{version}"], check=True, env=env)
+    work = CACHE / f"build-{digest}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    shutil.copy(BUILDER, work / "builder.yaml")
+    subprocess.run([str(gobin / "builder"), "--config", "builder.yaml"], check=True, cwd=work, env=env,
+                   capture_output=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(work / "_build" / "otelcol-memtrace"), out)
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+class VictoriaMetrics:
+    def __init__(self, tmp: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.log = open(tmp / f"vm-{self.port}.log", "w")
+        self.proc = subprocess.Popen(
+            [str(victoria_metrics()), f"-storageDataPath={tmp / f'vm-{self.port}'}",
+             f"-httpListenAddr=127.0.0.1:{self.port}", "-opentelemetry.usePrometheusNaming",
+             "-search.latencyOffset=0s", "-search.disableCache"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        wait_port(self.port)
+
+    @property
+    def otlp(self) -> str:
+        return f"http://127.0.0.1:{self.port}/opentelemetry"
+
+    def query(self, expr: str) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as r:
+            doc = json.load(r)
+        assert doc["status"] == "success", doc
+        return doc["data"]["result"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+class Collector:
+    def __init__(self, tmp: Path, config: Path, env: dict[str, str]) -> None:
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.log_path = tmp / "otelcol.log"
+        self.log = open(self.log_path, "w")
+        e = dict(os.environ, OTLP_HTTP_ENDPOINT=f"127.0.0.1:{self.http_port}",
+                 OTLP_GRPC_ENDPOINT=f"127.0.0.1:{self.grpc_port}", HEALTH_ENDPOINT=f"127.0.0.1:{free_port()}", **env)
+        self.proc = subprocess.Popen([str(otelcol()), "--config", str(config)], env=e, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        wait_port(self.http_port)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()

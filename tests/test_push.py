@@ -1,0 +1,239 @@
+"""`memtrace push` end to end with real components: real probes, the real
+OTLP exporters, a real OpenTelemetry Collector (ocb-built, running the agent
+config from deploy/) and a real backend (VictoriaMetrics)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from backends import Collector, VictoriaMetrics, free_port
+from conftest import REPO, memtrace_cmd, truth_totals
+
+pytestmark = pytest.mark.bpf
+DASHBOARD = REPO / "deploy" / "grafana" / "memtrace.json"
+
+
+def start_push(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    # The log goes to a file: a pipe nobody reads would fill up and block the agent.
+    log = tempfile.NamedTemporaryFile("w+", prefix="memtrace-push-", suffix=".log", delete=False)
+    p = subprocess.Popen([*memtrace_cmd(), "push", *args], stderr=log, text=True, env=dict(os.environ, **(env or {})))
+    p.log_path = log.name  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while "pushing to" not in Path(log.name).read_text():
+        assert p.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+        time.sleep(0.05)
+    return p
+
+
+def stop_push(p: subprocess.Popen) -> tuple[int, float, str]:
+    t = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    return p.returncode, time.monotonic() - t, Path(p.log_path).read_text()  # type: ignore[attr-defined]
+
+
+def run_workloads(fakecuda: Path, tmp: Path, pace_us: int = 0) -> list[dict]:
+    """Two jobs side by side (both layers, and driver only); pace_us > 0 makes
+    them long-running (several push intervals), like training jobs."""
+    truth = tmp / "truth.jsonl"
+    pace = ["-p", str(pace_us)] if pace_us else []
+    procs = [subprocess.Popen([str(fakecuda / argv[0]), *argv[1:], *pace], env={"WORKLOAD_TRUTH": str(truth)})
+             for argv in (["workload", "-n", "600", "-s", "41"], ["workload_driver", "-n", "600", "-s", "42"])]
+    assert [p.wait() for p in procs] == [0, 0]
+    return [json.loads(l) for l in truth.read_text().splitlines()]
+
+
+def by_direction(lines: list[dict]) -> dict[str, tuple[int, int, int]]:
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for (_, _, d), v in truth_totals(lines).items():
+        for i in range(3):
+            out[d][i] += v[i]
+    return {k: tuple(v) for k, v in out.items()}  # type: ignore[misc]
+
+
+def backend_by_direction(vm: VictoriaMetrics, pids: list[int]) -> dict[str, tuple[int, int, int]]:
+    sel = '{process_pid=~"%s"}' % "|".join(map(str, pids))
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for i, name in enumerate(("calls", "bytes", "errors")):
+        for r in vm.query(f"sum by (direction) (gpu_memcpy_{name}_total{sel})"):
+            out[r["metric"]["direction"]][i] = int(float(r["value"][1]))
+    return {k: tuple(v) for k, v in out.items()}  # type: ignore[misc]
+
+
+def wait_for(fn, want, timeout: float = 40):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    got = None
+    while time.monotonic() < deadline:
+        got = fn()
+        if got == want:
+            return got
+        time.sleep(0.5)
+    return got
+
+
+def listening_sockets(pid: int) -> list[str]:
+    """TCP sockets in LISTEN state owned by pid."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            m = re.match(r"socket:\[(\d+)\]", os.readlink(fd))
+        except OSError:
+            continue
+        if m:
+            inodes.add(m.group(1))
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:
+                found.append(f"{table} {f[1]}")
+    return found
+
+
+def dashboard_queries() -> list[str]:
+    d = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in d["panels"] for t in p["targets"]]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_workload_to_collector_to_victoriametrics_exactly(protocol: str, fakecuda: Path, tmp_path: Path) -> None:
+    vm = VictoriaMetrics(tmp_path)
+    col = Collector(tmp_path, REPO / "deploy" / "otelcol" / "agent.yaml", {"MEMTRACE_EXPORT_ENDPOINT": vm.otlp})
+    port = col.http_port if protocol == "http/protobuf" else col.grpc_port
+    push = start_push(["--endpoint", f"http://127.0.0.1:{port}", "--protocol", protocol, "--interval", "1"],
+                      env={"NODE_NAME": "node-a", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"})
+    try:
+        lines = run_workloads(fakecuda, tmp_path, pace_us=6000)
+        time.sleep(2.5)
+        assert listening_sockets(push.pid) == [], "memtrace push must not listen"
+        rc, took, err = stop_push(push)
+        assert rc == 0, err
+        assert took < 10, f"SIGTERM took {took:.1f}s to flush"
+        pids = [l["pid"] for l in lines]
+        want = by_direction(lines)
+        assert wait_for(lambda: backend_by_direction(vm, pids), want) == want, (err, col.log_path.read_text()[-2000:])
+
+        # Every query of the Grafana dashboard answers with data.
+        for expr in dashboard_queries():
+            e = expr.replace("$__rate_interval", "1m").replace("$host", ".*")
+            assert vm.query(e), f"dashboard query returned nothing: {e}"
+
+        # One resource per process, with who and where it is.
+        series = vm.query('gpu_memcpy_calls_total{process_pid=~"%s"}' % "|".join(map(str, pids)))
+        assert {s["metric"]["process_executable_name"] for s in series} == {"workload", "workload_driver"}
+        assert {s["metric"]["process_pid"] for s in series} == {str(p) for p in pids}
+        m = series[0]["metric"]
+        assert m["k8s_node_name"] == "node-a" and m["host_name"] and m["deployment_environment"] == "test"
+        assert {s["metric"]["mode"] for s in series} == {"sync", "async"}
+        assert {s["metric"]["layer"] for s in series} == {"runtime", "driver"}
+        health = vm.query("memtrace_agent_events_total")
+        assert health and int(float(health[0]["value"][1])) >= sum(v[0] for v in want.values())
+    finally:
+        if push.poll() is None:
+            push.kill()
+        col.stop()
+        vm.stop()
+
+
+def test_collector_down_then_up_loses_nothing_and_logs_once(fakecuda: Path, tmp_path: Path) -> None:
+    port = free_port()
+    # A 1 s export timeout (the standard variable, in ms) so the 4 s outage
+    # outlasts the exporter's own retries.
+    push = start_push(["--endpoint", f"http://127.0.0.1:{port}/opentelemetry", "--interval", "0.5"],
+                      env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"})
+    vm = None
+    try:
+        lines = run_workloads(fakecuda, tmp_path)
+        time.sleep(4)  # several failed pushes while nothing listens
+        assert push.poll() is None, "push must keep tracing through an outage"
+        vm = VictoriaMetrics(tmp_path, port=port)
+        want = by_direction(lines)
+        got = wait_for(lambda: backend_by_direction(vm, [l["pid"] for l in lines]), want, timeout=60)
+        assert got == want
+        rc, _, err = stop_push(push)
+        assert rc == 0
+        assert len(re.findall(r"push to \S+ failed:", err)) == 1, err  # once per outage, with the reason
+        assert "Connection refused" in err or "ConnectionError" in err or "connect" in err.lower(), err
+        assert "works again" in err
+    finally:
+        if push.poll() is None:
+            push.kill()
+        if vm:
+            vm.stop()
+
+
+class Refusing(http.server.BaseHTTPRequestHandler):
+    seen_headers: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        Refusing.seen_headers.append(self.headers.get("authorization", ""))
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(400)
+        self.end_headers()
+        self.wfile.write(b"bad request from the test collector")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_refusing_collector_keeps_tracing_and_never_logs_the_token(fakecuda: Path, tmp_path: Path) -> None:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    secret = "Bearer s3cr3t-t0ken-value"
+    push = start_push(["--endpoint", f"http://127.0.0.1:{srv.server_port}", "--interval", "0.5", "-v",
+                       "--headers", f"authorization={secret}"])
+    try:
+        run_workloads(fakecuda, tmp_path)
+        time.sleep(2)
+        assert push.poll() is None
+        rc, _, err = stop_push(push)
+    finally:
+        srv.shutdown()
+        if push.poll() is None:
+            push.kill()
+    assert rc == 0
+    assert Refusing.seen_headers and Refusing.seen_headers[0] == secret  # it was sent...
+    assert "s3cr3t" not in err  # ...and never written to the logs
+    assert "authorization=<redacted>" in err
+    outage = re.findall(r"push to \S+ failed: (.*)", err)
+    assert len(outage) == 1 and "HTTP 400" in outage[0], err
+
+
+def test_exited_processes_are_sent_a_final_time_then_dropped(fakecuda: Path, tmp_path: Path) -> None:
+    from memtrace.agent import Agent, push_forever
+    from memtrace.bpfsource import Options
+    from memtrace.config import resolve
+
+    vm = VictoriaMetrics(tmp_path)
+    cfg = resolve({}, endpoint=vm.otlp, interval=0.5)
+    stop = threading.Event()
+    try:
+        with Agent(Options()) as agent:
+            t = threading.Thread(target=push_forever, args=(agent, cfg, stop))
+            t.start()
+            lines = run_workloads(fakecuda, tmp_path)
+            pids = [l["pid"] for l in lines]
+            want = by_direction(lines)
+            assert wait_for(lambda: backend_by_direction(vm, pids), want) == want
+            deadline = time.monotonic() + 10
+            while any(p in agent.model.processes for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            stop.set()
+            t.join(timeout=20)
+            assert not any(p in agent.model.processes for p in pids), "exited processes kept their series"
+            assert not any(k.pid in pids for k, _ in agent.source.totals()), "kernel totals of exited pids kept"
+    finally:
+        stop.set()
+        vm.stop()
