@@ -1,0 +1,90 @@
+"""Push configuration: flags over variables, and every malformed value fails
+at start with a message and a fix (property-tested with hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memtrace.config import HistogramKind, Protocol, Temporality, parse_kv_list, resolve
+from memtrace.errors import BadOption, MemtraceError
+
+
+def test_flags_win_over_variables_and_specific_over_generic() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://generic:4318",
+        "OTEL_EXPORTER_OTLP_HEADERS": "a=1",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "b=2",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+        "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+    }
+    c = resolve(env)
+    assert c.endpoint == "http://generic:4318/v1/metrics"
+    assert c.headers == {"b": "2"} and c.timeout == 2.5 and c.compression == "gzip"
+    c = resolve(env, endpoint="http://flag:4318", headers="c=3", timeout=1.0)
+    assert c.endpoint == "http://flag:4318/v1/metrics" and c.headers == {"c": "3"} and c.timeout == 1.0
+    c = resolve({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:9/custom/path"})
+    assert c.endpoint == "http://m:9/custom/path"  # the signal-specific variable is verbatim
+    c = resolve({}, endpoint="http://vm:8428/opentelemetry")
+    assert c.endpoint == "http://vm:8428/opentelemetry/v1/metrics"
+    c = resolve({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, endpoint="http://c:4317")
+    assert c.protocol == Protocol.grpc and c.endpoint == "http://c:4317"
+    assert c.temporality == Temporality.cumulative and c.histogram == HistogramKind.exponential
+
+
+def test_resource_attributes_and_percent_decoding() -> None:
+    c = resolve({"OTEL_RESOURCE_ATTRIBUTES": "team=ml%20infra,cluster=a"}, endpoint="http://x:1")
+    assert c.resource_attributes == {"team": "ml infra", "cluster": "a"}
+    assert parse_kv_list("Authorization=Bearer%20abc, x = y ", "headers") == {"Authorization": "Bearer abc", "x": "y"}
+
+
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        ({}, "no collector endpoint"),
+        ({"endpoint": "localhost:4318"}, "not an http:// or https:// URL"),
+        ({"endpoint": "http://:4318"}, "not an http:// or https:// URL"),
+        ({"endpoint": "http://h:99999"}, "bad port"),
+        ({"endpoint": "http://h:1", "protocol": "udp"}, "protocol 'udp'"),
+        ({"endpoint": "http://h:1", "headers": "justakey"}, "not key=value"),
+        ({"endpoint": "http://h:1", "headers": "=v"}, "bad key"),
+        ({"endpoint": "http://h:1", "interval": 0.0}, "interval"),
+        ({"endpoint": "http://h:1", "temporality": "sometimes"}, "temporality"),
+        ({"endpoint": "http://h:1", "histogram": "linear"}, "histogram"),
+        ({"endpoint": "https://h:1", "insecure": True}, "--insecure with an https"),
+        ({"endpoint": "http://h:1", "certificate": "/no/such.pem"}, "certificate"),
+        ({"endpoint": "http://h:1", "compression": "zstd"}, "compression"),
+    ],
+)
+def test_malformed_options_fail_with_a_fix(kw: dict, fragment: str) -> None:
+    with pytest.raises(BadOption) as e:
+        resolve({}, **kw)
+    assert fragment in e.value.message and e.value.fix
+
+
+def test_bad_timeout_variable() -> None:
+    with pytest.raises(BadOption, match="timeout"):
+        resolve({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, endpoint="http://h:1")
+
+
+def test_redacted_description_hides_header_values() -> None:
+    c = resolve({}, endpoint="http://h:1", headers="authorization=Bearer%20SECRET,x-tenant=t1")
+    d = c.redacted()
+    assert "SECRET" not in d and "t1" not in d and "authorization=<redacted>" in d
+
+
+@given(st.dictionaries(st.sampled_from([
+    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_INSECURE", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+]), st.text(max_size=40)), st.one_of(st.none(), st.text(max_size=40)), st.one_of(st.none(), st.text(max_size=40)))
+@settings(max_examples=300, deadline=None)
+def test_any_environment_gives_a_config_or_a_clear_error(env: dict, endpoint: str | None, headers: str | None) -> None:
+    try:
+        c = resolve(env, endpoint=endpoint, headers=headers)
+    except MemtraceError as e:
+        assert e.message and e.fix
+        return
+    assert c.endpoint.startswith(("http://", "https://"))
+    assert all(k and v is not None for k, v in c.headers.items())

@@ -1,0 +1,93 @@
+"""deploy/: the collector configs load in the real collector, the Kubernetes
+manifests pass schema validation, and the pieces refer to each other."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from backends import otelcol
+from conftest import REPO
+
+DEPLOY = REPO / "deploy"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+COLLECTOR_CONFIGS = [p for p in sorted((DEPLOY / "otelcol").glob("*.yaml")) if p.name != "builder.yaml"]
+
+
+@pytest.mark.parametrize("config", COLLECTOR_CONFIGS, ids=lambda p: p.name)
+def test_collector_config_validates_in_the_real_collector(config: Path) -> None:
+    env = dict(os.environ, MEMTRACE_EXPORT_ENDPOINT="http://backend:8428/opentelemetry",
+               BACKEND_OTLP_ENDPOINT="http://backend:8428/opentelemetry")
+    p = subprocess.run([str(otelcol()), "validate", "--config", str(config)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.mark.parametrize("manifest", [m for m in MANIFESTS if m.name != "kustomization.yaml"], ids=lambda p: p.name)
+def test_kubernetes_manifests_pass_schema_validation(manifest: Path) -> None:
+    for d in docs(manifest):
+        kubernetes_validate.validate(d, "1.30", strict=True)
+
+
+def test_daemonset_asks_for_least_privilege_and_has_what_the_agent_needs() -> None:
+    ds = next(d for d in docs(DEPLOY / "kubernetes" / "memtrace-daemonset.yaml") if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    agent = spec["containers"][0]
+    sc = agent["securityContext"]
+    assert sc["privileged"] is False  # the toggle is the privileged/ overlay
+    assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH", "KILL"}
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert mounts["/sys/kernel/btf"]["readOnly"] and mounts["/host/proc"]["readOnly"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert agent["resources"]["requests"] and agent["resources"]["limits"]
+    # No port is opened on the node: the sidecar collector listens on localhost.
+    assert not any(c.get("ports") for c in spec["containers"])
+    # Every capability the DaemonSet adds is explained where it is added.
+    text = (DEPLOY / "kubernetes" / "memtrace-daemonset.yaml").read_text()
+    for cap in sc["capabilities"]["add"]:
+        assert f"#   {cap}" in text or f", {cap}" in text.split("hostPID")[0], cap
+
+
+def test_privileged_overlay_patches_the_agent_container() -> None:
+    k = yaml.safe_load((DEPLOY / "kubernetes" / "privileged" / "kustomization.yaml").read_text())
+    patch = yaml.safe_load(k["patches"][0]["patch"])
+    assert patch == [{"op": "replace", "path": "/spec/template/spec/containers/0/securityContext/privileged",
+                      "value": True}]
+
+
+def test_kustomization_ships_the_tested_collector_configs() -> None:
+    k = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
+    files = {f for g in k["configMapGenerator"] for f in g["files"]}
+    assert files == {"agent.yaml=../otelcol/agent.yaml", "gateway.yaml=../otelcol/gateway.yaml"}
+    for r in k["resources"]:
+        assert (DEPLOY / "kubernetes" / r).exists()
+
+
+def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
+    d = json.loads((DEPLOY / "grafana" / "memtrace.json").read_text())
+    titles = [p["title"] for p in d["panels"]]
+    for want in ("bandwidth by direction", "p50 / p95 / p99", "heatmap", "summary"):
+        assert any(want in t for t in titles), want
+    exported = {"gpu_memcpy_bytes_total", "gpu_memcpy_calls_total", "gpu_memcpy_errors_total",
+                "gpu_memcpy_duration_seconds_bucket", "gpu_memcpy_size_bytes_bucket", "memtrace_agent_events_total",
+                "memtrace_agent_dropped_events_total", "memtrace_agent_export_failures_total",
+                "memtrace_agent_processes", "memtrace_agent_libraries"}
+    import re
+
+    for p in d["panels"]:
+        assert p["targets"]
+        for t in p["targets"]:
+            names = set(re.findall(r"\b(gpu_memcpy_\w+|memtrace_agent_\w+)", t["expr"]))
+            assert names and names <= exported, t["expr"]

@@ -1,0 +1,104 @@
+"""The OTLP data memtrace builds from its aggregates: exact counters, exact
+histogram counts, delta that neither loses nor repeats across failed pushes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from memtrace.abi import EVENT_DTYPE, Direction
+from memtrace.config import resolve
+from memtrace.model import Model
+from memtrace.otlp import DURATION_BOUNDS, SIZE_BOUNDS, MetricsBuilder
+
+PID = os.getpid()  # a live process: the model reads its /proc entries
+API = 2  # cudaMemcpyAsync
+
+
+def events(n: int, rng: np.random.Generator) -> np.ndarray:
+    b = np.zeros(n, dtype=EVENT_DTYPE)
+    b["pid"] = PID
+    b["api"] = API
+    b["direction"] = Direction.H2D
+    b["duration_ns"] = rng.integers(1, 10_000_000, n)
+    b["bytes"] = rng.integers(0, 1 << 33, n)
+    b["ret"] = np.where(rng.random(n) < 0.1, 700, 0)
+    return b
+
+
+def metric(batch, name: str):  # type: ignore[no-untyped-def]
+    for rm in batch.data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == name and rm.resource.attributes.get("process.pid") == PID:
+                    return m
+    raise KeyError(name)
+
+
+def feed(model: Model, ev: np.ndarray, calls: int, nbytes: int, errors: int) -> None:
+    model.add_events(ev)
+    model.set_totals(PID, API, Direction.H2D, calls, nbytes, errors, 0)
+
+
+def test_cumulative_counters_start_with_a_true_zero_and_carry_totals() -> None:
+    m = Model()
+    ev = events(1000, np.random.default_rng(1))
+    ok = ev["ret"] == 0
+    feed(m, ev, 1000, int(ev["bytes"][ok].sum()), int((~ok).sum()))
+    b = MetricsBuilder(resolve({}, endpoint="http://x:1"), {"host.name": "h"})
+    batch = b.build(m, {}, 2)
+    pts = metric(batch, "gpu.memcpy.bytes").data.data_points
+    assert [p.value for p in pts] == [0, int(ev["bytes"][ok].sum())]
+    assert pts[0].time_unix_nano == pts[0].start_time_unix_nano < pts[1].time_unix_nano
+    batch.commit()
+    pts = metric(b.build(m, {}, 2), "gpu.memcpy.bytes").data.data_points
+    assert len(pts) == 1  # the zero is sent once per series
+    dur = metric(batch, "gpu.memcpy.duration").data.data_points[0]
+    assert dur.count == 1000 and abs(dur.sum - ev["duration_ns"].sum() * 1e-9) < 1e-9
+    assert sum(dur.positive.bucket_counts) + dur.zero_count == 1000
+    size = metric(batch, "gpu.memcpy.size").data.data_points[0]
+    assert size.count == int(ok.sum())  # sizes of successful copies only
+
+
+def test_delta_neither_loses_nor_repeats_across_a_failed_push() -> None:
+    rng = np.random.default_rng(2)
+    m = Model()
+    b = MetricsBuilder(resolve({}, endpoint="http://x:1", temporality="delta"), {})
+    e1, e2, e3 = events(100, rng), events(200, rng), events(300, rng)
+    feed(m, e1, 100, 1000, 1)
+    first = b.build(m, {}, 0)
+    first.commit()
+    assert [p.value for p in metric(first, "gpu.memcpy.calls").data.data_points] == [100]
+    feed(m, e2, 300, 5000, 3)
+    failed = b.build(m, {}, 0)
+    assert [p.value for p in metric(failed, "gpu.memcpy.calls").data.data_points] == [200]
+    failed.rollback()  # the push failed: its increments must come again
+    feed(m, e3, 600, 9000, 4)
+    third = b.build(m, {}, 0)
+    assert [p.value for p in metric(third, "gpu.memcpy.calls").data.data_points] == [500]
+    assert [p.value for p in metric(third, "gpu.memcpy.bytes").data.data_points] == [8000]
+    assert [p.value for p in metric(third, "gpu.memcpy.errors").data.data_points] == [3]
+    d = metric(third, "gpu.memcpy.duration").data.data_points[0]
+    assert d.count == 500
+    lo = min(e2["duration_ns"].min(), e3["duration_ns"].min()) * 1e-9
+    assert abs(d.min - lo) < 1e-12  # the window survived the rollback
+    third.commit()
+    assert [p.value for p in metric(b.build(m, {}, 0), "gpu.memcpy.calls").data.data_points] == [0]
+
+
+def test_explicit_buckets_are_exact() -> None:
+    rng = np.random.default_rng(3)
+    m = Model()
+    ev = events(5000, rng)
+    ok = ev["ret"] == 0
+    feed(m, ev, 5000, int(ev["bytes"][ok].sum()), int((~ok).sum()))
+    batch = MetricsBuilder(resolve({}, endpoint="http://x:1", histogram="explicit"), {}).build(m, {}, 0)
+    for name, values, bounds in (
+        ("gpu.memcpy.duration", ev["duration_ns"] * 1e-9, DURATION_BOUNDS),
+        ("gpu.memcpy.size", ev["bytes"][ok].astype(float), SIZE_BOUNDS),
+    ):
+        p = metric(batch, name).data.data_points[0]
+        assert list(p.explicit_bounds) == bounds
+        want = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
+        assert list(p.bucket_counts) == want.tolist(), name
