@@ -209,6 +209,7 @@ class BpfSource:
         self._checked_executables: set[discovery.FileId] = set()
         self._chunks: list[bytes] = []
         self._ctl: list[CtlEvent] = []
+        self.malformed = 0  # ring records of the wrong size or type, skipped
         self._links: list[Link] = []
         self.obj: BpfObject | None = None
         self.ring: RingBuffer | None = None
@@ -328,11 +329,20 @@ class BpfSource:
     # ---- draining ----
 
     def _on_event(self, data: int, size: int) -> None:
+        if size != EVENT_DTYPE.itemsize:
+            self.malformed += 1  # one odd record must not misalign the batch
+            return
         self._chunks.append(ctypes.string_at(data, size))
 
     def _on_ctl(self, data: int, size: int) -> None:
-        if size >= ctypes.sizeof(CtlEvent):
-            self._ctl.append(CtlEvent.from_buffer_copy(ctypes.string_at(data, ctypes.sizeof(CtlEvent))))
+        if size != ctypes.sizeof(CtlEvent):
+            self.malformed += 1
+            return
+        ev = CtlEvent.from_buffer_copy(ctypes.string_at(data, size))
+        if ev.type not in (CtlType.MAP, CtlType.EXIT):
+            self.malformed += 1
+            return
+        self._ctl.append(ev)
 
     def poll(self) -> int:
         """Drain both rings and act on control events. Returns copy events seen."""
@@ -347,6 +357,10 @@ class BpfSource:
             for ev in self._ctl:
                 self._handle_ctl(ev)
             self._ctl = []
+        return self.decode_pending()
+
+    def decode_pending(self) -> int:
+        """Hand the records drained so far to the model as one batch."""
         if not self._chunks:
             return 0
         chunks, self._chunks = self._chunks, []

@@ -97,6 +97,7 @@ def run(
                 agent.stats(),
                 agent.libraries,
                 {"argv": cmd, "exit_code": done.exit_code, "wall_seconds": done.wall_seconds},
+                agent.source.malformed,
             )
     except MemtraceError as e:
         _fail(e)
@@ -193,7 +194,7 @@ def push(
     ),
     interval: float = typer.Option(5.0, "--interval", "-i", help="Seconds between pushes."),
     headers: Optional[str] = typer.Option(
-        None, "--headers", help="K=V,... sent with each push (OTEL_EXPORTER_OTLP_HEADERS). Values are never logged."
+        None, "--headers", help="K=V,... sent with each push, or @FILE holding them (OTEL_EXPORTER_OTLP_HEADERS). Never logged."
     ),
     insecure: Optional[bool] = typer.Option(None, "--insecure/--secure", help="Plaintext gRPC (TLS is the default)."),
     temporality: str = typer.Option("cumulative", "--temporality", help="cumulative or delta."),

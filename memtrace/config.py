@@ -152,7 +152,14 @@ def resolve(
         )
     url = _endpoint(url, proto, signal_specific)
 
-    hdrs = parse_kv_list(headers if headers is not None else (var("HEADERS") or ""), "headers")
+    hdr_text = headers if headers is not None else (var("HEADERS") or "")
+    if hdr_text.startswith("@"):
+        # Tokens from a file (a mounted Kubernetes Secret): k=v per line or comma.
+        try:
+            hdr_text = ",".join(open(hdr_text[1:]).read().split())
+        except OSError as e:
+            raise BadOption(f"headers file '{_safe(hdr_text[1:])}': {e.strerror}", "give a readable file of key=value lines") from None
+    hdrs = parse_kv_list(hdr_text, "headers")
     comp = (compression or var("COMPRESSION") or "none").lower()
     if comp not in ("gzip", "none"):
         raise BadOption(f"compression '{_safe(comp)}' is not supported", "use gzip or none")

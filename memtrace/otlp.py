@@ -270,6 +270,20 @@ class _Complaints(logging.Handler):
         return (specific or self.messages or [""])[0]
 
 
+def _pinned_ca_session() -> Any:
+    """A requests session that keeps the configured CA: requests otherwise lets
+    REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE from the environment replace it."""
+    import requests
+
+    class PinnedCASession(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+            settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            settings["verify"] = self.verify
+            return settings
+
+    return PinnedCASession()
+
+
 class Exporter:
     """The SDK's OTLP exporter for the configured protocol; failures become a reason string."""
 
@@ -293,6 +307,7 @@ class Exporter:
             else:
                 compression = HttpCompression.NoCompression
             self._exp: Any = HttpExporter(
+                session=_pinned_ca_session() if cfg.certificate else None,
                 endpoint=cfg.endpoint,
                 certificate_file=cfg.certificate,
                 client_key_file=cfg.client_key,

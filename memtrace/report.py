@@ -21,6 +21,7 @@ def summary(
     stats: dict[Stat, int],
     libraries: list[Attachment],
     command: dict[str, Any] | None = None,
+    malformed: int = 0,
 ) -> dict[str, Any]:
     rows = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0, "errors": 0})
@@ -71,6 +72,7 @@ def summary(
             "nested_driver_calls": stats.get(Stat.NESTED, 0),
             "holds": stats.get(Stat.HOLDS, 0),
             "hold_missed": stats.get(Stat.HOLD_MISSED, 0),
+            "malformed_records": malformed,
             "libraries": [
                 {"path": a.name, "layer": a.layer.label, "probes": len(a.symbols), "symbols": sorted(a.symbols)}
                 for a in libraries
