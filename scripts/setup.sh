@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 dev=0; [ "${1:-}" = "--dev" ] && dev=1
 
 need_apt=()
-have() { dpkg -s "$1" >/dev/null 2>&1; }
+have() { dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 for p in libbpf1 libelf1 zlib1g; do have "$p" || need_apt+=("$p"); done
 if [ $dev = 1 ]; then
   # Build the objects and the test libraries; boot other kernels (qemu) with
