@@ -8,7 +8,6 @@ decoded event batches, control notices and totals.
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
 import platform
@@ -151,14 +150,12 @@ class Guardian:
                 os.close(w)
                 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     signal.signal(s, signal.SIG_IGN)
-                keep = {r, held.fd}
-                os.closerange(3, min(r, held.fd))
-                for fd in range(min(r, held.fd) + 1, 65536):
-                    if fd not in keep:
-                        try:
-                            os.close(fd)
-                        except OSError:
-                            pass
+                # Keep only the pipe and the map: no link or program fd may
+                # outlive the agent in here.
+                lo, hi = sorted((r, held.fd))
+                os.closerange(3, lo)
+                os.closerange(lo + 1, hi)
+                os.closerange(hi + 1, os.sysconf("SC_OPEN_MAX"))
                 while os.read(r, 64):
                     pass
                 release_all(held)
@@ -423,6 +420,3 @@ class BpfSource:
     def inflight_count(self) -> int:
         return sum(1 for _ in self.maps["inflight"].keys(ctypes.c_uint64))
 
-
-def is_permission_error(e: OSError) -> bool:
-    return e.errno in (errno.EPERM, errno.EACCES)

@@ -66,7 +66,7 @@ class LoadError(MemtraceError):
         tail = "\n".join(log.strip().splitlines()[-15:])
         super().__init__(
             f"the kernel refused to load memtrace's BPF programs ({what}: {os.strerror(err)})"
-            + (f"\n  libbpf said:\n    " + tail.replace("\n", "\n    ") if tail else ""),
+            + ("\n  libbpf said:\n    " + tail.replace("\n", "\n    ") if tail else ""),
             "run `memtrace doctor`; a kernel older than 5.15 or one without BTF cannot run memtrace",
         )
 

@@ -155,18 +155,13 @@ class Map:
 
     def keys(self, key_type: type[ctypes._CData]) -> Iterator[ctypes._CData]:
         """All keys present now (a snapshot walk; entries may come and go)."""
-        cur = key_type()
-        nxt = key_type()
         prev = None
         while True:
-            ret = self.lib.bpf_map_get_next_key(self.fd, None if prev is None else ctypes.byref(cur), ctypes.byref(nxt))
-            if ret < 0:
+            nxt = key_type()
+            if self.lib.bpf_map_get_next_key(self.fd, None if prev is None else ctypes.byref(prev), ctypes.byref(nxt)) < 0:
                 return
-            ctypes.memmove(ctypes.byref(cur), ctypes.byref(nxt), ctypes.sizeof(key_type))
-            prev = True
-            out = key_type()
-            ctypes.memmove(ctypes.byref(out), ctypes.byref(cur), ctypes.sizeof(key_type))
-            yield out
+            yield nxt
+            prev = nxt
 
 
 class Link:

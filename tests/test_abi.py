@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 

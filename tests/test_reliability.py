@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import VictoriaMetrics, free_port
+from backends import VictoriaMetrics
 from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 from test_push import backend_by_direction, by_direction, listening_sockets, start_push, stop_push, wait_for
 
