@@ -163,17 +163,24 @@ def run_command(agent: Agent, argv: list[str]) -> Finished:
         signal.signal(signal.SIGTERM, old_term)
 
 
-def backoff(interval: float, failures: int, cap: float = 60.0) -> float:
+def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
     """Time to the next push after `failures` consecutive failures."""
     if failures == 0:
         return interval
     return min(interval * 2 ** min(failures, 10), max(cap, interval))
 
 
+MAX_UNSENT_EXITED = 2048
+
+
 def push_forever(agent: Agent, cfg: PushConfig, stop: threading.Event, exporter: Exporter | None = None,
-                 final_timeout: float = 5.0) -> int:
+                 final_timeout: float = 5.0, max_unsent_exited: int = MAX_UNSENT_EXITED) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
-    `stop` is set, then flush a last push. Returns the number of failed pushes."""
+    `stop` is set, then flush a last push. Returns the number of failed pushes.
+
+    Exited processes wait for one successful push; during a long outage at
+    most `max_unsent_exited` of them are kept (memory stays bounded), and
+    the oldest beyond that are dropped, counted and logged."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
     builder = MetricsBuilder(cfg, host_attributes())
@@ -190,6 +197,16 @@ def push_forever(agent: Agent, cfg: PushConfig, stop: threading.Event, exporter:
         for pid, proc in agent.model.processes.items():
             if not proc.exited and not os.path.exists(f"/proc/{pid}"):
                 proc.exited = True  # its exit notice was lost: never keep its series forever
+        exited = sorted((p.first_seen_ns, pid) for pid, p in agent.model.processes.items() if p.exited)
+        if len(exited) > max_unsent_exited:
+            drop = [pid for _, pid in exited[: len(exited) - max_unsent_exited]]
+            if not builder.unsent_processes:
+                log.warning("more than %d exited processes are waiting for a push: the oldest are dropped "
+                            "unsent (counted in memtrace.agent.unsent_processes)", max_unsent_exited)
+            for pid in drop:
+                agent.model.forget(pid)
+                agent.source.forget_pid(pid)
+            builder.unsent_processes += len(drop)
         return builder.build(agent.model, agent.stats(), len(agent.libraries))
 
     def settle(ok: bool, reason: str, batch: Batch) -> None:

@@ -95,6 +95,7 @@ class MetricsBuilder:
         self.start_ns = start_ns or time.time_ns()
         self.base = _Base(health_time_ns=self.start_ns)
         self.export_failures = 0
+        self.unsent_processes = 0  # exited processes dropped before any push could carry them
         self.started: set[CopyKey] = set()  # series whose zero start point was delivered
         agent_attrs: dict[str, Any] = {"service.name": "memtrace", "service.version": __version__}
         agent_attrs.update(cfg.resource_attributes)
@@ -207,6 +208,7 @@ class MetricsBuilder:
             "abandoned": stats.get(Stat.ABANDONED, 0),
             "untracked": stats.get(Stat.INFLIGHT_FULL, 0) + stats.get(Stat.TOTALS_FULL, 0),
             "export_failures": self.export_failures,
+            "unsent_processes": self.unsent_processes,
         }
         hstart = self.base.health_time_ns if self.delta else self.start_ns
         hv = {k: v - self.base.health.get(k, 0) for k, v in health_now.items()} if self.delta else health_now
@@ -227,6 +229,9 @@ class MetricsBuilder:
             counter("memtrace.agent.untracked_calls", "Calls not measured because a kernel map was full", "{call}",
                     "untracked"),
             counter("memtrace.agent.export_failures", "Pushes that failed", "{push}", "export_failures"),
+            counter("memtrace.agent.unsent_processes",
+                    "Exited processes dropped unsent during an outage (memory bound)", "{process}",
+                    "unsent_processes"),
             Metric("memtrace.agent.libraries", "CUDA libraries and executables with probes", "{library}",
                    Gauge([NumberDataPoint({}, hstart, now, libraries)])),
             Metric("memtrace.agent.processes", "CUDA processes traced now", "{process}",

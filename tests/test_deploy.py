@@ -83,7 +83,7 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
     exported = {"gpu_memcpy_bytes_total", "gpu_memcpy_calls_total", "gpu_memcpy_errors_total",
                 "gpu_memcpy_duration_seconds_bucket", "gpu_memcpy_size_bytes_bucket", "memtrace_agent_events_total",
                 "memtrace_agent_dropped_events_total", "memtrace_agent_export_failures_total",
-                "memtrace_agent_processes", "memtrace_agent_libraries"}
+                "memtrace_agent_processes", "memtrace_agent_libraries", "memtrace_agent_unsent_processes_total"}
     import re
 
     for p in d["panels"]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import VictoriaMetrics
+from backends import VictoriaMetrics, free_port
 from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 from test_push import backend_by_direction, by_direction, listening_sockets, start_push, stop_push, wait_for
 
@@ -171,6 +171,34 @@ def test_churn_in_push_mode_releases_per_process_state(fakecuda: Path, tmp_path:
     finally:
         stop.set()
         vm.stop()
+
+
+def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
+    fakecuda: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from memtrace.agent import Agent, push_forever
+    from memtrace.bpfsource import Options
+    from memtrace.config import resolve
+
+    cfg = resolve({"OTEL_EXPORTER_OTLP_TIMEOUT": "300"}, endpoint=f"http://127.0.0.1:{free_port()}", interval=0.2)
+    stop = threading.Event()
+    with Agent(Options()) as agent:
+        t = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"max_unsent_exited": 5})
+        t.start()
+        try:
+            for i in range(12):
+                subprocess.run([str(fakecuda / "workload_driver"), "-n", "20", "-s", str(i), "-e"],
+                               env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+                time.sleep(0.3)
+            time.sleep(1)
+            exited = [p for p in agent.model.processes.values() if p.exited]
+            assert len(exited) <= 5, "exited processes pile up without bound during an outage"
+            kernel_pids = {k.pid for k, _ in agent.source.totals()}
+            assert kernel_pids <= set(agent.model.processes), "kernel totals kept for dropped processes"
+        finally:
+            stop.set()
+            t.join(timeout=20)
+    assert any("dropped unsent" in r.getMessage() for r in caplog.records)
 
 
 def test_libraries_closed_replaced_on_disk_and_reopened(fakecuda: Path, tmp_path: Path) -> None:
