@@ -1,0 +1,119 @@
+"""Agent throughput (issue 6, target 2): events per second per core.
+
+    sudo .venv/bin/python bench/agent_throughput.py [--events N]
+
+Side by side in one run:
+  decode+aggregate  the model's batch path alone (np.frombuffer + histograms),
+                    on the event mix of the recorded H100 traces (shared/traces)
+  ring end to end   the agent's drain thread against the real kernel ring while
+                    a workload makes copies through real uprobes: thread CPU
+                    seconds per event (the libbpf per-record callback included)
+Each figure is printed as a ratio to the 1M events/s target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+
+from memtrace import apis  # noqa: E402
+from memtrace.abi import EVENT_DTYPE, Direction, DirSrc, Layer  # noqa: E402
+from memtrace.model import Model  # noqa: E402
+
+TARGET = 1_000_000
+
+
+def trace_mix() -> np.ndarray:
+    import traces
+
+    syms = {**apis.apis_for(Layer.RUNTIME), **apis.apis_for(Layer.DRIVER)}
+    rows = []
+    for name in traces.ALL:
+        for r in traces.records(name):
+            api = syms.get(r["sym"])
+            if api is None or r["depth"] != 0:
+                continue
+            a = r["args"]
+            d = api.dirval if api.dirsrc == DirSrc.FIXED else min(a[api.dirval - 1] & 0xFFFFFFFF, Direction.UNKNOWN)
+            rows.append((r["pid"], r["tid"], api.id, d, a[api.bytes_arg - 1], r["t_exit_ns"] - r["t_enter_ns"]))
+    ev = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    arr = np.array(rows, dtype=np.uint64)
+    ev["pid"], ev["tid"], ev["api"], ev["direction"], ev["bytes"], ev["duration_ns"] = arr.T
+    return ev
+
+
+def bench_model(n: int, batch: int = 4096) -> float:
+    mix = trace_mix()
+    raw = np.resize(mix, n).tobytes()
+    step = batch * EVENT_DTYPE.itemsize
+    m = Model()
+    t0 = time.thread_time()
+    for off in range(0, len(raw), step):
+        m.add_events(np.frombuffer(raw[off:off + step], dtype=EVENT_DTYPE))
+    cpu = time.thread_time() - t0
+    assert m.events == n
+    return n / cpu
+
+
+def bench_ring(calls: int) -> tuple[float, int, int]:
+    from memtrace.agent import Agent
+    from memtrace.bpfsource import Options
+
+    build = Path(tempfile.mkdtemp(prefix="memtrace-bench-"))
+    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={build}"], check=True,
+                   capture_output=True)
+    with Agent(Options()) as agent:
+        agent.source.scan()
+        done = threading.Event()
+        cpu = [0.0]
+
+        def drain() -> None:
+            t0 = time.thread_time()
+            while not done.is_set():
+                agent.poll()
+                time.sleep(0.005)
+            agent.poll()
+            cpu[0] = time.thread_time() - t0
+
+        t = threading.Thread(target=drain)
+        t.start()
+        per_thread = calls // 4
+        subprocess.run([str(build / "workload_driver"), "-n", str(per_thread), "-t", "4", "-e"],
+                       env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+        done.set()
+        t.join()
+        stats = agent.stats()
+        from memtrace.abi import Stat
+
+        return agent.model.events / cpu[0], agent.model.events, stats[Stat.DROPPED]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--calls", type=int, default=200_000)
+    a = ap.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}, "
+          f"python {platform.python_version()}")
+    m = bench_model(a.events)
+    print(f"decode+aggregate  {m:12,.0f} events/s per core   {m / TARGET:5.2f}x the 1M/s target")
+    r, n, dropped = bench_ring(a.calls)
+    print(f"ring end to end   {r:12,.0f} events/s per core   {r / TARGET:5.2f}x the 1M/s target "
+          f"({n:,} events through real uprobes, {dropped} dropped)")
+    print(f"ratio ring / model: {r / m:.3f} (the per-record callback's share of the cost)")
+
+
+if __name__ == "__main__":
+    main()
