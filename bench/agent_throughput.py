@@ -61,7 +61,7 @@ def bench_model(n: int, batch: int = 4096) -> float:
     m = Model()
     t0 = time.thread_time()
     for off in range(0, len(raw), step):
-        m.add_events(np.frombuffer(raw[off:off + step], dtype=EVENT_DTYPE))
+        m.add_events(np.frombuffer(raw[off : off + step], dtype=EVENT_DTYPE))
     cpu = time.thread_time() - t0
     assert m.events == n
     return n / cpu
@@ -72,8 +72,9 @@ def bench_ring(calls: int) -> tuple[float, int, int]:
     from memtrace.bpfsource import Options
 
     build = Path(tempfile.mkdtemp(prefix="memtrace-bench-"))
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={build}"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={build}"], check=True, capture_output=True
+    )
     with Agent(Options()) as agent:
         agent.source.scan()
         done = threading.Event()
@@ -90,8 +91,11 @@ def bench_ring(calls: int) -> tuple[float, int, int]:
         t = threading.Thread(target=drain)
         t.start()
         per_thread = calls // 4
-        subprocess.run([str(build / "workload_driver"), "-n", str(per_thread), "-t", "4", "-e"],
-                       env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+        subprocess.run(
+            [str(build / "workload_driver"), "-n", str(per_thread), "-t", "4", "-e"],
+            env={"WORKLOAD_TRUTH": "/dev/null"},
+            check=True,
+        )
         done.set()
         t.join()
         stats = agent.stats()
@@ -105,13 +109,17 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--calls", type=int, default=200_000)
     a = ap.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}, "
-          f"python {platform.python_version()}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}, "
+        f"python {platform.python_version()}"
+    )
     m = bench_model(a.events)
     print(f"decode+aggregate  {m:12,.0f} events/s per core   {m / TARGET:5.2f}x the 1M/s target")
     r, n, dropped = bench_ring(a.calls)
-    print(f"ring end to end   {r:12,.0f} events/s per core   {r / TARGET:5.2f}x the 1M/s target "
-          f"({n:,} events through real uprobes, {dropped} dropped)")
+    print(
+        f"ring end to end   {r:12,.0f} events/s per core   {r / TARGET:5.2f}x the 1M/s target "
+        f"({n:,} events through real uprobes, {dropped} dropped)"
+    )
     print(f"ratio ring / model: {r / m:.3f} (the per-record callback's share of the cost)")
 
 

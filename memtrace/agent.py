@@ -173,8 +173,14 @@ def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
 MAX_UNSENT_EXITED = 2048
 
 
-def push_forever(agent: Agent, cfg: PushConfig, stop: threading.Event, exporter: Exporter | None = None,
-                 final_timeout: float = 5.0, max_unsent_exited: int = MAX_UNSENT_EXITED) -> int:
+def push_forever(
+    agent: Agent,
+    cfg: PushConfig,
+    stop: threading.Event,
+    exporter: Exporter | None = None,
+    final_timeout: float = 5.0,
+    max_unsent_exited: int = MAX_UNSENT_EXITED,
+) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
 
@@ -201,8 +207,11 @@ def push_forever(agent: Agent, cfg: PushConfig, stop: threading.Event, exporter:
         if len(exited) > max_unsent_exited:
             drop = [pid for _, pid in exited[: len(exited) - max_unsent_exited]]
             if not builder.unsent_processes:
-                log.warning("more than %d exited processes are waiting for a push: the oldest are dropped "
-                            "unsent (counted in memtrace.agent.unsent_processes)", max_unsent_exited)
+                log.warning(
+                    "more than %d exited processes are waiting for a push: the oldest are dropped "
+                    "unsent (counted in memtrace.agent.unsent_processes)",
+                    max_unsent_exited,
+                )
             for pid in drop:
                 agent.model.forget(pid)
                 agent.source.forget_pid(pid)
@@ -217,16 +226,21 @@ def push_forever(agent: Agent, cfg: PushConfig, stop: threading.Event, exporter:
                 agent.model.forget(pid)
                 agent.source.forget_pid(pid)
             if failures:
-                log.warning("push to %s works again after %d failed attempts; totals are current",
-                            cfg.endpoint, failures)
+                log.warning(
+                    "push to %s works again after %d failed attempts; totals are current", cfg.endpoint, failures
+                )
             failures = 0
         else:
             batch.rollback()
             builder.export_failures += 1
             failures += 1
             if failures == 1:
-                log.warning("push to %s failed: %s. Tracing goes on; retrying with backoff, and the "
-                            "next successful push carries the full totals", cfg.endpoint, reason)
+                log.warning(
+                    "push to %s failed: %s. Tracing goes on; retrying with backoff, and the "
+                    "next successful push carries the full totals",
+                    cfg.endpoint,
+                    reason,
+                )
             else:
                 log.debug("push failed again (%d): %s", failures, reason)
 

@@ -419,4 +419,3 @@ class BpfSource:
 
     def inflight_count(self) -> int:
         return sum(1 for _ in self.maps["inflight"].keys(ctypes.c_uint64))
-

@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 import time
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -77,7 +76,7 @@ def main(
 def run(
     cmd: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to trace."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Summary format."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the summary here instead of stdout."),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write the summary here instead of stdout."),
     ring_size: float = typer.Option(16, "--ring-size", help="Event ring size in MiB (rounded up to a power of two)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
@@ -186,17 +185,19 @@ def top(
 
 @app.command()
 def push(
-    endpoint: Optional[str] = typer.Option(
+    endpoint: str | None = typer.Option(
         None, "--endpoint", "-e", help="Collector URL (OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT)."
     ),
-    protocol: Optional[str] = typer.Option(
+    protocol: str | None = typer.Option(
         None, "--protocol", help="http/protobuf or grpc (OTEL_EXPORTER_OTLP_PROTOCOL)."
     ),
     interval: float = typer.Option(5.0, "--interval", "-i", help="Seconds between pushes."),
-    headers: Optional[str] = typer.Option(
-        None, "--headers", help="K=V,... sent with each push, or @FILE holding them (OTEL_EXPORTER_OTLP_HEADERS). Never logged."
+    headers: str | None = typer.Option(
+        None,
+        "--headers",
+        help="K=V,... sent with each push, or @FILE holding them (OTEL_EXPORTER_OTLP_HEADERS). Never logged.",
     ),
-    insecure: Optional[bool] = typer.Option(None, "--insecure/--secure", help="Plaintext gRPC (TLS is the default)."),
+    insecure: bool | None = typer.Option(None, "--insecure/--secure", help="Plaintext gRPC (TLS is the default)."),
     temporality: str = typer.Option("cumulative", "--temporality", help="cumulative or delta."),
     histogram: str = typer.Option(
         "exponential", "--histogram", help="exponential, or explicit (fixed power-of-two buckets)."

@@ -86,7 +86,7 @@ def _endpoint(url: str, protocol: Protocol, signal_specific: bool) -> str:
             "give the collector's URL, e.g. --endpoint http://otel-collector:4318",
         )
     try:
-        u.port
+        _ = u.port  # raises on a bad port
     except ValueError:
         raise BadOption(f"endpoint '{_safe(url)}' has a bad port", "use host:port with a number") from None
     if protocol == Protocol.http and not signal_specific:
@@ -102,7 +102,9 @@ def _float(value: str, what: str, lo: float, hi: float) -> float:
     try:
         v = float(value)
     except ValueError:
-        raise BadOption(f"{what} '{_safe(value)}' is not a number", f"give a number between {lo:g} and {hi:g}") from None
+        raise BadOption(
+            f"{what} '{_safe(value)}' is not a number", f"give a number between {lo:g} and {hi:g}"
+        ) from None
     if not lo <= v <= hi:
         raise BadOption(f"{what} {v:g} is out of range", f"give a number between {lo:g} and {hi:g}")
     return v
@@ -158,26 +160,40 @@ def resolve(
         try:
             hdr_text = ",".join(open(hdr_text[1:]).read().split())
         except OSError as e:
-            raise BadOption(f"headers file '{_safe(hdr_text[1:])}': {e.strerror}", "give a readable file of key=value lines") from None
+            raise BadOption(
+                f"headers file '{_safe(hdr_text[1:])}': {e.strerror}", "give a readable file of key=value lines"
+            ) from None
     hdrs = parse_kv_list(hdr_text, "headers")
     comp = (compression or var("COMPRESSION") or "none").lower()
     if comp not in ("gzip", "none"):
         raise BadOption(f"compression '{_safe(comp)}' is not supported", "use gzip or none")
-    t = timeout if timeout is not None else (_float(var("TIMEOUT"), "timeout", 0.001, 1e9) / 1000 if var("TIMEOUT") else 10.0)
+    t = (
+        timeout
+        if timeout is not None
+        else (_float(var("TIMEOUT"), "timeout", 0.001, 1e9) / 1000 if var("TIMEOUT") else 10.0)
+    )
     cert = certificate or var("CERTIFICATE")
     key = var("CLIENT_KEY")
     ccert = var("CLIENT_CERTIFICATE")
     ins = insecure if insecure is not None else (var("INSECURE") or "").lower() == "true"
     if ins and url.startswith("https://"):
-        raise BadOption("--insecure with an https:// endpoint", "use http:// for a plaintext collector, or drop --insecure")
+        raise BadOption(
+            "--insecure with an https:// endpoint", "use http:// for a plaintext collector, or drop --insecure"
+        )
     try:
-        temp = Temporality(temporality or env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").lower())
+        temp = Temporality(
+            temporality or env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").lower()
+        )
     except ValueError:
-        raise BadOption(f"temporality '{_safe(str(temporality))}' is not supported", "use cumulative or delta") from None
+        raise BadOption(
+            f"temporality '{_safe(str(temporality))}' is not supported", "use cumulative or delta"
+        ) from None
     try:
         hist = HistogramKind(histogram or "exponential")
     except ValueError:
-        raise BadOption(f"histogram '{_safe(str(histogram))}' is not supported", "use exponential or explicit") from None
+        raise BadOption(
+            f"histogram '{_safe(str(histogram))}' is not supported", "use exponential or explicit"
+        ) from None
     iv = interval if interval is not None else 5.0
     if not 0.1 <= iv <= 3600:
         raise BadOption(f"interval {iv:g}s is out of range", "give an interval between 0.1 and 3600 seconds")

@@ -71,8 +71,16 @@ def check_privileges() -> Check:
     from .bpfsource import CAP_BPF, CAP_KILL, CAP_PERFMON, CAP_SYS_ADMIN, effective_caps
 
     caps = effective_caps()
-    names = [n for n, bit in (("CAP_SYS_ADMIN", CAP_SYS_ADMIN), ("CAP_BPF", CAP_BPF), ("CAP_PERFMON", CAP_PERFMON),
-                              ("CAP_KILL", CAP_KILL)) if (caps >> bit) & 1]
+    names = [
+        n
+        for n, bit in (
+            ("CAP_SYS_ADMIN", CAP_SYS_ADMIN),
+            ("CAP_BPF", CAP_BPF),
+            ("CAP_PERFMON", CAP_PERFMON),
+            ("CAP_KILL", CAP_KILL),
+        )
+        if (caps >> bit) & 1
+    ]
     ok = "CAP_SYS_ADMIN" in names or {"CAP_BPF", "CAP_PERFMON"} <= set(names)
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
     return Check(
@@ -171,7 +179,9 @@ def run_checks(console: Console) -> bool:
         # A failed prerequisite makes the load check's message redundant.
         if fn is check_load and not ok:
             continue
-        mark = "[green]  ok[/green]" if c.ok and not c.warn else ("[yellow]warn[/yellow]" if c.ok else "[red]FAIL[/red]")
+        mark = (
+            "[green]  ok[/green]" if c.ok and not c.warn else ("[yellow]warn[/yellow]" if c.ok else "[red]FAIL[/red]")
+        )
         console.print(f"{mark}  [bold]{c.name}[/bold]: {c.detail}", highlight=False)
         if c.fix and (not c.ok or c.warn):
             console.print(f"      fix: {c.fix}", highlight=False)

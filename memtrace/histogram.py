@@ -57,7 +57,7 @@ class ExpHistogram:
         if len(pos):
             idx, n = np.unique(map_to_index(pos, self.scale), return_counts=True)
             c = self.counts
-            for i, k in zip(idx.tolist(), n.tolist()):
+            for i, k in zip(idx.tolist(), n.tolist(), strict=True):
                 c[i] = c.get(i, 0) + k
 
     def take_window(self) -> tuple[float, float]:
@@ -75,7 +75,9 @@ class ExpHistogram:
     def minus(self, base: ExpHistogram) -> ExpHistogram:
         """What was added since `base`, a copy of this histogram taken earlier."""
         assert base.scale == self.scale
-        d = ExpHistogram(self.scale, {}, self.zero_count - base.zero_count, self.count - base.count, self.sum - base.sum)
+        d = ExpHistogram(
+            self.scale, {}, self.zero_count - base.zero_count, self.count - base.count, self.sum - base.sum
+        )
         for i, k in self.counts.items():
             n = k - base.counts.get(i, 0)
             if n:
@@ -97,8 +99,9 @@ class ExpHistogram:
     def downscaled(self, scale: int) -> ExpHistogram:
         shift = self.scale - scale
         assert shift >= 0
-        h = ExpHistogram(scale, {}, self.zero_count, self.count, self.sum, self.min, self.max,
-                         self.window_min, self.window_max)
+        h = ExpHistogram(
+            scale, {}, self.zero_count, self.count, self.sum, self.min, self.max, self.window_min, self.window_max
+        )
         for i, k in self.counts.items():
             j = i >> shift
             h.counts[j] = h.counts.get(j, 0) + k

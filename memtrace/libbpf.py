@@ -65,7 +65,7 @@ class Libbpf:
         except AttributeError:
             raise LibbpfTooOld("< 0.7") from None
         if self.version < MIN_VERSION:
-            raise LibbpfTooOld("%d.%d" % self.version)
+            raise LibbpfTooOld(f"{self.version[0]}.{self.version[1]}")
         self._declare()
         self.messages: deque[str] = deque(maxlen=400)
         self._libc = ctypes.CDLL(None)
@@ -158,7 +158,10 @@ class Map:
         prev = None
         while True:
             nxt = key_type()
-            if self.lib.bpf_map_get_next_key(self.fd, None if prev is None else ctypes.byref(prev), ctypes.byref(nxt)) < 0:
+            if (
+                self.lib.bpf_map_get_next_key(self.fd, None if prev is None else ctypes.byref(prev), ctypes.byref(nxt))
+                < 0
+            ):
                 return
             yield nxt
             prev = nxt

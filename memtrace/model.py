@@ -105,7 +105,7 @@ class Model:
         sizes = batch["bytes"][order].astype(np.float64)
         uniq, starts = np.unique(keys, return_index=True)
         ends = np.append(starts[1:], len(keys))
-        for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist()):
+        for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
             key = (k >> 24, (k >> 8) & 0xFFFF, k & 0xFF)
             st = self.copies.get(key)
             if st is None:

@@ -109,22 +109,33 @@ class MetricsBuilder:
     def _temporality(self) -> AggregationTemporality:
         return AggregationTemporality.DELTA if self.delta else AggregationTemporality.CUMULATIVE
 
-    def _hist_point(self, attrs: dict[str, str], h: ExpHistogram, window: tuple[float, float], start: int, now: int,
-                    bounds: list[float], bounds_scale: int, lo_exp: int) -> Any:
-        lo, hi = (window if self.delta else (h.min, h.max))
+    def _hist_point(
+        self,
+        attrs: dict[str, str],
+        h: ExpHistogram,
+        window: tuple[float, float],
+        start: int,
+        now: int,
+        bounds: list[float],
+        bounds_scale: int,
+        lo_exp: int,
+    ) -> Any:
+        lo, hi = window if self.delta else (h.min, h.max)
         lo = 0.0 if math.isinf(lo) else lo
         hi = 0.0 if math.isinf(hi) else hi
         if self.cfg.histogram == HistogramKind.explicit:
-            return HistogramDataPoint(attrs, start, now, h.count, h.sum, explicit_counts(h, bounds_scale, lo_exp, len(bounds)),
-                                      bounds, lo, hi)
+            return HistogramDataPoint(
+                attrs, start, now, h.count, h.sum, explicit_counts(h, bounds_scale, lo_exp, len(bounds)), bounds, lo, hi
+            )
         f = h.fit(MAX_BUCKETS)
         if f.counts:
             off = min(f.counts)
             buckets = [f.counts.get(i, 0) for i in range(off, max(f.counts) + 1)]
         else:
             off, buckets = 0, []
-        return ExponentialHistogramDataPoint(attrs, start, now, f.count, f.sum, f.scale, f.zero_count,
-                                             Buckets(off, buckets), Buckets(0, []), 0, lo, hi)
+        return ExponentialHistogramDataPoint(
+            attrs, start, now, f.count, f.sum, f.scale, f.zero_count, Buckets(off, buckets), Buckets(0, []), 0, lo, hi
+        )
 
     def _hist_metric(self, name: str, desc: str, unit: str, points: list[Any]) -> Metric:
         if self.cfg.histogram == HistogramKind.explicit:
@@ -139,8 +150,9 @@ class MetricsBuilder:
             if st.calls:
                 by_pid.setdefault(key[0], []).append(key)
 
-        new_base = _Base(dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes),
-                         dict(self.base.time_ns))
+        new_base = _Base(
+            dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes), dict(self.base.time_ns)
+        )
         windows: list[tuple[ExpHistogram, tuple[float, float]]] = []
         resource_metrics = []
         exited = []
@@ -167,7 +179,7 @@ class MetricsBuilder:
                 cur = (st.calls, st.bytes, st.errors)
                 if self.delta:
                     b = self.base.totals.get(key, (0, 0, 0))
-                    vals = tuple(c - p for c, p in zip(cur, b))
+                    vals = tuple(c - p for c, p in zip(cur, b, strict=True))
                     start = self.base.time_ns.get(key, proc.first_seen_ns)
                     dur = st.durations.minus(self.base.durations.get(key) or ExpHistogram(st.durations.scale))
                     size = st.sizes.minus(self.base.sizes.get(key) or ExpHistogram(st.sizes.scale))
@@ -185,19 +197,30 @@ class MetricsBuilder:
                     starting.append(key)
                     for name in counters:
                         counters[name].append(NumberDataPoint(la, start, start, 0))
-                for name, v in zip(("calls", "bytes", "errors"), vals):
+                for name, v in zip(("calls", "bytes", "errors"), vals, strict=True):
                     counters[name].append(NumberDataPoint(la, start, now, int(v)))
                 dur_points.append(self._hist_point(la, dur, dw, start, now, DURATION_BOUNDS, 2, -80))
                 size_points.append(self._hist_point(la, size, sw, start, now, SIZE_BOUNDS, 0, 0))
             metrics = [
-                Metric("gpu.memcpy.bytes", "Bytes moved by successful CUDA memory copies", "By",
-                       Sum(counters["bytes"], tmp, True)),
+                Metric(
+                    "gpu.memcpy.bytes",
+                    "Bytes moved by successful CUDA memory copies",
+                    "By",
+                    Sum(counters["bytes"], tmp, True),
+                ),
                 Metric("gpu.memcpy.calls", "CUDA memory copy calls", "{call}", Sum(counters["calls"], tmp, True)),
-                Metric("gpu.memcpy.errors", "CUDA memory copy calls that returned an error", "{call}",
-                       Sum(counters["errors"], tmp, True)),
-                self._hist_metric("gpu.memcpy.duration",
-                                  "Duration of each copy call, entry to return (async: the enqueue time)", "s",
-                                  dur_points),
+                Metric(
+                    "gpu.memcpy.errors",
+                    "CUDA memory copy calls that returned an error",
+                    "{call}",
+                    Sum(counters["errors"], tmp, True),
+                ),
+                self._hist_metric(
+                    "gpu.memcpy.duration",
+                    "Duration of each copy call, entry to return (async: the enqueue time)",
+                    "s",
+                    dur_points,
+                ),
                 self._hist_metric("gpu.memcpy.size", "Bytes of each successful copy call", "By", size_points),
             ]
             resource_metrics.append(ResourceMetrics(Resource(attrs), [ScopeMetrics(SCOPE, metrics, "")], ""))
@@ -222,20 +245,37 @@ class MetricsBuilder:
 
         health = [
             counter("memtrace.agent.events", "Per-call events received from the kernel", "{event}", "events"),
-            counter("memtrace.agent.dropped_events", "Events lost to a full ring (totals stay exact)", "{event}",
-                    "dropped"),
-            counter("memtrace.agent.abandoned_calls", "Calls whose thread exited before returning", "{call}",
-                    "abandoned"),
-            counter("memtrace.agent.untracked_calls", "Calls not measured because a kernel map was full", "{call}",
-                    "untracked"),
+            counter(
+                "memtrace.agent.dropped_events", "Events lost to a full ring (totals stay exact)", "{event}", "dropped"
+            ),
+            counter(
+                "memtrace.agent.abandoned_calls", "Calls whose thread exited before returning", "{call}", "abandoned"
+            ),
+            counter(
+                "memtrace.agent.untracked_calls",
+                "Calls not measured because a kernel map was full",
+                "{call}",
+                "untracked",
+            ),
             counter("memtrace.agent.export_failures", "Pushes that failed", "{push}", "export_failures"),
-            counter("memtrace.agent.unsent_processes",
-                    "Exited processes dropped unsent during an outage (memory bound)", "{process}",
-                    "unsent_processes"),
-            Metric("memtrace.agent.libraries", "CUDA libraries and executables with probes", "{library}",
-                   Gauge([NumberDataPoint({}, hstart, now, libraries)])),
-            Metric("memtrace.agent.processes", "CUDA processes traced now", "{process}",
-                   Gauge([NumberDataPoint({}, hstart, now, live)])),
+            counter(
+                "memtrace.agent.unsent_processes",
+                "Exited processes dropped unsent during an outage (memory bound)",
+                "{process}",
+                "unsent_processes",
+            ),
+            Metric(
+                "memtrace.agent.libraries",
+                "CUDA libraries and executables with probes",
+                "{library}",
+                Gauge([NumberDataPoint({}, hstart, now, libraries)]),
+            ),
+            Metric(
+                "memtrace.agent.processes",
+                "CUDA processes traced now",
+                "{process}",
+                Gauge([NumberDataPoint({}, hstart, now, live)]),
+            ),
         ]
         resource_metrics.append(ResourceMetrics(self.agent_resource, [ScopeMetrics(SCOPE, health, "")], ""))
 
@@ -295,10 +335,13 @@ class Exporter:
     def __init__(self, cfg: PushConfig) -> None:
         self.cfg = cfg
         self.complaints = _Complaints()
-        for name in ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
-                     "opentelemetry.exporter.otlp.proto.grpc.exporter",
-                     "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
-                     "opentelemetry.exporter.otlp.proto.http", "opentelemetry.exporter.otlp.proto.grpc"):
+        for name in (
+            "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+            "opentelemetry.exporter.otlp.proto.grpc.exporter",
+            "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+            "opentelemetry.exporter.otlp.proto.http",
+            "opentelemetry.exporter.otlp.proto.grpc",
+        ):
             lg = logging.getLogger(name)
             lg.addHandler(self.complaints)
             lg.propagate = False

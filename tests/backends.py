@@ -60,8 +60,9 @@ def otelcol() -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     shutil.copy(BUILDER, work / "builder.yaml")
-    subprocess.run([str(gobin / "builder"), "--config", "builder.yaml"], check=True, cwd=work, env=env,
-                   capture_output=True)
+    subprocess.run(
+        [str(gobin / "builder"), "--config", "builder.yaml"], check=True, cwd=work, env=env, capture_output=True
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(work / "_build" / "otelcol-memtrace"), out)
     shutil.rmtree(work, ignore_errors=True)
@@ -73,10 +74,16 @@ class VictoriaMetrics:
         self.port = port or free_port()
         self.log = open(tmp / f"vm-{self.port}.log", "w")
         self.proc = subprocess.Popen(
-            [str(victoria_metrics()), f"-storageDataPath={tmp / f'vm-{self.port}'}",
-             f"-httpListenAddr=127.0.0.1:{self.port}", "-opentelemetry.usePrometheusNaming",
-             "-search.latencyOffset=0s", "-search.disableCache"],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                str(victoria_metrics()),
+                f"-storageDataPath={tmp / f'vm-{self.port}'}",
+                f"-httpListenAddr=127.0.0.1:{self.port}",
+                "-opentelemetry.usePrometheusNaming",
+                "-search.latencyOffset=0s",
+                "-search.disableCache",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         wait_port(self.port)
 
@@ -103,10 +110,16 @@ class Collector:
         self.grpc_port = free_port()
         self.log_path = tmp / "otelcol.log"
         self.log = open(self.log_path, "w")
-        e = dict(os.environ, OTLP_HTTP_ENDPOINT=f"127.0.0.1:{self.http_port}",
-                 OTLP_GRPC_ENDPOINT=f"127.0.0.1:{self.grpc_port}", HEALTH_ENDPOINT=f"127.0.0.1:{free_port()}", **env)
-        self.proc = subprocess.Popen([str(otelcol()), "--config", str(config)], env=e, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        e = dict(
+            os.environ,
+            OTLP_HTTP_ENDPOINT=f"127.0.0.1:{self.http_port}",
+            OTLP_GRPC_ENDPOINT=f"127.0.0.1:{self.grpc_port}",
+            HEALTH_ENDPOINT=f"127.0.0.1:{free_port()}",
+            **env,
+        )
+        self.proc = subprocess.Popen(
+            [str(otelcol()), "--config", str(config)], env=e, stdout=self.log, stderr=subprocess.STDOUT
+        )
         wait_port(self.http_port)
 
     def stop(self) -> None:

@@ -8,11 +8,10 @@ import json
 import subprocess
 
 import pytest
+from conftest import FIXTURES, REPO
 
 from memtrace import abi, apis
 from memtrace.abi import CtlType, Direction, Layer, Stat
-
-from conftest import FIXTURES, REPO
 
 PROBE = r"""
 #include <stddef.h>

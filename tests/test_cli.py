@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import memtrace_cmd
 
 from memtrace import bpfsource
 from memtrace.errors import BTFMissing, LibbpfMissing, LibbpfTooOld
-
-from conftest import memtrace_cmd
 
 
 def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
@@ -72,7 +71,8 @@ def test_unprivileged_user_is_told_what_to_grant(tmp_path: Path) -> None:
     # Root with every capability dropped: what a locked-down container gets.
     p = subprocess.run(
         ["setpriv", "--bounding-set=-all", "--inh-caps=-all", *memtrace_cmd(), "run", "--", "true"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert p.returncode == 2, p.stderr
     assert "permission denied" in p.stderr and "CAP_BPF" in p.stderr
@@ -93,11 +93,18 @@ def test_doctor_passes_here_and_fails_with_a_fix_without_libbpf() -> None:
 def test_top_shows_a_process_started_before_it(fakecuda: Path) -> None:
     w = subprocess.Popen(
         [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={"WORKLOAD_TRUTH": "/dev/null"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"WORKLOAD_TRUTH": "/dev/null"},
     )
     assert w.stdout is not None and w.stdout.readline().strip() == "ready"
-    top = subprocess.Popen([*memtrace_cmd(), "top", "-n", "3", "-i", "1"], stdout=subprocess.PIPE, text=True,
-                           env=dict(os.environ, COLUMNS="200"))
+    top = subprocess.Popen(
+        [*memtrace_cmd(), "top", "-n", "3", "-i", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, COLUMNS="200"),
+    )
     time.sleep(1.5)
     assert w.stdin is not None
     w.stdin.write("go\n")

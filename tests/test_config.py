@@ -74,11 +74,26 @@ def test_redacted_description_hides_header_values() -> None:
     assert "SECRET" not in d and "t1" not in d and "authorization=<redacted>" in d
 
 
-@given(st.dictionaries(st.sampled_from([
-    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS",
-    "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_COMPRESSION",
-    "OTEL_EXPORTER_OTLP_INSECURE", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
-]), st.text(max_size=40)), st.one_of(st.none(), st.text(max_size=40)), st.one_of(st.none(), st.text(max_size=40)))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
+                "OTEL_EXPORTER_OTLP_INSECURE",
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+            ]
+        ),
+        st.text(max_size=40),
+    ),
+    st.one_of(st.none(), st.text(max_size=40)),
+    st.one_of(st.none(), st.text(max_size=40)),
+)
 @settings(max_examples=300, deadline=None)
 def test_any_environment_gives_a_config_or_a_clear_error(env: dict, endpoint: str | None, headers: str | None) -> None:
     try:

@@ -11,7 +11,6 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-
 from backends import otelcol
 from conftest import REPO
 
@@ -22,8 +21,11 @@ COLLECTOR_CONFIGS = [p for p in sorted((DEPLOY / "otelcol").glob("*.yaml")) if p
 
 @pytest.mark.parametrize("config", COLLECTOR_CONFIGS, ids=lambda p: p.name)
 def test_collector_config_validates_in_the_real_collector(config: Path) -> None:
-    env = dict(os.environ, MEMTRACE_EXPORT_ENDPOINT="http://backend:8428/opentelemetry",
-               BACKEND_OTLP_ENDPOINT="http://backend:8428/opentelemetry")
+    env = dict(
+        os.environ,
+        MEMTRACE_EXPORT_ENDPOINT="http://backend:8428/opentelemetry",
+        BACKEND_OTLP_ENDPOINT="http://backend:8428/opentelemetry",
+    )
     p = subprocess.run([str(otelcol()), "validate", "--config", str(config)], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -63,8 +65,9 @@ def test_daemonset_asks_for_least_privilege_and_has_what_the_agent_needs() -> No
 def test_privileged_overlay_patches_the_agent_container() -> None:
     k = yaml.safe_load((DEPLOY / "kubernetes" / "privileged" / "kustomization.yaml").read_text())
     patch = yaml.safe_load(k["patches"][0]["patch"])
-    assert patch == [{"op": "replace", "path": "/spec/template/spec/containers/0/securityContext/privileged",
-                      "value": True}]
+    assert patch == [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/securityContext/privileged", "value": True}
+    ]
 
 
 def test_kustomization_ships_the_tested_collector_configs() -> None:
@@ -80,10 +83,19 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
     titles = [p["title"] for p in d["panels"]]
     for want in ("bandwidth by direction", "p50 / p95 / p99", "heatmap", "summary"):
         assert any(want in t for t in titles), want
-    exported = {"gpu_memcpy_bytes_total", "gpu_memcpy_calls_total", "gpu_memcpy_errors_total",
-                "gpu_memcpy_duration_seconds_bucket", "gpu_memcpy_size_bytes_bucket", "memtrace_agent_events_total",
-                "memtrace_agent_dropped_events_total", "memtrace_agent_export_failures_total",
-                "memtrace_agent_processes", "memtrace_agent_libraries", "memtrace_agent_unsent_processes_total"}
+    exported = {
+        "gpu_memcpy_bytes_total",
+        "gpu_memcpy_calls_total",
+        "gpu_memcpy_errors_total",
+        "gpu_memcpy_duration_seconds_bucket",
+        "gpu_memcpy_size_bytes_bucket",
+        "memtrace_agent_events_total",
+        "memtrace_agent_dropped_events_total",
+        "memtrace_agent_export_failures_total",
+        "memtrace_agent_processes",
+        "memtrace_agent_libraries",
+        "memtrace_agent_unsent_processes_total",
+    }
     import re
 
     for p in d["panels"]:

@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 
 from memtrace.agent import Agent
 from memtrace.bpfsource import Options
-
-from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 
 pytestmark = pytest.mark.bpf
 
@@ -37,8 +36,15 @@ def drain_until_exit(agent: Agent, p: subprocess.Popen, timeout: float = 60) -> 
 def in_namespace(build: Path, script: str) -> list[str]:
     """sh -c script inside a new mount namespace where `build` is a private
     tmpfs holding a copy of the test build: its files exist only there."""
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            f"mount -t tmpfs none {build} && cp -a {build}.src/. {build}/ && {script}"]
+    return [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f"mount -t tmpfs none {build} && cp -a {build}.src/. {build}/ && {script}",
+    ]
 
 
 def test_process_already_running_in_another_mount_namespace(fakecuda: Path, tmp_path: Path) -> None:
@@ -48,7 +54,9 @@ def test_process_already_running_in_another_mount_namespace(fakecuda: Path, tmp_
     truth = tmp_path / "truth.jsonl"
     p = subprocess.Popen(
         in_namespace(build, f"WORKLOAD_TRUTH={truth} exec {build}/workload -w -n 800 -s 21"),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         wait_ready(p)

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 
 pytestmark = pytest.mark.bpf

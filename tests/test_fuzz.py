@@ -58,14 +58,31 @@ def test_any_event_values_are_aggregated_without_error(pid: int, api: int, direc
 
 @given(endpoint=text, headers=text, protocol=text, temporality=text, histogram=text, ring=st.floats(allow_nan=True))
 @settings(max_examples=200, deadline=None)
-def test_push_options_fail_cleanly(endpoint: str, headers: str, protocol: str, temporality: str, histogram: str,
-                                  ring: float) -> None:
+def test_push_options_fail_cleanly(
+    endpoint: str, headers: str, protocol: str, temporality: str, histogram: str, ring: float
+) -> None:
     # The ring size is out of range, so push can never start: every input must
     # end in a clear message and exit code 2, never a traceback.
     ring = 5000.0 if not (ring != ring) and 0.004 <= ring <= 1024 else ring
-    r = CliRunner().invoke(app, ["push", "--endpoint", endpoint, "--headers", headers, "--protocol", protocol,
-                                 "--temporality", temporality, "--histogram", histogram, "--ring-size", str(ring)],
-                           env={})
+    r = CliRunner().invoke(
+        app,
+        [
+            "push",
+            "--endpoint",
+            endpoint,
+            "--headers",
+            headers,
+            "--protocol",
+            protocol,
+            "--temporality",
+            temporality,
+            "--histogram",
+            histogram,
+            "--ring-size",
+            str(ring),
+        ],
+        env={},
+    )
     assert r.exit_code == 2, r.output
     assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), repr(r.exception)
     assert "Traceback" not in r.output

@@ -19,11 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from conftest import REPO, truth_totals
 
 from memtrace import apis
 from memtrace.abi import Direction, Stat
-
-from conftest import REPO, truth_totals
 
 KERNELS = REPO / "tests" / "kernels"
 CACHE = Path(os.environ.get("MEMTRACE_KERNEL_CACHE", Path.home() / ".cache" / "memtrace-kernels"))
@@ -69,13 +68,19 @@ def parse(log: str) -> dict[str, dict]:
 
 def boot(arch: str, tmp: Path) -> tuple[str, str]:
     guest = tmp / f"guest-{arch}"
-    b = subprocess.run(
-        [str(KERNELS / "build_guest.sh"), arch, str(guest), str(CACHE)], capture_output=True, text=True
-    )
+    b = subprocess.run([str(KERNELS / "build_guest.sh"), arch, str(guest), str(CACHE)], capture_output=True, text=True)
     assert b.returncode == 0, b.stderr
-    cmd = [*QEMU[arch], "-nographic", "-no-reboot", "-kernel", str(guest / "vmlinuz"),
-           "-initrd", str(guest / "initrd.gz"),
-           "-append", f"console={CONSOLE[arch]} rdinit=/init panic=-1 quiet"]
+    cmd = [
+        *QEMU[arch],
+        "-nographic",
+        "-no-reboot",
+        "-kernel",
+        str(guest / "vmlinuz"),
+        "-initrd",
+        str(guest / "initrd.gz"),
+        "-append",
+        f"console={CONSOLE[arch]} rdinit=/init panic=-1 quiet",
+    ]
     if arch == "x86":
         cmd += ["-cpu", "max"]  # TCG: KVM is not reliable inside nested VMs, and TCG takes seconds here
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -8,11 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from elftools.elf.elffile import ELFFile
 
 from memtrace.bpfsource import object_path, rodata_offsets
-
-from conftest import REPO
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="needs clang to rebuild the objects")

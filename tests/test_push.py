@@ -17,7 +17,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
 from backends import Collector, VictoriaMetrics, free_port
 from conftest import REPO, memtrace_cmd, truth_totals
 
@@ -49,8 +48,10 @@ def run_workloads(fakecuda: Path, tmp: Path, pace_us: int = 0) -> list[dict]:
     them long-running (several push intervals), like training jobs."""
     truth = tmp / "truth.jsonl"
     pace = ["-p", str(pace_us)] if pace_us else []
-    procs = [subprocess.Popen([str(fakecuda / argv[0]), *argv[1:], *pace], env={"WORKLOAD_TRUTH": str(truth)})
-             for argv in (["workload", "-n", "600", "-s", "41"], ["workload_driver", "-n", "600", "-s", "42"])]
+    procs = [
+        subprocess.Popen([str(fakecuda / argv[0]), *argv[1:], *pace], env={"WORKLOAD_TRUTH": str(truth)})
+        for argv in (["workload", "-n", "600", "-s", "41"], ["workload_driver", "-n", "600", "-s", "42"])
+    ]
     assert [p.wait() for p in procs] == [0, 0]
     return [json.loads(l) for l in truth.read_text().splitlines()]
 
@@ -64,7 +65,7 @@ def by_direction(lines: list[dict]) -> dict[str, tuple[int, int, int]]:
 
 
 def backend_by_direction(vm: VictoriaMetrics, pids: list[int]) -> dict[str, tuple[int, int, int]]:
-    sel = '{process_pid=~"%s"}' % "|".join(map(str, pids))
+    sel = '{process_pid=~"' + "|".join(map(str, pids)) + '"}'
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for i, name in enumerate(("calls", "bytes", "errors")):
         for r in vm.query(f"sum by (direction) (gpu_memcpy_{name}_total{sel})"):
@@ -112,8 +113,10 @@ def test_workload_to_collector_to_victoriametrics_exactly(protocol: str, fakecud
     vm = VictoriaMetrics(tmp_path)
     col = Collector(tmp_path, REPO / "deploy" / "otelcol" / "agent.yaml", {"MEMTRACE_EXPORT_ENDPOINT": vm.otlp})
     port = col.http_port if protocol == "http/protobuf" else col.grpc_port
-    push = start_push(["--endpoint", f"http://127.0.0.1:{port}", "--protocol", protocol, "--interval", "1"],
-                      env={"NODE_NAME": "node-a", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"})
+    push = start_push(
+        ["--endpoint", f"http://127.0.0.1:{port}", "--protocol", protocol, "--interval", "1"],
+        env={"NODE_NAME": "node-a", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"},
+    )
     try:
         lines = run_workloads(fakecuda, tmp_path, pace_us=6000)
         time.sleep(2.5)
@@ -131,7 +134,7 @@ def test_workload_to_collector_to_victoriametrics_exactly(protocol: str, fakecud
             assert vm.query(e), f"dashboard query returned nothing: {e}"
 
         # One resource per process, with who and where it is.
-        series = vm.query('gpu_memcpy_calls_total{process_pid=~"%s"}' % "|".join(map(str, pids)))
+        series = vm.query('gpu_memcpy_calls_total{process_pid=~"' + "|".join(map(str, pids)) + '"}')
         assert {s["metric"]["process_executable_name"] for s in series} == {"workload", "workload_driver"}
         assert {s["metric"]["process_pid"] for s in series} == {str(p) for p in pids}
         m = series[0]["metric"]
@@ -151,8 +154,10 @@ def test_collector_down_for_a_minute_then_up_loses_nothing_and_logs_once(fakecud
     port = free_port()
     # A 1 s export timeout (the standard variable, in ms) so each attempt
     # fails fast; the outage lasts a minute with jobs running throughout.
-    push = start_push(["--endpoint", f"http://127.0.0.1:{port}/opentelemetry", "--interval", "0.5"],
-                      env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"})
+    push = start_push(
+        ["--endpoint", f"http://127.0.0.1:{port}/opentelemetry", "--interval", "0.5"],
+        env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"},
+    )
     vm = None
     try:
         lines: list[dict] = []
@@ -161,8 +166,11 @@ def test_collector_down_for_a_minute_then_up_loses_nothing_and_logs_once(fakecud
         i = 0
         while time.monotonic() < end:
             truth = tmp_path / f"truth{i}.jsonl"
-            subprocess.run([str(fakecuda / "workload_driver"), "-n", "200", "-s", str(100 + i)],
-                           env={"WORKLOAD_TRUTH": str(truth)}, check=True)
+            subprocess.run(
+                [str(fakecuda / "workload_driver"), "-n", "200", "-s", str(100 + i)],
+                env={"WORKLOAD_TRUTH": str(truth)},
+                check=True,
+            )
             lines += [json.loads(l) for l in truth.read_text().splitlines()]
             rss.append(int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{push.pid}/status").read_text()).group(1)))
             assert push.poll() is None, "push must keep tracing through an outage"
@@ -206,8 +214,17 @@ def test_refusing_collector_keeps_tracing_and_never_logs_the_token(fakecuda: Pat
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     secret = "Bearer s3cr3t-t0ken-value"
-    push = start_push(["--endpoint", f"http://127.0.0.1:{srv.server_port}", "--interval", "0.5", "-v",
-                       "--headers", f"authorization={secret}"])
+    push = start_push(
+        [
+            "--endpoint",
+            f"http://127.0.0.1:{srv.server_port}",
+            "--interval",
+            "0.5",
+            "-v",
+            "--headers",
+            f"authorization={secret}",
+        ]
+    )
     try:
         run_workloads(fakecuda, tmp_path)
         time.sleep(2)

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from backends import VictoriaMetrics, free_port
 from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 from test_push import backend_by_direction, by_direction, listening_sockets, start_push, stop_push, wait_for
@@ -34,16 +33,19 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def test_agent_restart_resets_counters_with_a_new_start_and_never_double_counts(
-    fakecuda: Path, tmp_path: Path
-) -> None:
+def test_agent_restart_resets_counters_with_a_new_start_and_never_double_counts(fakecuda: Path, tmp_path: Path) -> None:
     """Phase 1 under agent A, phase 2 under agent B (started while the job
     runs): B's series restart from zero at B's start, and A's last values
     plus B's equal the whole truth."""
     vm = VictoriaMetrics(tmp_path)
     truth = tmp_path / "truth.jsonl"
-    w = subprocess.Popen([str(fakecuda / "workload"), "-w", "-P", "2", "-n", "800", "-s", "51"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={"WORKLOAD_TRUTH": str(truth)})
+    w = subprocess.Popen(
+        [str(fakecuda / "workload"), "-w", "-P", "2", "-n", "800", "-s", "51"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"WORKLOAD_TRUTH": str(truth)},
+    )
     assert w.stdin and w.stdout
     try:
         assert w.stdout.readline().startswith("ready 0")
@@ -70,7 +72,7 @@ def test_agent_restart_resets_counters_with_a_new_start_and_never_double_counts(
         t2 = {k: v - t1.get(k, 0) for k, v in t12.items() if v - t1.get(k, 0)}
 
         def latest() -> dict[tuple[str, str], int]:
-            rows = vm.query('gpu_memcpy_calls_total{process_pid="%d"}' % w.pid)
+            rows = vm.query(f'gpu_memcpy_calls_total{{process_pid="{w.pid}"}}')
             return {(r["metric"]["api"], r["metric"]["direction"]): int(r["value"][1]) for r in rows}
 
         # B's series restart from zero at B's start: their latest values are
@@ -80,9 +82,10 @@ def test_agent_restart_resets_counters_with_a_new_start_and_never_double_counts(
         assert wait_for(latest, want) == want
         # Across both agents, increase() (which needs the drop to be read as a
         # reset) equals the whole truth: nothing lost, nothing twice.
-        got = {r["metric"]["direction"]: int(round(float(r["value"][1])))
-               for r in vm.query('sum by (direction) (increase(gpu_memcpy_calls_total{process_pid="%d"}[10m]))'
-                                 % w.pid)}
+        got = {
+            r["metric"]["direction"]: int(round(float(r["value"][1])))
+            for r in vm.query(f'sum by (direction) (increase(gpu_memcpy_calls_total{{process_pid="{w.pid}"}}[10m]))')
+        }
         assert got == {d: v[0] for d, v in by_direction([both]).items()}
     finally:
         w.kill()
@@ -113,13 +116,18 @@ def test_misbehaving_collector_never_stops_tracing_and_memory_stays_bounded(
     handler = type(f"H{mode}", (Misbehaving,), {"mode": mode})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    push = start_push(["--endpoint", f"http://127.0.0.1:{srv.server_port}", "--interval", "0.3"],
-                      env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"})
+    push = start_push(
+        ["--endpoint", f"http://127.0.0.1:{srv.server_port}", "--interval", "0.3"],
+        env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"},
+    )
     try:
         samples = []
         for i in range(6):
-            subprocess.run([str(fakecuda / "workload"), "-n", "300", "-s", str(60 + i)],
-                           env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+            subprocess.run(
+                [str(fakecuda / "workload"), "-n", "300", "-s", str(60 + i)],
+                env={"WORKLOAD_TRUTH": "/dev/null"},
+                check=True,
+            )
             samples.append(rss_kib(push.pid))
         assert push.poll() is None, "tracing stopped"
         rc, took, err = stop_push(push)
@@ -134,9 +142,7 @@ def test_misbehaving_collector_never_stops_tracing_and_memory_stays_bounded(
     assert samples[-1] - samples[1] < 20 * 1024, samples
 
 
-def test_a_thousand_short_lived_processes_stay_exact_and_leave_no_kernel_state(
-    fakecuda: Path, tmp_path: Path
-) -> None:
+def test_a_thousand_short_lived_processes_stay_exact_and_leave_no_kernel_state(fakecuda: Path, tmp_path: Path) -> None:
     w = fakecuda / "workload_driver"
     script = f"i=0; while [ $i -lt 1000 ]; do {w} -n 3 -s $i -e || exit 1; i=$((i+1)); done"
     doc, lines, p = run_traced(["/bin/sh", "-c", script], tmp_path, timeout=600)
@@ -158,8 +164,11 @@ def test_churn_in_push_mode_releases_per_process_state(fakecuda: Path, tmp_path:
             t = threading.Thread(target=push_forever, args=(agent, resolve({}, endpoint=vm.otlp, interval=0.3), stop))
             t.start()
             w = fakecuda / "workload"
-            subprocess.run(["/bin/sh", "-c", f"for i in $(seq 200); do {w} -n 4 -t 3 -s $i -e; done"],
-                           env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+            subprocess.run(
+                ["/bin/sh", "-c", f"for i in $(seq 200); do {w} -n 4 -t 3 -s $i -e; done"],
+                env={"WORKLOAD_TRUTH": "/dev/null"},
+                check=True,
+            )
             deadline = time.monotonic() + 15
             while agent.model.processes and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -187,8 +196,11 @@ def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
         t.start()
         try:
             for i in range(12):
-                subprocess.run([str(fakecuda / "workload_driver"), "-n", "20", "-s", str(i), "-e"],
-                               env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+                subprocess.run(
+                    [str(fakecuda / "workload_driver"), "-n", "20", "-s", str(i), "-e"],
+                    env={"WORKLOAD_TRUTH": "/dev/null"},
+                    check=True,
+                )
                 time.sleep(0.3)
             time.sleep(1)
             exited = [p for p in agent.model.processes.values() if p.exited]
@@ -215,9 +227,30 @@ def test_full_ring_keeps_totals_exact_and_reports_exactly_what_is_missing(fakecu
     out = tmp_path / "summary.json"
     from conftest import memtrace_cmd
 
-    p = subprocess.run([*memtrace_cmd(), "run", "--ring-size", "0.004", "--format", "json", "-o", str(out), "--",
-                        str(fakecuda / "workload"), "-n", "3000", "-t", "4", "-s", "71"],
-                       env=dict(os.environ, WORKLOAD_TRUTH=str(truth)), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            *memtrace_cmd(),
+            "run",
+            "--ring-size",
+            "0.004",
+            "--format",
+            "json",
+            "-o",
+            str(out),
+            "--",
+            str(fakecuda / "workload"),
+            "-n",
+            "3000",
+            "-t",
+            "4",
+            "-s",
+            "71",
+        ],
+        env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
     lines = [json.loads(l) for l in truth.read_text().splitlines()]
@@ -231,8 +264,10 @@ def test_soak_memory_and_kernel_maps_stay_flat(fakecuda: Path, tmp_path: Path) -
     vm = VictoriaMetrics(tmp_path)
     push = start_push(["--endpoint", vm.otlp, "--interval", "0.5"])
     try:
-        w = subprocess.Popen([str(fakecuda / "workload"), "-n", "4000", "-p", "2000", "-t", "2", "-e"],
-                             env={"WORKLOAD_TRUTH": "/dev/null"})
+        w = subprocess.Popen(
+            [str(fakecuda / "workload"), "-n", "4000", "-p", "2000", "-t", "2", "-e"],
+            env={"WORKLOAD_TRUTH": "/dev/null"},
+        )
         rss = []
         while w.poll() is None:
             rss.append(rss_kib(push.pid))
@@ -266,7 +301,7 @@ def test_odd_process_names_cannot_break_the_exporter(name: str, fakecuda: Path, 
         lines = [json.loads(l) for l in truth.read_text().splitlines()]
         want = by_direction(lines)
         assert wait_for(lambda: backend_by_direction(vm, [lines[0]["pid"]]), want) == want
-        series = vm.query('gpu_memcpy_calls_total{process_pid="%d"}' % lines[0]["pid"])
+        series = vm.query(f'gpu_memcpy_calls_total{{process_pid="{lines[0]["pid"]}"}}')
         label = series[0]["metric"]["process_executable_name"]
         assert label.isprintable() and len(label) <= 128
         assert stop_push(push)[0] == 0
@@ -278,9 +313,28 @@ def test_odd_process_names_cannot_break_the_exporter(name: str, fakecuda: Path, 
 
 def test_tls_is_verified_by_default_and_a_given_ca_is_trusted(fakecuda: Path, tmp_path: Path) -> None:
     key, crt = tmp_path / "key.pem", tmp_path / "crt.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     handler = type("Ok", (Misbehaving,), {"mode": "ok"})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -293,8 +347,10 @@ def test_tls_is_verified_by_default_and_a_given_ca_is_trusted(fakecuda: Path, tm
         time.sleep(2)
         _, _, err = stop_push(untrusted)
         assert re.search(r"push to \S+ failed:.*(CERTIFICATE_VERIFY_FAILED|certificate|SSL)", err), err
-        trusted = start_push(["--endpoint", url, "--interval", "0.3"],
-                             env={"OTEL_EXPORTER_OTLP_CERTIFICATE": str(crt), "OTEL_EXPORTER_OTLP_TIMEOUT": "1000"})
+        trusted = start_push(
+            ["--endpoint", url, "--interval", "0.3"],
+            env={"OTEL_EXPORTER_OTLP_CERTIFICATE": str(crt), "OTEL_EXPORTER_OTLP_TIMEOUT": "1000"},
+        )
         time.sleep(2)
         _, _, err = stop_push(trusted)
         assert "failed" not in err, err
@@ -305,9 +361,12 @@ def test_tls_is_verified_by_default_and_a_given_ca_is_trusted(fakecuda: Path, tm
 def test_no_listening_socket_while_running_a_command(fakecuda: Path, tmp_path: Path) -> None:
     from conftest import memtrace_cmd
 
-    p = subprocess.Popen([*memtrace_cmd(), "run", "--", str(fakecuda / "workload"), "-n", "2000", "-p", "1000"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ,
-                                                                                   "WORKLOAD_TRUTH": "/dev/null"})
+    p = subprocess.Popen(
+        [*memtrace_cmd(), "run", "--", str(fakecuda / "workload"), "-n", "2000", "-p", "1000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "WORKLOAD_TRUTH": "/dev/null"},
+    )
     time.sleep(1.5)
     try:
         assert p.poll() is None
@@ -345,8 +404,10 @@ def test_container_paths_never_lead_out_of_the_container(fakecuda: Path, tmp_pat
     lib.mkdir()
     (lib / "libcudart.so.13").symlink_to(real / "libcudart.so.13.0.0")
     shutil.copy(fakecuda / "lib" / "libcuda.so.1", lib / "libcuda.so.1")
-    script = (f"mount -t tmpfs none {real} && cp {src}/libcudart.so.13.0.0 {real}/ && "
-              f"exec {sys.executable} {FIXTURES / 'ctypes_workload.py'} {lib} --calls 500")
+    script = (
+        f"mount -t tmpfs none {real} && cp {src}/libcudart.so.13.0.0 {real}/ && "
+        f"exec {sys.executable} {FIXTURES / 'ctypes_workload.py'} {lib} --calls 500"
+    )
     doc, lines, p = run_traced(["unshare", "-m", "--propagation", "private", "sh", "-c", script], tmp_path)
     assert p.returncode == 0, p.stderr
     assert observed_totals(doc) == truth_totals(lines)

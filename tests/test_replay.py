@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, run_traced
 
 sys.path.insert(0, str(FIXTURES))

@@ -1,6 +1,6 @@
 """Write a guest's probe plan with the agent's own code: "PATH OFFSET COOKIE" lines.
 
-    python plan.py HOST_BINARY GUEST_PATH > plan
+python plan.py HOST_BINARY GUEST_PATH > plan
 """
 
 import sys
