@@ -54,6 +54,11 @@ class Agent:
         for k, v in self.source.totals():
             self.model.set_totals(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
 
+    def forget(self, pid: int) -> None:
+        """Drop a process's state here and in the kernel's totals."""
+        self.model.forget(pid)
+        self.source.forget_pid(pid)
+
     def stats(self) -> dict[Stat, int]:
         return self.source.stats()
 
@@ -213,8 +218,7 @@ def push_forever(
                     max_unsent_exited,
                 )
             for pid in drop:
-                agent.model.forget(pid)
-                agent.source.forget_pid(pid)
+                agent.forget(pid)
             builder.unsent_processes += len(drop)
         return builder.build(agent.model, agent.stats(), len(agent.libraries))
 
@@ -223,8 +227,7 @@ def push_forever(
         if ok:
             batch.commit()
             for pid in batch.exited:  # sent a final time: drop the series
-                agent.model.forget(pid)
-                agent.source.forget_pid(pid)
+                agent.forget(pid)
             if failures:
                 log.warning(
                     "push to %s works again after %d failed attempts; totals are current", cfg.endpoint, failures

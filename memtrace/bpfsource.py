@@ -82,13 +82,17 @@ def effective_caps() -> int:
     return 0
 
 
+def can_load_bpf(caps: int) -> bool:
+    """CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (uprobes are perf events)."""
+    return bool((caps >> CAP_SYS_ADMIN) & 1 or ((caps >> CAP_BPF) & 1 and (caps >> CAP_PERFMON) & 1))
+
+
 def check_kernel() -> None:
     if not BTF_PATH.exists():
         raise BTFMissing()
     # Root without capabilities (a dropped bounding set, a restricted
     # container) is as unprivileged as anyone: look at what is effective.
-    caps = effective_caps()
-    if not (caps >> CAP_SYS_ADMIN) & 1 and not ((caps >> CAP_BPF) & 1 and (caps >> CAP_PERFMON) & 1):
+    if not can_load_bpf(effective_caps()):
         raise NotPrivileged("loading BPF programs")
 
 

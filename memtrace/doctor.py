@@ -68,7 +68,7 @@ def check_btf() -> Check:
 
 
 def check_privileges() -> Check:
-    from .bpfsource import CAP_BPF, CAP_KILL, CAP_PERFMON, CAP_SYS_ADMIN, effective_caps
+    from .bpfsource import CAP_BPF, CAP_KILL, CAP_PERFMON, CAP_SYS_ADMIN, can_load_bpf, effective_caps
 
     caps = effective_caps()
     names = [
@@ -81,7 +81,7 @@ def check_privileges() -> Check:
         )
         if (caps >> bit) & 1
     ]
-    ok = "CAP_SYS_ADMIN" in names or {"CAP_BPF", "CAP_PERFMON"} <= set(names)
+    ok = can_load_bpf(caps)
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
     return Check(
         "privileges",
