@@ -394,7 +394,9 @@ class Exporter:
 
             def export_and_keep_cause(*args: Any, **kw: Any) -> Any:
                 res = inner(*args, **kw)
-                if not getattr(res, "success", True):
+                # The first failure of an export is its cause; later retries
+                # may only fail for lack of time left.
+                if not getattr(res, "success", True) and not self._transport_error:
                     status = getattr(res, "status_code", None)
                     err = getattr(res, "error", None)
                     self._transport_error = (f"HTTP {status}: " if status else "") + (str(err) if err else "")
