@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * memtrace: uprobes on the CUDA runtime and driver copy calls.
+ * memtrace: uprobes on the CUDA runtime and driver: copies, allocations,
+ * host registrations, synchronisation waits and launches.
  *
- * Two generic programs (entry, return) serve every copy symbol of both
- * layers; the bpf_cookie says where each symbol keeps its arguments
- * (memtrace.h). Exact totals live in the `totals` hash; per-call detail
- * goes to the `events` ring, submitted without wakeup (user space drains it
- * on a timer: wakeups from uprobe context lose hits on current kernels).
+ * Two generic programs (entry, return) serve every symbol of both layers
+ * but launches; the bpf_cookie says what each symbol is and where it keeps
+ * its arguments (memtrace.h). Each completed call is one record on the
+ * `events` ring, submitted without wakeup (user space drains it on a
+ * timer: wakeups from uprobe context lose hits on current kernels); a call
+ * the ring cannot take is counted in `lost`, so user space's totals stay
+ * exact. Launches are counted in the kernel by an entry-only probe.
  *
  * A tracepoint on mmap holds a process (SIGSTOP) that maps the code of a
  * CUDA library whose inode has no probes yet (or whose executable was not
@@ -35,7 +38,9 @@ struct inflight {
 	__u64 ts_ns;
 	__u64 cookie;
 	__u64 bytes;
-	__u64 stream;
+	__u64 stream; /* or the auxiliary argument (mem) */
+	__u64 dst;    /* or the pointer/handle argument (mem) */
+	__u64 src;    /* or the output pointer's address (mem) */
 	__u8 direction;
 };
 
@@ -51,7 +56,15 @@ struct {
 	__uint(max_entries, 32768);
 	__type(key, struct mt_totals_key);
 	__type(value, struct mt_totals);
-} totals SEC(".maps");
+} lost SEC(".maps");
+
+/* Launches per (pid, api): counted here, no event (the hot path). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct mt_totals_key);
+	__type(value, __u64);
+} counts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -179,12 +192,91 @@ static __always_inline __u8 dir_of_memtypes(__u32 src, __u32 dst)
 	return MT_DIR_UNKNOWN;
 }
 
+static __always_inline __u8 dir_of_kind(__u32 kind)
+{
+	return kind <= MT_DIR_DEFAULT ? kind : MT_DIR_UNKNOWN;
+}
+
+/* A 2D/3D descriptor, read once from user memory (only the descriptor,
+ * never the memory it describes). Big enough for the largest. */
+#define DESC_WORDS (MT_M3D_SIZE / 8)
+struct desc {
+	__u64 w[DESC_WORDS];
+};
+
+#define W(d, off) ((d)->w[(off) / 8])
+#define W32(d, off) ((__u32)W(d, off)) /* a 4-byte enum at an 8-aligned offset */
+
+/* The host or device pointer a descriptor side names, by its memory type. */
+static __always_inline __u64 side_ptr(__u32 type, __u64 host, __u64 dev)
+{
+	if (type == MT_CU_MEMORYTYPE_HOST)
+		return host;
+	if (type == MT_CU_MEMORYTYPE_DEVICE || type == MT_CU_MEMORYTYPE_UNIFIED)
+		return dev;
+	return 0; /* an array: no address */
+}
+
+static __always_inline void copy_args(struct inflight *f, const struct args *a, __u64 cookie)
+{
+	__u32 n = ck(cookie, MT_CK_DIRARG_SHIFT);
+	struct desc d;
+
+	f->dst = arg_at(a, ck(cookie, MT_CK_DST_SHIFT));
+	f->src = arg_at(a, ck(cookie, MT_CK_SRC_SHIFT));
+	switch (ck(cookie, MT_CK_DIRSRC_SHIFT)) {
+	case MT_DIRSRC_FIXED:
+		f->direction = n;
+		return;
+	case MT_DIRSRC_KIND:
+		/* An enum is 32 bits: the ABI leaves the upper half of its
+		 * register or stack slot undefined (ctypes leaves garbage). */
+		f->direction = dir_of_kind((__u32)arg_at(a, n));
+		return;
+	case MT_DIRSRC_DESC2D:
+		if (bpf_probe_read_user(&d, MT_M2D_SIZE, (void *)arg_at(a, n)))
+			break;
+		f->direction = dir_of_memtypes(W32(&d, MT_M2D_SRC_MEMTYPE_OFF), W32(&d, MT_M2D_DST_MEMTYPE_OFF));
+		f->bytes = W(&d, MT_M2D_WIDTH_OFF) * W(&d, MT_M2D_HEIGHT_OFF);
+		f->src = side_ptr(W32(&d, MT_M2D_SRC_MEMTYPE_OFF), W(&d, MT_M2D_SRC_HOST_OFF),
+				  W(&d, MT_M2D_SRC_DEVICE_OFF));
+		f->dst = side_ptr(W32(&d, MT_M2D_DST_MEMTYPE_OFF), W(&d, MT_M2D_DST_HOST_OFF),
+				  W(&d, MT_M2D_DST_DEVICE_OFF));
+		return;
+	case MT_DIRSRC_DESC3D:
+		if (bpf_probe_read_user(&d, MT_M3D_SIZE, (void *)arg_at(a, n)))
+			break;
+		f->direction = dir_of_memtypes(W32(&d, MT_M3D_SRC_MEMTYPE_OFF), W32(&d, MT_M3D_DST_MEMTYPE_OFF));
+		f->bytes = W(&d, MT_M3D_WIDTH_OFF) * W(&d, MT_M3D_HEIGHT_OFF) * W(&d, MT_M3D_DEPTH_OFF);
+		f->src = side_ptr(W32(&d, MT_M3D_SRC_MEMTYPE_OFF), W(&d, MT_M3D_SRC_HOST_OFF),
+				  W(&d, MT_M3D_SRC_DEVICE_OFF));
+		f->dst = side_ptr(W32(&d, MT_M3D_DST_MEMTYPE_OFF), W(&d, MT_M3D_DST_HOST_OFF),
+				  W(&d, MT_M3D_DST_DEVICE_OFF));
+		return;
+	case MT_DIRSRC_PARMS3D:
+		if (bpf_probe_read_user(&d, MT_P3D_SIZE, (void *)arg_at(a, n)))
+			break;
+		f->direction = dir_of_kind(W32(&d, MT_P3D_KIND_OFF));
+		f->bytes = W(&d, MT_P3D_WIDTH_OFF) * W(&d, MT_P3D_HEIGHT_OFF) * W(&d, MT_P3D_DEPTH_OFF);
+		f->src = W(&d, MT_P3D_SRC_PTR_OFF);
+		f->dst = W(&d, MT_P3D_DST_PTR_OFF);
+		return;
+	}
+	f->direction = MT_DIR_UNKNOWN;
+}
+
+/*
+ * Entry of every probed call but launches: stash what the return needs.
+ * A driver call made by the runtime on the same thread is the runtime
+ * call's own work: it is counted once, at the runtime layer.
+ */
 SEC("uprobe")
-int BPF_KPROBE(mt_copy_enter)
+int BPF_KPROBE(mt_enter)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 layer = ck(cookie, MT_CK_LAYER_SHIFT) & 1;
+	__u32 family = ck(cookie, MT_CK_FAMILY_SHIFT) & 7;
 	__u32 n;
 	__u64 key, rkey;
 	struct inflight f = {};
@@ -192,9 +284,6 @@ int BPF_KPROBE(mt_copy_enter)
 
 	if (!is_traced(id >> 32))
 		return 0;
-
-	/* A driver call made by the runtime on this thread is the runtime
-	 * call's own work: count the copy once, at the runtime layer. */
 	if (layer == MT_LAYER_DRIVER) {
 		rkey = ((__u64)(__u32)id << 1) | MT_LAYER_RUNTIME;
 		if (bpf_map_lookup_elem(&inflight, &rkey)) {
@@ -211,42 +300,12 @@ int BPF_KPROBE(mt_copy_enter)
 	n = ck(cookie, MT_CK_MUL_SHIFT);
 	if (n)
 		f.bytes *= arg_at(&a, n);
-	n = ck(cookie, MT_CK_STREAM_SHIFT);
-	if (n)
-		f.stream = arg_at(&a, n);
-
-	n = ck(cookie, MT_CK_DIRARG_SHIFT);
-	switch (ck(cookie, MT_CK_DIRSRC_SHIFT)) {
-	case MT_DIRSRC_FIXED:
-		f.direction = n;
-		break;
-	case MT_DIRSRC_KIND: {
-		/* An enum is 32 bits: the ABI leaves the upper half of its
-		 * register or stack slot undefined (ctypes leaves garbage). */
-		__u32 kind = (__u32)arg_at(&a, n);
-
-		f.direction = kind <= MT_DIR_DEFAULT ? kind : MT_DIR_UNKNOWN;
-		break;
-	}
-	case MT_DIRSRC_DESC2D: {
-		/* Only the descriptor is read, never the memory it describes. */
-		const char *desc = (const char *)arg_at(&a, n);
-		__u32 st = 0, dt = 0;
-		__u64 w = 0, h = 0;
-
-		if (bpf_probe_read_user(&st, sizeof(st), desc + MT_M2D_SRC_MEMTYPE_OFF) ||
-		    bpf_probe_read_user(&dt, sizeof(dt), desc + MT_M2D_DST_MEMTYPE_OFF) ||
-		    bpf_probe_read_user(&w, sizeof(w), desc + MT_M2D_WIDTH_OFF) ||
-		    bpf_probe_read_user(&h, sizeof(h), desc + MT_M2D_HEIGHT_OFF)) {
-			f.direction = MT_DIR_UNKNOWN;
-			break;
-		}
-		f.direction = dir_of_memtypes(st, dt);
-		f.bytes = w * h;
-		break;
-	}
-	default:
-		f.direction = MT_DIR_UNKNOWN;
+	f.stream = arg_at(&a, ck(cookie, MT_CK_STREAM_SHIFT));
+	if (family == MT_FAM_COPY) {
+		copy_args(&f, &a, cookie);
+	} else if (family == MT_FAM_MEM) {
+		f.dst = arg_at(&a, ck(cookie, MT_CK_DST_SHIFT));
+		f.src = arg_at(&a, ck(cookie, MT_CK_DIRARG_SHIFT)); /* output pointer */
 	}
 
 	f.ts_ns = bpf_ktime_get_ns();
@@ -256,54 +315,67 @@ int BPF_KPROBE(mt_copy_enter)
 	return 0;
 }
 
+/* The ring could not take an event: count the call where user space
+ * will add it to what it saw, so no call and no byte goes missing. */
+static __always_inline void count_lost(struct mt_totals_key *tk, __u64 bytes, __s32 ret, __u64 dur)
+{
+	struct mt_totals zero = {}, *t;
+
+	stat_inc(MT_STAT_DROPPED);
+	t = bpf_map_lookup_elem(&lost, tk);
+	if (!t) {
+		bpf_map_update_elem(&lost, tk, &zero, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&lost, tk);
+	}
+	if (!t) {
+		stat_inc(MT_STAT_TOTALS_FULL);
+		return;
+	}
+	__sync_fetch_and_add(&t->calls, 1);
+	if (ret == 0)
+		__sync_fetch_and_add(&t->bytes, bytes);
+	else
+		__sync_fetch_and_add(&t->errors, 1);
+	__sync_fetch_and_add(&t->duration_ns, dur);
+}
+
 SEC("uretprobe")
-int BPF_KRETPROBE(mt_copy_return)
+int BPF_KRETPROBE(mt_return)
 {
 	__u64 now = bpf_ktime_get_ns();
 	__u64 id = bpf_get_current_pid_tgid();
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u64 key = ((__u64)(__u32)id << 1) | (ck(cookie, MT_CK_LAYER_SHIFT) & 1);
+	__s32 ret = (__s32)PT_REGS_RC(ctx);
 	struct mt_totals_key tk = {};
-	struct mt_totals zero = {}, *t;
 	struct inflight *f;
 	struct mt_event *e;
-	__s32 ret = (__s32)PT_REGS_RC(ctx);
-	__u64 dur;
+	__u64 dst, aux;
 
 	f = bpf_map_lookup_elem(&inflight, &key);
 	if (!f)
 		return 0; /* nested driver call, or entry not seen */
-	if (f->cookie != cookie) {
-		/* Entry of another symbol on this thread and layer: leave it. */
-		return 0;
-	}
-	dur = now - f->ts_ns;
-
-	tk.pid = id >> 32;
-	tk.api = cookie & 0xffff;
-	tk.direction = f->direction;
-	t = bpf_map_lookup_elem(&totals, &tk);
-	if (!t) {
-		bpf_map_update_elem(&totals, &tk, &zero, BPF_NOEXIST);
-		t = bpf_map_lookup_elem(&totals, &tk);
-	}
-	if (t) {
-		__sync_fetch_and_add(&t->calls, 1);
-		if (ret == 0)
-			__sync_fetch_and_add(&t->bytes, f->bytes);
-		else
-			__sync_fetch_and_add(&t->errors, 1);
-		__sync_fetch_and_add(&t->duration_ns, dur);
-	} else {
-		stat_inc(MT_STAT_TOTALS_FULL);
+	if (f->cookie != cookie)
+		return 0; /* entry of another symbol on this thread and layer: leave it */
+	dst = f->dst;
+	aux = f->stream;
+	if ((ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_MEM && ret == 0) {
+		/* What the call wrote back: the new address or handle, and
+		 * the pitch of a pitched allocation. */
+		if (f->src)
+			bpf_probe_read_user(&dst, sizeof(dst), (void *)f->src);
+		if (ck(cookie, MT_CK_DIRSRC_SHIFT) & MT_MEM_AUX_DEREF)
+			bpf_probe_read_user(&aux, sizeof(aux), (void *)f->stream);
 	}
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (e) {
 		e->ts_ns = f->ts_ns;
-		e->duration_ns = dur;
+		e->duration_ns = now - f->ts_ns;
 		e->bytes = f->bytes;
-		e->stream = f->stream;
+		e->stream = aux;
+		e->dst = dst;
+		e->src = (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY ? f->src : 0;
 		e->pid = id >> 32;
 		e->tid = (__u32)id;
 		e->ret = ret;
@@ -313,9 +385,45 @@ int BPF_KRETPROBE(mt_copy_return)
 		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		stat_inc(MT_STAT_EVENTS);
 	} else {
-		stat_inc(MT_STAT_DROPPED);
+		tk.pid = id >> 32;
+		tk.api = cookie & 0xffff;
+		tk.direction = f->direction;
+		count_lost(&tk, f->bytes, ret, now - f->ts_ns);
 	}
 	bpf_map_delete_elem(&inflight, &key);
+	return 0;
+}
+
+/*
+ * Kernel and graph launches: the hottest calls of a training loop. One
+ * entry probe on the driver's launch symbols and a counter here: every
+ * runtime launch reaches the driver's (the recorded traces show each
+ * cudaLaunchKernel making exactly one cuLaunchKernel), so counting there
+ * counts each launch once without a probe on the runtime or a return.
+ */
+SEC("uprobe")
+int BPF_KPROBE(mt_launch)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct mt_totals_key tk = {};
+	__u64 one = 1, *c;
+
+	if (!is_traced(id >> 32))
+		return 0;
+	tk.pid = id >> 32;
+	tk.api = bpf_get_attach_cookie(ctx) & 0xffff;
+	c = bpf_map_lookup_elem(&counts, &tk);
+	if (c) {
+		__sync_fetch_and_add(c, 1);
+		return 0;
+	}
+	if (bpf_map_update_elem(&counts, &tk, &one, BPF_NOEXIST)) {
+		c = bpf_map_lookup_elem(&counts, &tk); /* another thread made it */
+		if (c)
+			__sync_fetch_and_add(c, 1);
+		else
+			stat_inc(MT_STAT_COUNTS_FULL);
+	}
 	return 0;
 }
 

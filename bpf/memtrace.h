@@ -34,7 +34,20 @@ enum mt_dirsrc {
 	MT_DIRSRC_FIXED = 0,  /* the API implies it (cuMemcpyHtoD...): value in DIRARG */
 	MT_DIRSRC_KIND = 1,   /* a cudaMemcpyKind argument: its index in DIRARG */
 	MT_DIRSRC_DESC2D = 2, /* a CUDA_MEMCPY2D pointer: its index in DIRARG */
+	MT_DIRSRC_DESC3D = 3, /* a CUDA_MEMCPY3D pointer: its index in DIRARG */
+	MT_DIRSRC_PARMS3D = 4, /* a cudaMemcpy3DParms pointer: its index in DIRARG */
 };
+
+/* What a probed symbol does; the generic programs branch on it. */
+enum mt_family {
+	MT_FAM_COPY = 0, /* a memory copy: bytes, direction, both pointers */
+	MT_FAM_MEM = 1,  /* allocation, free, host registration, VMM map/unmap */
+	MT_FAM_SYNC = 2, /* a synchronisation wait: its duration */
+	MT_FAM_LAUNCH = 3, /* a kernel or graph launch: counted in the kernel, entry only */
+};
+
+/* MT_FAM_MEM flags (the DIRSRC nibble). */
+#define MT_MEM_AUX_DEREF 0x1 /* AUX is a pointer to a size_t written by the call (pitch) */
 
 /*
  * bpf_cookie layout: one generic program serves every copy symbol, and the
@@ -48,6 +61,16 @@ enum mt_dirsrc {
  *   bits 28..31  direction value (FIXED) or argument index (KIND, DESC2D)
  *   bits 32..35  index of the stream argument
  *   bit  36      layer (enum mt_layer)
+ *   bits 37..39  enum mt_family
+ *   bits 40..43  index of the destination pointer argument
+ *   bits 44..47  index of the source pointer argument
+ *
+ * MT_FAM_MEM reuses the copy nibbles: BYTES is the size, DIRSRC holds
+ * MT_MEM_* flags, DIRARG the index of an output pointer argument (the call
+ * writes the new address or handle there; read at return), DST the index
+ * of a pointer or handle argument (free, unregister, map), and STREAM an
+ * auxiliary argument (a stream, a VMM handle, or with MT_MEM_AUX_DEREF
+ * the pitch a pitched allocation writes back).
  */
 #define MT_CK_API_SHIFT 0
 #define MT_CK_BYTES_SHIFT 16
@@ -56,6 +79,9 @@ enum mt_dirsrc {
 #define MT_CK_DIRARG_SHIFT 28
 #define MT_CK_STREAM_SHIFT 32
 #define MT_CK_LAYER_SHIFT 36
+#define MT_CK_FAMILY_SHIFT 37
+#define MT_CK_DST_SHIFT 40
+#define MT_CK_SRC_SHIFT 44
 #define MT_CK_NIBBLE 0xfULL
 
 /* CUDA_MEMCPY2D (cuda.h, 64-bit): the offsets BPF reads. The struct is
@@ -65,6 +91,34 @@ enum mt_dirsrc {
 #define MT_M2D_WIDTH_OFF 112
 #define MT_M2D_HEIGHT_OFF 120
 #define MT_M2D_SIZE 128
+#define MT_M2D_SRC_HOST_OFF 24
+#define MT_M2D_SRC_DEVICE_OFF 32
+#define MT_M2D_DST_HOST_OFF 80
+#define MT_M2D_DST_DEVICE_OFF 88
+
+/* CUDA_MEMCPY3D (cuda.h, 64-bit): 200 bytes; WidthInBytes is in bytes. */
+#define MT_M3D_SRC_MEMTYPE_OFF 32
+#define MT_M3D_SRC_HOST_OFF 40
+#define MT_M3D_SRC_DEVICE_OFF 48
+#define MT_M3D_DST_MEMTYPE_OFF 120
+#define MT_M3D_DST_HOST_OFF 128
+#define MT_M3D_DST_DEVICE_OFF 136
+#define MT_M3D_WIDTH_OFF 176
+#define MT_M3D_HEIGHT_OFF 184
+#define MT_M3D_DEPTH_OFF 192
+#define MT_M3D_SIZE 200
+
+/* struct cudaMemcpy3DParms (cuda_runtime_api.h, 64-bit): 160 bytes. The
+ * extent's width is in bytes when no CUDA array takes part. */
+#define MT_P3D_SRC_ARRAY_OFF 0
+#define MT_P3D_SRC_PTR_OFF 32
+#define MT_P3D_DST_ARRAY_OFF 64
+#define MT_P3D_DST_PTR_OFF 96
+#define MT_P3D_WIDTH_OFF 128
+#define MT_P3D_HEIGHT_OFF 136
+#define MT_P3D_DEPTH_OFF 144
+#define MT_P3D_KIND_OFF 152
+#define MT_P3D_SIZE 160
 
 /* CUmemorytype */
 #define MT_CU_MEMORYTYPE_HOST 1
@@ -74,16 +128,17 @@ enum mt_dirsrc {
 
 /* Agent health counters, one slot each in the per-CPU `stats` array. */
 enum mt_stat {
-	MT_STAT_EVENTS = 0,        /* copy events queued on the ring */
-	MT_STAT_DROPPED = 1,       /* copy events lost: ring full (totals still exact) */
-	MT_STAT_TOTALS_FULL = 2,   /* copies not in totals: totals map full */
+	MT_STAT_EVENTS = 0,        /* events queued on the ring */
+	MT_STAT_DROPPED = 1,       /* events lost: ring full (counted in `lost`) */
+	MT_STAT_TOTALS_FULL = 2,   /* events lost and not counted: `lost` map full */
 	MT_STAT_INFLIGHT_FULL = 3, /* copies not measured: in-flight map full */
 	MT_STAT_NESTED = 4,        /* driver calls inside a runtime call (not counted twice) */
 	MT_STAT_ABANDONED = 5,     /* calls whose thread exited before returning */
 	MT_STAT_HOLDS = 6,         /* processes held while their CUDA library was attached */
 	MT_STAT_HOLD_MISSED = 7,   /* could not hold: control ring full */
 	MT_STAT_CTL_DROPPED = 8,   /* control events lost (exit notices) */
-	MT_STAT_COUNT = 9,
+	MT_STAT_COUNTS_FULL = 9,   /* launches not counted: `counts` map full */
+	MT_STAT_COUNT = 10,
 };
 
 /* Control events: what user space must act on. */
@@ -99,6 +154,8 @@ struct mt_totals_key {
 	__u8 pad;
 };
 
+/* Calls whose event the ring could not take (`lost`), keyed like the
+ * events: user space adds them to what it counted, so totals stay exact. */
 struct mt_totals {
 	__u64 calls;
 	__u64 bytes; /* bytes of successful calls only */
@@ -106,12 +163,14 @@ struct mt_totals {
 	__u64 duration_ns; /* sum over all calls */
 };
 
-/* One completed copy call, queued on the `events` ring. */
+/* One completed call, queued on the `events` ring. */
 struct mt_event {
 	__u64 ts_ns;       /* entry, CLOCK_MONOTONIC */
 	__u64 duration_ns; /* entry to return */
-	__u64 bytes;       /* requested bytes (moved only if ret == 0) */
-	__u64 stream;
+	__u64 bytes;       /* copy: requested bytes (moved only if ret == 0); mem: size */
+	__u64 stream;      /* copy, sync: stream or event; mem: the auxiliary argument */
+	__u64 dst;         /* copy: destination pointer; mem: the address or handle */
+	__u64 src;         /* copy: source pointer */
 	__u32 pid;
 	__u32 tid;
 	__s32 ret;

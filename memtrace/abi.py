@@ -39,6 +39,18 @@ class DirSrc(enum.IntEnum):
     FIXED = 0
     KIND = 1
     DESC2D = 2
+    DESC3D = 3
+    PARMS3D = 4
+
+
+class Family(enum.IntEnum):
+    COPY = 0
+    MEM = 1
+    SYNC = 2
+    LAUNCH = 3
+
+
+MEM_AUX_DEREF = 0x1
 
 
 class Stat(enum.IntEnum):
@@ -51,9 +63,10 @@ class Stat(enum.IntEnum):
     HOLDS = 6
     HOLD_MISSED = 7
     CTL_DROPPED = 8
+    COUNTS_FULL = 9
 
 
-STAT_COUNT = 9
+STAT_COUNT = 10
 
 
 class CtlType(enum.IntEnum):
@@ -68,12 +81,40 @@ CK_DIRSRC_SHIFT = 24
 CK_DIRARG_SHIFT = 28
 CK_STREAM_SHIFT = 32
 CK_LAYER_SHIFT = 36
+CK_FAMILY_SHIFT = 37
+CK_DST_SHIFT = 40
+CK_SRC_SHIFT = 44
 
 M2D_SRC_MEMTYPE_OFF = 16
 M2D_DST_MEMTYPE_OFF = 72
 M2D_WIDTH_OFF = 112
 M2D_HEIGHT_OFF = 120
 M2D_SIZE = 128
+M2D_SRC_HOST_OFF = 24
+M2D_SRC_DEVICE_OFF = 32
+M2D_DST_HOST_OFF = 80
+M2D_DST_DEVICE_OFF = 88
+
+M3D_SRC_MEMTYPE_OFF = 32
+M3D_SRC_HOST_OFF = 40
+M3D_SRC_DEVICE_OFF = 48
+M3D_DST_MEMTYPE_OFF = 120
+M3D_DST_HOST_OFF = 128
+M3D_DST_DEVICE_OFF = 136
+M3D_WIDTH_OFF = 176
+M3D_HEIGHT_OFF = 184
+M3D_DEPTH_OFF = 192
+M3D_SIZE = 200
+
+P3D_SRC_ARRAY_OFF = 0
+P3D_SRC_PTR_OFF = 32
+P3D_DST_ARRAY_OFF = 64
+P3D_DST_PTR_OFF = 96
+P3D_WIDTH_OFF = 128
+P3D_HEIGHT_OFF = 136
+P3D_DEPTH_OFF = 144
+P3D_KIND_OFF = 152
+P3D_SIZE = 160
 
 
 class TotalsKey(ctypes.Structure):
@@ -110,13 +151,15 @@ class InodeKey(ctypes.Structure):
     _fields_ = [("dev", ctypes.c_uint64), ("ino", ctypes.c_uint64)]
 
 
-# struct mt_event, decoded in batches.
+# struct mt_event, decoded in batches (64 bytes).
 EVENT_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"),
         ("duration_ns", "<u8"),
         ("bytes", "<u8"),
         ("stream", "<u8"),
+        ("dst", "<u8"),
+        ("src", "<u8"),
         ("pid", "<u4"),
         ("tid", "<u4"),
         ("ret", "<i4"),

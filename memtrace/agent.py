@@ -29,9 +29,14 @@ DRAIN_INTERVAL_S = 0.005
 
 class Agent:
     def __init__(self, opts: Options) -> None:
-        self.model = Model()
+        # `memtrace run` traces a command from its first instruction: every
+        # process is seen whole. Otherwise only those that start once the
+        # probes are live are (set in start()), and those held at load.
+        self.model = Model(complete_after_ns=None if opts.only_traced else 2**63)
         self.libraries: list[Attachment] = []
-        self.source = BpfSource(opts, self._on_events, self._on_exit, self.libraries.append)
+        self.source = BpfSource(
+            opts, self._on_events, self._on_exit, self.libraries.append, on_held=self.model.mark_complete
+        )
 
     def _on_events(self, batch: np.ndarray) -> None:
         self.model.add_events(batch)
@@ -45,14 +50,19 @@ class Agent:
         except BaseException:
             self.source.close()
             raise
+        if self.model.complete_after_ns is not None:
+            # /proc start times have clock-tick resolution: one tick of margin.
+            self.model.complete_after_ns = time.time_ns() + 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
     def poll(self) -> int:
         return self.source.poll()
 
     def sync_totals(self) -> None:
-        """Copy the kernel's exact totals into the model."""
-        for k, v in self.source.totals():
-            self.model.set_totals(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
+        """Copy what the kernel counts (launches, calls lost from the ring) into the model."""
+        for k, v in self.source.lost():
+            self.model.set_lost(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
+        for k, n in self.source.counts():
+            self.model.set_launches(k.pid, k.api, n)
 
     def forget(self, pid: int) -> None:
         """Drop a process's state here and in the kernel's totals."""

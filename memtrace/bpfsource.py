@@ -101,10 +101,18 @@ class Probe:
     symbol: str
     offset: int  # file offset of the function
     cookie: int
+    needs_return: bool = True
+
+    @property
+    def programs(self) -> tuple[tuple[str, bool], ...]:
+        """(program, is return probe) pairs to attach at this offset."""
+        if self.needs_return:
+            return (("mt_enter", False), ("mt_return", True))
+        return (("mt_launch", False),)
 
 
 def probe_plan(path: str, layer: Layer) -> list[Probe]:
-    """The probes for one file: each copy symbol of `layer` it defines, one
+    """The probes for one file: each probed symbol of `layer` it defines, one
     per code address (aliases of one function would count a call twice)."""
     table = apis.apis_for(layer)
     with open(path, "rb") as f:
@@ -112,7 +120,7 @@ def probe_plan(path: str, layer: Layer) -> list[Probe]:
     by_offset: dict[int, str] = {}
     for sym in sorted(offsets, key=lambda s: (table[s].id, s != table[s].name, s)):
         by_offset.setdefault(offsets[sym], sym)
-    return [Probe(sym, off, table[sym].cookie()) for off, sym in sorted(by_offset.items())]
+    return [Probe(sym, off, table[sym].cookie(), table[sym].needs_return) for off, sym in sorted(by_offset.items())]
 
 
 @dataclass
@@ -201,11 +209,13 @@ class BpfSource:
         on_events: Callable[[np.ndarray], None],
         on_exit: Callable[[int], None] = lambda pid: None,
         on_library: Callable[[Attachment], None] = lambda a: None,
+        on_held: Callable[[int], None] = lambda pid: None,
     ) -> None:
         self.opts = opts
         self.on_events = on_events
         self.on_exit = on_exit
         self.on_library = on_library
+        self.on_held = on_held
         self.attachments: dict[discovery.FileId, Attachment] = {}
         self._checked_executables: set[discovery.FileId] = set()
         self._chunks: list[bytes] = []
@@ -235,7 +245,7 @@ class BpfSource:
         if not self.opts.hold_libraries:
             obj.set_autoload("mt_mmap", False)
         obj.load()
-        self.maps = {n: obj.map(n) for n in ("totals", "stats", "traced", "attached", "held", "inflight")}
+        self.maps = {n: obj.map(n) for n in ("lost", "counts", "stats", "traced", "attached", "held", "inflight")}
         # Fork the guardian before any link exists, so it never keeps a
         # probe alive after the agent is gone.
         self.guardian = Guardian(self.maps["held"])
@@ -309,14 +319,14 @@ class BpfSource:
             return None
         if not plan:
             if cand.layer is not None:
-                log.warning("%s exports no CUDA copy symbols; not attached", cand.name)
+                log.warning("%s exports none of the CUDA symbols memtrace probes; not attached", cand.name)
             return None
         att = Attachment(cand.fid, cand.name, layer, {p.symbol: p.offset for p in plan})
         assert self.obj is not None
         try:
             for p in plan:
-                att.links.append(self.obj.attach_uprobe("mt_copy_enter", cand.path, p.offset, p.cookie, False))
-                att.links.append(self.obj.attach_uprobe("mt_copy_return", cand.path, p.offset, p.cookie, True))
+                for prog, ret in p.programs:
+                    att.links.append(self.obj.attach_uprobe(prog, cand.path, p.offset, p.cookie, ret))
         except AttachError as e:
             att.close()
             log.warning("%s (pid %d) vanished while attaching: %s", cand.name, cand.pid, e.message)
@@ -382,6 +392,7 @@ class BpfSource:
                 log.warning("pid %d: %s", ev.pid, e)
             finally:
                 if ev.held:
+                    self.on_held(ev.pid)  # nothing of it ran before its probes
                     self._release(ev.pid)
         elif ev.type == CtlType.EXIT:
             self.on_exit(ev.pid)
@@ -397,8 +408,9 @@ class BpfSource:
 
     # ---- maps ----
 
-    def totals(self) -> list[tuple[TotalsKey, Totals]]:
-        m = self.maps["totals"]
+    def lost(self) -> list[tuple[TotalsKey, Totals]]:
+        """Calls the events ring could not take, counted by the kernel."""
+        m = self.maps["lost"]
         out = []
         for k in m.keys(TotalsKey):
             v = Totals()
@@ -406,11 +418,22 @@ class BpfSource:
                 out.append((k, v))
         return out
 
+    def counts(self) -> list[tuple[TotalsKey, int]]:
+        """Launches per (pid, api), counted by the kernel."""
+        m = self.maps["counts"]
+        out = []
+        for k in m.keys(TotalsKey):
+            v = ctypes.c_uint64()
+            if m.lookup(k, v):
+                out.append((k, v.value))
+        return out
+
     def forget_pid(self, pid: int) -> None:
-        m = self.maps["totals"]
-        for k in list(m.keys(TotalsKey)):
-            if k.pid == pid:
-                m.delete(k)
+        for name in ("lost", "counts"):
+            m = self.maps[name]
+            for k in list(m.keys(TotalsKey)):
+                if k.pid == pid:
+                    m.delete(k)
 
     def stats(self) -> dict[Stat, int]:
         ncpu = Libbpf.get().lib.libbpf_num_possible_cpus()

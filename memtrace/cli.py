@@ -7,9 +7,10 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -127,38 +128,63 @@ def top(
     from .report import human_bytes
 
     console = Console()
-    prev: dict[int, tuple[int, int]] = {}
+    prev: dict[int, tuple[int, int, int]] = {}
 
-    def render(dt: float) -> Table:
-        t = Table(title=f"memtrace top: CUDA copies per process (every {interval:g}s)", title_justify="left")
-        for c in ("pid", "process", "calls", "bytes", "errors", "calls/s", "bytes/s", "h2d", "d2h", "d2d"):
+    def render(dt: float) -> Group:
+        from .findings import compute
+        from .model import HostMemory
+
+        model = agent.model
+        t = Table(title=f"memtrace top: CUDA processes (every {interval:g}s)", title_justify="left")
+        cols = ("pid", "process", "copies/s", "bytes/s", "bytes", "h2d", "pageable h2d", "d2h", "d2d", "errors")
+        for c in (*cols, "dev mem", "sync wait", "launches/s"):
             t.add_column(c, justify="left" if c == "process" else "right")
-        per: dict[int, dict[str, int]] = {}
-        for (pid, _api, d), st in agent.model.copies.items():
-            p = per.setdefault(pid, {"calls": 0, "bytes": 0, "errors": 0, 1: 0, 2: 0, 3: 0})
+        per: dict[int, dict[Any, int]] = {}
+        for (pid, _api, d, host), st in model.copy_view().items():
+            p = per.setdefault(pid, {"calls": 0, "bytes": 0, "errors": 0, 1: 0, 2: 0, 3: 0, "pageable": 0})
             p["calls"] += st.calls
             p["bytes"] += st.bytes
             p["errors"] += st.errors
             if d in (1, 2, 3):
                 p[d] += st.bytes
-        for pid, p in sorted(per.items(), key=lambda kv: -kv[1]["bytes"]):
-            pc, pb = prev.get(pid, (p["calls"], p["bytes"]))
-            proc = agent.model.processes.get(pid)
+            if d == 1 and host == HostMemory.PAGEABLE:
+                p["pageable"] += st.bytes
+        waits: dict[int, int] = {}
+        for (pid, _api), st in model.sync_view().items():
+            waits[pid] = waits.get(pid, 0) + st.duration_ns
+        launches: dict[int, int] = {}
+        for (pid, _api), n in model.launches.items():
+            launches[pid] = launches.get(pid, 0) + n
+        empty = {"calls": 0, "bytes": 0, "errors": 0, 1: 0, 2: 0, 3: 0, "pageable": 0}
+        shown = set(per) | set(waits) | set(launches)
+        shown |= {pid for pid, pr in model.processes.items() if pr.memory.allocations}
+        for pid in sorted(shown, key=lambda q: -per.get(q, empty)["bytes"]):
+            p = per.get(pid, empty)
+            pc, pb, pl = prev.get(pid, (p["calls"], p["bytes"], launches.get(pid, 0)))
+            proc = model.processes.get(pid)
             name = (proc.name if proc else "") + (" (exited)" if proc and proc.exited else "")
+            wall = proc.wall_ns() if proc else 0
             t.add_row(
                 str(pid),
                 name,
-                f"{p['calls']:,}",
-                human_bytes(p["bytes"]),
-                str(p["errors"]),
                 f"{(p['calls'] - pc) / dt:,.0f}",
                 human_bytes((p["bytes"] - pb) / dt) + "/s",
+                human_bytes(p["bytes"]),
                 human_bytes(p[1]),
+                f"{p['pageable'] / p[1]:.0%}" if p[1] else "",
                 human_bytes(p[2]),
                 human_bytes(p[3]),
+                str(p["errors"]) if p["errors"] else "",
+                human_bytes(proc.memory.in_use_bytes) if proc and proc.memory.allocations else "",
+                f"{waits[pid] / wall:.0%}" if pid in waits and wall else "",
+                f"{(launches.get(pid, 0) - pl) / dt:,.0f}" if pid in launches else "",
             )
-            prev[pid] = (p["calls"], p["bytes"])
-        return t
+            prev[pid] = (p["calls"], p["bytes"], launches.get(pid, 0))
+        notes = [
+            f"[bold yellow]finding[/bold yellow] ({f.process or f.pid}): {f.summary}. [bold]fix[/bold]: {f.fix}"
+            for f in compute(model)
+        ]
+        return Group(t, *notes)
 
     try:
         with Agent(Options()) as agent:

@@ -1,12 +1,19 @@
-"""The domain model: processes, copy totals and duration histograms.
+"""The domain model: processes, their copies, device memory, waits and
+launches, built from the kernel's event batches.
 
-Totals (calls, bytes, errors) come from the kernel's maps and are exact;
-durations come from the events, so a lost event affects a histogram, never
-a total. Nothing here knows of ctypes, BPF or OTLP.
+Every completed call is one event; a call whose event the ring could not
+take is counted by the kernel (`lost`) and added here under host memory
+"unknown", so totals stay exact. Launches are counted in the kernel.
+
+Host memory and unified directions are decided here, in ring order: each
+process has an address book of the ranges its own calls made pinned,
+managed or device memory, and a copy's pointers are looked up in it as it
+stood when the copy returned. Nothing here knows of ctypes, BPF or OTLP.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,10 +22,27 @@ from pathlib import Path
 import numpy as np
 
 from . import apis, resources
-from .abi import Direction, Layer
+from .abi import Direction, Family, Layer
+from .apis import MemOp
 from .histogram import ExpHistogram
 
-CopyKey = tuple[int, int, int]  # pid, api id, direction
+
+class HostMemory(enum.IntEnum):
+    NONE = 0  # the copy touches no host memory (d2d, peer)
+    PINNED = 1  # page-locked: cudaHostAlloc, cudaMallocHost, cudaHostRegister and driver twins
+    PAGEABLE = 2  # ordinary host memory
+    MANAGED = 3  # cudaMallocManaged / cuMemAllocManaged
+    UNKNOWN = 4  # not decidable: the process ran before memtrace, or its event was lost
+
+    @property
+    def label(self) -> str | None:
+        return None if self is HostMemory.NONE else self.name.lower()
+
+
+# What an address book says of a pointer.
+_UNTRACKED, _DEVICE, _PINNED, _MANAGED = 0, 1, 2, 3
+
+CopyKey = tuple[int, int, int, int]  # pid, api id, direction, host memory
 
 
 @dataclass
@@ -27,9 +51,89 @@ class CopyStats:
     bytes: int = 0
     errors: int = 0
     duration_ns: int = 0
-    events: int = 0  # events received for this key (calls - events were dropped)
-    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds, every call
-    sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes, successful calls
+    events: int = 0  # calls seen as events (the rest were lost from the ring)
+    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds, every call seen
+    sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes, successful calls seen
+
+
+@dataclass
+class SyncStats:
+    calls: int = 0
+    errors: int = 0
+    duration_ns: int = 0
+    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
+
+
+@dataclass
+class DeviceMemory:
+    """Device memory a process allocated through the calls memtrace sees:
+    device, pitched, stream-ordered and managed allocations, and physical
+    memory created for VMM mappings."""
+
+    allocations: int = 0
+    allocated_bytes: int = 0
+    frees: int = 0
+    freed_bytes: int = 0
+    unknown_frees: int = 0  # frees of addresses or handles memtrace never saw allocated
+    failed_allocations: int = 0
+    in_use_bytes: int = 0
+    peak_bytes: int = 0
+    sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes per allocation
+    live: dict[tuple[int, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
+    # For the leak signal: when memory was last given back, and how much was in use then.
+    last_free_ns: int = 0
+    in_use_at_last_free: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.live)
+
+
+class AddressBook:
+    """Ranges a process's own calls made device, pinned or managed memory."""
+
+    def __init__(self) -> None:
+        self.ranges: dict[int, tuple[int, int]] = {}  # start -> (end, what)
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.pinned_bytes = 0
+
+    def add(self, start: int, size: int, what: int) -> None:
+        end = start + max(size, 1)
+        # A range we missed the end of (a lost event) gives way to a new one.
+        for s in [s for s, (e, _) in self.ranges.items() if s < end and e > start]:
+            self._drop(s)
+        self.ranges[start] = (end, what)
+        if what == _PINNED:
+            self.pinned_bytes += end - start
+        self._arrays = None
+
+    def remove(self, start: int) -> bool:
+        if start not in self.ranges:
+            return False
+        self._drop(start)
+        return True
+
+    def _drop(self, start: int) -> None:
+        end, what = self.ranges.pop(start)
+        if what == _PINNED:
+            self.pinned_bytes -= end - start
+        self._arrays = None
+
+    def lookup(self, ptrs: np.ndarray) -> np.ndarray:
+        """What each pointer is: _UNTRACKED, _DEVICE, _PINNED or _MANAGED."""
+        if not self.ranges:
+            return np.zeros(len(ptrs), np.uint8)
+        if self._arrays is None:
+            starts = np.array(sorted(self.ranges), dtype=np.uint64)
+            ends = np.array([self.ranges[s][0] for s in starts.tolist()], dtype=np.uint64)
+            whats = np.array([self.ranges[s][1] for s in starts.tolist()], dtype=np.uint8)
+            self._arrays = (starts, ends, whats)
+        starts, ends, whats = self._arrays
+        i = np.searchsorted(starts, ptrs, side="right") - 1
+        ok = i >= 0
+        j = np.where(ok, i, 0)
+        inside = ok & (ptrs < ends[j])
+        return np.where(inside, whats[j], _UNTRACKED).astype(np.uint8)
 
 
 @dataclass
@@ -40,7 +144,13 @@ class Process:
     first_seen_ns: int = field(default_factory=time.time_ns)
     start_ns: int = 0  # when the process started (0: unknown)
     exited: bool = False
+    exited_ns: int = 0
     attributes: dict[str, str | int] = field(default_factory=dict)  # OTLP resource
+    # Seen from before its first CUDA call: an untracked host pointer is pageable.
+    complete: bool = False
+    memory: DeviceMemory = field(default_factory=DeviceMemory)
+    book: AddressBook = field(default_factory=AddressBook)
+    lost_memory_calls: int = 0  # memory calls whose event was lost: the book may be incomplete
 
     @classmethod
     def probe(cls, pid: int) -> Process:
@@ -57,6 +167,12 @@ class Process:
         p.attributes = resources.process_attributes(pid, p.name, p.exe)
         p.start_ns = process_start_ns(pid)
         return p
+
+    def wall_ns(self, now_ns: int | None = None, since_ns: int = 0) -> int:
+        """How long memtrace has watched this process."""
+        start = max(self.start_ns or self.first_seen_ns, since_ns)
+        end = self.exited_ns or (now_ns if now_ns is not None else time.time_ns())
+        return max(end - start, 0)
 
 
 _BOOT_NS: int | None = None
@@ -76,69 +192,305 @@ def process_start_ns(pid: int) -> int:
         return 0
 
 
+# Per-api lookup tables for vectorised decoding.
+_FAMILY = np.full(1 << 16, Family.COPY, np.uint8)  # an id this version does not know: kept as a copy
+for _a in apis.APIS:
+    _FAMILY[_a.id] = int(_a.family)
+_H2H, _H2D, _D2H, _D2D, _DEF = (
+    int(d) for d in (Direction.H2H, Direction.H2D, Direction.D2H, Direction.D2D, Direction.DEFAULT)
+)
+
+
+def _exact_sum(v: np.ndarray) -> int:
+    """Sum of u64 values without wrapping (numpy's sum wraps at 2**64)."""
+    if len(v) == 0:
+        return 0
+    if int(v.max()) < (1 << 64) // max(len(v), 1):
+        return int(v.sum(dtype=np.uint64))
+    return sum(v.tolist())
+
+
+def _host_kind(what: np.ndarray, complete: bool) -> np.ndarray:
+    """A pointer's host memory kind; device memory where host memory was named is unknown."""
+    out = np.full(len(what), HostMemory.UNKNOWN, np.uint8)
+    out[what == _PINNED] = HostMemory.PINNED
+    out[what == _MANAGED] = HostMemory.MANAGED
+    if complete:
+        out[what == _UNTRACKED] = HostMemory.PAGEABLE
+    return out
+
+
 class Model:
-    def __init__(self) -> None:
+    def __init__(self, complete_after_ns: int | None = None) -> None:
         self.copies: dict[CopyKey, CopyStats] = {}
+        self.syncs: dict[tuple[int, int], SyncStats] = {}
+        self.launches: dict[tuple[int, int], int] = {}  # (pid, api) -> launches, from the kernel
+        self.lost: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # from the kernel
         self.processes: dict[int, Process] = {}
         self.events = 0
+        # A process that started after this (wall clock) was traced from its
+        # first CUDA call; None: every process is (`memtrace run`).
+        self.complete_after_ns = complete_after_ns
 
     def _process(self, pid: int) -> Process:
         p = self.processes.get(pid)
         if p is None:
             p = self.processes[pid] = Process.probe(pid)
+            after = self.complete_after_ns
+            p.complete = after is None or (p.start_ns > 0 and p.start_ns > after)
         return p
 
+    def mark_complete(self, pid: int) -> None:
+        """The process was held before its CUDA library ran: nothing was missed."""
+        self._process(pid).complete = True
+
+    # ---- events ----
+
     def add_events(self, batch: np.ndarray) -> None:
-        """Fold a batch of decoded mt_event records into the histograms."""
+        """Fold a batch of decoded mt_event records, in ring order."""
         if len(batch) == 0:
             return
         self.events += len(batch)
+        fam = _FAMILY[batch["api"]]
+        mem = np.flatnonzero(fam == Family.MEM)
+        start = 0
+        # Memory calls change the address books: copies between two of
+        # them are classified together, against the books as they stand.
+        for i in mem.tolist():
+            if i > start:
+                self._add_calls(batch[start:i], fam[start:i])
+            self._memory_call(batch[i])
+            start = i + 1
+        if start < len(batch):
+            self._add_calls(batch[start:], fam[start:])
+
+    def _add_calls(self, b: np.ndarray, fam: np.ndarray) -> None:
+        copies = fam == Family.COPY
+        if copies.all():
+            self._add_copies(b)
+        else:
+            if copies.any():
+                self._add_copies(b[copies])
+            syncs = fam == Family.SYNC
+            if syncs.any():
+                self._add_syncs(b[syncs])
+
+    def _classify(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(direction, host memory) of each copy: unified directions resolved
+        from the pointers, the host side's kind from the address book."""
+        direction = b["direction"].copy()
+        host = np.zeros(len(b), np.uint8)
+        pids = b["pid"]
+        uniq = np.unique(pids).tolist()
+        for pid in uniq:
+            sel = pids == pid if len(uniq) > 1 else slice(None)
+            proc = self._process(pid)
+            d = direction[sel]
+            src_what = proc.book.lookup(b["src"][sel])
+            dst_what = proc.book.lookup(b["dst"][sel])
+            src_kind = _host_kind(src_what, proc.complete)
+            dst_kind = _host_kind(dst_what, proc.complete)
+            # No address (an array, or a descriptor side left empty): not host memory we can name.
+            src_kind[b["src"][sel] == 0] = HostMemory.UNKNOWN
+            dst_kind[b["dst"][sel] == 0] = HostMemory.UNKNOWN
+            # Unified copies: from what both pointers are, or left as default.
+            dflt = d == _DEF
+            if dflt.any():
+                s_dev, d_dev = src_what == _DEVICE, dst_what == _DEVICE
+                s_host = (src_kind == HostMemory.PINNED) | (src_kind == HostMemory.PAGEABLE)
+                d_host = (dst_kind == HostMemory.PINNED) | (dst_kind == HostMemory.PAGEABLE)
+                r = np.full(len(d), _DEF, np.uint8)
+                r[s_host & d_dev] = _H2D
+                r[s_dev & d_host] = _D2H
+                r[s_dev & d_dev] = _D2D
+                r[s_host & d_host] = _H2H
+                d = np.where(dflt, r, d)
+                direction[sel] = d
+            h = np.full(len(d), HostMemory.NONE, np.uint8)
+            from_src = (d == _H2D) | (d == _H2H)
+            h[from_src] = src_kind[from_src]
+            to_dst = d == _D2H
+            h[to_dst] = dst_kind[to_dst]
+            unresolved = d == _DEF
+            managed = (src_kind == HostMemory.MANAGED) | (dst_kind == HostMemory.MANAGED)
+            h[unresolved] = np.where(managed[unresolved], HostMemory.MANAGED, HostMemory.UNKNOWN)
+            host[sel] = h
+        return direction, host
+
+    def _add_copies(self, b: np.ndarray) -> None:
+        direction, host = self._classify(b)
         keys = (
-            batch["pid"].astype(np.uint64) << np.uint64(24)
-            | batch["api"].astype(np.uint64) << np.uint64(8)
-            | batch["direction"].astype(np.uint64)
+            b["pid"].astype(np.uint64) << np.uint64(32)
+            | b["api"].astype(np.uint64) << np.uint64(16)
+            | direction.astype(np.uint64) << np.uint64(8)
+            | host.astype(np.uint64)
         )
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
-        durations = batch["duration_ns"][order].astype(np.float64) * 1e-9
-        ok = batch["ret"][order] == 0
-        sizes = batch["bytes"][order].astype(np.float64)
+        dur_ns = b["duration_ns"][order]
+        durations = dur_ns.astype(np.float64) * 1e-9
+        ok = b["ret"][order] == 0
+        nbytes = b["bytes"][order]
+        sizes = nbytes.astype(np.float64)
         uniq, starts = np.unique(keys, return_index=True)
         ends = np.append(starts[1:], len(keys))
         for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
-            key = (k >> 24, (k >> 8) & 0xFFFF, k & 0xFF)
+            key = (k >> 32, (k >> 16) & 0xFFFF, (k >> 8) & 0xFF, k & 0xFF)
             st = self.copies.get(key)
             if st is None:
                 st = self.copies[key] = CopyStats()
                 self._process(key[0])
-            st.events += e - s
+            okk = ok[s:e]
+            n = e - s
+            st.calls += n
+            st.events += n
+            st.errors += n - int(okk.sum())
+            st.bytes += _exact_sum(nbytes[s:e][okk])
+            st.duration_ns += _exact_sum(dur_ns[s:e])
             st.durations.add(durations[s:e])
-            st.sizes.add(sizes[s:e][ok[s:e]])
+            st.sizes.add(sizes[s:e][okk])
 
-    def set_totals(self, pid: int, api: int, direction: int, calls: int, nbytes: int, errors: int, dur: int) -> None:
-        key = (pid, api, direction)
-        st = self.copies.get(key)
-        if st is None:
-            st = self.copies[key] = CopyStats()
-            self._process(pid)
-        st.calls, st.bytes, st.errors, st.duration_ns = calls, nbytes, errors, dur
+    def _add_syncs(self, b: np.ndarray) -> None:
+        for pid, api in {(int(p), int(a)) for p, a in zip(b["pid"].tolist(), b["api"].tolist(), strict=True)}:
+            sel = (b["pid"] == pid) & (b["api"] == api)
+            st = self.syncs.get((pid, api))
+            if st is None:
+                st = self.syncs[(pid, api)] = SyncStats()
+                self._process(pid)
+            d = b["duration_ns"][sel]
+            st.calls += len(d)
+            st.errors += int((b["ret"][sel] != 0).sum())
+            st.duration_ns += _exact_sum(d)
+            st.durations.add(d.astype(np.float64) * 1e-9)
+
+    def _memory_call(self, ev: np.void) -> None:
+        api = apis.BY_ID[int(ev["api"])]
+        proc = self._process(int(ev["pid"]))
+        mem, book = proc.memory, proc.book
+        ok = int(ev["ret"]) == 0
+        addr, size = int(ev["dst"]), int(ev["bytes"])
+        now = time.time_ns()
+        op = api.op
+        if op in (MemOp.DEVICE_ALLOC, MemOp.MANAGED_ALLOC, MemOp.VMM_CREATE):
+            if not ok:
+                mem.failed_allocations += 1
+                return
+            if api.mem_flags:  # pitched: pitch x height
+                size *= int(ev["stream"])
+            kind = 1 if op == MemOp.VMM_CREATE else 0
+            if (kind, addr) in mem.live:  # its free was lost: do not count it twice
+                mem.in_use_bytes -= mem.live.pop((kind, addr))
+            mem.live[(kind, addr)] = size
+            mem.allocations += 1
+            mem.allocated_bytes += size
+            mem.in_use_bytes += size
+            mem.peak_bytes = max(mem.peak_bytes, mem.in_use_bytes)
+            mem.sizes.add(np.array([size], dtype=np.float64))
+            if op != MemOp.VMM_CREATE:
+                book.add(addr, size, _MANAGED if op == MemOp.MANAGED_ALLOC else _DEVICE)
+        elif op in (MemOp.DEVICE_FREE, MemOp.VMM_RELEASE):
+            if not ok or (addr == 0 and op == MemOp.DEVICE_FREE):  # cudaFree(NULL) frees nothing
+                return
+            kind = 1 if op == MemOp.VMM_RELEASE else 0
+            size = mem.live.pop((kind, addr), -1)
+            if size < 0:
+                mem.unknown_frees += 1
+                return
+            mem.frees += 1
+            mem.freed_bytes += size
+            mem.in_use_bytes -= size
+            mem.last_free_ns = now
+            mem.in_use_at_last_free = mem.in_use_bytes
+            if op == MemOp.DEVICE_FREE:
+                book.remove(addr)
+        elif op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER):
+            if ok:
+                book.add(addr, size, _PINNED)
+        elif op in (MemOp.HOST_FREE, MemOp.HOST_UNREGISTER):
+            if ok:
+                book.remove(addr)
+        elif op == MemOp.VMM_MAP:
+            if ok:
+                book.add(addr, size, _DEVICE)
+        elif op == MemOp.VMM_UNMAP:
+            if ok:
+                book.remove(addr)
+
+    # ---- what the kernel counts ----
+
+    def set_lost(self, pid: int, api: int, direction: int, calls: int, nbytes: int, errors: int, dur: int) -> None:
+        self.lost[(pid, api, direction)] = (calls, nbytes, errors, dur)
+        a = apis.BY_ID.get(api)
+        proc = self._process(pid)
+        if a is not None and a.family == Family.MEM:
+            proc.lost_memory_calls = sum(
+                v[0] for k, v in self.lost.items() if k[0] == pid and apis.BY_ID[k[1]].family == Family.MEM
+            )
+
+    def set_launches(self, pid: int, api: int, count: int) -> None:
+        self.launches[(pid, api)] = count
+        self._process(pid)
+
+    # ---- views ----
+
+    def copy_view(self) -> dict[CopyKey, CopyStats]:
+        """Every copy key with its exact totals: what the events said, plus the
+        calls whose events were lost (host memory unknown, direction as the
+        kernel saw it)."""
+        out = dict(self.copies)
+        for (pid, api, d), (calls, nbytes, errors, dur) in self.lost.items():
+            a = apis.BY_ID.get(api)
+            if a is None or a.family != Family.COPY or calls == 0:
+                continue
+            key = (pid, api, d, int(HostMemory.UNKNOWN))
+            base = out.get(key) or CopyStats()
+            merged = CopyStats(
+                base.calls + calls,
+                base.bytes + nbytes,
+                base.errors + errors,
+                base.duration_ns + dur,
+                base.events,
+                base.durations,
+                base.sizes,
+            )
+            out[key] = merged
+        return out
+
+    def sync_view(self) -> dict[tuple[int, int], SyncStats]:
+        out = dict(self.syncs)
+        for (pid, api, _d), (calls, _b, errors, dur) in self.lost.items():
+            a = apis.BY_ID.get(api)
+            if a is None or a.family != Family.SYNC or calls == 0:
+                continue
+            base = out.get((pid, api)) or SyncStats()
+            out[(pid, api)] = SyncStats(
+                base.calls + calls, base.errors + errors, base.duration_ns + dur, base.durations
+            )
+        return out
 
     def process_exited(self, pid: int) -> None:
         if pid in self.processes:
-            self.processes[pid].exited = True
+            p = self.processes[pid]
+            p.exited = True
+            p.exited_ns = p.exited_ns or time.time_ns()
 
     def forget(self, pid: int) -> None:
         self.processes.pop(pid, None)
-        for k in [k for k in self.copies if k[0] == pid]:
-            del self.copies[k]
+        for d in (self.copies, self.syncs, self.launches, self.lost):
+            for k in [k for k in d if k[0] == pid]:
+                del d[k]
 
 
-def describe(key: CopyKey) -> tuple[str, str, str, bool]:
-    """(layer, api, direction, synchronous) labels of a copy key."""
+def describe(key: CopyKey) -> tuple[str, str, str, bool, str | None]:
+    """(layer, api, direction, synchronous, host memory) labels of a copy key."""
     api = apis.BY_ID.get(key[1])
     layer = api.layer.label if api else Layer.DRIVER.label
     try:
         direction = Direction(key[2]).label
     except ValueError:
         direction = Direction.UNKNOWN.label
-    return layer, apis.api_name(key[1]), direction, bool(api and api.synchronous)
+    try:
+        host = HostMemory(key[3]).label
+    except (ValueError, IndexError):
+        host = HostMemory.UNKNOWN.label
+    return layer, apis.api_name(key[1]), direction, bool(api and api.synchronous), host

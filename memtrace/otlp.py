@@ -3,13 +3,14 @@ OpenTelemetry SDK's own OTLP exporters (HTTP/protobuf or gRPC).
 
 Values are not re-recorded through SDK instruments (one Python call per
 copy would cost more than the copy's probe): the SDK's metric data model is
-built directly from the kernel's totals and the event histograms, and the
+built directly from the exact aggregates and the event histograms, and the
 SDK exporter encodes and sends it, with its TLS, headers, compression and
 retries.
 
-Metric reference (README.md): gpu.memcpy.{bytes,calls,errors} counters,
-gpu.memcpy.duration (s) and gpu.memcpy.size (By) histograms, labelled by
-direction, api, layer and mode (sync|async); memtrace.agent.* health.
+Metric reference (README.md and METRICS below): gpu.memcpy.* copies
+labelled by direction, api, layer, mode (sync|async) and host_memory;
+gpu.sync.* waits; gpu.launches; gpu.memory.* device memory; memtrace.finding;
+memtrace.agent.* health.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from . import __version__
+from . import __version__, apis
 from .abi import Stat
 from .config import HistogramKind, Protocol, PushConfig, Temporality
+from .findings import Finding, Thresholds
+from .findings import compute as compute_findings
 from .histogram import ExpHistogram
-from .model import CopyKey, Model, describe
+from .model import Model, describe
 
 log = logging.getLogger("memtrace.otlp")
 
@@ -55,6 +58,45 @@ MAX_BUCKETS = 160  # OTel's default exponential bucket budget
 # too, so counts are exact: 2**(k/4) s from ~1 us to 128 s; 2**k B to 1 TiB.
 DURATION_BOUNDS = [2.0 ** (k / 4) for k in range(-80, 29)]
 SIZE_BOUNDS = [2.0**k for k in range(0, 41)]
+
+COPY_COUNTERS = ("gpu.memcpy.calls", "gpu.memcpy.bytes", "gpu.memcpy.errors")
+SYNC_COUNTERS = ("gpu.sync.calls", "gpu.sync.wait_time")
+MEMORY_COUNTERS = (
+    "gpu.memory.allocations",
+    "gpu.memory.allocated",
+    "gpu.memory.frees",
+    "gpu.memory.freed",
+    "gpu.memory.unknown_frees",
+    "gpu.memory.failed_allocations",
+)
+# name -> (kind, description, unit): the metric reference (README.md)
+METRICS: dict[str, tuple[str, str, str]] = {
+    "gpu.memcpy.calls": ("sum", "CUDA memory copy calls", "{call}"),
+    "gpu.memcpy.bytes": ("sum", "Bytes moved by successful CUDA memory copies", "By"),
+    "gpu.memcpy.errors": ("sum", "CUDA memory copy calls that returned an error", "{call}"),
+    "gpu.memcpy.duration": ("hist", "Duration of each copy call, entry to return (async: the enqueue time)", "s"),
+    "gpu.memcpy.size": ("hist", "Bytes of each successful copy call", "By"),
+    "gpu.sync.calls": ("sum", "Synchronisation waits (stream, device, event)", "{call}"),
+    "gpu.sync.wait_time": ("sum", "Time spent blocked in synchronisation waits", "s"),
+    "gpu.sync.duration": ("hist", "Duration of each synchronisation wait", "s"),
+    "gpu.sync.wall_time_share": ("gauge", "Share of the process's wall time spent in synchronisation waits", "1"),
+    "gpu.launches": ("sum", "Kernel and graph launches, counted once across runtime and driver", "{launch}"),
+    "gpu.memory.allocations": (
+        "sum",
+        "Device memory allocations (device, pitched, async, managed, VMM)",
+        "{allocation}",
+    ),
+    "gpu.memory.allocated": ("sum", "Bytes of device memory allocated", "By"),
+    "gpu.memory.frees": ("sum", "Frees of device memory memtrace saw allocated", "{free}"),
+    "gpu.memory.freed": ("sum", "Bytes of device memory freed", "By"),
+    "gpu.memory.unknown_frees": ("sum", "Frees of addresses memtrace never saw allocated (not subtracted)", "{free}"),
+    "gpu.memory.failed_allocations": ("sum", "Device memory allocations that returned an error", "{allocation}"),
+    "gpu.memory.allocation.size": ("hist", "Bytes of each device memory allocation", "By"),
+    "gpu.memory.in_use": ("gauge", "Device memory allocated and not yet freed", "By"),
+    "gpu.memory.outstanding": ("gauge", "Device memory allocations not yet freed", "{allocation}"),
+    "gpu.memory.pinned_host": ("gauge", "Page-locked host memory allocated or registered now", "By"),
+    "memtrace.finding": ("gauge", "A finding about the process: its headline number, with summary and fix", "1"),
+}
 
 
 def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: int) -> list[int]:
@@ -72,10 +114,10 @@ def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: i
 class _Base:
     """What the last successful delta export covered, per series."""
 
-    totals: dict[CopyKey, tuple[int, int, int]] = field(default_factory=dict)
-    durations: dict[CopyKey, ExpHistogram] = field(default_factory=dict)
-    sizes: dict[CopyKey, ExpHistogram] = field(default_factory=dict)
-    time_ns: dict[CopyKey, int] = field(default_factory=dict)
+    totals: dict[Any, tuple[Any, ...]] = field(default_factory=dict)
+    durations: dict[Any, ExpHistogram] = field(default_factory=dict)
+    sizes: dict[Any, ExpHistogram] = field(default_factory=dict)
+    time_ns: dict[Any, int] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=dict)
     health_time_ns: int = 0
 
@@ -88,6 +130,65 @@ class Batch:
     rollback: Callable[[], None]
 
 
+class _Points:
+    """The points of one process's series in one export."""
+
+    def __init__(
+        self,
+        builder: MetricsBuilder,
+        new_base: _Base,
+        windows: list[tuple[ExpHistogram, tuple[float, float]]],
+        starting: list[Any],
+        now: int,
+        first_seen_ns: int,
+        series_start: int,
+    ) -> None:
+        self.b = builder
+        self.new_base = new_base
+        self.windows = windows
+        self.starting = starting
+        self.now = now
+        self.first_seen_ns = first_seen_ns
+        self.series_start = series_start
+        self.points: dict[str, list[Any]] = {}
+
+    def sums(self, key: Any, la: dict[str, Any], names: tuple[str, ...], cur: tuple[Any, ...]) -> int:
+        """Counter points for one series; returns its start time."""
+        b, now = self.b, self.now
+        if b.delta:
+            base = b.base.totals.get(key, (0,) * len(cur))
+            vals = tuple(c - p for c, p in zip(cur, base, strict=True))
+            start = b.base.time_ns.get(key, self.first_seen_ns)
+            self.new_base.totals[key] = cur
+            self.new_base.time_ns[key] = now
+        else:
+            vals, start = cur, self.series_start
+            if key not in b.started and start < now:
+                # A true zero at the start, as Prometheus' created-timestamp
+                # zeros do: a short-lived process (one push) still has a rate.
+                self.starting.append(key)
+                for name in names:
+                    self.points.setdefault(name, []).append(NumberDataPoint(la, start, start, 0))
+        for name, v in zip(names, vals, strict=True):
+            self.points.setdefault(name, []).append(NumberDataPoint(la, start, now, v))
+        return start
+
+    def hist(self, key: Any, name: str, la: dict[str, Any], h: ExpHistogram, start: int, unit: str) -> None:
+        b = self.b
+        if b.delta:
+            cur = h.minus(b.base.durations.get(key) or ExpHistogram(h.scale))
+            self.new_base.durations[key] = h.copy()
+        else:
+            cur = h
+        w = h.take_window()
+        self.windows.append((h, w))
+        bounds = (DURATION_BOUNDS, 2, -80) if unit == "s" else (SIZE_BOUNDS, 0, 0)
+        self.points.setdefault(name, []).append(b._hist_point(la, cur, w, start, self.now, *bounds))
+
+    def gauge(self, name: str, la: dict[str, Any], v: float) -> None:
+        self.points.setdefault(name, []).append(NumberDataPoint(la, self.series_start, self.now, v))
+
+
 class MetricsBuilder:
     def __init__(self, cfg: PushConfig, host: dict[str, str], start_ns: int | None = None) -> None:
         self.cfg = cfg
@@ -96,7 +197,8 @@ class MetricsBuilder:
         self.base = _Base(health_time_ns=self.start_ns)
         self.export_failures = 0
         self.unsent_processes = 0  # exited processes dropped before any push could carry them
-        self.started: set[CopyKey] = set()  # series whose zero start point was delivered
+        self.started: set[Any] = set()  # series whose zero start point was delivered
+        self.thresholds = Thresholds()
         agent_attrs: dict[str, Any] = {"service.name": "memtrace", "service.version": __version__}
         agent_attrs.update(cfg.resource_attributes)
         agent_attrs.update(host)
@@ -142,13 +244,25 @@ class MetricsBuilder:
             return Metric(name, desc, unit, Histogram(points, self._temporality()))
         return Metric(name, desc, unit, ExponentialHistogram(points, self._temporality()))
 
+    def _metric(self, name: str, points: list[Any], tmp: AggregationTemporality) -> Metric:
+        kind, desc, unit = METRICS[name]
+        if kind == "hist":
+            return self._hist_metric(name, desc, unit, points)
+        if kind == "gauge":
+            return Metric(name, desc, unit, Gauge(points))
+        return Metric(name, desc, unit, Sum(points, tmp, True))
+
     def build(self, model: Model, stats: dict[Stat, int], libraries: int, now_ns: int | None = None) -> Batch:
         now = now_ns or time.time_ns()
         tmp = self._temporality()
-        by_pid: dict[int, list[CopyKey]] = {}
-        for key, st in model.copies.items():
-            if st.calls:
-                by_pid.setdefault(key[0], []).append(key)
+        copies = model.copy_view()
+        syncs = model.sync_view()
+        pids: set[int] = {k[0] for k, st in copies.items() if st.calls}
+        pids |= {k[0] for k in syncs} | {k[0] for k in model.launches}
+        pids |= {pid for pid, p in model.processes.items() if p.memory.allocations or p.memory.unknown_frees}
+        found: dict[int, list[Finding]] = {}
+        for f in compute_findings(model, self.thresholds, now):
+            found.setdefault(f.pid, []).append(f)
 
         new_base = _Base(
             dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes), dict(self.base.time_ns)
@@ -156,8 +270,8 @@ class MetricsBuilder:
         windows: list[tuple[ExpHistogram, tuple[float, float]]] = []
         resource_metrics = []
         exited = []
-        starting: list[CopyKey] = []
-        for pid, keys in sorted(by_pid.items()):
+        starting: list[Any] = []
+        for pid in sorted(pids):
             proc = model.processes.get(pid)
             if proc is None:
                 continue
@@ -167,69 +281,73 @@ class MetricsBuilder:
             attrs.update(self.host)
             attrs.update(proc.attributes)
             attrs.setdefault("service.name", "memtrace")
-            counters: dict[str, list[NumberDataPoint]] = {"bytes": [], "calls": [], "errors": []}
-            dur_points, size_points = [], []
             # A cumulative series starts when its counters were certainly zero:
             # the process's start, or this agent's if the agent came later.
-            series_start = max(proc.start_ns or proc.first_seen_ns, self.start_ns)
-            for key in sorted(keys):
-                st = model.copies[key]
-                layer, api, direction, sync = describe(key)
+            pp = _Points(
+                self,
+                new_base,
+                windows,
+                starting,
+                now,
+                proc.first_seen_ns,
+                max(proc.start_ns or proc.first_seen_ns, self.start_ns),
+            )
+            sums, hist, gauge, points = pp.sums, pp.hist, pp.gauge, pp.points
+
+            for key in sorted(k for k in copies if k[0] == pid):
+                st = copies[key]
+                if not st.calls:
+                    continue
+                layer, api, direction, sync, host = describe(key)
                 la = {"direction": direction, "api": api, "layer": layer, "mode": "sync" if sync else "async"}
-                cur = (st.calls, st.bytes, st.errors)
-                if self.delta:
-                    b = self.base.totals.get(key, (0, 0, 0))
-                    vals = tuple(c - p for c, p in zip(cur, b, strict=True))
-                    start = self.base.time_ns.get(key, proc.first_seen_ns)
-                    dur = st.durations.minus(self.base.durations.get(key) or ExpHistogram(st.durations.scale))
-                    size = st.sizes.minus(self.base.sizes.get(key) or ExpHistogram(st.sizes.scale))
-                    new_base.totals[key] = cur
-                    new_base.durations[key] = st.durations.copy()
-                    new_base.sizes[key] = st.sizes.copy()
-                    new_base.time_ns[key] = now
-                else:
-                    vals, start, dur, size = cur, series_start, st.durations, st.sizes
-                dw, sw = st.durations.take_window(), st.sizes.take_window()
-                windows += [(st.durations, dw), (st.sizes, sw)]
-                if not self.delta and key not in self.started and start < now:
-                    # A true zero at the start, as Prometheus' created-timestamp
-                    # zeros do: a short-lived process (one push) still has a rate.
-                    starting.append(key)
-                    for name in counters:
-                        counters[name].append(NumberDataPoint(la, start, start, 0))
-                for name, v in zip(("calls", "bytes", "errors"), vals, strict=True):
-                    counters[name].append(NumberDataPoint(la, start, now, int(v)))
-                dur_points.append(self._hist_point(la, dur, dw, start, now, DURATION_BOUNDS, 2, -80))
-                size_points.append(self._hist_point(la, size, sw, start, now, SIZE_BOUNDS, 0, 0))
-            metrics = [
-                Metric(
-                    "gpu.memcpy.bytes",
-                    "Bytes moved by successful CUDA memory copies",
-                    "By",
-                    Sum(counters["bytes"], tmp, True),
-                ),
-                Metric("gpu.memcpy.calls", "CUDA memory copy calls", "{call}", Sum(counters["calls"], tmp, True)),
-                Metric(
-                    "gpu.memcpy.errors",
-                    "CUDA memory copy calls that returned an error",
-                    "{call}",
-                    Sum(counters["errors"], tmp, True),
-                ),
-                self._hist_metric(
-                    "gpu.memcpy.duration",
-                    "Duration of each copy call, entry to return (async: the enqueue time)",
-                    "s",
-                    dur_points,
-                ),
-                self._hist_metric("gpu.memcpy.size", "Bytes of each successful copy call", "By", size_points),
-            ]
+                if host is not None:
+                    la["host_memory"] = host
+                start = sums(("copy", *key), la, COPY_COUNTERS, (st.calls, st.bytes, st.errors))
+                hist(("copy.d", *key), "gpu.memcpy.duration", la, st.durations, start, "s")
+                hist(("copy.s", *key), "gpu.memcpy.size", la, st.sizes, start, "By")
+            waited = 0
+            for (spid, api_id), st in sorted(syncs.items()):
+                if spid != pid:
+                    continue
+                a = apis.BY_ID.get(api_id)
+                la = {
+                    "api": apis.api_name(api_id),
+                    "layer": a.layer.label if a else "driver",
+                    "kind": a.sync.value if a and a.sync else "other",
+                }
+                start = sums(("sync", pid, api_id), la, SYNC_COUNTERS, (st.calls, st.duration_ns / 1e9))
+                hist(("sync.d", pid, api_id), "gpu.sync.duration", la, st.durations, start, "s")
+                waited += st.duration_ns
+            if waited:
+                wall = proc.wall_ns(now, self.start_ns)
+                gauge("gpu.sync.wall_time_share", {}, waited / wall if wall else 0.0)
+            for (lpid, api_id), n in sorted(model.launches.items()):
+                if lpid != pid:
+                    continue
+                a = apis.BY_ID.get(api_id)
+                la = {"api": apis.api_name(api_id), "kind": a.launch.value if a and a.launch else "kernel"}
+                sums(("launch", pid, api_id), la, ("gpu.launches",), (n,))
+            m = proc.memory
+            if m.allocations or m.unknown_frees or m.failed_allocations:
+                cur = (m.allocations, m.allocated_bytes, m.frees, m.freed_bytes, m.unknown_frees, m.failed_allocations)
+                start = sums(("mem", pid), {}, MEMORY_COUNTERS, cur)
+                hist(("mem.s", pid), "gpu.memory.allocation.size", {}, m.sizes, start, "By")
+                gauge("gpu.memory.in_use", {}, m.in_use_bytes)
+                gauge("gpu.memory.outstanding", {}, m.outstanding)
+            if proc.book.pinned_bytes:
+                gauge("gpu.memory.pinned_host", {}, proc.book.pinned_bytes)
+            for f in found.get(pid, []):
+                gauge("memtrace.finding", {"finding": f.code, "summary": f.summary, "fix": f.fix}, f.value)
+            metrics = [self._metric(name, pts, tmp) for name, pts in points.items()]
             resource_metrics.append(ResourceMetrics(Resource(attrs), [ScopeMetrics(SCOPE, metrics, "")], ""))
 
         health_now = {
             "events": stats.get(Stat.EVENTS, 0),
             "dropped": stats.get(Stat.DROPPED, 0),
             "abandoned": stats.get(Stat.ABANDONED, 0),
-            "untracked": stats.get(Stat.INFLIGHT_FULL, 0) + stats.get(Stat.TOTALS_FULL, 0),
+            "untracked": stats.get(Stat.INFLIGHT_FULL, 0)
+            + stats.get(Stat.TOTALS_FULL, 0)
+            + stats.get(Stat.COUNTS_FULL, 0),
             "export_failures": self.export_failures,
             "unsent_processes": self.unsent_processes,
         }
@@ -284,7 +402,7 @@ class MetricsBuilder:
                 self.base = new_base
             self.started.update(starting)
             for pid in exited:
-                self.started.difference_update([k for k in self.started if k[0] == pid])
+                self.started.difference_update([k for k in self.started if k[1] == pid])
 
         def rollback() -> None:
             for h, w in windows:

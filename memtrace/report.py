@@ -9,8 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import apis
 from .abi import Direction, Stat
 from .bpfsource import Attachment
+from .findings import DEFAULT, Thresholds, compute
 from .model import Model, describe
 
 SCHEMA_VERSION = 1
@@ -22,14 +24,16 @@ def summary(
     libraries: list[Attachment],
     command: dict[str, Any] | None = None,
     malformed: int = 0,
+    thresholds: Thresholds = DEFAULT,
 ) -> dict[str, Any]:
     rows = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0, "errors": 0})
-    for key in sorted(model.copies):
-        st = model.copies[key]
+    copies = model.copy_view()
+    for key in sorted(copies):
+        st = copies[key]
         if st.calls == 0:
             continue
-        layer, api, direction, sync = describe(key)
+        layer, api, direction, sync, host = describe(key)
         proc = model.processes.get(key[0])
         h = st.durations
         seconds = st.duration_ns / 1e9
@@ -40,6 +44,7 @@ def summary(
                 "layer": layer,
                 "api": api,
                 "direction": direction,
+                "host_memory": host,
                 "synchronous": sync,
                 "calls": st.calls,
                 "bytes": st.bytes,
@@ -58,17 +63,22 @@ def summary(
         t["calls"] += st.calls
         t["bytes"] += st.bytes
         t["errors"] += st.errors
-    calls = sum(r["calls"] for r in rows)
     return {
         "schema": SCHEMA_VERSION,
         "memcpy": rows,
         "totals": {d.label: totals[d.label] for d in Direction if d.label in totals},
+        "device_memory": device_memory(model),
+        "synchronization": synchronization(model),
+        "launches": launches(model),
+        "findings": [f.as_dict() for f in compute(model, thresholds)],
         "agent": {
             "events": stats.get(Stat.EVENTS, 0),
             "dropped": stats.get(Stat.DROPPED, 0),
-            "calls_without_event": calls - model.events,
+            "calls_without_event": sum(v[0] for v in model.lost.values()) + stats.get(Stat.TOTALS_FULL, 0),
             "abandoned_calls": stats.get(Stat.ABANDONED, 0),
-            "untracked_calls": stats.get(Stat.INFLIGHT_FULL, 0) + stats.get(Stat.TOTALS_FULL, 0),
+            "untracked_calls": stats.get(Stat.INFLIGHT_FULL, 0)
+            + stats.get(Stat.TOTALS_FULL, 0)
+            + stats.get(Stat.COUNTS_FULL, 0),
             "nested_driver_calls": stats.get(Stat.NESTED, 0),
             "holds": stats.get(Stat.HOLDS, 0),
             "hold_missed": stats.get(Stat.HOLD_MISSED, 0),
@@ -80,6 +90,83 @@ def summary(
         },
         **({"command": command} if command else {}),
     }
+
+
+def device_memory(model: Model) -> list[dict[str, Any]]:
+    out = []
+    for pid, p in sorted(model.processes.items()):
+        m = p.memory
+        if not (m.allocations or m.frees or m.unknown_frees or m.failed_allocations or p.book.pinned_bytes):
+            continue
+        out.append(
+            {
+                "pid": pid,
+                "process": p.name,
+                "allocations": m.allocations,
+                "allocated_bytes": m.allocated_bytes,
+                "frees": m.frees,
+                "freed_bytes": m.freed_bytes,
+                "unknown_frees": m.unknown_frees,
+                "failed_allocations": m.failed_allocations,
+                "in_use_bytes": m.in_use_bytes,
+                "peak_bytes": m.peak_bytes,
+                "outstanding": m.outstanding,
+                "exited": p.exited,
+                "allocation_size_bytes": {"p50": m.sizes.quantile(0.5), "max": m.sizes.max if m.sizes.count else 0.0},
+                "pinned_host_bytes": p.book.pinned_bytes,
+                "lost_calls": p.lost_memory_calls,
+            }
+        )
+    return out
+
+
+def synchronization(model: Model) -> list[dict[str, Any]]:
+    out = []
+    syncs = model.sync_view()
+    waited: dict[int, int] = defaultdict(int)
+    for (pid, _api), st in syncs.items():
+        waited[pid] += st.duration_ns
+    for (pid, api), st in sorted(syncs.items()):
+        a = apis.BY_ID.get(api)
+        p = model.processes.get(pid)
+        wall = p.wall_ns() if p else 0
+        h = st.durations
+        out.append(
+            {
+                "pid": pid,
+                "process": p.name if p else "",
+                "layer": a.layer.label if a else "driver",
+                "api": apis.api_name(api),
+                "kind": a.sync.value if a and a.sync else "other",
+                "calls": st.calls,
+                "errors": st.errors,
+                "duration_seconds": {
+                    "p50": h.quantile(0.50),
+                    "p99": h.quantile(0.99),
+                    "max": h.max if h.count else 0.0,
+                    "sum": st.duration_ns / 1e9,
+                },
+                "share_of_wall_time": waited[pid] / wall if wall else None,
+            }
+        )
+    return out
+
+
+def launches(model: Model) -> list[dict[str, Any]]:
+    out = []
+    for (pid, api), n in sorted(model.launches.items()):
+        a = apis.BY_ID.get(api)
+        p = model.processes.get(pid)
+        out.append(
+            {
+                "pid": pid,
+                "process": p.name if p else "",
+                "api": apis.api_name(api),
+                "kind": a.launch.value if a and a.launch else "kernel",
+                "launches": n,
+            }
+        )
+    return out
 
 
 def human_bytes(n: float) -> str:
@@ -106,6 +193,7 @@ def print_table(doc: dict[str, Any], console: Console) -> None:
         ("layer", {}),
         ("api", {}),
         ("dir", {}),
+        ("host", {}),
         ("calls", {"justify": "right"}),
         ("bytes", {"justify": "right"}),
         ("err", {"justify": "right"}),
@@ -127,6 +215,7 @@ def print_table(doc: dict[str, Any], console: Console) -> None:
             r["layer"],
             r["api"],
             r["direction"],
+            r["host_memory"] or "",
             f"{r['calls']:,}",
             human_bytes(r["bytes"]),
             str(r["errors"]) if r["errors"] else "",
@@ -142,6 +231,7 @@ def print_table(doc: dict[str, Any], console: Console) -> None:
     for d, v in doc["totals"].items():
         tt.add_row(d, f"{v['calls']:,}", f"{human_bytes(v['bytes'])} ({v['bytes']:,})", str(v["errors"]))
     console.print(tt)
+    print_sections(doc, console)
     a = doc["agent"]
     libs = ", ".join(f"{l['path']} ({l['layer']}, {l['probes']} symbols)" for l in a["libraries"]) or "none"
     console.print(f"[bold]libraries[/bold]: {libs}")
@@ -157,4 +247,69 @@ def print_table(doc: dict[str, Any], console: Console) -> None:
         console.print(
             f"[yellow]{a['dropped']:,} events were dropped (ring full): totals stay exact, "
             "duration percentiles cover the rest. Raise --ring-size.[/yellow]"
+        )
+
+
+def print_sections(doc: dict[str, Any], console: Console) -> None:
+    """Device memory, waits, launches and findings, under the copy table."""
+    if doc.get("device_memory"):
+        t = Table(title="device memory", title_justify="left")
+        for col in (
+            "pid",
+            "process",
+            "allocs",
+            "allocated",
+            "frees",
+            "unknown frees",
+            "in use",
+            "peak",
+            "outstanding",
+            "pinned host",
+        ):
+            t.add_column(col, justify="left" if col == "process" else "right")
+        for m in doc["device_memory"]:
+            t.add_row(
+                str(m["pid"]),
+                m["process"],
+                f"{m['allocations']:,}",
+                human_bytes(m["allocated_bytes"]),
+                f"{m['frees']:,}",
+                str(m["unknown_frees"]) if m["unknown_frees"] else "",
+                human_bytes(m["in_use_bytes"]),
+                human_bytes(m["peak_bytes"]),
+                f"{m['outstanding']:,}",
+                human_bytes(m["pinned_host_bytes"]),
+            )
+        console.print(t)
+    if doc.get("synchronization"):
+        t = Table(title="synchronisation waits", title_justify="left")
+        for col in ("pid", "process", "api", "calls", "p50", "p99", "total", "share of wall"):
+            t.add_column(col, justify="left" if col in ("process", "api") else "right")
+        for w in doc["synchronization"]:
+            d = w["duration_seconds"]
+            share = w["share_of_wall_time"]
+            t.add_row(
+                str(w["pid"]),
+                w["process"],
+                w["api"],
+                f"{w['calls']:,}",
+                human_seconds(d["p50"]),
+                human_seconds(d["p99"]),
+                human_seconds(d["sum"]),
+                "-" if share is None else f"{share:.0%}",
+            )
+        console.print(t)
+    if doc.get("launches"):
+        per: dict[tuple[int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for l in doc["launches"]:
+            per[(l["pid"], l["process"])][l["kind"]] += l["launches"]
+        line = "; ".join(
+            f"{proc or pid}: " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items()))
+            for (pid, proc), kinds in sorted(per.items())
+        )
+        console.print(f"[bold]launches[/bold]: {line}")
+    for f in doc.get("findings", []):
+        console.print(
+            f"[bold yellow]finding[/bold yellow] ({f['process'] or f['pid']}): {f['summary']}.\n"
+            f"  [bold]fix[/bold]: {f['fix']}"
         )

@@ -25,6 +25,7 @@ PROBE = r"""
 int main(void) {
   printf("{\n");
   S(mt_event); O(mt_event, ts_ns); O(mt_event, duration_ns); O(mt_event, bytes); O(mt_event, stream);
+  O(mt_event, dst); O(mt_event, src);
   O(mt_event, pid); O(mt_event, tid); O(mt_event, ret); O(mt_event, api); O(mt_event, direction); O(mt_event, layer);
   S(mt_totals_key); O(mt_totals_key, pid); O(mt_totals_key, api); O(mt_totals_key, direction);
   S(mt_totals); O(mt_totals, calls); O(mt_totals, bytes); O(mt_totals, errors); O(mt_totals, duration_ns);
@@ -32,18 +33,48 @@ int main(void) {
   S(mt_inode_key);
   C(MT_DIR_H2H); C(MT_DIR_H2D); C(MT_DIR_D2H); C(MT_DIR_D2D); C(MT_DIR_DEFAULT); C(MT_DIR_PEER); C(MT_DIR_UNKNOWN);
   C(MT_LAYER_RUNTIME); C(MT_LAYER_DRIVER); C(MT_DIRSRC_FIXED); C(MT_DIRSRC_KIND); C(MT_DIRSRC_DESC2D);
+  C(MT_DIRSRC_DESC3D); C(MT_DIRSRC_PARMS3D); C(MT_FAM_COPY); C(MT_FAM_MEM); C(MT_FAM_SYNC); C(MT_FAM_LAUNCH);
+  C(MT_MEM_AUX_DEREF); C(MT_STAT_COUNTS_FULL);
   C(MT_STAT_EVENTS); C(MT_STAT_DROPPED); C(MT_STAT_TOTALS_FULL); C(MT_STAT_INFLIGHT_FULL); C(MT_STAT_NESTED);
   C(MT_STAT_ABANDONED); C(MT_STAT_HOLDS); C(MT_STAT_HOLD_MISSED); C(MT_STAT_CTL_DROPPED); C(MT_STAT_COUNT);
   C(MT_CTL_MAP); C(MT_CTL_EXIT);
   C(MT_CK_API_SHIFT); C(MT_CK_BYTES_SHIFT); C(MT_CK_MUL_SHIFT); C(MT_CK_DIRSRC_SHIFT); C(MT_CK_DIRARG_SHIFT);
-  C(MT_CK_STREAM_SHIFT); C(MT_CK_LAYER_SHIFT);
+  C(MT_CK_STREAM_SHIFT); C(MT_CK_LAYER_SHIFT); C(MT_CK_FAMILY_SHIFT); C(MT_CK_DST_SHIFT); C(MT_CK_SRC_SHIFT);
   C(MT_M2D_SRC_MEMTYPE_OFF); C(MT_M2D_DST_MEMTYPE_OFF); C(MT_M2D_WIDTH_OFF); C(MT_M2D_HEIGHT_OFF); C(MT_M2D_SIZE);
+  C(MT_M2D_SRC_HOST_OFF); C(MT_M2D_SRC_DEVICE_OFF); C(MT_M2D_DST_HOST_OFF); C(MT_M2D_DST_DEVICE_OFF);
+  C(MT_M3D_SRC_MEMTYPE_OFF); C(MT_M3D_SRC_HOST_OFF); C(MT_M3D_SRC_DEVICE_OFF); C(MT_M3D_DST_MEMTYPE_OFF);
+  C(MT_M3D_DST_HOST_OFF); C(MT_M3D_DST_DEVICE_OFF); C(MT_M3D_WIDTH_OFF); C(MT_M3D_HEIGHT_OFF); C(MT_M3D_DEPTH_OFF);
+  C(MT_M3D_SIZE); C(MT_P3D_SRC_ARRAY_OFF); C(MT_P3D_SRC_PTR_OFF); C(MT_P3D_DST_ARRAY_OFF); C(MT_P3D_DST_PTR_OFF);
+  C(MT_P3D_WIDTH_OFF); C(MT_P3D_HEIGHT_OFF); C(MT_P3D_DEPTH_OFF); C(MT_P3D_KIND_OFF); C(MT_P3D_SIZE);
   /* The offsets BPF reads, against the struct as cuda.h declares it. */
   printf("\"cuda srcMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY2D, srcMemoryType));
   printf("\"cuda dstMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY2D, dstMemoryType));
   printf("\"cuda WidthInBytes\": %zu,\n", offsetof(CUDA_MEMCPY2D, WidthInBytes));
   printf("\"cuda Height\": %zu,\n", offsetof(CUDA_MEMCPY2D, Height));
-  printf("\"cuda sizeof\": %zu\n}\n", sizeof(CUDA_MEMCPY2D));
+  printf("\"cuda sizeof\": %zu,\n", sizeof(CUDA_MEMCPY2D));
+  printf("\"cuda M2D srcHost\": %zu,\n", offsetof(CUDA_MEMCPY2D, srcHost));
+  printf("\"cuda M2D srcDevice\": %zu,\n", offsetof(CUDA_MEMCPY2D, srcDevice));
+  printf("\"cuda M2D dstHost\": %zu,\n", offsetof(CUDA_MEMCPY2D, dstHost));
+  printf("\"cuda M2D dstDevice\": %zu,\n", offsetof(CUDA_MEMCPY2D, dstDevice));
+  printf("\"cuda M3D srcMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY3D, srcMemoryType));
+  printf("\"cuda M3D srcHost\": %zu,\n", offsetof(CUDA_MEMCPY3D, srcHost));
+  printf("\"cuda M3D srcDevice\": %zu,\n", offsetof(CUDA_MEMCPY3D, srcDevice));
+  printf("\"cuda M3D dstMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY3D, dstMemoryType));
+  printf("\"cuda M3D dstHost\": %zu,\n", offsetof(CUDA_MEMCPY3D, dstHost));
+  printf("\"cuda M3D dstDevice\": %zu,\n", offsetof(CUDA_MEMCPY3D, dstDevice));
+  printf("\"cuda M3D WidthInBytes\": %zu,\n", offsetof(CUDA_MEMCPY3D, WidthInBytes));
+  printf("\"cuda M3D Height\": %zu,\n", offsetof(CUDA_MEMCPY3D, Height));
+  printf("\"cuda M3D Depth\": %zu,\n", offsetof(CUDA_MEMCPY3D, Depth));
+  printf("\"cuda M3D sizeof\": %zu,\n", sizeof(CUDA_MEMCPY3D));
+  printf("\"cuda P3D srcArray\": %zu,\n", offsetof(struct cudaMemcpy3DParms, srcArray));
+  printf("\"cuda P3D srcPtr\": %zu,\n", offsetof(struct cudaMemcpy3DParms, srcPtr.ptr));
+  printf("\"cuda P3D dstArray\": %zu,\n", offsetof(struct cudaMemcpy3DParms, dstArray));
+  printf("\"cuda P3D dstPtr\": %zu,\n", offsetof(struct cudaMemcpy3DParms, dstPtr.ptr));
+  printf("\"cuda P3D width\": %zu,\n", offsetof(struct cudaMemcpy3DParms, extent.width));
+  printf("\"cuda P3D height\": %zu,\n", offsetof(struct cudaMemcpy3DParms, extent.height));
+  printf("\"cuda P3D depth\": %zu,\n", offsetof(struct cudaMemcpy3DParms, extent.depth));
+  printf("\"cuda P3D kind\": %zu,\n", offsetof(struct cudaMemcpy3DParms, kind));
+  printf("\"cuda P3D sizeof\": %zu\n}\n", sizeof(struct cudaMemcpy3DParms));
   return 0;
 }
 """
@@ -87,13 +118,46 @@ def test_enums_match(header: dict[str, int]) -> None:
         assert header[f"MT_CTL_{c.name}"] == c.value
     for src in abi.DirSrc:
         assert header[f"MT_DIRSRC_{src.name}"] == src.value
+    for fam in abi.Family:
+        assert header[f"MT_FAM_{fam.name}"] == fam.value
+    assert header["MT_MEM_AUX_DEREF"] == abi.MEM_AUX_DEREF
 
 
 def test_cookie_and_descriptor_constants_match(header: dict[str, int]) -> None:
-    for name in ("API", "BYTES", "MUL", "DIRSRC", "DIRARG", "STREAM", "LAYER"):
+    for name in ("API", "BYTES", "MUL", "DIRSRC", "DIRARG", "STREAM", "LAYER", "FAMILY", "DST", "SRC"):
         assert header[f"MT_CK_{name}_SHIFT"] == getattr(abi, f"CK_{name}_SHIFT")
-    for name in ("SRC_MEMTYPE_OFF", "DST_MEMTYPE_OFF", "WIDTH_OFF", "HEIGHT_OFF", "SIZE"):
-        assert header[f"MT_M2D_{name}"] == getattr(abi, f"M2D_{name}")
+    for prefix in ("M2D", "M3D", "P3D"):
+        names = [k.split("_", 2)[2] for k in header if k.startswith(f"MT_{prefix}_")]
+        assert names
+        for name in names:
+            assert header[f"MT_{prefix}_{name}"] == getattr(abi, f"{prefix}_{name}"), (prefix, name)
+    # The offsets BPF reads, against the structs as cuda.h and cuda_runtime_api.h declare them.
+    for mine, theirs in (
+        ("MT_M2D_SRC_HOST_OFF", "cuda M2D srcHost"),
+        ("MT_M2D_SRC_DEVICE_OFF", "cuda M2D srcDevice"),
+        ("MT_M2D_DST_HOST_OFF", "cuda M2D dstHost"),
+        ("MT_M2D_DST_DEVICE_OFF", "cuda M2D dstDevice"),
+        ("MT_M3D_SRC_MEMTYPE_OFF", "cuda M3D srcMemoryType"),
+        ("MT_M3D_SRC_HOST_OFF", "cuda M3D srcHost"),
+        ("MT_M3D_SRC_DEVICE_OFF", "cuda M3D srcDevice"),
+        ("MT_M3D_DST_MEMTYPE_OFF", "cuda M3D dstMemoryType"),
+        ("MT_M3D_DST_HOST_OFF", "cuda M3D dstHost"),
+        ("MT_M3D_DST_DEVICE_OFF", "cuda M3D dstDevice"),
+        ("MT_M3D_WIDTH_OFF", "cuda M3D WidthInBytes"),
+        ("MT_M3D_HEIGHT_OFF", "cuda M3D Height"),
+        ("MT_M3D_DEPTH_OFF", "cuda M3D Depth"),
+        ("MT_M3D_SIZE", "cuda M3D sizeof"),
+        ("MT_P3D_SRC_ARRAY_OFF", "cuda P3D srcArray"),
+        ("MT_P3D_SRC_PTR_OFF", "cuda P3D srcPtr"),
+        ("MT_P3D_DST_ARRAY_OFF", "cuda P3D dstArray"),
+        ("MT_P3D_DST_PTR_OFF", "cuda P3D dstPtr"),
+        ("MT_P3D_WIDTH_OFF", "cuda P3D width"),
+        ("MT_P3D_HEIGHT_OFF", "cuda P3D height"),
+        ("MT_P3D_DEPTH_OFF", "cuda P3D depth"),
+        ("MT_P3D_KIND_OFF", "cuda P3D kind"),
+        ("MT_P3D_SIZE", "cuda P3D sizeof"),
+    ):
+        assert header[mine] == header[theirs], mine
     assert header["MT_M2D_SRC_MEMTYPE_OFF"] == header["cuda srcMemoryType"]
     assert header["MT_M2D_DST_MEMTYPE_OFF"] == header["cuda dstMemoryType"]
     assert header["MT_M2D_WIDTH_OFF"] == header["cuda WidthInBytes"]
@@ -102,15 +166,24 @@ def test_cookie_and_descriptor_constants_match(header: dict[str, int]) -> None:
 
 
 def test_cookies_decode_to_the_table() -> None:
-    for a in apis.COPY_APIS:
+    for a in apis.APIS:
         c = a.cookie()
+        mem = a.family == abi.Family.MEM
         assert c & 0xFFFF == a.id
         assert (c >> abi.CK_BYTES_SHIFT) & 0xF == a.bytes_arg
         assert (c >> abi.CK_MUL_SHIFT) & 0xF == a.mul_arg
-        assert (c >> abi.CK_DIRSRC_SHIFT) & 0xF == a.dirsrc
-        assert (c >> abi.CK_DIRARG_SHIFT) & 0xF == a.dirval
+        assert (c >> abi.CK_DIRSRC_SHIFT) & 0xF == (a.mem_flags if mem else a.dirsrc)
+        assert (c >> abi.CK_DIRARG_SHIFT) & 0xF == (a.out_arg if mem else a.dirval)
         assert (c >> abi.CK_STREAM_SHIFT) & 0xF == a.stream_arg
         assert (c >> abi.CK_LAYER_SHIFT) & 1 == a.layer
-    assert len({a.id for a in apis.COPY_APIS}) == len(apis.COPY_APIS)
-    syms = [s for a in apis.COPY_APIS for s in a.symbols]
+        assert (c >> abi.CK_FAMILY_SHIFT) & 7 == a.family
+        assert (c >> abi.CK_DST_SHIFT) & 0xF == a.dst_arg
+        assert (c >> abi.CK_SRC_SHIFT) & 0xF == a.src_arg
+        # Copies keep ids below 40 (the kernel tests' harness relies on it).
+        assert (a.id < 40) == (a.family == abi.Family.COPY)
+        # Launches are counted at the driver by an entry probe, all else needs its return.
+        assert a.needs_return == (a.family != abi.Family.LAUNCH)
+        assert a.family != abi.Family.LAUNCH or a.layer == abi.Layer.DRIVER
+    assert len({a.id for a in apis.APIS}) == len(apis.APIS)
+    syms = [s for a in apis.APIS for s in a.symbols]
     assert len(syms) == len(set(syms))

@@ -53,7 +53,9 @@ def test_process_already_running_in_another_mount_namespace(fakecuda: Path, tmp_
     build.mkdir()
     truth = tmp_path / "truth.jsonl"
     p = subprocess.Popen(
-        in_namespace(build, f"WORKLOAD_TRUTH={truth} exec {build}/workload -w -n 800 -s 21"),
+        # Started before memtrace: its unified copies cannot be resolved (the
+        # pointers' origins were never seen), so they stay "default".
+        in_namespace(build, f"WORKLOAD_RAW_DIRECTIONS=1 WORKLOAD_TRUTH={truth} exec {build}/workload -w -n 800 -s 21"),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -80,6 +82,8 @@ def test_process_already_running_in_another_mount_namespace(fakecuda: Path, tmp_
     pid = lines[0]["pid"]
     got = {k: v for k, v in observed_totals(doc).items() if k[0] == pid}
     assert got == truth_totals(lines)
+    # Nor can its host memory be named: unknown, never guessed.
+    assert {r["host_memory"] for r in doc["memcpy"] if r["pid"] == pid and r["direction"] == "h2d"} == {"unknown"}
 
 
 def test_library_opened_inside_another_mount_namespace(fakecuda: Path, tmp_path: Path) -> None:

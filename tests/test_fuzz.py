@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from memtrace.abi import EVENT_DTYPE, CtlEvent
+from memtrace.abi import EVENT_DTYPE, CtlEvent, Family
+from memtrace.apis import BY_ID
 from memtrace.bpfsource import BpfSource, Options
 from memtrace.cli import app
 from memtrace.model import Model
@@ -38,7 +39,8 @@ def test_ring_records_of_any_shape_never_crash_or_misalign(records: list[bytes])
     assert src.malformed == (len(records) - len(good)) + len(bad_ctl)
     # Whatever the bytes said, the summary renders (unknown ids are named, not fatal).
     doc = summary(model, {}, [])
-    assert sum(r["calls"] for r in doc["memcpy"]) == 0  # totals come from the kernel only
+    # Only records that decoded became calls: never more than the good ones.
+    assert sum(r["calls"] for r in doc["memcpy"]) + sum(w["calls"] for w in doc["synchronization"]) <= len(good)
 
 
 @given(st.integers(0, 2**32 - 1), st.integers(0, 2**16 - 1), st.integers(0, 255), st.integers(0, 2**63))
@@ -49,11 +51,13 @@ def test_any_event_values_are_aggregated_without_error(pid: int, api: int, direc
     b["duration_ns"] = [0, 1, 2**63]
     m = Model()
     m.add_events(b)
+    doc = summary(m, {}, [])
+    if api in BY_ID and BY_ID[api].family != Family.COPY:
+        return  # a memory call or a wait: not a copy row
     (st_,) = m.copies.values()
     assert st_.events == 3 and st_.durations.count == 3 and st_.sizes.count == 3
-    m.set_totals(pid, api, direction, 3, nbytes, 0, 0)
-    row = summary(m, {}, [])["memcpy"][0]
-    assert row["calls"] == 3 and row["bytes"] == nbytes
+    (row,) = doc["memcpy"]
+    assert row["calls"] == 3 and row["bytes"] == 3 * nbytes  # exact past 2**64
 
 
 @given(endpoint=text, headers=text, protocol=text, temporality=text, histogram=text, ring=st.floats(allow_nan=True))

@@ -38,7 +38,8 @@ def metric(batch, name: str):  # type: ignore[no-untyped-def]
 
 def feed(model: Model, ev: np.ndarray, calls: int, nbytes: int, errors: int) -> None:
     model.add_events(ev)
-    model.set_totals(PID, API, Direction.H2D, calls, nbytes, errors, 0)
+    (st,) = (v for k, v in model.copies.items() if k[0] == PID)
+    assert (st.calls, st.bytes, st.errors) == (calls, nbytes, errors)
 
 
 def test_cumulative_counters_start_with_a_true_zero_and_carry_totals() -> None:
@@ -68,19 +69,39 @@ def test_delta_neither_loses_nor_repeats_across_a_failed_push() -> None:
     e1, e2, e3 = events(100, rng), events(200, rng), events(300, rng)
     e2["duration_ns"][0] = 1  # the failed push's window holds the smallest duration
     e3["duration_ns"] = np.maximum(e3["duration_ns"], 2)
-    feed(m, e1, 100, 1000, 1)
+    ok = [e["ret"] == 0 for e in (e1, e2, e3)]
+    feed(m, e1, 100, int(e1["bytes"][ok[0]].sum()), int((~ok[0]).sum()))
     first = b.build(m, {}, 0)
     first.commit()
     assert [p.value for p in metric(first, "gpu.memcpy.calls").data.data_points] == [100]
-    feed(m, e2, 300, 5000, 3)
+    feed(
+        m,
+        np.concatenate([e2]),
+        300,
+        *(int(x) for x in (e1["bytes"][ok[0]].sum() + e2["bytes"][ok[1]].sum(), (~ok[0]).sum() + (~ok[1]).sum())),
+    )
     failed = b.build(m, {}, 0)
     assert [p.value for p in metric(failed, "gpu.memcpy.calls").data.data_points] == [200]
     failed.rollback()  # the push failed: its increments must come again
-    feed(m, e3, 600, 9000, 4)
+    feed(
+        m,
+        e3,
+        600,
+        *(
+            int(x)
+            for x in (
+                sum(e["bytes"][k].sum() for e, k in zip((e1, e2, e3), ok, strict=True)),
+                sum((~k).sum() for k in ok),
+            )
+        ),
+    )
     third = b.build(m, {}, 0)
     assert [p.value for p in metric(third, "gpu.memcpy.calls").data.data_points] == [500]
-    assert [p.value for p in metric(third, "gpu.memcpy.bytes").data.data_points] == [8000]
-    assert [p.value for p in metric(third, "gpu.memcpy.errors").data.data_points] == [3]
+    later = int(e2["bytes"][ok[1]].sum() + e3["bytes"][ok[2]].sum())
+    assert [p.value for p in metric(third, "gpu.memcpy.bytes").data.data_points] == [later]
+    assert [p.value for p in metric(third, "gpu.memcpy.errors").data.data_points] == [
+        int((~ok[1]).sum() + (~ok[2]).sum())
+    ]
     d = metric(third, "gpu.memcpy.duration").data.data_points[0]
     assert d.count == 500
     assert d.min == 1e-9  # the failed push's window came back with the rollback

@@ -4,12 +4,14 @@
  *
  *   harness OBJECT PLAN WORKLOAD [ARGS...]
  *
- * PLAN holds one probe a line, "PATH OFFSET COOKIE", written on the host by
- * memtrace.bpfsource.probe_plan (the agent's own symbol table and cookie
- * encoding). Like `memtrace run`, the workload is forked gated, its pid put
- * in `traced` before it execs, and its children join through the fork
- * tracepoint. Output lines: "MT-TOTAL api dir calls bytes errors",
- * "MT-STAT idx value", "MT-EVENTS n", "MT-EXIT code".
+ * PLAN holds one probe a line, "PATH OFFSET COOKIE RETURN", written on the
+ * host by memtrace.bpfsource.probe_plan (the agent's own symbol table and
+ * cookie encoding; RETURN 0 is an entry-only launch probe). Like `memtrace
+ * run`, the workload is forked gated, its pid put in `traced` before it
+ * execs, and its children join through the fork tracepoint. The events are
+ * summed here per (pid, api, direction as the kernel reports it), plus the
+ * calls the kernel counted as lost. Output lines: "MT-TOTAL pid api dir calls
+ * bytes errors", "MT-STAT idx value", "MT-EVENTS n", "MT-EXIT code".
  */
 #include <errno.h>
 #include <stdio.h>
@@ -25,11 +27,40 @@
 
 static long events;
 
+#define MAXKEYS 4096
+static struct { struct mt_totals_key k; struct mt_totals t; } sums[MAXKEYS];
+static int nsums;
+
+static struct mt_totals *slot(__u32 pid, __u16 api, __u8 dir)
+{
+	for (int i = 0; i < nsums; i++)
+		if (sums[i].k.pid == pid && sums[i].k.api == api && sums[i].k.direction == dir)
+			return &sums[i].t;
+	if (nsums == MAXKEYS) {
+		fprintf(stderr, "harness: too many keys\n");
+		exit(2);
+	}
+	sums[nsums].k.pid = pid, sums[nsums].k.api = api, sums[nsums].k.direction = dir;
+	return &sums[nsums++].t;
+}
+
 static int on_event(void *ctx, void *data, size_t size)
 {
-	(void)ctx; (void)data;
-	if (size >= sizeof(struct mt_event))
-		events++;
+	const struct mt_event *e = data;
+	struct mt_totals *t;
+
+	(void)ctx;
+	if (size < sizeof(*e))
+		return 0;
+	events++;
+	if (e->api >= 40)
+		return 0; /* not a copy */
+	t = slot(e->pid, e->api, e->direction);
+	t->calls++;
+	if (e->ret == 0)
+		t->bytes += e->bytes;
+	else
+		t->errors++;
 	return 0;
 }
 
@@ -87,17 +118,18 @@ int main(int argc, char **argv)
 	char path[512];
 	unsigned long off;
 	unsigned long long cookie;
-	int probes = 0;
-	struct bpf_program *enter = bpf_object__find_program_by_name(obj, "mt_copy_enter");
-	struct bpf_program *ret = bpf_object__find_program_by_name(obj, "mt_copy_return");
+	int probes = 0, with_return;
+	struct bpf_program *enter = bpf_object__find_program_by_name(obj, "mt_enter");
+	struct bpf_program *ret = bpf_object__find_program_by_name(obj, "mt_return");
+	struct bpf_program *launch = bpf_object__find_program_by_name(obj, "mt_launch");
 	if (!plan)
 		die("open plan");
-	while (fscanf(plan, "%511s %lu %llu", path, &off, &cookie) == 3) {
+	while (fscanf(plan, "%511s %lu %llu %d", path, &off, &cookie, &with_return) == 4) {
 		LIBBPF_OPTS(bpf_uprobe_opts, o, .bpf_cookie = cookie);
-		if (!bpf_program__attach_uprobe_opts(enter, -1, path, off, &o))
+		if (!bpf_program__attach_uprobe_opts(with_return ? enter : launch, -1, path, off, &o))
 			die("attach entry");
 		o.retprobe = true;
-		if (!bpf_program__attach_uprobe_opts(ret, -1, path, off, &o))
+		if (with_return && !bpf_program__attach_uprobe_opts(ret, -1, path, off, &o))
 			die("attach return");
 		probes++;
 	}
@@ -111,6 +143,7 @@ int main(int argc, char **argv)
 	if (child == 0) {
 		char c;
 		close(gate[1]);
+		setenv("WORKLOAD_RAW_DIRECTIONS", "1", 1);
 		if (read(gate[0], &c, 1) != 1)
 			_exit(125);
 		execv(argv[3], argv + 3);
@@ -133,16 +166,21 @@ int main(int argc, char **argv)
 	}
 	ring_buffer__consume(rb);
 
-	int fd = bpf_map__fd(bpf_object__find_map_by_name(obj, "totals"));
+	int fd = bpf_map__fd(bpf_object__find_map_by_name(obj, "lost"));
 	struct mt_totals_key k, next, *prev = NULL;
 	struct mt_totals t;
 	while (bpf_map_get_next_key(fd, prev, &next) == 0) {
-		if (bpf_map_lookup_elem(fd, &next, &t) == 0)
-			printf("MT-TOTAL %u %u %u %llu %llu %llu\n", next.pid, next.api, next.direction,
-			       (unsigned long long)t.calls, (unsigned long long)t.bytes, (unsigned long long)t.errors);
+		if (bpf_map_lookup_elem(fd, &next, &t) == 0 && next.api < 40) {
+			struct mt_totals *s = slot(next.pid, next.api, next.direction);
+			s->calls += t.calls, s->bytes += t.bytes, s->errors += t.errors;
+		}
 		k = next;
 		prev = &k;
 	}
+	for (int i = 0; i < nsums; i++)
+		printf("MT-TOTAL %u %u %u %llu %llu %llu\n", sums[i].k.pid, sums[i].k.api, sums[i].k.direction,
+		       (unsigned long long)sums[i].t.calls, (unsigned long long)sums[i].t.bytes,
+		       (unsigned long long)sums[i].t.errors);
 	int ncpu = libbpf_num_possible_cpus();
 	__u64 vals[ncpu];
 	int sfd = bpf_map__fd(bpf_object__find_map_by_name(obj, "stats"));

@@ -1,4 +1,4 @@
-"""Write a guest's probe plan with the agent's own code: "PATH OFFSET COOKIE" lines.
+"""Write a guest's probe plan with the agent's own code: "PATH OFFSET COOKIE RETURN" lines.
 
 python plan.py HOST_BINARY GUEST_PATH > plan
 """
@@ -11,4 +11,4 @@ from memtrace.bpfsource import probe_plan
 host, guest = sys.argv[1], sys.argv[2]
 for layer in (Layer.RUNTIME, Layer.DRIVER):
     for p in probe_plan(host, layer):
-        print(guest, p.offset, p.cookie)
+        print(guest, p.offset, p.cookie, int(p.needs_return))
