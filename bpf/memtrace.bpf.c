@@ -91,6 +91,17 @@ struct {
 	__type(value, __u8);
 } traced SEC(".maps");
 
+/* Processes forked since the programs were attached: user space saw them
+ * from their first instruction, so an address their own calls did not make
+ * pinned or device memory is ordinary host memory. LRU: bounded, and the
+ * entry outlives the process until user space has decoded its events. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} fresh SEC(".maps");
+
 /* Inodes user space has dealt with: CUDA libraries with probes, and
  * executables checked for a statically linked runtime. A process opening
  * an attached library from a checked executable needs no hold. */
@@ -520,7 +531,10 @@ int BPF_PROG(mt_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 ctgid = BPF_CORE_READ(child, tgid);
 	__u8 one = 1;
 
-	if (!filter_pids || ptgid == ctgid)
+	if (ptgid == ctgid)
+		return 0; /* a thread */
+	bpf_map_update_elem(&fresh, &ctgid, &one, BPF_ANY);
+	if (!filter_pids)
 		return 0;
 	if (bpf_map_lookup_elem(&traced, &ptgid))
 		bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY);

@@ -18,7 +18,7 @@ from .abi import Stat
 from .bpfsource import Attachment, BpfSource, Options
 from .config import PushConfig
 from .errors import CommandNotFound
-from .model import Model
+from .model import Model, boot_ticks_now
 from .otlp import Batch, Exporter, MetricsBuilder
 from .resources import host_attributes
 
@@ -32,7 +32,7 @@ class Agent:
         # `memtrace run` traces a command from its first instruction: every
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
-        self.model = Model(complete_after_ns=None if opts.only_traced else 2**63)
+        self.model = Model(complete_after_ticks=None if opts.only_traced else 2**63)
         self.libraries: list[Attachment] = []
         self.source = BpfSource(
             opts, self._on_events, self._on_exit, self.libraries.append, on_held=self.model.mark_complete
@@ -50,9 +50,10 @@ class Agent:
         except BaseException:
             self.source.close()
             raise
-        if self.model.complete_after_ns is not None:
-            # /proc start times have clock-tick resolution: one tick of margin.
-            self.model.complete_after_ns = time.time_ns() + 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        self.model.forked_since_start = self.source.is_fresh
+        if self.model.complete_after_ticks is not None:
+            # A process that started in a later clock tick started after the probes went live.
+            self.model.complete_after_ticks = boot_ticks_now()
 
     def poll(self) -> int:
         return self.source.poll()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,6 +144,7 @@ class Process:
     exe: str = ""
     first_seen_ns: int = field(default_factory=time.time_ns)
     start_ns: int = 0  # when the process started (0: unknown)
+    start_ticks: int = 0  # the same, in clock ticks since boot (exact, for ordering)
     exited: bool = False
     exited_ns: int = 0
     attributes: dict[str, str | int] = field(default_factory=dict)  # OTLP resource
@@ -165,7 +167,8 @@ class Process:
         except OSError:
             pass
         p.attributes = resources.process_attributes(pid, p.name, p.exe)
-        p.start_ns = process_start_ns(pid)
+        p.start_ticks = process_start_ticks(pid)
+        p.start_ns = start_ns_of(p.start_ticks)
         return p
 
     def wall_ns(self, now_ns: int | None = None, since_ns: int = 0) -> int:
@@ -175,21 +178,31 @@ class Process:
         return max(end - start, 0)
 
 
-_BOOT_NS: int | None = None
+def process_start_ticks(pid: int) -> int:
+    """When a process started, in clock ticks since boot (/proc/PID/stat), 0 if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def boot_ticks_now() -> int:
+    """Now, in the clock ticks /proc/PID/stat counts process starts in."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def start_ns_of(ticks: int) -> int:
+    """Wall-clock time of a start in ticks since boot (0 if unknown)."""
+    if not ticks:
+        return 0
+    boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    return boot_ns + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def process_start_ns(pid: int) -> int:
-    """Wall-clock start of a process (/proc/PID/stat starttime + boot time), 0 if gone."""
-    global _BOOT_NS
-    try:
-        if _BOOT_NS is None:
-            btime = next(l for l in Path("/proc/stat").read_text().splitlines() if l.startswith("btime"))
-            _BOOT_NS = int(btime.split()[1]) * 1_000_000_000
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        return _BOOT_NS + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError, IndexError):
-        return 0
+    """Wall-clock start of a process, 0 if gone."""
+    return start_ns_of(process_start_ticks(pid))
 
 
 # Per-api lookup tables for vectorised decoding.
@@ -221,23 +234,26 @@ def _host_kind(what: np.ndarray, complete: bool) -> np.ndarray:
 
 
 class Model:
-    def __init__(self, complete_after_ns: int | None = None) -> None:
+    def __init__(self, complete_after_ticks: int | None = None) -> None:
         self.copies: dict[CopyKey, CopyStats] = {}
         self.syncs: dict[tuple[int, int], SyncStats] = {}
         self.launches: dict[tuple[int, int], int] = {}  # (pid, api) -> launches, from the kernel
         self.lost: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # from the kernel
         self.processes: dict[int, Process] = {}
         self.events = 0
-        # A process that started after this (wall clock) was traced from its
-        # first CUDA call; None: every process is (`memtrace run`).
-        self.complete_after_ns = complete_after_ns
+        # A process that started after this (clock ticks since boot) was
+        # traced from its first CUDA call; None: every process is (`memtrace run`).
+        self.complete_after_ticks = complete_after_ticks
+        # Asks the kernel whether a process was forked once the probes were
+        # live (exact even when it is gone before its events are decoded).
+        self.forked_since_start: Callable[[int], bool] = lambda pid: False
 
     def _process(self, pid: int) -> Process:
         p = self.processes.get(pid)
         if p is None:
             p = self.processes[pid] = Process.probe(pid)
-            after = self.complete_after_ns
-            p.complete = after is None or (p.start_ns > 0 and p.start_ns > after)
+            after = self.complete_after_ticks
+            p.complete = after is None or p.start_ticks > after or self.forked_since_start(pid)
         return p
 
     def mark_complete(self, pid: int) -> None:

@@ -257,14 +257,66 @@ def test_exited_processes_are_sent_a_final_time_then_dropped(fakecuda: Path, tmp
             lines = run_workloads(fakecuda, tmp_path)
             pids = [l["pid"] for l in lines]
             want = by_direction(lines)
-            assert wait_for(lambda: backend_by_direction(vm, pids), want) == want
+            got = wait_for(lambda: backend_by_direction(vm, pids), want)
+            per = {p: backend_by_direction(vm, [p]) for p in pids}
+            assert got == want, (per, {l["pid"]: by_direction([l]) for l in lines})
             deadline = time.monotonic() + 10
             while any(p in agent.model.processes for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.2)
             stop.set()
             t.join(timeout=20)
             assert not any(p in agent.model.processes for p in pids), "exited processes kept their series"
-            assert not any(k.pid in pids for k, _ in agent.source.totals()), "kernel totals of exited pids kept"
+            kept = [k.pid for k, _ in agent.source.lost() + agent.source.counts()] + [
+                p for p in pids if agent.source.is_fresh(p)
+            ]
+            assert not set(kept) & set(pids), "kernel state of exited pids kept"
     finally:
         stop.set()
+        vm.stop()
+
+
+def test_memory_intelligence_reaches_the_backend(fakecuda: Path, tmp_path: Path) -> None:
+    """Host memory labels, device memory, waits and launches, through the
+    collector into VictoriaMetrics, equal to the workload's truth."""
+    vm = VictoriaMetrics(tmp_path)
+    col = Collector(tmp_path, REPO / "deploy" / "otelcol" / "agent.yaml", {"MEMTRACE_EXPORT_ENDPOINT": vm.otlp})
+    push = start_push(["--endpoint", f"http://127.0.0.1:{col.http_port}", "--interval", "1"])
+    try:
+        truth_path = tmp_path / "truth.jsonl"
+        w = subprocess.run([str(fakecuda / "memwork_driver"), "-r", "5"], env={"WORKLOAD_TRUTH": str(truth_path)})
+        assert w.returncode == 0
+        (truth,) = [json.loads(l) for l in truth_path.read_text().splitlines()]
+        time.sleep(2.5)
+        rc, _, err = stop_push(push)
+        assert rc == 0, err
+        sel = f'process_pid="{truth["pid"]}"'
+
+        want: dict[tuple[str, str], int] = defaultdict(int)
+        for c in truth["copies"]:
+            want[(c["direction"], c["host_memory"])] += c["bytes"]
+
+        def copies() -> dict[tuple[str, str], int]:
+            got = {}
+            for r in vm.query(f"sum by (direction, host_memory) (gpu_memcpy_bytes_total{{{sel}}})"):
+                got[(r["metric"]["direction"], r["metric"].get("host_memory", ""))] = int(float(r["value"][1]))
+            return got
+
+        assert wait_for(copies, dict(want)) == dict(want), col.log_path.read_text()[-2000:]
+
+        def one(expr: str) -> int:
+            r = vm.query(expr)
+            return int(float(r[0]["value"][1])) if r else -1
+
+        mem = truth["device_memory"]
+        assert one(f'{{__name__=~"gpu_memory_in_use.*",{sel}}}') == mem["in_use_bytes"]
+        assert one(f'{{__name__=~"gpu_memory_outstanding.*",{sel}}}') == mem["outstanding"]
+        assert one(f'sum({{__name__=~"gpu_memory_allocated.*_total",{sel}}})') == mem["allocated_bytes"]
+        assert one(f'sum({{__name__=~"gpu_memory_unknown_frees.*",{sel}}})') == mem["unknown_frees"]
+        assert one(f"sum(gpu_launches_total{{{sel}}})") == sum(truth["launches"].values())
+        assert one(f'sum(gpu_launches_total{{{sel},kind="graph"}})') == truth["launches"]["graph"]
+        assert one(f"sum(gpu_sync_calls_total{{{sel}}})") == sum(truth["sync"].values())
+    finally:
+        if push.poll() is None:
+            push.kill()
+        col.stop()
         vm.stop()

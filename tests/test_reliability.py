@@ -175,7 +175,7 @@ def test_churn_in_push_mode_releases_per_process_state(fakecuda: Path, tmp_path:
             stop.set()
             t.join(timeout=20)
             assert not agent.model.processes, "per-process state kept after exit"
-            assert agent.source.totals() == [], "kernel totals kept after exit"
+            assert agent.source.lost() == [] and agent.source.counts() == [], "kernel counts kept after exit"
             assert agent.source.inflight_count() == 0, "in-flight entries leaked"
     finally:
         stop.set()
@@ -195,18 +195,22 @@ def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
         t = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"max_unsent_exited": 5})
         t.start()
         try:
+            pids = []
             for i in range(12):
-                subprocess.run(
+                w = subprocess.Popen(
                     [str(fakecuda / "workload_driver"), "-n", "20", "-s", str(i), "-e"],
                     env={"WORKLOAD_TRUTH": "/dev/null"},
-                    check=True,
                 )
+                assert w.wait() == 0
+                pids.append(w.pid)
                 time.sleep(0.3)
             time.sleep(1)
             exited = [p for p in agent.model.processes.values() if p.exited]
             assert len(exited) <= 5, "exited processes pile up without bound during an outage"
-            kernel_pids = {k.pid for k, _ in agent.source.totals()}
-            assert kernel_pids <= set(agent.model.processes), "kernel totals kept for dropped processes"
+            # What the kernel keeps per process goes with the process's model state.
+            kernel_pids = {p for p in pids if agent.source.is_fresh(p)}
+            kernel_pids |= {k.pid for k, _ in agent.source.lost() + agent.source.counts()}
+            assert kernel_pids and kernel_pids <= set(agent.model.processes), "kernel state kept for dropped processes"
         finally:
             stop.set()
             t.join(timeout=20)
