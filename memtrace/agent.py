@@ -214,11 +214,13 @@ def push_forever(
     log.warning("pushing to %s", cfg.redacted())
 
     def build() -> Batch:
+        # A process already gone has queued all its events: look first, then
+        # drain, so its final push carries every call it made.
+        gone = [pid for pid, p in agent.model.processes.items() if not p.exited and not os.path.exists(f"/proc/{pid}")]
         agent.poll()
         agent.sync_totals()
-        for pid, proc in agent.model.processes.items():
-            if not proc.exited and not os.path.exists(f"/proc/{pid}"):
-                proc.exited = True  # its exit notice was lost: never keep its series forever
+        for pid in gone:
+            agent.model.process_exited(pid)  # its exit notice was lost: never keep its series forever
         exited = sorted((p.first_seen_ns, pid) for pid, p in agent.model.processes.items() if p.exited)
         if len(exited) > max_unsent_exited:
             drop = [pid for _, pid in exited[: len(exited) - max_unsent_exited]]

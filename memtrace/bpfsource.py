@@ -25,6 +25,7 @@ from . import apis, discovery, elf
 from .abi import EVENT_DTYPE, STAT_COUNT, CtlEvent, CtlType, InodeKey, Layer, Stat, Totals, TotalsKey
 from .errors import AttachError, BTFMissing, MemtraceError, NotPrivileged, TracefsMissing
 from .libbpf import BpfObject, Libbpf, Link, Map, RingBuffer
+from .ringbuf import EventRing
 
 log = logging.getLogger("memtrace")
 
@@ -138,6 +139,11 @@ class Attachment:
         self.links.clear()
 
 
+# Benchmarks that attach and detach in a loop turn this off: they must not
+# measure the next round with the last round's probes still going away.
+DETACH_IN_BACKGROUND = True
+
+
 def destroy_links(links: list[Link]) -> None:
     """Detach many uprobes without making the caller wait for the kernel.
 
@@ -145,9 +151,11 @@ def destroy_links(links: list[Link]) -> None:
     probe at a time (~0.1 s each, serialised by the kernel): a hundred probes
     kept `memtrace run` from exiting for 13 s after its command ended. So a
     detached grandchild holds a reference to every probe while this process
-    disables and drops its own (each at once), then exits and leaves the
-    slow part to the kernel, in the background."""
-    if len(links) < 8:
+    drops its own (each at once), then exits and leaves the slow part to the
+    kernel, in the background: the uprobes go away within seconds of the
+    agent, and until then they only feed a ring nobody reads. (Never used
+    for the mmap tracepoint: it could hold a process nobody continues.)"""
+    if len(links) < 8 or not DETACH_IN_BACKGROUND:
         for link in links:
             link.destroy()
         return
@@ -164,7 +172,7 @@ def destroy_links(links: list[Link]) -> None:
     os.waitpid(pid, 0)
     try:
         for link in links:
-            link.destroy()  # disables the probe; the grandchild's reference keeps the removal off this path
+            link.destroy()  # the grandchild's reference keeps the removal off this path
     finally:
         os.close(w)
 
@@ -248,12 +256,13 @@ class BpfSource:
         self.on_held = on_held
         self.attachments: dict[discovery.FileId, Attachment] = {}
         self._checked_executables: set[discovery.FileId] = set()
-        self._chunks: list[bytes] = []
+        self._batches: list[np.ndarray] = []
         self._ctl: list[CtlEvent] = []
-        self.malformed = 0  # ring records of the wrong size or type, skipped
+        self._malformed = 0  # control records of the wrong size or type, skipped
         self._links: list[Link] = []
         self.obj: BpfObject | None = None
-        self.ring: RingBuffer | None = None
+        self.ring: RingBuffer | None = None  # the control ring (libbpf, per-record callbacks)
+        self.events: EventRing | None = None  # the events ring (batched reads)
         self.guardian: Guardian | None = None
         self.started_ns = time.time_ns()
 
@@ -286,18 +295,26 @@ class BpfSource:
             progs.append("mt_mmap")
         for p in progs:
             self._links.append(obj.attach(p))
-        self.ring = RingBuffer(lib, [(obj.map("events"), self._on_event), (obj.map("ctl_events"), self._on_ctl)])
+        self.events = EventRing(obj.map("events").fd, self.opts.ring_bytes, EVENT_DTYPE)
+        self.ring = RingBuffer(lib, [(obj.map("ctl_events"), self._on_ctl)])
 
     def close(self) -> None:
+        # The tracepoints first (three, removed here and now): once mt_mmap is
+        # gone no process can be held any more, and every held one is continued.
+        for link in self._links:
+            link.destroy()
+        self._links.clear()
         if self.obj is not None and self.obj.loaded:
             release_all(self.maps["held"])
-        destroy_links([link for a in self.attachments.values() for link in a.links] + self._links)
+        destroy_links([link for a in self.attachments.values() for link in a.links])
         for a in self.attachments.values():
             a.links.clear()
-        self._links.clear()
         if self.ring:
             self.ring.close()
             self.ring = None
+        if self.events:
+            self.events.close()
+            self.events = None
         if self.guardian:
             self.guardian.close()
             self.guardian = None
@@ -372,29 +389,42 @@ class BpfSource:
 
     def _on_event(self, data: int, size: int) -> None:
         if size != EVENT_DTYPE.itemsize:
-            self.malformed += 1  # one odd record must not misalign the batch
+            self._malformed += 1  # one odd record must not misalign the batch
             return
-        self._chunks.append(ctypes.string_at(data, size))
+        self._batches.append(np.frombuffer(ctypes.string_at(data, size), dtype=EVENT_DTYPE))
 
     def _on_ctl(self, data: int, size: int) -> None:
         if size != ctypes.sizeof(CtlEvent):
-            self.malformed += 1
+            self._malformed += 1
             return
         ev = CtlEvent.from_buffer_copy(ctypes.string_at(data, size))
         if ev.type not in (CtlType.MAP, CtlType.EXIT):
-            self.malformed += 1
+            self._malformed += 1
             return
         self._ctl.append(ev)
 
+    @property
+    def malformed(self) -> int:
+        """Ring records of the wrong size or type, skipped and counted."""
+        return self._malformed + (self.events.malformed if self.events else 0)
+
+    def _read_events(self) -> None:
+        assert self.events is not None
+        batch = self.events.read()
+        if len(batch):
+            self._batches.append(batch)
+
     def poll(self) -> int:
-        """Drain both rings and act on control events. Returns copy events seen."""
+        """Drain both rings and act on control events. Returns events seen."""
         assert self.ring is not None
+        self._read_events()
         self.ring.consume()
         ctl, self._ctl = self._ctl, []
         for ev in ctl:
             self._handle_ctl(ev)
         if ctl:
             # Events queued while a library was being attached.
+            self._read_events()
             self.ring.consume()
             for ev in self._ctl:
                 self._handle_ctl(ev)
@@ -403,10 +433,10 @@ class BpfSource:
 
     def decode_pending(self) -> int:
         """Hand the records drained so far to the model as one batch."""
-        if not self._chunks:
+        if not self._batches:
             return 0
-        chunks, self._chunks = self._chunks, []
-        batch = np.frombuffer(b"".join(chunks), dtype=EVENT_DTYPE)
+        batches, self._batches = self._batches, []
+        batch = batches[0] if len(batches) == 1 else np.concatenate(batches)
         self.on_events(batch)
         return len(batch)
 

@@ -13,6 +13,7 @@ stood when the copy returned. Nothing here knows of ctypes, BPF or OTLP.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import os
 import time
@@ -25,7 +26,7 @@ import numpy as np
 from . import apis, resources
 from .abi import Direction, Family, Layer
 from .apis import MemOp
-from .histogram import ExpHistogram
+from .histogram import ExpHistogram, add_grouped
 
 
 class HostMemory(enum.IntEnum):
@@ -81,6 +82,7 @@ class DeviceMemory:
     peak_bytes: int = 0
     sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes per allocation
     live: dict[tuple[int, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
+    pending_sizes: list[int] = field(default_factory=list)
     # For the leak signal: when memory was last given back, and how much was in use then.
     last_free_ns: int = 0
     in_use_at_last_free: int = 0
@@ -91,18 +93,26 @@ class DeviceMemory:
 
 
 class AddressBook:
-    """Ranges a process's own calls made device, pinned or managed memory."""
+    """Ranges a process's own calls made device, pinned or managed memory.
+
+    Ranges never overlap (a new one replaces any it overlaps: the end of the
+    old one was lost), so a pointer is in at most one: the one with the
+    greatest start at or below it."""
 
     def __init__(self) -> None:
         self.ranges: dict[int, tuple[int, int]] = {}  # start -> (end, what)
+        self._starts: list[int] = []  # sorted
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.pinned_bytes = 0
 
     def add(self, start: int, size: int, what: int) -> None:
         end = start + max(size, 1)
-        # A range we missed the end of (a lost event) gives way to a new one.
-        for s in [s for s, (e, _) in self.ranges.items() if s < end and e > start]:
-            self._drop(s)
+        i = bisect.bisect_left(self._starts, start)
+        if i > 0 and self.ranges[self._starts[i - 1]][0] > start:
+            i -= 1  # the range below reaches into the new one
+        while i < len(self._starts) and self._starts[i] < end:
+            self._drop(self._starts[i])
+        bisect.insort(self._starts, start)
         self.ranges[start] = (end, what)
         if what == _PINNED:
             self.pinned_bytes += end - start
@@ -116,18 +126,26 @@ class AddressBook:
 
     def _drop(self, start: int) -> None:
         end, what = self.ranges.pop(start)
+        del self._starts[bisect.bisect_left(self._starts, start)]
         if what == _PINNED:
             self.pinned_bytes -= end - start
         self._arrays = None
+
+    def lookup_one(self, ptr: int) -> int:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i < 0:
+            return _UNTRACKED
+        end, what = self.ranges[self._starts[i]]
+        return what if ptr < end else _UNTRACKED
 
     def lookup(self, ptrs: np.ndarray) -> np.ndarray:
         """What each pointer is: _UNTRACKED, _DEVICE, _PINNED or _MANAGED."""
         if not self.ranges:
             return np.zeros(len(ptrs), np.uint8)
         if self._arrays is None:
-            starts = np.array(sorted(self.ranges), dtype=np.uint64)
-            ends = np.array([self.ranges[s][0] for s in starts.tolist()], dtype=np.uint64)
-            whats = np.array([self.ranges[s][1] for s in starts.tolist()], dtype=np.uint8)
+            starts = np.array(self._starts, dtype=np.uint64)
+            ends = np.array([self.ranges[s][0] for s in self._starts], dtype=np.uint64)
+            whats = np.array([self.ranges[s][1] for s in self._starts], dtype=np.uint8)
             self._arrays = (starts, ends, whats)
         starts, ends, whats = self._arrays
         i = np.searchsorted(starts, ptrs, side="right") - 1
@@ -214,6 +232,14 @@ _H2H, _H2D, _D2H, _D2D, _DEF = (
 )
 
 
+def _exact_sums(v: np.ndarray, starts: np.ndarray) -> list[int]:
+    """Per-group sums of u64 values (groups start at `starts`), without wrapping."""
+    if len(v) and int(v.max()) >= (1 << 64) // len(v):
+        ends = np.append(starts[1:], len(v)).tolist()
+        return [sum(v[s:e].tolist()) for s, e in zip(starts.tolist(), ends, strict=True)]
+    return np.add.reduceat(v.astype(np.uint64), starts).tolist() if len(v) else []
+
+
 def _exact_sum(v: np.ndarray) -> int:
     """Sum of u64 values without wrapping (numpy's sum wraps at 2**64)."""
     if len(v) == 0:
@@ -223,13 +249,25 @@ def _exact_sum(v: np.ndarray) -> int:
     return sum(v.tolist())
 
 
-def _host_kind(what: np.ndarray, complete: bool) -> np.ndarray:
-    """A pointer's host memory kind; device memory where host memory was named is unknown."""
+# what an address book says -> host memory kind, for complete and incomplete processes
+_HOST_KIND = {
+    c: {
+        _UNTRACKED: HostMemory.PAGEABLE if c else HostMemory.UNKNOWN,
+        _DEVICE: HostMemory.UNKNOWN,
+        _PINNED: HostMemory.PINNED,
+        _MANAGED: HostMemory.MANAGED,
+    }
+    for c in (False, True)
+}
+
+
+def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
+    """A pointer's host memory kind; device memory where host memory was named is unknown.
+    An untracked pointer is pageable in a process seen whole (`complete`), else unknown."""
     out = np.full(len(what), HostMemory.UNKNOWN, np.uint8)
     out[what == _PINNED] = HostMemory.PINNED
     out[what == _MANAGED] = HostMemory.MANAGED
-    if complete:
-        out[what == _UNTRACKED] = HostMemory.PAGEABLE
+    out[(what == _UNTRACKED) & complete] = HostMemory.PAGEABLE
     return out
 
 
@@ -268,73 +306,125 @@ class Model:
             return
         self.events += len(batch)
         fam = _FAMILY[batch["api"]]
+        copies = np.flatnonzero(fam == Family.COPY)
         mem = np.flatnonzero(fam == Family.MEM)
-        start = 0
-        # Memory calls change the address books: copies between two of
-        # them are classified together, against the books as they stand.
-        for i in mem.tolist():
-            if i > start:
-                self._add_calls(batch[start:i], fam[start:i])
-            self._memory_call(batch[i])
-            start = i + 1
-        if start < len(batch):
-            self._add_calls(batch[start:], fam[start:])
-
-    def _add_calls(self, b: np.ndarray, fam: np.ndarray) -> None:
-        copies = fam == Family.COPY
-        if copies.all():
-            self._add_copies(b)
+        direction = batch["direction"].copy()
+        host = np.zeros(len(batch), np.uint8)
+        if len(mem) == 0:
+            if len(copies):
+                direction[copies], host[copies] = self._classify(batch[copies])
         else:
-            if copies.any():
-                self._add_copies(b[copies])
-            syncs = fam == Family.SYNC
-            if syncs.any():
-                self._add_syncs(b[syncs])
+            # Memory calls change the address books: the copies between two of
+            # them are classified against the books as they stand there.
+            seg = np.searchsorted(mem, copies)  # the memory call each copy precedes
+            bounds = np.searchsorted(seg, np.arange(len(mem) + 1), side="right")
+            lo = 0
+            mem_rows = batch[mem].tolist()
+            cols = None
+            for k, hi in enumerate(bounds.tolist()):
+                if hi - lo > 16:
+                    idx = copies[lo:hi]
+                    direction[idx], host[idx] = self._classify(batch[idx])
+                elif hi > lo:
+                    # A few copies between memory calls (JAX allocates and frees a
+                    # staging buffer around each transfer): one at a time costs
+                    # less than numpy's per-call overhead.
+                    if cols is None:
+                        cols = [batch[f].tolist() for f in ("pid", "direction", "src", "dst")]
+                    for i in copies[lo:hi].tolist():
+                        direction[i], host[i] = self._classify_one(cols[0][i], cols[1][i], cols[2][i], cols[3][i])
+                lo = hi
+                if k < len(mem):
+                    self._memory_call(mem_rows[k])
+            for proc in self.processes.values():
+                if proc.memory.pending_sizes:
+                    proc.memory.sizes.add(np.array(proc.memory.pending_sizes, dtype=np.float64))
+                    proc.memory.pending_sizes.clear()
+        if len(copies):
+            self._add_copies(batch[copies], direction[copies], host[copies])
+        syncs = fam == Family.SYNC
+        if syncs.any():
+            self._add_syncs(batch[syncs])
+
+    def _classify_one(self, pid: int, d: int, src: int, dst: int) -> tuple[int, int]:
+        """_classify for one copy: the same rules, without numpy."""
+        proc = self.processes.get(pid) or self._process(pid)
+        book, complete = proc.book, proc.complete
+        sw, dw = book.lookup_one(src), book.lookup_one(dst)
+        sk, dk = _HOST_KIND[complete][sw], _HOST_KIND[complete][dw]
+        if src == 0:
+            sk = HostMemory.UNKNOWN
+        if dst == 0:
+            dk = HostMemory.UNKNOWN
+        if d == _DEF:
+            s_host = sk in (HostMemory.PINNED, HostMemory.PAGEABLE)
+            d_host = dk in (HostMemory.PINNED, HostMemory.PAGEABLE)
+            s_dev, d_dev = sw == _DEVICE, dw == _DEVICE
+            if s_host and d_host:
+                d = _H2H
+            elif s_dev and d_dev:
+                d = _D2D
+            elif s_dev and d_host:
+                d = _D2H
+            elif s_host and d_dev:
+                d = _H2D
+        if d in (_H2D, _H2H):
+            return d, sk
+        if d == _D2H:
+            return d, dk
+        if d == _DEF:
+            managed = HostMemory.MANAGED in (sk, dk)
+            return d, HostMemory.MANAGED if managed else HostMemory.UNKNOWN
+        return d, HostMemory.NONE
 
     def _classify(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(direction, host memory) of each copy: unified directions resolved
         from the pointers, the host side's kind from the address book."""
-        direction = b["direction"].copy()
-        host = np.zeros(len(b), np.uint8)
-        pids = b["pid"]
+        n = len(b)
+        pids, src, dst = b["pid"], b["src"], b["dst"]
+        src_what = np.zeros(n, np.uint8)
+        dst_what = np.zeros(n, np.uint8)
+        complete = np.zeros(n, bool)
         uniq = np.unique(pids).tolist()
         for pid in uniq:
+            proc = self.processes.get(pid) or self._process(pid)
+            if not proc.book.ranges and not proc.complete:
+                continue  # nothing tracked, nothing known: all zeros
             sel = pids == pid if len(uniq) > 1 else slice(None)
-            proc = self._process(pid)
-            d = direction[sel]
-            src_what = proc.book.lookup(b["src"][sel])
-            dst_what = proc.book.lookup(b["dst"][sel])
-            src_kind = _host_kind(src_what, proc.complete)
-            dst_kind = _host_kind(dst_what, proc.complete)
-            # No address (an array, or a descriptor side left empty): not host memory we can name.
-            src_kind[b["src"][sel] == 0] = HostMemory.UNKNOWN
-            dst_kind[b["dst"][sel] == 0] = HostMemory.UNKNOWN
-            # Unified copies: from what both pointers are, or left as default.
-            dflt = d == _DEF
-            if dflt.any():
-                s_dev, d_dev = src_what == _DEVICE, dst_what == _DEVICE
-                s_host = (src_kind == HostMemory.PINNED) | (src_kind == HostMemory.PAGEABLE)
-                d_host = (dst_kind == HostMemory.PINNED) | (dst_kind == HostMemory.PAGEABLE)
-                r = np.full(len(d), _DEF, np.uint8)
-                r[s_host & d_dev] = _H2D
-                r[s_dev & d_host] = _D2H
-                r[s_dev & d_dev] = _D2D
-                r[s_host & d_host] = _H2H
-                d = np.where(dflt, r, d)
-                direction[sel] = d
-            h = np.full(len(d), HostMemory.NONE, np.uint8)
-            from_src = (d == _H2D) | (d == _H2H)
-            h[from_src] = src_kind[from_src]
-            to_dst = d == _D2H
-            h[to_dst] = dst_kind[to_dst]
-            unresolved = d == _DEF
+            complete[sel] = proc.complete
+            if proc.book.ranges:
+                src_what[sel] = proc.book.lookup(src[sel])
+                dst_what[sel] = proc.book.lookup(dst[sel])
+        src_kind = _host_kind(src_what, complete)
+        dst_kind = _host_kind(dst_what, complete)
+        # No address (an array, or a descriptor side left empty): not host memory we can name.
+        src_kind[src == 0] = HostMemory.UNKNOWN
+        dst_kind[dst == 0] = HostMemory.UNKNOWN
+        d = b["direction"].copy()
+        # Unified copies: from what both pointers are, or left as default.
+        dflt = d == _DEF
+        if dflt.any():
+            s_dev, d_dev = src_what == _DEVICE, dst_what == _DEVICE
+            s_host = (src_kind == HostMemory.PINNED) | (src_kind == HostMemory.PAGEABLE)
+            d_host = (dst_kind == HostMemory.PINNED) | (dst_kind == HostMemory.PAGEABLE)
+            r = np.full(n, _DEF, np.uint8)
+            r[s_host & d_dev] = _H2D
+            r[s_dev & d_host] = _D2H
+            r[s_dev & d_dev] = _D2D
+            r[s_host & d_host] = _H2H
+            d = np.where(dflt, r, d)
+        h = np.full(n, HostMemory.NONE, np.uint8)
+        from_src = (d == _H2D) | (d == _H2H)
+        h[from_src] = src_kind[from_src]
+        to_dst = d == _D2H
+        h[to_dst] = dst_kind[to_dst]
+        unresolved = d == _DEF
+        if unresolved.any():
             managed = (src_kind == HostMemory.MANAGED) | (dst_kind == HostMemory.MANAGED)
             h[unresolved] = np.where(managed[unresolved], HostMemory.MANAGED, HostMemory.UNKNOWN)
-            host[sel] = h
-        return direction, host
+        return d, h
 
-    def _add_copies(self, b: np.ndarray) -> None:
-        direction, host = self._classify(b)
+    def _add_copies(self, b: np.ndarray, direction: np.ndarray, host: np.ndarray) -> None:
         keys = (
             b["pid"].astype(np.uint64) << np.uint64(32)
             | b["api"].astype(np.uint64) << np.uint64(16)
@@ -349,50 +439,72 @@ class Model:
         nbytes = b["bytes"][order]
         sizes = nbytes.astype(np.float64)
         uniq, starts = np.unique(keys, return_index=True)
-        ends = np.append(starts[1:], len(keys))
-        for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        counts = np.diff(np.append(starts, len(keys)))
+        oks = np.add.reduceat(ok.astype(np.int64), starts)
+        nbytes_ok = np.where(ok, nbytes, np.uint64(0))
+        byte_sums = _exact_sums(nbytes_ok, starts)
+        dur_sums = _exact_sums(dur_ns, starts)
+        stats = []
+        for k, n, nok, nb, dsum in zip(
+            uniq.tolist(), counts.tolist(), oks.tolist(), byte_sums, dur_sums, strict=True
+        ):
             key = (k >> 32, (k >> 16) & 0xFFFF, (k >> 8) & 0xFF, k & 0xFF)
             st = self.copies.get(key)
             if st is None:
                 st = self.copies[key] = CopyStats()
                 self._process(key[0])
-            okk = ok[s:e]
-            n = e - s
             st.calls += n
             st.events += n
-            st.errors += n - int(okk.sum())
-            st.bytes += _exact_sum(nbytes[s:e][okk])
-            st.duration_ns += _exact_sum(dur_ns[s:e])
-            st.durations.add(durations[s:e])
-            st.sizes.add(sizes[s:e][okk])
+            st.errors += n - nok
+            st.bytes += nb
+            st.duration_ns += dsum
+            stats.append(st)
+        add_grouped([st.durations for st in stats], starts, durations)
+        # sizes of the successful copies only: the same groups, over the ok events
+        group = np.repeat(np.arange(len(stats)), counts)[ok]
+        add_grouped([st.sizes for st in stats], np.searchsorted(group, np.arange(len(stats))), sizes[ok])
 
     def _add_syncs(self, b: np.ndarray) -> None:
-        for pid, api in {(int(p), int(a)) for p, a in zip(b["pid"].tolist(), b["api"].tolist(), strict=True)}:
-            sel = (b["pid"] == pid) & (b["api"] == api)
+        keys = b["pid"].astype(np.uint64) << np.uint64(16) | b["api"].astype(np.uint64)
+        order = np.argsort(keys, kind="stable")
+        keys, dur, ret = keys[order], b["duration_ns"][order], b["ret"][order]
+        uniq, starts = np.unique(keys, return_index=True)
+        ends = np.append(starts[1:], len(keys))
+        for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            pid, api = k >> 16, k & 0xFFFF
             st = self.syncs.get((pid, api))
             if st is None:
                 st = self.syncs[(pid, api)] = SyncStats()
                 self._process(pid)
-            d = b["duration_ns"][sel]
-            st.calls += len(d)
-            st.errors += int((b["ret"][sel] != 0).sum())
+            d = dur[s:e]
+            st.calls += e - s
+            st.errors += int((ret[s:e] != 0).sum())
             st.duration_ns += _exact_sum(d)
             st.durations.add(d.astype(np.float64) * 1e-9)
 
-    def _memory_call(self, ev: np.void) -> None:
-        api = apis.BY_ID[int(ev["api"])]
-        proc = self._process(int(ev["pid"]))
-        mem, book = proc.memory, proc.book
-        ok = int(ev["ret"]) == 0
-        addr, size = int(ev["dst"]), int(ev["bytes"])
-        now = time.time_ns()
+    def _memory_call(self, ev: tuple) -> None:
+        """One memory call, as a row of EVENT_DTYPE (a tuple, in field order)."""
+        _ts, _dur, size, aux, addr, _src, pid, _tid, ret, api_id, _d, _layer = ev
+        api = apis.BY_ID[api_id]
         op = api.op
+        proc = self.processes.get(pid) or self._process(pid)
+        ok = ret == 0
+        if op is MemOp.HOST_ALLOC or op is MemOp.HOST_REGISTER:  # the common case first (JAX's staging)
+            if ok:
+                proc.book.add(addr, size, _PINNED)
+            return
+        if op is MemOp.HOST_FREE or op is MemOp.HOST_UNREGISTER:
+            if ok:
+                proc.book.remove(addr)
+            return
+        mem, book = proc.memory, proc.book
+        now = time.time_ns()
         if op in (MemOp.DEVICE_ALLOC, MemOp.MANAGED_ALLOC, MemOp.VMM_CREATE):
             if not ok:
                 mem.failed_allocations += 1
                 return
             if api.mem_flags:  # pitched: pitch x height
-                size *= int(ev["stream"])
+                size *= aux
             kind = 1 if op == MemOp.VMM_CREATE else 0
             if (kind, addr) in mem.live:  # its free was lost: do not count it twice
                 mem.in_use_bytes -= mem.live.pop((kind, addr))
@@ -401,7 +513,7 @@ class Model:
             mem.allocated_bytes += size
             mem.in_use_bytes += size
             mem.peak_bytes = max(mem.peak_bytes, mem.in_use_bytes)
-            mem.sizes.add(np.array([size], dtype=np.float64))
+            mem.pending_sizes.append(size)  # into the histogram once per batch
             if op != MemOp.VMM_CREATE:
                 book.add(addr, size, _MANAGED if op == MemOp.MANAGED_ALLOC else _DEVICE)
         elif op in (MemOp.DEVICE_FREE, MemOp.VMM_RELEASE):

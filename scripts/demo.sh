@@ -31,3 +31,19 @@ for line in open(sys.argv[1]):
 for d, (calls, nbytes) in sorted(t.items()):
     print(f"  {d:8} calls {calls:6}  bytes {nbytes:,}")
 PY
+echo
+echo "== SIMULATED memory workload: pinned, registered, pageable and managed host"
+echo "== memory, device allocations (some leaked), unified copies, waits and"
+echo "== launches. memtrace tells pinned from pageable and resolves the unified"
+echo "== copies from the pointers; the workload's own truth follows."
+WORKLOAD_TRUTH="$out/memtruth.jsonl" .venv/bin/memtrace run -- "$out/memwork" -r 40
+echo "== ground truth (as the workload counted it):"
+.venv/bin/python - "$out/memtruth.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    for c in t["copies"]:
+        print(f"  {c['api']:14} {c['direction']:8} {c['host_memory'] or '-':9} calls {c['calls']:4}  bytes {c['bytes']:,}")
+    print("  device memory:", t["device_memory"])
+    print("  waits:", t["sync"], " launches:", t["launches"])
+PY

@@ -77,3 +77,21 @@ def test_merge_of_different_scales() -> None:
     b.add(np.array([4.0, 5.0]))
     a.merge(b)
     assert a.scale == 2 and a.count == 5 and sum(a.counts.values()) == 5
+
+
+def test_grouped_add_equals_one_add_per_group() -> None:
+    from memtrace.histogram import add_grouped
+
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        sizes = rng.integers(0, 6, rng.integers(1, 12))  # empty groups included
+        values = np.concatenate([rng.choice([0.0, 1e-9, 3.5, 2.0**20], n) * rng.random(n) for n in sizes])
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        one = [ExpHistogram() for _ in sizes]
+        for h, s, n in zip(one, starts.tolist(), sizes.tolist(), strict=True):
+            h.add(values[s : s + n])
+        grouped = [ExpHistogram() for _ in sizes]
+        add_grouped(grouped, starts, values)
+        for a, b in zip(one, grouped, strict=True):
+            assert (a.count, a.zero_count, a.counts, a.min, a.max) == (b.count, b.zero_count, b.counts, b.min, b.max)
+            assert abs(a.sum - b.sum) <= 1e-9 * max(1.0, abs(a.sum))

@@ -1,0 +1,63 @@
+"""Run every benchmark of issue 6 and write bench/RESULTS.md.
+
+    sudo .venv/bin/python bench/run_all.py [--quick]
+
+Each benchmark prints ratios measured side by side in one run; this runner
+records their output with the machine, kernel and commit, so results are
+never separated from where they were measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+BENCHES = [
+    ("Traced-process overhead per call (target 1: memtrace/bare <= 1.15)", "probe_cost.py", ["--rounds", "7"]),
+    ("Agent throughput (target 2: >= 1M events/s per core, no drops)", "agent_throughput.py", []),
+    ("Agent footprint (target 3: < 150 MB at 1000 processes)", "footprint.py", []),
+    ("Time to attach (target 4)", "attach_time.py", []),
+]
+QUICK = {"probe_cost.py": ["--rounds", "3", "--calls", "50000"], "footprint.py": ["--counts", "1,10,100"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer rounds, no 1000-process run")
+    ap.add_argument("--out", default=str(REPO / "bench" / "RESULTS.md"))
+    a = ap.parse_args()
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    cpu = next(
+        (l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in l),
+        platform.processor(),
+    )
+    lines = [
+        "# memtrace benchmark results",
+        "",
+        f"Written by `bench/run_all.py` on {datetime.date.today()}, commit {commit.stdout.strip() or '?'}.",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), kernel {platform.release()}, "
+        f"Python {platform.python_version()}.",
+        "Each section is one benchmark's own output: every ratio in it was measured side by side in one run.",
+        "",
+    ]
+    for title, script, args in BENCHES:
+        argv = [sys.executable, str(REPO / "bench" / script), *(QUICK.get(script, args) if a.quick else args)]
+        print(f"== {title}: {' '.join(argv[1:])}", flush=True)
+        r = subprocess.run(argv, capture_output=True, text=True)
+        out = "\n".join(l for l in r.stdout.splitlines() if l.strip())
+        print(out, flush=True)
+        lines += [f"## {title}", "", f"`sudo .venv/bin/python bench/{script} {' '.join(args)}`".replace(" `", "`"), ""]
+        lines += ["```", out or f"(failed: {r.stderr.strip()[-500:]})", "```", ""]
+    Path(a.out).write_text("\n".join(lines))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
