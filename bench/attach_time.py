@@ -99,6 +99,8 @@ def main() -> None:
         f"{med(without) * 1e3:.2f} ms without"
         f" -> held for {(med(with_agent) - med(without)) * 1e3:.2f} ms while its probes were attached"
     )
+    print(f"SUMMARY | start to tracing | {med(start) * 1e3:.0f} ms | - | -")
+    print(f"SUMMARY | new CUDA library mapped to probes live | {(med(with_agent) - med(without)) * 1e3:.1f} ms | - | -")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
     sudo .venv/bin/python bench/footprint.py [--seconds S] [--counts 1,10,100,1000]
 
 For each count, that many processes of the test workload run side by side,
-each making 50 copies a second through real uprobes, while the agent (in
+each making 50 copies a second through real uprobes (three copy APIs, a few
+series each, and a training step's four copy sizes, like the recorded
+PyTorch job's copy mix), while the agent (in
 this process, host-wide, as `memtrace push` runs it) drains and aggregates.
 Printed per count: events/s received, agent CPU per 10k events/s, resident
 memory (the whole agent process), and the time to build and encode one OTLP
@@ -58,7 +60,7 @@ def main() -> None:
             agent.source.scan()
             procs = [
                 subprocess.Popen(
-                    [str(fx / "workload_driver"), "-n", str(calls), "-p", "20000", "-e", "-s", str(i)],
+                    [str(fx / "workload_driver"), "-n", str(calls), "-p", "20000", "-e", "-a", "3", "-z", "-s", str(i)],
                     env={"WORKLOAD_TRUTH": "/dev/null"},
                 )
                 for i in range(n)
@@ -70,8 +72,12 @@ def main() -> None:
                 time.sleep(0.005)
             ev0, cpu0, t0 = agent.model.events, time.process_time(), time.monotonic()
             t_end = t0 + a.seconds
+            rss_mid = None
             while time.monotonic() < t_end:
                 agent.poll()
+                if rss_mid is None and time.monotonic() > t0 + a.seconds / 2:
+                    agent.sync_totals()
+                    rss_mid = (rss_mb(), agent.model.events - ev0)
                 time.sleep(0.005)
             agent.poll()
             agent.sync_totals()
@@ -91,13 +97,18 @@ def main() -> None:
             per10k = cpu / wall / (rate / 10_000) if rate else float("nan")
             print(
                 f"{n:>10} {rate:>10,.0f} {per10k:>12.3f}s {rss_mb():>8.1f} {export_ms:>10.1f} {series:>7}"
-                f"  ({len(encoded):,} B encoded)"
+                f"  ({len(encoded):,} B encoded; RSS {rss_mid[0]:.1f} MB after {rss_mid[1]:,} events,"
+                f" {rss_mb():.1f} MB after {events:,})"
             )
+            last = (n, rss_mb(), per10k)
             for p in procs:
                 p.kill()
             for p in procs:
                 p.wait()
     print(f"(RSS of this process before the first agent: {base_rss:.1f} MB; CPU is the whole process, drain included)")
+    n, rss, per10k = last
+    print(f"SUMMARY | resident memory at {n} processes | {rss:.1f} MB | < 150 MB | {'met' if rss < 150 else 'not met'}")
+    print(f"SUMMARY | agent CPU at {n} processes | {per10k:.3f} CPU-s per 10k events/s | - | -")
 
 
 if __name__ == "__main__":

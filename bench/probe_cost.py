@@ -219,17 +219,23 @@ def main() -> None:
     for s in med:
         print(f"{s:10}" + "".join(f"{med[s][k]:18.1f}" for k in KINDS))
     print("cost over untraced (ns/call) and memtrace / bare:")
+    summary: list[str] = []
     for k in KINDS:
         base = med["untraced"][k]
         over = {s: med[s][k] - base for s in med if s != "untraced"}
         line = "  ".join(f"{s} +{v:.0f}" for s, v in over.items())
         ratio = med["memtrace"][k] / med["bare"][k]
         print(f"  {k:7} {line}   memtrace/bare = {ratio:.3f}  (target <= 1.15)")
+        summary.append(
+            f"SUMMARY | probe cost, {k} ({SYMS[k]}) | memtrace/bare {ratio:.3f} | <= 1.15 | "
+            f"{'met' if ratio <= 1.15 else 'not met'}"
+        )
     if "before" in med:
         print(
             "before -> after (ns/call): "
             + ", ".join(f"{k} {med['before'][k]:.0f} -> {med['memtrace'][k]:.0f}" for k in KINDS)
         )
+    print("\n".join(summary))
 
 
 if __name__ == "__main__":

@@ -47,14 +47,21 @@ def main() -> None:
         "Each section is one benchmark's own output: every ratio in it was measured side by side in one run.",
         "",
     ]
+    rows: list[str] = []
+    sections: list[str] = []
     for title, script, args in BENCHES:
         argv = [sys.executable, str(REPO / "bench" / script), *(QUICK.get(script, args) if a.quick else args)]
         print(f"== {title}: {' '.join(argv[1:])}", flush=True)
         r = subprocess.run(argv, capture_output=True, text=True)
-        out = "\n".join(l for l in r.stdout.splitlines() if l.strip())
+        out = "\n".join(l for l in r.stdout.splitlines() if l.strip() and not l.startswith("SUMMARY |"))
+        rows += [l.split("|", 1)[1].strip() for l in r.stdout.splitlines() if l.startswith("SUMMARY |")]
         print(out, flush=True)
-        lines += [f"## {title}", "", f"`sudo .venv/bin/python bench/{script} {' '.join(args)}`".replace(" `", "`"), ""]
-        lines += ["```", out or f"(failed: {r.stderr.strip()[-500:]})", "```", ""]
+        cmd = f"sudo .venv/bin/python bench/{script} {' '.join(args)}".strip()
+        sections += [f"## {title}", "", f"`{cmd}`", ""]
+        sections += ["```", out or f"(failed: {r.stderr.strip()[-500:]})", "```", ""]
+    lines += ["| figure | measured | target | |", "|---|---|---|---|"]
+    lines += [f"| {r} |" for r in rows]
+    lines += ["", *sections]
     Path(a.out).write_text("\n".join(lines))
     print(f"wrote {a.out}")
 

@@ -44,12 +44,111 @@ struct inflight {
 	__u8 direction;
 };
 
+/*
+ * Calls in flight, keyed by tid << 1 | layer. The hot path uses `slots`, an
+ * array indexed by the key's low bits: a slot is claimed with one
+ * compare-and-swap and released with a store, no lock and no allocation
+ * (a hash update and delete per call cost more than the rest of the
+ * program). Two threads whose keys share a slot at the same moment are
+ * rare; the second one goes to the `inflight` hash, and `overflow` says
+ * whether any entry is there at all, so the common path never looks.
+ */
+#define NSLOTS 65536
+
+struct mt_slot {
+	__u64 owner; /* key + 1; 0: free */
+	struct inflight f;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NSLOTS);
+	__type(key, __u32);
+	__type(value, struct mt_slot);
+} slots SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_INFLIGHT);
 	__type(key, __u64); /* tid << 1 | layer */
 	__type(value, struct inflight);
 } inflight SEC(".maps");
+
+/* Entries now in `inflight` (slot collisions), one counter. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __s64);
+} overflow SEC(".maps");
+
+static __always_inline struct mt_slot *slot_of(__u64 key)
+{
+	__u32 i = key & (NSLOTS - 1);
+
+	return bpf_map_lookup_elem(&slots, &i);
+}
+
+static __always_inline __s64 *overflow_count(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&overflow, &zero);
+}
+
+/* The call in flight on this thread and layer, or NULL. */
+static __always_inline struct inflight *find_inflight(__u64 key)
+{
+	struct mt_slot *s = slot_of(key);
+	__s64 *n;
+
+	if (s && s->owner == key + 1)
+		return &s->f;
+	n = overflow_count();
+	if (n && *n > 0)
+		return bpf_map_lookup_elem(&inflight, &key);
+	return NULL;
+}
+
+/* Record a call in flight; false if there was no room. */
+static __always_inline bool put_inflight(__u64 key, const struct inflight *f)
+{
+	struct mt_slot *s = slot_of(key);
+	__s64 *n;
+	__u64 was;
+
+	if (s) {
+		was = __sync_val_compare_and_swap(&s->owner, 0, key + 1);
+		if (was == 0 || was == key + 1) {
+			s->f = *f;
+			return true;
+		}
+	}
+	n = overflow_count();
+	if (bpf_map_update_elem(&inflight, &key, f, BPF_ANY))
+		return false;
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	return true;
+}
+
+/* Release this thread's call on this layer; true if there was one. */
+static __always_inline bool drop_inflight(__u64 key)
+{
+	struct mt_slot *s = slot_of(key);
+	__s64 *n;
+
+	if (s && s->owner == key + 1) {
+		s->owner = 0;
+		return true;
+	}
+	n = overflow_count();
+	if (n && *n > 0 && bpf_map_delete_elem(&inflight, &key) == 0) {
+		__sync_fetch_and_add(n, -1);
+		return true;
+	}
+	return false;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -297,7 +396,7 @@ int BPF_KPROBE(mt_enter)
 		return 0;
 	if (layer == MT_LAYER_DRIVER) {
 		rkey = ((__u64)(__u32)id << 1) | MT_LAYER_RUNTIME;
-		if (bpf_map_lookup_elem(&inflight, &rkey)) {
+		if (find_inflight(rkey)) {
 			stat_inc(MT_STAT_NESTED);
 			return 0;
 		}
@@ -321,7 +420,7 @@ int BPF_KPROBE(mt_enter)
 
 	f.ts_ns = bpf_ktime_get_ns();
 	key = ((__u64)(__u32)id << 1) | layer;
-	if (bpf_map_update_elem(&inflight, &key, &f, BPF_ANY))
+	if (!put_inflight(key, &f))
 		stat_inc(MT_STAT_INFLIGHT_FULL);
 	return 0;
 }
@@ -363,7 +462,7 @@ int BPF_KRETPROBE(mt_return)
 	struct mt_event *e;
 	__u64 dst, aux;
 
-	f = bpf_map_lookup_elem(&inflight, &key);
+	f = find_inflight(key);
 	if (!f)
 		return 0; /* nested driver call, or entry not seen */
 	if (f->cookie != cookie)
@@ -401,7 +500,7 @@ int BPF_KRETPROBE(mt_return)
 		tk.direction = f->direction;
 		count_lost(&tk, f->bytes, ret, now - f->ts_ns);
 	}
-	bpf_map_delete_elem(&inflight, &key);
+	drop_inflight(key);
 	return 0;
 }
 
@@ -552,10 +651,10 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	/* A thread that dies inside a call never returns: release its
 	 * entries and count the calls that will never complete. */
 	key = ((__u64)tid << 1) | MT_LAYER_RUNTIME;
-	if (bpf_map_delete_elem(&inflight, &key) == 0)
+	if (drop_inflight(key))
 		stat_inc(MT_STAT_ABANDONED);
 	key = ((__u64)tid << 1) | MT_LAYER_DRIVER;
-	if (bpf_map_delete_elem(&inflight, &key) == 0)
+	if (drop_inflight(key))
 		stat_inc(MT_STAT_ABANDONED);
 
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)

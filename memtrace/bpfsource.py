@@ -511,4 +511,11 @@ class BpfSource:
         return out
 
     def inflight_count(self) -> int:
-        return sum(1 for _ in self.maps["inflight"].keys(ctypes.c_uint64))
+        """Calls in flight now: claimed slots, plus entries in the overflow hash."""
+        slots = self.obj.map("slots") if self.obj else None
+        owner = (ctypes.c_uint64 * 8)()  # the slot's owner word, then its call (56 bytes)
+        busy = 0
+        for i in range(65536 if slots else 0):
+            if slots.lookup(ctypes.c_uint32(i), owner) and owner[0]:
+                busy += 1
+        return busy + sum(1 for _ in self.maps["inflight"].keys(ctypes.c_uint64))

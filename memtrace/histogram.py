@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 DEFAULT_SCALE = 5  # 32 buckets per power of two: quantiles within 1.1%
+MAX_BUCKETS = 160  # as OTel's SDK: a histogram keeps at most this many buckets, downscaling to fit
 
 
 def map_to_index(values: np.ndarray, scale: int) -> np.ndarray:
@@ -59,6 +60,13 @@ class ExpHistogram:
             c = self.counts
             for i, k in zip(idx.tolist(), n.tolist(), strict=True):
                 c[i] = c.get(i, 0) + k
+            self._bound()
+
+    def _bound(self) -> None:
+        """Keep at most MAX_BUCKETS buckets: memory per series is bounded
+        whatever the values, as in OTel's SDK (which downscales the same way)."""
+        while len(self.counts) > MAX_BUCKETS and self.scale > -10:
+            self.__dict__.update(self.downscaled(self.scale - 1).__dict__)
 
     def take_window(self) -> tuple[float, float]:
         w = (self.window_min, self.window_max)
@@ -73,7 +81,10 @@ class ExpHistogram:
         return ExpHistogram(self.scale, dict(self.counts), self.zero_count, self.count, self.sum, self.min, self.max)
 
     def minus(self, base: ExpHistogram) -> ExpHistogram:
-        """What was added since `base`, a copy of this histogram taken earlier."""
+        """What was added since `base`, a copy of this histogram taken earlier
+        (at the same or a finer scale: a histogram only ever downscales)."""
+        if base.scale > self.scale:
+            base = base.downscaled(self.scale)
         assert base.scale == self.scale
         d = ExpHistogram(
             self.scale, {}, self.zero_count - base.zero_count, self.count - base.count, self.sum - base.sum
@@ -135,7 +146,7 @@ def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarra
     """hists[g].add(values[starts[g]:starts[g+1]]) for every group g at once:
     one pass of numpy over the whole batch instead of one per group (a batch
     holds tens of series, and numpy's per-call overhead was the agent's cost).
-    Groups may be empty; all histograms share one scale."""
+    Groups may be empty; histograms may have different scales."""
     n = len(values)
     if n == 0 or not hists:
         return
@@ -144,8 +155,6 @@ def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarra
     hs = [hists[i] for i in live.tolist()]
     st = np.asarray(starts, dtype=np.int64)[live]
     counts = counts[live]
-    scale = hs[0].scale
-    assert all(h.scale == scale for h in hs)
     v = np.asarray(values, dtype=np.float64)
     sums = np.add.reduceat(v, st)
     mins = np.minimum.reduceat(v, st)
@@ -164,12 +173,20 @@ def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarra
         h.zero_count += z
     if not pos.any():
         return
-    idx = map_to_index(v[pos], scale)
+    scales = np.array([h.scale for h in hs], dtype=np.int64)
+    top = int(scales.max())
     group = np.repeat(np.arange(len(hs), dtype=np.int64), counts)[pos]
+    # The index at a lower scale is the index at a higher one shifted right.
+    idx = map_to_index(v[pos], top) >> (top - scales)[group]
     lo_idx = int(idx.min())
     width = int(idx.max()) - lo_idx + 1
     uk, nk = np.unique(group * width + (idx - lo_idx), return_counts=True)
+    touched = set()
     for k, m in zip(uk.tolist(), nk.tolist(), strict=True):
-        c = hs[k // width].counts
+        g = k // width
+        c = hs[g].counts
         b = k % width + lo_idx
         c[b] = c.get(b, 0) + m
+        touched.add(g)
+    for g in touched:
+        hs[g]._bound()

@@ -445,9 +445,7 @@ class Model:
         byte_sums = _exact_sums(nbytes_ok, starts)
         dur_sums = _exact_sums(dur_ns, starts)
         stats = []
-        for k, n, nok, nb, dsum in zip(
-            uniq.tolist(), counts.tolist(), oks.tolist(), byte_sums, dur_sums, strict=True
-        ):
+        for k, n, nok, nb, dsum in zip(uniq.tolist(), counts.tolist(), oks.tolist(), byte_sums, dur_sums, strict=True):
             key = (k >> 32, (k >> 16) & 0xFFFF, (k >> 8) & 0xFF, k & 0xFF)
             st = self.copies.get(key)
             if st is None:

@@ -81,7 +81,7 @@ def test_kustomization_ships_the_tested_collector_configs() -> None:
 def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
     d = json.loads((DEPLOY / "grafana" / "memtrace.json").read_text())
     titles = [p["title"] for p in d["panels"]]
-    for want in ("bandwidth by direction", "p50 / p95 / p99", "heatmap", "summary"):
+    for want in ("bandwidth by direction", "p50 / p95 / p99", "heatmap", "summary", "host memory", "Findings"):
         assert any(want in t for t in titles), want
     exported = {
         "gpu_memcpy_bytes_total",
@@ -95,11 +95,15 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
         "memtrace_agent_processes",
         "memtrace_agent_libraries",
         "memtrace_agent_unsent_processes_total",
+        "gpu_memory_in_use_bytes",
+        "gpu_sync_wait_time_seconds_total",
+        "gpu_launches_total",
+        "memtrace_finding_ratio",
     }
     import re
 
     for p in d["panels"]:
         assert p["targets"]
         for t in p["targets"]:
-            names = set(re.findall(r"\b(gpu_memcpy_\w+|memtrace_agent_\w+)", t["expr"]))
+            names = set(re.findall(r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+)", t["expr"]))
             assert names and names <= exported, t["expr"]

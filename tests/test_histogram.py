@@ -95,3 +95,18 @@ def test_grouped_add_equals_one_add_per_group() -> None:
         for a, b in zip(one, grouped, strict=True):
             assert (a.count, a.zero_count, a.counts, a.min, a.max) == (b.count, b.zero_count, b.counts, b.min, b.max)
             assert abs(a.sum - b.sum) <= 1e-9 * max(1.0, abs(a.sum))
+
+
+def test_buckets_stay_bounded_whatever_the_values() -> None:
+    from memtrace.histogram import MAX_BUCKETS, add_grouped
+
+    rng = np.random.default_rng(3)
+    one, grouped = ExpHistogram(), ExpHistogram()
+    for _ in range(20):
+        v = rng.random(5000) * 2.0 ** rng.integers(-30, 40, 5000)  # 70 powers of two
+        one.add(v)
+        add_grouped([grouped], np.array([0]), v)
+    for h in (one, grouped):
+        assert len(h.counts) <= MAX_BUCKETS and h.count == 100_000
+        assert sum(h.counts.values()) + h.zero_count == h.count
+    assert one.scale == grouped.scale and one.counts == grouped.counts

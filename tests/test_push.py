@@ -119,6 +119,9 @@ def test_workload_to_collector_to_victoriametrics_exactly(protocol: str, fakecud
     )
     try:
         lines = run_workloads(fakecuda, tmp_path, pace_us=6000)
+        # And a job the memory panels have something to say about: pinned and
+        # pageable host memory, device memory, waits, launches, a finding.
+        subprocess.run([str(fakecuda / "memwork_driver"), "-r", "40"], env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
         time.sleep(2.5)
         assert listening_sockets(push.pid) == [], "memtrace push must not listen"
         rc, took, err = stop_push(push)
