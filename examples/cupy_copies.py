@@ -1,6 +1,6 @@
 """CuPy copies with known truth (driver API only).
 
-    memtrace run --format json -- python examples/cupy_copies.py
+memtrace run --format json -- python examples/cupy_copies.py
 """
 
 import json

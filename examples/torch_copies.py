@@ -28,6 +28,9 @@ for _ in range(N):
     d2.copy_(d1)  # d2d
 torch.cuda.synchronize()
 
-truth = {"h2d": {"calls": 2 * N, "bytes": 2 * N * SIZE}, "d2h": {"calls": N, "bytes": N * SIZE},
-         "d2d": {"calls": N, "bytes": N * SIZE}}
+truth = {
+    "h2d": {"calls": 2 * N, "bytes": 2 * N * SIZE},
+    "d2h": {"calls": N, "bytes": N * SIZE},
+    "d2d": {"calls": N, "bytes": N * SIZE},
+}
 print(json.dumps({"truth": truth}), file=sys.stderr)

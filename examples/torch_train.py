@@ -23,8 +23,15 @@ torch.manual_seed(0)
 data = TensorDataset(torch.randn(a.steps * 64, 3, 32, 32), torch.randint(0, 10, (a.steps * 64,)))
 loader = DataLoader(data, batch_size=64, num_workers=2, pin_memory=a.pin, shuffle=True)
 model = nn.Sequential(
-    nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-    nn.Flatten(), nn.Linear(64 * 16 * 16, 128), nn.ReLU(), nn.Linear(128, 10),
+    nn.Conv2d(3, 32, 3, padding=1),
+    nn.ReLU(),
+    nn.Conv2d(32, 64, 3, padding=1),
+    nn.ReLU(),
+    nn.MaxPool2d(2),
+    nn.Flatten(),
+    nn.Linear(64 * 16 * 16, 128),
+    nn.ReLU(),
+    nn.Linear(128, 10),
 ).cuda()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loss_fn = nn.CrossEntropyLoss()

@@ -134,7 +134,8 @@ def test_workload_to_collector_to_victoriametrics_exactly(protocol: str, fakecud
         # Every query of the Grafana dashboard answers with data.
         for expr in dashboard_queries():
             e = expr.replace("$__rate_interval", "1m").replace("$host", ".*")
-            assert vm.query(e), f"dashboard query returned nothing: {e}"
+            # The backend makes fresh samples searchable within seconds, not at once.
+            assert wait_for(lambda e=e: bool(vm.query(e)), True, timeout=30), f"dashboard query returned nothing: {e}"
 
         # One resource per process, with who and where it is.
         series = vm.query('gpu_memcpy_calls_total{process_pid=~"' + "|".join(map(str, pids)) + '"}')
