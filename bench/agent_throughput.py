@@ -6,8 +6,9 @@ Side by side in one run:
   decode+aggregate  the model's batch path alone (np.frombuffer + histograms),
                     on the event mix of the recorded H100 traces (shared/traces)
   ring end to end   the agent's drain thread against the real kernel ring while
-                    a workload makes copies through real uprobes: thread CPU
-                    seconds per event (the libbpf per-record callback included)
+                    four threads make copies through real uprobes as fast as
+                    they can (three copy APIs, a training step's four sizes):
+                    events per CPU second of the drain thread, and drops
 Each figure is printed as a ratio to the 1M events/s target.
 """
 
@@ -109,7 +110,7 @@ def bench_ring(calls: int) -> tuple[float, int, int]:
         t.start()
         per_thread = calls // 4
         subprocess.run(
-            [str(build / "workload_driver"), "-n", str(per_thread), "-t", "4", "-e"],
+            [str(build / "workload_driver"), "-n", str(per_thread), "-t", "4", "-e", "-a", "3", "-z"],
             env={"WORKLOAD_TRUTH": "/dev/null"},
             check=True,
         )

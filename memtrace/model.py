@@ -249,6 +249,13 @@ def _exact_sum(v: np.ndarray) -> int:
     return sum(v.tolist())
 
 
+# host allocation or registration (True) and their undoing (False), by api id
+_HOST_OPS = {
+    a.id: a.op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER)
+    for a in apis.APIS
+    if a.op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER, MemOp.HOST_FREE, MemOp.HOST_UNREGISTER)
+}
+
 # what an address book says -> host memory kind, for complete and incomplete processes
 _HOST_KIND = {
     c: {
@@ -320,7 +327,12 @@ class Model:
             bounds = np.searchsorted(seg, np.arange(len(mem) + 1), side="right")
             lo = 0
             mem_rows = batch[mem].tolist()
+            copy_list = copies.tolist()
             cols = None
+            one_idx: list[int] = []  # copies classified one at a time, and their results
+            one_dir: list[int] = []
+            one_host: list[int] = []
+            memory_call = self._memory_call
             for k, hi in enumerate(bounds.tolist()):
                 if hi - lo > 16:
                     idx = copies[lo:hi]
@@ -331,11 +343,18 @@ class Model:
                     # less than numpy's per-call overhead.
                     if cols is None:
                         cols = [batch[f].tolist() for f in ("pid", "direction", "src", "dst")]
-                    for i in copies[lo:hi].tolist():
-                        direction[i], host[i] = self._classify_one(cols[0][i], cols[1][i], cols[2][i], cols[3][i])
+                    pid_c, dir_c, src_c, dst_c = cols
+                    for i in copy_list[lo:hi]:
+                        d, h = self._classify_one(pid_c[i], dir_c[i], src_c[i], dst_c[i])
+                        one_idx.append(i)
+                        one_dir.append(d)
+                        one_host.append(h)
                 lo = hi
                 if k < len(mem):
-                    self._memory_call(mem_rows[k])
+                    memory_call(mem_rows[k])
+            if one_idx:
+                direction[one_idx] = one_dir
+                host[one_idx] = one_host
             for proc in self.processes.values():
                 if proc.memory.pending_sizes:
                     proc.memory.sizes.add(np.array(proc.memory.pending_sizes, dtype=np.float64))
@@ -483,18 +502,18 @@ class Model:
     def _memory_call(self, ev: tuple) -> None:
         """One memory call, as a row of EVENT_DTYPE (a tuple, in field order)."""
         _ts, _dur, size, aux, addr, _src, pid, _tid, ret, api_id, _d, _layer = ev
+        proc = self.processes.get(pid) or self._process(pid)
+        fast = _HOST_OPS.get(api_id)
+        if fast is not None:  # the common case first (JAX's staging buffers)
+            if ret == 0:
+                if fast:
+                    proc.book.add(addr, size, _PINNED)
+                else:
+                    proc.book.remove(addr)
+            return
         api = apis.BY_ID[api_id]
         op = api.op
-        proc = self.processes.get(pid) or self._process(pid)
         ok = ret == 0
-        if op is MemOp.HOST_ALLOC or op is MemOp.HOST_REGISTER:  # the common case first (JAX's staging)
-            if ok:
-                proc.book.add(addr, size, _PINNED)
-            return
-        if op is MemOp.HOST_FREE or op is MemOp.HOST_UNREGISTER:
-            if ok:
-                proc.book.remove(addr)
-            return
         mem, book = proc.memory, proc.book
         now = time.time_ns()
         if op in (MemOp.DEVICE_ALLOC, MemOp.MANAGED_ALLOC, MemOp.VMM_CREATE):
@@ -528,12 +547,6 @@ class Model:
             mem.last_free_ns = now
             mem.in_use_at_last_free = mem.in_use_bytes
             if op == MemOp.DEVICE_FREE:
-                book.remove(addr)
-        elif op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER):
-            if ok:
-                book.add(addr, size, _PINNED)
-        elif op in (MemOp.HOST_FREE, MemOp.HOST_UNREGISTER):
-            if ok:
                 book.remove(addr)
         elif op == MemOp.VMM_MAP:
             if ok:
