@@ -244,8 +244,6 @@ APIS: tuple[Api, ...] = (
 
 COPY_APIS: tuple[Api, ...] = tuple(a for a in APIS if a.family == COPY)
 BY_ID: dict[int, Api] = {a.id: a for a in APIS}
-# Runtime launch symbols are not probed (see above); named here for the docs.
-RUNTIME_LAUNCHES_COUNTED_AT_DRIVER = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")
 
 
 def apis_for(layer: Layer) -> dict[str, Api]:

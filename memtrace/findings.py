@@ -13,6 +13,7 @@ from typing import Any
 from . import apis
 from .abi import Direction
 from .model import HostMemory, Model
+from .units import human_bytes
 
 GiB = 1 << 30
 
@@ -52,14 +53,6 @@ class Finding:
         }
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def _duration(s: float) -> str:
     return f"{s / 60:.0f} min" if s >= 120 else f"{s:.1f} s"
 
@@ -85,7 +78,7 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
             continue
         proc = model.processes.get(pid)
         ev: dict[str, Any] = {"h2d_bytes": total, "pageable_bytes": pageable[0]}
-        msg = f"{share:.0%} of H2D bytes ({_bytes(pageable[0])} of {_bytes(total)}) came from pageable memory"
+        msg = f"{share:.0%} of H2D bytes ({human_bytes(pageable[0])} of {human_bytes(total)}) came from pageable memory"
         if pageable[1]:
             bw = pageable[0] / (pageable[1] / 1e9)
             ev["pageable_bytes_per_second"] = bw
@@ -157,8 +150,8 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
                 pid,
                 proc.name,
                 float(grew),
-                f"device memory grew by {_bytes(grew)} over {_duration(span)} with no frees "
-                f"({mem.outstanding:,} allocations outstanding, {_bytes(mem.in_use_bytes)} in use)",
+                f"device memory grew by {human_bytes(grew)} over {_duration(span)} with no frees "
+                f"({mem.outstanding:,} allocations outstanding, {human_bytes(mem.in_use_bytes)} in use)",
                 "look for GPU tensors kept alive across steps (a list of losses without .item(), "
                 "a growing cache); torch.cuda.memory_snapshot() shows where they were allocated",
                 {"grew_bytes": grew, "seconds": span, "in_use_bytes": mem.in_use_bytes},

@@ -14,6 +14,7 @@ from .abi import Direction, Stat
 from .bpfsource import Attachment
 from .findings import DEFAULT, Thresholds, compute
 from .model import Model, describe
+from .units import human_bytes, human_seconds
 
 SCHEMA_VERSION = 1
 
@@ -167,22 +168,6 @@ def launches(model: Model) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def human_seconds(s: float) -> str:
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
-    if s < 1:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s:.2f} s"
 
 
 def print_table(doc: dict[str, Any], console: Console) -> None:
