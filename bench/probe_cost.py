@@ -38,26 +38,14 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from memtrace.abi import Layer, Stat  # noqa: E402
+from memtrace.abi import EVENT_DTYPE, Layer, Stat  # noqa: E402
 from memtrace.bpfsource import bpf_arch, probe_plan  # noqa: E402
 from memtrace.libbpf import BpfObject, Libbpf  # noqa: E402
 from memtrace.ringbuf import EventRing  # noqa: E402
 
-# struct mt_event of the previous hot path (48 bytes)
-OLD_EVENT = np.dtype(
-    [
-        ("ts", "<u8"),
-        ("dur", "<u8"),
-        ("bytes", "<u8"),
-        ("stream", "<u8"),
-        ("pid", "<u4"),
-        ("tid", "<u4"),
-        ("ret", "<i4"),
-        ("api", "<u2"),
-        ("direction", "u1"),
-        ("layer", "u1"),
-    ]
-)
+# struct mt_event of the previous hot path: today's without the two pointers (48 bytes)
+OLD_EVENT = np.dtype([(n, EVENT_DTYPE.fields[n][0]) for n in EVENT_DTYPE.names if n not in ("dst", "src")])
+assert OLD_EVENT.itemsize == 48
 
 BEFORE = "ae32709"  # the last commit with the previous hot path
 KINDS = ("copy", "launch", "sync")

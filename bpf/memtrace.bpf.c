@@ -327,6 +327,16 @@ static __always_inline __u64 side_ptr(__u32 type, __u64 host, __u64 dev)
 	return 0; /* an array: no address */
 }
 
+/* Direction and pointers of a driver descriptor (CUDA_MEMCPY2D/3D), whose
+ * two sides each name a memory type, a host and a device address. */
+static __always_inline void desc_sides(struct inflight *f, const struct desc *d, __u32 smt, __u32 shost,
+				       __u32 sdev, __u32 dmt, __u32 dhost, __u32 ddev)
+{
+	f->direction = dir_of_memtypes(W32(d, smt), W32(d, dmt));
+	f->src = side_ptr(W32(d, smt), W(d, shost), W(d, sdev));
+	f->dst = side_ptr(W32(d, dmt), W(d, dhost), W(d, ddev));
+}
+
 static __always_inline void copy_args(struct inflight *f, const struct args *a, __u64 cookie)
 {
 	__u32 n = ck(cookie, MT_CK_DIRARG_SHIFT);
@@ -346,22 +356,16 @@ static __always_inline void copy_args(struct inflight *f, const struct args *a, 
 	case MT_DIRSRC_DESC2D:
 		if (bpf_probe_read_user(&d, MT_M2D_SIZE, (void *)arg_at(a, n)))
 			break;
-		f->direction = dir_of_memtypes(W32(&d, MT_M2D_SRC_MEMTYPE_OFF), W32(&d, MT_M2D_DST_MEMTYPE_OFF));
+		desc_sides(f, &d, MT_M2D_SRC_MEMTYPE_OFF, MT_M2D_SRC_HOST_OFF, MT_M2D_SRC_DEVICE_OFF,
+			   MT_M2D_DST_MEMTYPE_OFF, MT_M2D_DST_HOST_OFF, MT_M2D_DST_DEVICE_OFF);
 		f->bytes = W(&d, MT_M2D_WIDTH_OFF) * W(&d, MT_M2D_HEIGHT_OFF);
-		f->src = side_ptr(W32(&d, MT_M2D_SRC_MEMTYPE_OFF), W(&d, MT_M2D_SRC_HOST_OFF),
-				  W(&d, MT_M2D_SRC_DEVICE_OFF));
-		f->dst = side_ptr(W32(&d, MT_M2D_DST_MEMTYPE_OFF), W(&d, MT_M2D_DST_HOST_OFF),
-				  W(&d, MT_M2D_DST_DEVICE_OFF));
 		return;
 	case MT_DIRSRC_DESC3D:
 		if (bpf_probe_read_user(&d, MT_M3D_SIZE, (void *)arg_at(a, n)))
 			break;
-		f->direction = dir_of_memtypes(W32(&d, MT_M3D_SRC_MEMTYPE_OFF), W32(&d, MT_M3D_DST_MEMTYPE_OFF));
+		desc_sides(f, &d, MT_M3D_SRC_MEMTYPE_OFF, MT_M3D_SRC_HOST_OFF, MT_M3D_SRC_DEVICE_OFF,
+			   MT_M3D_DST_MEMTYPE_OFF, MT_M3D_DST_HOST_OFF, MT_M3D_DST_DEVICE_OFF);
 		f->bytes = W(&d, MT_M3D_WIDTH_OFF) * W(&d, MT_M3D_HEIGHT_OFF) * W(&d, MT_M3D_DEPTH_OFF);
-		f->src = side_ptr(W32(&d, MT_M3D_SRC_MEMTYPE_OFF), W(&d, MT_M3D_SRC_HOST_OFF),
-				  W(&d, MT_M3D_SRC_DEVICE_OFF));
-		f->dst = side_ptr(W32(&d, MT_M3D_DST_MEMTYPE_OFF), W(&d, MT_M3D_DST_HOST_OFF),
-				  W(&d, MT_M3D_DST_DEVICE_OFF));
 		return;
 	case MT_DIRSRC_PARMS3D:
 		if (bpf_probe_read_user(&d, MT_P3D_SIZE, (void *)arg_at(a, n)))

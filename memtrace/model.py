@@ -66,7 +66,7 @@ class SyncStats:
     durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the model keeps a set of those with pending sizes
 class DeviceMemory:
     """Device memory a process allocated through the calls memtrace sees:
     device, pitched, stream-ordered and managed allocations, and physical
@@ -170,7 +170,6 @@ class Process:
     complete: bool = False
     memory: DeviceMemory = field(default_factory=DeviceMemory)
     book: AddressBook = field(default_factory=AddressBook)
-    lost_memory_calls: int = 0  # memory calls whose event was lost: the book may be incomplete
 
     @classmethod
     def probe(cls, pid: int) -> Process:
@@ -240,15 +239,6 @@ def _exact_sums(v: np.ndarray, starts: np.ndarray) -> list[int]:
     return np.add.reduceat(v.astype(np.uint64), starts).tolist() if len(v) else []
 
 
-def _exact_sum(v: np.ndarray) -> int:
-    """Sum of u64 values without wrapping (numpy's sum wraps at 2**64)."""
-    if len(v) == 0:
-        return 0
-    if int(v.max()) < (1 << 64) // max(len(v), 1):
-        return int(v.sum(dtype=np.uint64))
-    return sum(v.tolist())
-
-
 # host allocation or registration (True) and their undoing (False), by api id
 _HOST_OPS = {
     a.id: a.op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER)
@@ -286,6 +276,7 @@ class Model:
         self.lost: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # from the kernel
         self.processes: dict[int, Process] = {}
         self.events = 0
+        self._pending_sizes: set[DeviceMemory] = set()  # allocation sizes not yet in their histograms
         # A process that started after this (clock ticks since boot) was
         # traced from its first CUDA call; None: every process is (`memtrace run`).
         self.complete_after_ticks = complete_after_ticks
@@ -355,10 +346,10 @@ class Model:
             if one_idx:
                 direction[one_idx] = one_dir
                 host[one_idx] = one_host
-            for proc in self.processes.values():
-                if proc.memory.pending_sizes:
-                    proc.memory.sizes.add(np.array(proc.memory.pending_sizes, dtype=np.float64))
-                    proc.memory.pending_sizes.clear()
+            for mem_stats in self._pending_sizes:
+                mem_stats.sizes.add(np.array(mem_stats.pending_sizes, dtype=np.float64))
+                mem_stats.pending_sizes.clear()
+            self._pending_sizes.clear()
         if len(copies):
             self._add_copies(batch[copies], direction[copies], host[copies])
         syncs = fam == Family.SYNC
@@ -486,18 +477,22 @@ class Model:
         order = np.argsort(keys, kind="stable")
         keys, dur, ret = keys[order], b["duration_ns"][order], b["ret"][order]
         uniq, starts = np.unique(keys, return_index=True)
-        ends = np.append(starts[1:], len(keys))
-        for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        counts = np.diff(np.append(starts, len(keys)))
+        errors = np.add.reduceat((ret != 0).astype(np.int64), starts)
+        stats = []
+        for k, n, err, dsum in zip(
+            uniq.tolist(), counts.tolist(), errors.tolist(), _exact_sums(dur, starts), strict=True
+        ):
             pid, api = k >> 16, k & 0xFFFF
             st = self.syncs.get((pid, api))
             if st is None:
                 st = self.syncs[(pid, api)] = SyncStats()
                 self._process(pid)
-            d = dur[s:e]
-            st.calls += e - s
-            st.errors += int((ret[s:e] != 0).sum())
-            st.duration_ns += _exact_sum(d)
-            st.durations.add(d.astype(np.float64) * 1e-9)
+            st.calls += n
+            st.errors += err
+            st.duration_ns += dsum
+            stats.append(st)
+        add_grouped([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9)
 
     def _memory_call(self, ev: tuple) -> None:
         """One memory call, as a row of EVENT_DTYPE (a tuple, in field order)."""
@@ -531,6 +526,7 @@ class Model:
             mem.in_use_bytes += size
             mem.peak_bytes = max(mem.peak_bytes, mem.in_use_bytes)
             mem.pending_sizes.append(size)  # into the histogram once per batch
+            self._pending_sizes.add(mem)
             if op != MemOp.VMM_CREATE:
                 book.add(addr, size, _MANAGED if op == MemOp.MANAGED_ALLOC else _DEVICE)
         elif op in (MemOp.DEVICE_FREE, MemOp.VMM_RELEASE):
@@ -559,12 +555,15 @@ class Model:
 
     def set_lost(self, pid: int, api: int, direction: int, calls: int, nbytes: int, errors: int, dur: int) -> None:
         self.lost[(pid, api, direction)] = (calls, nbytes, errors, dur)
-        a = apis.BY_ID.get(api)
-        proc = self._process(pid)
-        if a is not None and a.family == Family.MEM:
-            proc.lost_memory_calls = sum(
-                v[0] for k, v in self.lost.items() if k[0] == pid and apis.BY_ID[k[1]].family == Family.MEM
-            )
+        self._process(pid)
+
+    def lost_memory_calls(self, pid: int) -> int:
+        """Memory calls of a process whose event was lost: its address book may be incomplete."""
+        return sum(
+            v[0]
+            for k, v in self.lost.items()
+            if k[0] == pid and k[1] in apis.BY_ID and apis.BY_ID[k[1]].family == Family.MEM
+        )
 
     def set_launches(self, pid: int, api: int, count: int) -> None:
         self.launches[(pid, api)] = count

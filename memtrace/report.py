@@ -115,7 +115,7 @@ def device_memory(model: Model) -> list[dict[str, Any]]:
                 "exited": p.exited,
                 "allocation_size_bytes": {"p50": m.sizes.quantile(0.5), "max": m.sizes.max if m.sizes.count else 0.0},
                 "pinned_host_bytes": p.book.pinned_bytes,
-                "lost_calls": p.lost_memory_calls,
+                "lost_calls": model.lost_memory_calls(pid),
             }
         )
     return out

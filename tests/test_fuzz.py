@@ -105,3 +105,32 @@ def test_run_options_fail_cleanly_before_anything_starts(fmt: str, ring: str) ->
             return  # a valid invocation: covered by the BPF tests
     assert r.exit_code == 2, r.output
     assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), repr(r.exception)
+
+
+@given(
+    ranges=st.lists(st.tuples(st.integers(1, 2**20), st.integers(1, 2**12), st.sampled_from([1, 2, 3])), max_size=8),
+    copies=st.lists(
+        st.tuples(st.sampled_from([0, 1, 2, 3, 4, 5, 6]), st.integers(0, 2**21), st.integers(0, 2**21)),
+        min_size=1,
+        max_size=20,
+    ),
+    complete=st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_one_copy_at_a_time_classifies_exactly_as_the_batch_path(ranges, copies, complete) -> None:  # type: ignore[no-untyped-def]
+    # The model classifies a few copies between two memory calls one at a time
+    # (JAX's staging pattern) and the rest in numpy: both must agree always.
+    import os
+
+    m = Model()
+    proc = m._process(os.getpid())
+    proc.complete = complete
+    for start, size, what in ranges:
+        proc.book.add(start, size, what)
+    b = np.zeros(len(copies), dtype=EVENT_DTYPE)
+    b["pid"] = os.getpid()
+    for i, (d, src, dst) in enumerate(copies):
+        b[i]["direction"], b[i]["src"], b[i]["dst"] = d, src, dst
+    direction, host = m._classify(b)
+    for i, (d, src, dst) in enumerate(copies):
+        assert m._classify_one(os.getpid(), d, src, dst) == (direction[i], host[i]), (d, src, dst)
