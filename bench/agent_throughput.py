@@ -1,10 +1,13 @@
 """Agent throughput (issue 6, target 2): events per second per core.
 
-    sudo .venv/bin/python bench/agent_throughput.py [--events N]
+    sudo .venv/bin/python bench/agent_throughput.py [--events N] [--rounds R]
 
 Side by side in one run:
   decode+aggregate  the model's batch path alone (np.frombuffer + histograms),
-                    on the event mix of the recorded H100 traces (shared/traces)
+                    on the event mix of the recorded H100 traces (shared/traces),
+                    per trace and for all four together; rounds alternate
+                    between today's model and the one before this hot-path work
+                    (git 627609b, loaded from git), and medians are printed
   ring end to end   the agent's drain thread against the real kernel ring while
                     four threads make copies through real uprobes as fast as
                     they can (three copy APIs, a training step's four sizes):
@@ -72,17 +75,56 @@ def trace_mix() -> np.ndarray:
     return np.concatenate([trace_events(name) for name in traces.ALL])
 
 
-def bench_model(n: int, batch: int = 4096, mix: np.ndarray | None = None) -> float:
+def bench_model(n: int, batch: int = 4096, mix: np.ndarray | None = None, model: type = Model) -> float:
     mix = trace_mix() if mix is None else mix
     raw = np.resize(mix, n).tobytes()
     step = batch * EVENT_DTYPE.itemsize
-    m = Model()
+    m = model()
     t0 = time.thread_time()
     for off in range(0, len(raw), step):
         m.add_events(np.frombuffer(raw[off : off + step], dtype=EVENT_DTYPE))
     cpu = time.thread_time() - t0
     assert m.events == n
     return n / cpu
+
+
+BEFORE = "627609b"  # the model before the memory-call fast path
+
+
+def before_model() -> type | None:
+    """The Model class of git BEFORE, imported from a copy of its package."""
+    import importlib
+
+    pkg = Path(tempfile.mkdtemp(prefix="memtrace-before-")) / "memtrace_before"
+    pkg.mkdir()
+    try:
+        names = subprocess.run(
+            ["git", "-C", str(REPO), "ls-tree", "--name-only", f"{BEFORE}:memtrace"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        for f in (f for f in names if f.endswith(".py")):
+            src = subprocess.run(
+                ["git", "-C", str(REPO), "show", f"{BEFORE}:memtrace/{f}"], check=True, capture_output=True
+            ).stdout
+            (pkg / f).write_bytes(src)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"(no 'before' figures: {e})")
+        return None
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module("memtrace_before.model").Model
+
+
+def median_rates(
+    n: int, mix: np.ndarray, models: dict[str, type], rounds: int
+) -> dict[str, tuple[float, float, float]]:
+    """(median, min, max) events/s of each model, rounds alternating between them."""
+    runs: dict[str, list[float]] = {k: [] for k in models}
+    for _ in range(rounds):
+        for k, cls in models.items():
+            runs[k].append(bench_model(n, mix=mix, model=cls))
+    return {k: (float(np.median(v)), min(v), max(v)) for k, v in runs.items()}
 
 
 def bench_ring(calls: int) -> tuple[float, int, int]:
@@ -124,19 +166,31 @@ def bench_ring(calls: int) -> tuple[float, int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--events", type=int, default=1_000_000, help="events per model run (all four traces)")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200_000)
     a = ap.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}, "
-        f"python {platform.python_version()}"
+        f"python {platform.python_version()}; {a.rounds} rounds alternating, medians (min-max)"
     )
     import traces
 
-    for name in traces.ALL:
-        t = bench_model(a.events // 4, mix=trace_events(name))
-        print(f"  {name:22} {t:12,.0f} events/s per core   {t / TARGET:5.2f}x the 1M/s target")
-    m = bench_model(a.events)
+    models: dict[str, type] = {"after": Model}
+    old = before_model()
+    if old is not None:
+        models = {"before": old, "after": Model}
+    mixes = {name: trace_events(name) for name in traces.ALL}
+    mixes["all four traces"] = trace_mix()
+    print(f"  {'event mix':22} " + "".join(f"{k + ' ev/s':>30}" for k in models) + "   after/target")
+    m = 0.0
+    for name, mix in mixes.items():
+        rates = median_rates(a.events // (1 if name == "all four traces" else 4), mix, models, a.rounds)
+        cells = "".join(f"{med:>12,.0f} ({lo / 1e6:.2f}-{hi / 1e6:.2f}M)" for med, lo, hi in rates.values())
+        m = rates["after"][0]
+        print(f"  {name:22} {cells}   {m / TARGET:5.2f}x")
+    if "before" in models:
+        print(f"decode+aggregate before -> after (all four traces): {rates['before'][0]:,.0f} -> {m:,.0f} events/s")
     print(f"decode+aggregate  {m:12,.0f} events/s per core   {m / TARGET:5.2f}x the 1M/s target (all four traces)")
     r, n, dropped = bench_ring(a.calls)
     print(

@@ -8,6 +8,7 @@ histogram can be exported as is, or downscaled to fit a bucket budget.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -180,13 +181,21 @@ def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarra
     idx = map_to_index(v[pos], top) >> (top - scales)[group]
     lo_idx = int(idx.min())
     width = int(idx.max()) - lo_idx + 1
-    uk, nk = np.unique(group * width + (idx - lo_idx), return_counts=True)
-    touched = set()
-    for k, m in zip(uk.tolist(), nk.tolist(), strict=True):
-        g = k // width
-        c = hs[g].counts
-        b = k % width + lo_idx
-        c[b] = c.get(b, 0) + m
-        touched.add(g)
-    for g in touched:
+    key = group * width + (idx - lo_idx)
+    if len(hs) * width <= 4 * len(key) + 4096:  # counting is cheaper than sorting
+        nk = np.bincount(key, minlength=len(hs) * width)
+        uk = np.flatnonzero(nk)
+        nk = nk[uk]
+    else:
+        uk, nk = np.unique(key, return_counts=True)
+    # Per histogram, its buckets' counts are merged into its dict by C-level
+    # iteration (map, zip, dict.update): a Python step per bucket was the cost.
+    gid = uk // width
+    buckets = (uk % width + lo_idx).tolist()
+    bounds = np.searchsorted(gid, np.arange(len(hs) + 1)).tolist()
+    for g in np.unique(gid).tolist():
+        lo, hi = bounds[g], bounds[g + 1]
+        keys, c = buckets[lo:hi], hs[g].counts
+        new = nk[lo:hi] + np.fromiter(map(c.get, keys, itertools.repeat(0)), np.int64, hi - lo)
+        c.update(zip(keys, new.tolist(), strict=True))
         hs[g]._bound()

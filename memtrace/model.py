@@ -106,30 +106,138 @@ class AddressBook:
         self.pinned_bytes = 0
 
     def add(self, start: int, size: int, what: int) -> None:
-        end = start + max(size, 1)
-        i = bisect.bisect_left(self._starts, start)
-        if i > 0 and self.ranges[self._starts[i - 1]][0] > start:
+        end = start + size if size > 0 else start + 1
+        starts, ranges = self._starts, self.ranges
+        i = bisect.bisect_left(starts, start)
+        if i and ranges[starts[i - 1]][0] > start:
             i -= 1  # the range below reaches into the new one
-        while i < len(self._starts) and self._starts[i] < end:
-            self._drop(self._starts[i])
-        bisect.insort(self._starts, start)
-        self.ranges[start] = (end, what)
+        while i < len(starts) and starts[i] < end:
+            self._drop(starts[i])
+        starts.insert(i, start)  # everything below i starts before it, the rest at or past its end
+        ranges[start] = (end, what)
         if what == _PINNED:
             self.pinned_bytes += end - start
         self._arrays = None
 
     def remove(self, start: int) -> bool:
-        if start not in self.ranges:
+        r = self.ranges.pop(start, None)
+        if r is None:
             return False
-        self._drop(start)
+        self._forget(start, r)
         return True
 
     def _drop(self, start: int) -> None:
-        end, what = self.ranges.pop(start)
-        del self._starts[bisect.bisect_left(self._starts, start)]
-        if what == _PINNED:
-            self.pinned_bytes -= end - start
+        self._forget(start, self.ranges.pop(start))
+
+    def _forget(self, start: int, r: tuple[int, int]) -> None:
+        starts = self._starts
+        del starts[bisect.bisect_left(starts, start)]
+        if r[1] == _PINNED:
+            self.pinned_bytes -= r[0] - start
         self._arrays = None
+
+    def replay(
+        self,
+        op_at: np.ndarray,
+        op_add: np.ndarray,
+        op_start: np.ndarray,
+        op_size: np.ndarray,
+        op_what: np.ndarray,
+        q_at: np.ndarray,
+        q_ptr: np.ndarray,
+    ) -> np.ndarray:
+        """Apply a batch's changes to this book in order (at ring positions
+        op_at, ascending: add a range, or remove the one at op_start) and say
+        what each queried pointer was at its ring position q_at."""
+        out = self._replay_at_once(op_at, op_add, op_start, op_size, op_what, q_at, q_ptr)
+        if out is not None:
+            return out
+        # Ranges of the batch overlap ones that start elsewhere: a change may
+        # drop its neighbours, so go through the changes one by one.
+        out = np.zeros(len(q_ptr), np.uint8)
+        order = np.argsort(q_at, kind="stable")
+        q_at, q_ptr = q_at[order], q_ptr[order]
+        lo = 0
+        rows = zip(op_at.tolist(), op_add.tolist(), op_start.tolist(), op_size.tolist(), op_what.tolist(), strict=True)
+        for at, add, start, size, what in rows:
+            hi = int(np.searchsorted(q_at, at))
+            if hi > lo:
+                out[order[lo:hi]] = self.lookup(q_ptr[lo:hi])
+                lo = hi
+            if add:
+                self.add(start, size, what)
+            else:
+                self.remove(start)
+        if lo < len(q_ptr):
+            out[order[lo:]] = self.lookup(q_ptr[lo:])
+        return out
+
+    def _replay_at_once(
+        self,
+        op_at: np.ndarray,
+        op_add: np.ndarray,
+        op_start: np.ndarray,
+        op_size: np.ndarray,
+        op_what: np.ndarray,
+        q_at: np.ndarray,
+        q_ptr: np.ndarray,
+    ) -> np.ndarray | None:
+        """replay() without a Python step per change, when every range that
+        exists at any moment of the batch (the book's and the batch's) ends
+        before the next start: then a range is only ever replaced by one at
+        the same start, a pointer can only be in the range at the greatest
+        start at or below it, and what is there at a moment is what the last
+        change of that start before it left (or the book, if none). JAX
+        allocates and frees one staging buffer around every transfer; this
+        is what makes that cheap. None when ranges of different starts overlap."""
+        b_start, b_end, b_what = self._as_arrays()
+        add = op_add.nonzero()[0]
+        op_end = op_start + np.maximum(op_size, 1)
+        # Every range that exists at some moment: the book's and the batch's.
+        u, inv = np.unique(np.concatenate([b_start, op_start[add]]), return_inverse=True)
+        if len(u) == 0:
+            return np.zeros(len(q_ptr), np.uint8)  # nothing tracked; removals change nothing
+        reach = np.zeros(len(u), np.uint64)
+        np.maximum.at(reach, inv, np.concatenate([b_end, op_end[add]]))
+        if np.any(reach[:-1] > u[1:]):
+            return None
+        # The states each start goes through: the book's (before the batch,
+        # at moment 0), then one per change of the batch (at its position + 1;
+        # a removal leaves end 0; a start that never held a range is skipped).
+        ui = np.minimum(np.searchsorted(u, op_start), len(u) - 1)
+        touched = (u[ui] == op_start).nonzero()[0]
+        c_start = np.concatenate([inv[: len(b_start)], ui[touched]])
+        c_at = np.concatenate([np.zeros(len(b_start), np.int64), op_at[touched].astype(np.int64) + 1])
+        c_end = np.concatenate([b_end, np.where(op_add[touched], op_end[touched], 0)])
+        c_what = np.concatenate([b_what, op_what[touched]])
+        span = max(int(c_at.max()), int(q_at.max(initial=0)) + 1) + 1
+        key = c_start * span + c_at
+        order = np.argsort(key, kind="stable")
+        # A query: the greatest start at or below it, and that start's last state before it.
+        qi = np.searchsorted(u, q_ptr, side="right").astype(np.int64) - 1
+        j = np.searchsorted(key[order], np.maximum(qi, 0) * span + q_at.astype(np.int64) + 1, side="right") - 1
+        k = order[np.maximum(j, 0)]
+        hit = (qi >= 0) & (j >= 0) & (c_start[k] == qi) & (q_ptr < c_end[k])
+        out = np.where(hit, c_what[k], _UNTRACKED).astype(np.uint8)
+        # What the batch leaves: each start's last state, where the batch changed it.
+        by_start = c_start[order]
+        for i in order[np.append(by_start[1:] != by_start[:-1], True).nonzero()[0]].tolist():
+            if c_at[i] == 0:
+                continue  # untouched by the batch
+            start, end = int(u[c_start[i]]), int(c_end[i])
+            if end:
+                self.add(start, end - start, int(c_what[i]))
+            else:
+                self.remove(start)
+        return out
+
+    def _as_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            starts = np.array(self._starts, dtype=np.uint64)
+            ends = np.array([self.ranges[s][0] for s in self._starts], dtype=np.uint64)
+            whats = np.array([self.ranges[s][1] for s in self._starts], dtype=np.uint8)
+            self._arrays = (starts, ends, whats)
+        return self._arrays
 
     def lookup_one(self, ptr: int) -> int:
         i = bisect.bisect_right(self._starts, ptr) - 1
@@ -142,12 +250,7 @@ class AddressBook:
         """What each pointer is: _UNTRACKED, _DEVICE, _PINNED or _MANAGED."""
         if not self.ranges:
             return np.zeros(len(ptrs), np.uint8)
-        if self._arrays is None:
-            starts = np.array(self._starts, dtype=np.uint64)
-            ends = np.array([self.ranges[s][0] for s in self._starts], dtype=np.uint64)
-            whats = np.array([self.ranges[s][1] for s in self._starts], dtype=np.uint8)
-            self._arrays = (starts, ends, whats)
-        starts, ends, whats = self._arrays
+        starts, ends, whats = self._as_arrays()
         i = np.searchsorted(starts, ptrs, side="right") - 1
         ok = i >= 0
         j = np.where(ok, i, 0)
@@ -239,23 +342,17 @@ def _exact_sums(v: np.ndarray, starts: np.ndarray) -> list[int]:
     return np.add.reduceat(v.astype(np.uint64), starts).tolist() if len(v) else []
 
 
-# host allocation or registration (True) and their undoing (False), by api id
-_HOST_OPS = {
-    a.id: a.op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER)
-    for a in apis.APIS
-    if a.op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER, MemOp.HOST_FREE, MemOp.HOST_UNREGISTER)
-}
-
-# what an address book says -> host memory kind, for complete and incomplete processes
-_HOST_KIND = {
-    c: {
-        _UNTRACKED: HostMemory.PAGEABLE if c else HostMemory.UNKNOWN,
-        _DEVICE: HostMemory.UNKNOWN,
-        _PINNED: HostMemory.PINNED,
-        _MANAGED: HostMemory.MANAGED,
-    }
-    for c in (False, True)
-}
+# What a successful memory call does, by api id: pin a host range (host
+# allocation or registration), unpin one (their undoing), or anything else.
+_NOTHING, _ADD_RANGE, _DROP_RANGE, _OTHER_CALL = 0, 1, 2, 3
+_HOST_ACTION = np.full(1 << 16, _NOTHING, np.uint8)
+for _a in apis.APIS:
+    if _a.op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER):
+        _HOST_ACTION[_a.id] = _ADD_RANGE
+    elif _a.op in (MemOp.HOST_FREE, MemOp.HOST_UNREGISTER):
+        _HOST_ACTION[_a.id] = _DROP_RANGE
+    elif _a.family == Family.MEM:
+        _HOST_ACTION[_a.id] = _OTHER_CALL
 
 
 def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
@@ -306,105 +403,94 @@ class Model:
         fam = _FAMILY[batch["api"]]
         copies = np.flatnonzero(fam == Family.COPY)
         mem = np.flatnonzero(fam == Family.MEM)
-        direction = batch["direction"].copy()
-        host = np.zeros(len(batch), np.uint8)
-        if len(mem) == 0:
-            if len(copies):
-                direction[copies], host[copies] = self._classify(batch[copies])
-        else:
-            # Memory calls change the address books: the copies between two of
-            # them are classified against the books as they stand there.
-            seg = np.searchsorted(mem, copies)  # the memory call each copy precedes
-            bounds = np.searchsorted(seg, np.arange(len(mem) + 1), side="right")
-            lo = 0
-            mem_rows = batch[mem].tolist()
-            copy_list = copies.tolist()
-            cols = None
-            one_idx: list[int] = []  # copies classified one at a time, and their results
-            one_dir: list[int] = []
-            one_host: list[int] = []
-            memory_call = self._memory_call
-            for k, hi in enumerate(bounds.tolist()):
-                if hi - lo > 16:
-                    idx = copies[lo:hi]
-                    direction[idx], host[idx] = self._classify(batch[idx])
-                elif hi > lo:
-                    # A few copies between memory calls (JAX allocates and frees a
-                    # staging buffer around each transfer): one at a time costs
-                    # less than numpy's per-call overhead.
-                    if cols is None:
-                        cols = [batch[f].tolist() for f in ("pid", "direction", "src", "dst")]
-                    pid_c, dir_c, src_c, dst_c = cols
-                    for i in copy_list[lo:hi]:
-                        d, h = self._classify_one(pid_c[i], dir_c[i], src_c[i], dst_c[i])
-                        one_idx.append(i)
-                        one_dir.append(d)
-                        one_host.append(h)
-                lo = hi
-                if k < len(mem):
-                    memory_call(mem_rows[k])
-            if one_idx:
-                direction[one_idx] = one_dir
-                host[one_idx] = one_host
-            for mem_stats in self._pending_sizes:
-                mem_stats.sizes.add(np.array(mem_stats.pending_sizes, dtype=np.float64))
-                mem_stats.pending_sizes.clear()
-            self._pending_sizes.clear()
+        ops = self._memory_calls(batch[mem], mem) if len(mem) else None
+        if len(copies) or ops is not None:
+            src_what, dst_what = self._what_copies_touch(batch, copies, ops)
         if len(copies):
-            self._add_copies(batch[copies], direction[copies], host[copies])
+            b = batch[copies]
+            direction, host = self._resolve(b, src_what, dst_what)
+        for mem_stats in self._pending_sizes:
+            mem_stats.sizes.add(np.array(mem_stats.pending_sizes, dtype=np.float64))
+            mem_stats.pending_sizes.clear()
+        self._pending_sizes.clear()
+        if len(copies):
+            self._add_copies(b, direction, host)
         syncs = fam == Family.SYNC
         if syncs.any():
             self._add_syncs(batch[syncs])
 
-    def _classify_one(self, pid: int, d: int, src: int, dst: int) -> tuple[int, int]:
-        """_classify for one copy: the same rules, without numpy."""
-        proc = self.processes.get(pid) or self._process(pid)
-        book, complete = proc.book, proc.complete
-        sw, dw = book.lookup_one(src), book.lookup_one(dst)
-        sk, dk = _HOST_KIND[complete][sw], _HOST_KIND[complete][dw]
-        if src == 0:
-            sk = HostMemory.UNKNOWN
-        if dst == 0:
-            dk = HostMemory.UNKNOWN
-        if d == _DEF:
-            s_host = sk in (HostMemory.PINNED, HostMemory.PAGEABLE)
-            d_host = dk in (HostMemory.PINNED, HostMemory.PAGEABLE)
-            s_dev, d_dev = sw == _DEVICE, dw == _DEVICE
-            if s_host and d_host:
-                d = _H2H
-            elif s_dev and d_dev:
-                d = _D2D
-            elif s_dev and d_host:
-                d = _D2H
-            elif s_host and d_dev:
-                d = _H2D
-        if d in (_H2D, _H2H):
-            return d, sk
-        if d == _D2H:
-            return d, dk
-        if d == _DEF:
-            managed = HostMemory.MANAGED in (sk, dk)
-            return d, HostMemory.MANAGED if managed else HostMemory.UNKNOWN
-        return d, HostMemory.NONE
+    def _what_copies_touch(
+        self, batch: np.ndarray, copies: np.ndarray, ops: tuple[np.ndarray, ...] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """What each copy's source and destination were in its process's
+        address book when the copy returned (_UNTRACKED, _DEVICE, _PINNED or
+        _MANAGED), applying the batch's memory calls (`ops`) in ring order."""
+        n = len(copies)
+        src_what, dst_what = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+        c_pid = batch["pid"][copies]
+        src, dst = batch["src"][copies], batch["dst"][copies]
+        op_pids = np.unique(ops[0]) if ops is not None else np.zeros(0, np.uint32)
+        pids = np.unique(c_pid).tolist()
+        for pid in np.union1d(pids, op_pids).tolist():
+            book = (self.processes.get(pid) or self._process(pid)).book
+            if len(pids) == 1:  # the common case: no mask
+                sel = slice(None) if pid == pids[0] else slice(0)
+            else:
+                sel = np.flatnonzero(c_pid == pid)
+            if pid in op_pids:
+                o = ops[0] == pid
+                t = copies[sel]
+                # A copy's source and destination, looked up as one list in ring order.
+                what = book.replay(
+                    ops[1][o], ops[2][o], ops[3][o], ops[4][o], ops[5][o], np.concatenate([t, t]),
+                    np.concatenate([src[sel], dst[sel]]),
+                )  # fmt: skip
+                k = len(what) // 2
+                src_what[sel], dst_what[sel] = what[:k], what[k:]
+            elif book.ranges and n:
+                src_what[sel] = book.lookup(src[sel])
+                dst_what[sel] = book.lookup(dst[sel])
+        return src_what, dst_what
 
-    def _classify(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _memory_calls(self, m: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """Account a batch's memory calls (device memory, in ring order) and
+        return their effects on the address books, as arrays: pid, ring
+        position, add (True) or remove, start, size, what. None if none."""
+        api, ret = m["api"], m["ret"]
+        action = _HOST_ACTION[api]
+        for pid in np.unique(m["pid"]).tolist():
+            if pid not in self.processes:
+                self._process(pid)
+        start, size = m["dst"].copy(), m["bytes"].copy()
+        what = np.full(len(m), _PINNED, np.uint8)
+        effect = np.where(ret == 0, action, _NOTHING)  # a failed host call changes nothing
+        other = np.flatnonzero(action == _OTHER_CALL)
+        if len(other):
+            rows = zip(*(m[f][other].tolist() for f in ("pid", "api", "ret", "dst", "bytes", "stream")), strict=True)
+            for k, (pid, api_id, r, addr, nbytes, aux) in zip(other.tolist(), rows, strict=True):
+                e = self._memory_call(self.processes[pid], api_id, r, addr, nbytes, aux)
+                if e is None:
+                    effect[k] = _NOTHING
+                else:
+                    effect[k], size[k], what[k] = e
+        keep = effect != _NOTHING
+        if not keep.any():
+            return None
+        return m["pid"][keep], at[keep], effect[keep] == _ADD_RANGE, start[keep], size[keep], what[keep]
+
+    def _resolve(self, b: np.ndarray, src_what: np.ndarray, dst_what: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(direction, host memory) of each copy: unified directions resolved
-        from the pointers, the host side's kind from the address book."""
+        from what both pointers are, the host side's kind from what it is."""
         n = len(b)
         pids, src, dst = b["pid"], b["src"], b["dst"]
-        src_what = np.zeros(n, np.uint8)
-        dst_what = np.zeros(n, np.uint8)
-        complete = np.zeros(n, bool)
         uniq = np.unique(pids).tolist()
-        for pid in uniq:
-            proc = self.processes.get(pid) or self._process(pid)
-            if not proc.book.ranges and not proc.complete:
-                continue  # nothing tracked, nothing known: all zeros
-            sel = pids == pid if len(uniq) > 1 else slice(None)
-            complete[sel] = proc.complete
-            if proc.book.ranges:
-                src_what[sel] = proc.book.lookup(src[sel])
-                dst_what[sel] = proc.book.lookup(dst[sel])
+        if len(uniq) == 1:
+            complete = np.full(n, self.processes[uniq[0]].complete)
+        else:
+            complete = np.zeros(n, bool)
+            for pid in uniq:
+                if self.processes[pid].complete:
+                    complete[pids == pid] = True
         src_kind = _host_kind(src_what, complete)
         dst_kind = _host_kind(dst_what, complete)
         # No address (an array, or a descriptor side left empty): not host memory we can name.
@@ -494,27 +580,20 @@ class Model:
             stats.append(st)
         add_grouped([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9)
 
-    def _memory_call(self, ev: tuple) -> None:
-        """One memory call, as a row of EVENT_DTYPE (a tuple, in field order)."""
-        _ts, _dur, size, aux, addr, _src, pid, _tid, ret, api_id, _d, _layer = ev
-        proc = self.processes.get(pid) or self._process(pid)
-        fast = _HOST_OPS.get(api_id)
-        if fast is not None:  # the common case first (JAX's staging buffers)
-            if ret == 0:
-                if fast:
-                    proc.book.add(addr, size, _PINNED)
-                else:
-                    proc.book.remove(addr)
-            return
+    def _memory_call(
+        self, proc: Process, api_id: int, ret: int, addr: int, size: int, aux: int
+    ) -> tuple[int, int, int] | None:
+        """Account one device memory call (its event's api, ret, dst, bytes
+        and aux fields); return its effect on the address book at `addr`:
+        (_ADD_RANGE, size, what) or (_DROP_RANGE, 0, 0), or None."""
         api = apis.BY_ID[api_id]
         op = api.op
         ok = ret == 0
-        mem, book = proc.memory, proc.book
-        now = time.time_ns()
+        mem = proc.memory
         if op in (MemOp.DEVICE_ALLOC, MemOp.MANAGED_ALLOC, MemOp.VMM_CREATE):
             if not ok:
                 mem.failed_allocations += 1
-                return
+                return None
             if api.mem_flags:  # pitched: pitch x height
                 size *= aux
             kind = 1 if op == MemOp.VMM_CREATE else 0
@@ -527,29 +606,28 @@ class Model:
             mem.peak_bytes = max(mem.peak_bytes, mem.in_use_bytes)
             mem.pending_sizes.append(size)  # into the histogram once per batch
             self._pending_sizes.add(mem)
-            if op != MemOp.VMM_CREATE:
-                book.add(addr, size, _MANAGED if op == MemOp.MANAGED_ALLOC else _DEVICE)
-        elif op in (MemOp.DEVICE_FREE, MemOp.VMM_RELEASE):
+            if op == MemOp.VMM_CREATE:
+                return None  # a handle, not an address
+            return _ADD_RANGE, size, _MANAGED if op == MemOp.MANAGED_ALLOC else _DEVICE
+        if op in (MemOp.DEVICE_FREE, MemOp.VMM_RELEASE):
             if not ok or (addr == 0 and op == MemOp.DEVICE_FREE):  # cudaFree(NULL) frees nothing
-                return
+                return None
             kind = 1 if op == MemOp.VMM_RELEASE else 0
             size = mem.live.pop((kind, addr), -1)
             if size < 0:
                 mem.unknown_frees += 1
-                return
+                return None
             mem.frees += 1
             mem.freed_bytes += size
             mem.in_use_bytes -= size
-            mem.last_free_ns = now
+            mem.last_free_ns = time.time_ns()
             mem.in_use_at_last_free = mem.in_use_bytes
-            if op == MemOp.DEVICE_FREE:
-                book.remove(addr)
-        elif op == MemOp.VMM_MAP:
-            if ok:
-                book.add(addr, size, _DEVICE)
-        elif op == MemOp.VMM_UNMAP:
-            if ok:
-                book.remove(addr)
+            return (_DROP_RANGE, 0, 0) if op == MemOp.DEVICE_FREE else None
+        if op == MemOp.VMM_MAP and ok:
+            return _ADD_RANGE, size, _DEVICE
+        if op == MemOp.VMM_UNMAP and ok:
+            return _DROP_RANGE, 0, 0
+        return None
 
     # ---- what the kernel counts ----
 

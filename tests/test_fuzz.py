@@ -107,30 +107,151 @@ def test_run_options_fail_cleanly_before_anything_starts(fmt: str, ring: str) ->
     assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), repr(r.exception)
 
 
-@given(
-    ranges=st.lists(st.tuples(st.integers(1, 2**20), st.integers(1, 2**12), st.sampled_from([1, 2, 3])), max_size=8),
-    copies=st.lists(
-        st.tuples(st.sampled_from([0, 1, 2, 3, 4, 5, 6]), st.integers(0, 2**21), st.integers(0, 2**21)),
-        min_size=1,
-        max_size=20,
-    ),
-    complete=st.booleans(),
-)
-@settings(max_examples=300, deadline=None)
-def test_one_copy_at_a_time_classifies_exactly_as_the_batch_path(ranges, copies, complete) -> None:  # type: ignore[no-untyped-def]
-    # The model classifies a few copies between two memory calls one at a time
-    # (JAX's staging pattern) and the rest in numpy: both must agree always.
-    import os
+def _naive_replay(book: list, ops: list, queries: list) -> tuple[list[int], list]:  # type: ignore[type-arg]
+    """The book's rule said plainly, one change at a time: a new range
+    replaces every range it overlaps; removing needs the exact start; a
+    pointer is what the one range holding it says."""
+    out = {}
+    events = sorted([(at, 1, i) for i, (at, _) in enumerate(queries)] + [(at, 0, i) for i, (at, *_) in enumerate(ops)])
+    for _at, is_query, i in events:
+        if is_query:
+            p = queries[i][1]
+            out[i] = next((w for s, e, w in book if s <= p < e), 0)
+        else:
+            _, add, start, size, what = ops[i]
+            if add:
+                end = start + max(size, 1)
+                book = [r for r in book if r[1] <= start or r[0] >= end] + [(start, end, what)]
+            else:
+                book = [r for r in book if r[0] != start]
+    return [out[i] for i in range(len(queries))], book
 
-    m = Model()
-    proc = m._process(os.getpid())
-    proc.complete = complete
-    for start, size, what in ranges:
-        proc.book.add(start, size, what)
-    b = np.zeros(len(copies), dtype=EVENT_DTYPE)
-    b["pid"] = os.getpid()
-    for i, (d, src, dst) in enumerate(copies):
-        b[i]["direction"], b[i]["src"], b[i]["dst"] = d, src, dst
-    direction, host = m._classify(b)
-    for i, (d, src, dst) in enumerate(copies):
-        assert m._classify_one(os.getpid(), d, src, dst) == (direction[i], host[i]), (d, src, dst)
+
+_start = st.sampled_from([0x100, 0x180, 0x200, 0x300])
+
+
+@given(
+    before=st.lists(st.tuples(_start, st.sampled_from([1, 0x80, 0x100]), st.sampled_from([1, 2, 3])), max_size=4),
+    ops=st.lists(
+        st.tuples(st.booleans(), _start, st.sampled_from([0, 8, 0x80, 0x100, 0x180]), st.sampled_from([1, 2, 3]))
+    ),
+    queries=st.lists(st.tuples(st.integers(0, 60), st.integers(0x0F0, 0x420)), max_size=30),
+)
+@settings(max_examples=500, deadline=None)
+def test_address_book_replays_a_batch_as_one_change_at_a_time(before, ops, queries) -> None:  # type: ignore[no-untyped-def]
+    # A batch's changes are applied at once when their ranges only ever meet
+    # at the same start (JAX's staging buffer), else one by one: either way
+    # each query must see the book as it stood at its ring position, and the
+    # book must end as the changes leave it.
+    from memtrace.model import AddressBook
+
+    book = AddressBook()
+    for start, size, what in before:
+        book.add(start, size, what)
+    naive_before = [(s, e, w) for s, (e, w) in book.ranges.items()]
+    timed = [(2 * i + 1, add, start, size, what) for i, (add, start, size, what) in enumerate(ops)]
+    expect, naive_after = _naive_replay(naive_before, timed, [(2 * t, p) for t, p in queries])
+    cols = [
+        np.array([o[k] for o in timed], dtype=dt)
+        for k, dt in enumerate((np.int64, bool, np.uint64, np.uint64, np.uint8))
+    ]
+    got = book.replay(
+        *cols, np.array([2 * t for t, _ in queries], np.int64), np.array([p for _, p in queries], np.uint64)
+    )
+    assert got.tolist() == expect
+    assert sorted((s, e, w) for s, (e, w) in book.ranges.items()) == sorted(naive_after)
+    assert book.pinned_bytes == sum(e - s for s, e, w in naive_after if w == 2)
+
+
+def test_a_staging_buffer_reused_at_one_address_is_replayed_at_once() -> None:
+    # JAX's pattern: alloc, copy, free of one pinned buffer, again and again,
+    # with a device range elsewhere. This must take the path without a Python
+    # step per change, and say pinned only while the buffer is allocated.
+    from memtrace.model import AddressBook
+
+    book = AddressBook()
+    book.add(0x9000, 0x1000, 1)
+    n = 50
+    op_at = np.arange(n * 2, dtype=np.int64) * 3  # alloc at 0, free at 3, alloc at 6...
+    op_add = np.tile([True, False], n)
+    op_start = np.full(2 * n, 0x1000, np.uint64)
+    op_size = np.tile(np.array([8, 0], np.uint64), n) + np.repeat(np.arange(n, dtype=np.uint64), 2)
+    op_what = np.full(2 * n, 2, np.uint8)
+    q_at = np.concatenate([op_at + 1, op_at + 1])
+    q_ptr = np.concatenate([np.full(2 * n, 0x1004, np.uint64), np.full(2 * n, 0x9004, np.uint64)])
+    got = book._replay_at_once(op_at, op_add, op_start, op_size, op_what, q_at, q_ptr)
+    assert got is not None
+    assert got[: 2 * n].tolist() == [2, 0] * n  # pinned after each alloc, untracked after each free
+    assert got[2 * n :].tolist() == [1] * 2 * n
+    assert sorted(book.ranges) == [0x9000]
+
+
+# Events for the ordering property below: memory calls and copies of two
+# processes over a few overlapping addresses, so ranges are replaced, reused,
+# freed twice and hit at their edges.
+_ADDRS = [0x10000, 0x10800, 0x11000]
+_COPY_APIS = [2, 20, 21, 22, 23, 25, 26, 27, 28]  # unified, fixed-direction and peer copies
+_HOST_APIS = [46, 48, 49, 50, 66, 68]  # host alloc, free, register, unregister
+_OTHER_APIS = [40, 41, 42, 45, 71, 72, 73, 74, 90]  # device, pitched, managed, VMM, a wait
+_event = st.tuples(
+    st.sampled_from([10**7 + 1, 10**7 + 2]),  # pid (no such process: identity is not what is tested)
+    st.one_of(st.sampled_from(_COPY_APIS), st.sampled_from(_HOST_APIS), st.sampled_from(_OTHER_APIS)),
+    st.sampled_from([0, 1, 2, 3, 4, 5]),  # direction, as the kernel sent it (fixed APIs override)
+    st.sampled_from(_ADDRS + [0]),  # dst
+    st.sampled_from(_ADDRS + [0]),  # src
+    st.sampled_from([0, 1, 0x7FF, 0x800, 0x1000, 0x2800]),  # bytes
+    st.sampled_from([0, 0, 0, 2]),  # ret
+    st.sampled_from([0, 1, 0x7FF, 0x800]),  # pointer offset into the range
+    st.sampled_from([1, 1, 2, 17, 40]),  # repeats: long runs of copies reach the numpy path
+)
+
+
+def _events(rows: list) -> np.ndarray:  # type: ignore[type-arg]
+    out = []
+    for pid, api, d, dst, src, nbytes, ret, off, rep in rows:
+        a = BY_ID[api]
+        if a.family == Family.COPY and a.dirsrc == 0 and a.dirval not in (4, 5):
+            d = a.dirval
+        n = rep if a.family == Family.COPY else 1
+        out += [(pid, api, d, dst + off, src + off, nbytes, ret, 3)] * n
+    b = np.zeros(len(out), dtype=EVENT_DTYPE)
+    for i, (pid, api, d, dst, src, nbytes, ret, aux) in enumerate(out):
+        b[i]["pid"], b[i]["api"], b[i]["direction"] = pid, api, d
+        b[i]["dst"], b[i]["src"], b[i]["bytes"], b[i]["ret"], b[i]["stream"] = dst, src, nbytes, ret, aux
+        b[i]["duration_ns"] = 1000 + i
+    return b
+
+
+def _state(m: Model) -> dict:  # type: ignore[type-arg]
+    return {
+        "copies": {
+            k: (v.calls, v.bytes, v.errors, v.duration_ns, v.durations.count, v.sizes.count)
+            for k, v in m.copies.items()
+        },
+        "syncs": {k: (v.calls, v.duration_ns) for k, v in m.syncs.items()},
+        "books": {pid: dict(p.book.ranges) for pid, p in m.processes.items()},
+        "pinned": {pid: p.book.pinned_bytes for pid, p in m.processes.items()},
+        "memory": {
+            pid: (
+                p.memory.allocations, p.memory.allocated_bytes, p.memory.frees, p.memory.freed_bytes,
+                p.memory.unknown_frees, p.memory.failed_allocations, p.memory.in_use_bytes,
+                p.memory.peak_bytes, dict(p.memory.live), p.memory.sizes.count,
+            )
+            for pid, p in m.processes.items()
+        },
+    }  # fmt: skip
+
+
+@given(rows=st.lists(_event, min_size=1, max_size=60), complete=st.booleans())
+@settings(max_examples=500, deadline=None)
+def test_a_batch_folds_exactly_as_its_events_one_by_one(rows: list, complete: bool) -> None:  # type: ignore[type-arg]
+    # Memory calls change the address books between copies: however a batch
+    # mixes them, the batch path (inline host calls, one-at-a-time and numpy
+    # segments) must give what folding each event alone gives.
+    b = _events(rows)
+    after = None if complete else 1 << 62
+    whole, single = Model(complete_after_ticks=after), Model(complete_after_ticks=after)
+    whole.add_events(b)
+    for i in range(len(b)):
+        single.add_events(b[i : i + 1])
+    assert _state(whole) == _state(single)
