@@ -8,7 +8,6 @@ histogram can be exported as is, or downscaled to fit a bucket budget.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -30,10 +29,19 @@ def map_to_index(values: np.ndarray, scale: int) -> np.ndarray:
     return idx
 
 
+_NO_BUCKETS = np.zeros(0, np.int64)
+_NO_BUCKETS.flags.writeable = False  # shared by every empty histogram
+
+
 @dataclass
 class ExpHistogram:
+    """Counts in one dense array from `offset` (as OTel's SDK keeps them):
+    about 8 bytes a bucket, at most MAX_BUCKETS buckets, so a series costs
+    the same memory after a billion values as after a thousand."""
+
     scale: int = DEFAULT_SCALE
-    counts: dict[int, int] = field(default_factory=dict)
+    offset: int = 0  # the bucket index of buckets[0]
+    buckets: np.ndarray = field(default_factory=lambda: _NO_BUCKETS)  # int64 counts
     zero_count: int = 0
     count: int = 0
     sum: float = 0.0
@@ -42,6 +50,12 @@ class ExpHistogram:
     # min and max since the last take_window(): what a delta export reports
     window_min: float = math.inf
     window_max: float = -math.inf
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """The non-empty buckets: index -> count."""
+        nz = np.flatnonzero(self.buckets)
+        return dict(zip((nz + self.offset).tolist(), self.buckets[nz].tolist(), strict=True))
 
     def add(self, values: np.ndarray) -> None:
         if len(values) == 0:
@@ -57,17 +71,53 @@ class ExpHistogram:
         pos = v[v > 0]
         self.zero_count += len(v) - len(pos)
         if len(pos):
-            idx, n = np.unique(map_to_index(pos, self.scale), return_counts=True)
-            c = self.counts
-            for i, k in zip(idx.tolist(), n.tolist(), strict=True):
-                c[i] = c.get(i, 0) + k
-            self._bound()
+            self.add_indices(map_to_index(pos, self.scale), self.scale)
 
-    def _bound(self) -> None:
-        """Keep at most MAX_BUCKETS buckets: memory per series is bounded
-        whatever the values, as in OTel's SDK (which downscales the same way)."""
-        while len(self.counts) > MAX_BUCKETS and self.scale > -10:
-            self.__dict__.update(self.downscaled(self.scale - 1).__dict__)
+    def add_indices(self, idx: np.ndarray, scale: int) -> None:
+        """Count values by their bucket index at `scale` (this histogram's or finer)."""
+        idx = np.asarray(idx, dtype=np.int64) >> (scale - self.scale)
+        idx = idx >> self._cover(int(idx.min()), int(idx.max()))
+        self.buckets += np.bincount(idx - self.offset, minlength=len(self.buckets))
+
+    def _cover(self, lo: int, hi: int) -> int:
+        """Make the array span buckets lo..hi (indices at this scale),
+        downscaling first while the span would pass MAX_BUCKETS, as OTel's
+        SDK does; return by how much it downscaled."""
+        if len(self.buckets):
+            lo, hi = min(lo, self.offset), max(hi, self.offset + len(self.buckets) - 1)
+        shift = 0
+        while (hi >> shift) - (lo >> shift) + 1 > MAX_BUCKETS and self.scale - shift > -10:
+            shift += 1
+        if shift:
+            self._downscale_in_place(self.scale - shift)
+            lo, hi = lo >> shift, hi >> shift
+        end = self.offset + len(self.buckets)
+        if len(self.buckets) and self.offset <= lo and hi < end:
+            return shift
+        grown = np.zeros(hi - lo + 1, np.int64)
+        if len(self.buckets):
+            grown[self.offset - lo : end - lo] = self.buckets
+        self.offset, self.buckets = lo, grown
+        return shift
+
+    def _downscale_in_place(self, scale: int) -> None:
+        shift = self.scale - scale
+        self.scale = scale
+        if not len(self.buckets):
+            self.offset >>= shift
+            return
+        idx = np.arange(self.offset, self.offset + len(self.buckets)) >> shift  # every index from first to last
+        self.offset = int(idx[0])
+        self.buckets = np.add.reduceat(self.buckets, np.flatnonzero(np.diff(idx, prepend=idx[0] - 1)))
+
+    def _trim(self) -> None:
+        """Drop empty buckets at either end."""
+        nz = np.flatnonzero(self.buckets)
+        if len(nz) == 0:
+            self.offset, self.buckets = 0, _NO_BUCKETS
+        elif nz[0] or nz[-1] < len(self.buckets) - 1:
+            self.offset += int(nz[0])
+            self.buckets = self.buckets[nz[0] : nz[-1] + 1].copy()
 
     def take_window(self) -> tuple[float, float]:
         w = (self.window_min, self.window_max)
@@ -79,29 +129,38 @@ class ExpHistogram:
         self.window_max = max(self.window_max, w[1])
 
     def copy(self) -> ExpHistogram:
-        return ExpHistogram(self.scale, dict(self.counts), self.zero_count, self.count, self.sum, self.min, self.max)
+        return ExpHistogram(
+            self.scale, self.offset, self.buckets.copy() if len(self.buckets) else _NO_BUCKETS,
+            self.zero_count, self.count, self.sum, self.min, self.max,
+        )  # fmt: skip
 
     def minus(self, base: ExpHistogram) -> ExpHistogram:
         """What was added since `base`, a copy of this histogram taken earlier
-        (at the same or a finer scale: a histogram only ever downscales)."""
+        (at the same or a finer scale: a histogram only ever downscales, and
+        its span only grows)."""
         if base.scale > self.scale:
             base = base.downscaled(self.scale)
         assert base.scale == self.scale
-        d = ExpHistogram(
-            self.scale, {}, self.zero_count - base.zero_count, self.count - base.count, self.sum - base.sum
-        )
-        for i, k in self.counts.items():
-            n = k - base.counts.get(i, 0)
-            if n:
-                d.counts[i] = n
+        d = self.copy()
+        d.zero_count -= base.zero_count
+        d.count -= base.count
+        d.sum -= base.sum
+        d.min, d.max = math.inf, -math.inf
+        if len(base.buckets):
+            at = base.offset - d.offset
+            d.buckets[at : at + len(base.buckets)] -= base.buckets
+        d._trim()
         return d
 
     def merge(self, other: ExpHistogram) -> None:
         o = other.downscaled(self.scale) if other.scale > self.scale else other
         if o.scale < self.scale:
-            self.__dict__.update(self.downscaled(o.scale).__dict__)
-        for i, k in o.counts.items():
-            self.counts[i] = self.counts.get(i, 0) + k
+            self._downscale_in_place(o.scale)
+        if len(o.buckets):
+            if self._cover(o.offset, o.offset + len(o.buckets) - 1):
+                o = o.downscaled(self.scale)
+            at = o.offset - self.offset
+            self.buckets[at : at + len(o.buckets)] += o.buckets
         self.zero_count += o.zero_count
         self.count += o.count
         self.sum += o.sum
@@ -109,20 +168,17 @@ class ExpHistogram:
         self.max = max(self.max, o.max)
 
     def downscaled(self, scale: int) -> ExpHistogram:
-        shift = self.scale - scale
-        assert shift >= 0
-        h = ExpHistogram(
-            scale, {}, self.zero_count, self.count, self.sum, self.min, self.max, self.window_min, self.window_max
-        )
-        for i, k in self.counts.items():
-            j = i >> shift
-            h.counts[j] = h.counts.get(j, 0) + k
+        assert scale <= self.scale
+        h = self.copy()
+        h.window_min, h.window_max = self.window_min, self.window_max
+        if scale < self.scale:
+            h._downscale_in_place(scale)
         return h
 
     def fit(self, max_buckets: int) -> ExpHistogram:
         """The finest downscale whose bucket span fits max_buckets."""
         h = self
-        while h.counts and max(h.counts) - min(h.counts) + 1 > max_buckets and h.scale > -10:
+        while len(h.buckets) > max_buckets and h.scale > -10:
             h = h.downscaled(h.scale - 1)
         return h
 
@@ -131,16 +187,14 @@ class ExpHistogram:
         if self.count == 0:
             return 0.0
         rank = q * (self.count - 1)
-        seen = self.zero_count
-        if rank < seen:
+        if rank < self.zero_count:
             return 0.0
+        seen = self.zero_count + np.cumsum(self.buckets)
+        i = int(np.searchsorted(seen, rank, side="right"))
+        if i >= len(seen):
+            return self.max
         base = 2.0 ** (2.0**-self.scale)
-        for i in sorted(self.counts):
-            seen += self.counts[i]
-            if rank < seen:
-                mid = base ** (i + 0.5)
-                return min(max(mid, self.min), self.max)
-        return self.max
+        return min(max(base ** (self.offset + i + 0.5), self.min), self.max)
 
 
 def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarray) -> None:
@@ -174,28 +228,10 @@ def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarra
         h.zero_count += z
     if not pos.any():
         return
-    scales = np.array([h.scale for h in hs], dtype=np.int64)
-    top = int(scales.max())
+    top = max(h.scale for h in hs)
+    idx = map_to_index(v[pos], top)  # each histogram shifts to its own scale
     group = np.repeat(np.arange(len(hs), dtype=np.int64), counts)[pos]
-    # The index at a lower scale is the index at a higher one shifted right.
-    idx = map_to_index(v[pos], top) >> (top - scales)[group]
-    lo_idx = int(idx.min())
-    width = int(idx.max()) - lo_idx + 1
-    key = group * width + (idx - lo_idx)
-    if len(hs) * width <= 4 * len(key) + 4096:  # counting is cheaper than sorting
-        nk = np.bincount(key, minlength=len(hs) * width)
-        uk = np.flatnonzero(nk)
-        nk = nk[uk]
-    else:
-        uk, nk = np.unique(key, return_counts=True)
-    # Per histogram, its buckets' counts are merged into its dict by C-level
-    # iteration (map, zip, dict.update): a Python step per bucket was the cost.
-    gid = uk // width
-    buckets = (uk % width + lo_idx).tolist()
-    bounds = np.searchsorted(gid, np.arange(len(hs) + 1)).tolist()
-    for g in np.unique(gid).tolist():
-        lo, hi = bounds[g], bounds[g + 1]
-        keys, c = buckets[lo:hi], hs[g].counts
-        new = nk[lo:hi] + np.fromiter(map(c.get, keys, itertools.repeat(0)), np.int64, hi - lo)
-        c.update(zip(keys, new.tolist(), strict=True))
-        hs[g]._bound()
+    bounds = np.searchsorted(group, np.arange(len(hs) + 1)).tolist()
+    for g, h in enumerate(hs):
+        if bounds[g + 1] > bounds[g]:
+            h.add_indices(idx[bounds[g] : bounds[g + 1]], top)

@@ -230,11 +230,7 @@ class MetricsBuilder:
                 attrs, start, now, h.count, h.sum, explicit_counts(h, bounds_scale, lo_exp, len(bounds)), bounds, lo, hi
             )
         f = h.fit(MAX_BUCKETS)
-        if f.counts:
-            off = min(f.counts)
-            buckets = [f.counts.get(i, 0) for i in range(off, max(f.counts) + 1)]
-        else:
-            off, buckets = 0, []
+        off, buckets = f.offset, f.buckets.tolist()
         return ExponentialHistogramDataPoint(
             attrs, start, now, f.count, f.sum, f.scale, f.zero_count, Buckets(off, buckets), Buckets(0, []), 0, lo, hi
         )

@@ -110,3 +110,31 @@ def test_buckets_stay_bounded_whatever_the_values() -> None:
         assert len(h.counts) <= MAX_BUCKETS and h.count == 100_000
         assert sum(h.counts.values()) + h.zero_count == h.count
     assert one.scale == grouped.scale and one.counts == grouped.counts
+    assert len(one.buckets) <= MAX_BUCKETS and one.buckets.nbytes <= MAX_BUCKETS * 8  # memory per series is bounded
+
+
+@given(
+    st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), max_size=50),
+    st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), max_size=50),
+    st.integers(min_value=-2, max_value=8),
+)
+@settings(max_examples=300, deadline=None)
+def test_minus_is_what_was_added_since_the_copy(first: list[float], then: list[float], scale: int) -> None:
+    # A delta export subtracts the last export's copy: the result must be the
+    # later values alone, counted at whatever scale the histogram reached.
+    h = ExpHistogram(scale=scale)
+    h.add(np.array(first))
+    base = h.copy()
+    h.add(np.array(then))
+    d = h.minus(base)
+    alone = ExpHistogram(scale=scale)
+    alone.add(np.array(then))
+    if alone.scale > d.scale:
+        alone = alone.downscaled(d.scale)
+    assert (d.count, d.zero_count, d.counts) == (alone.count, alone.zero_count, alone.counts)
+    assert all(n > 0 for n in d.counts.values())
+    merged = base.copy()
+    merged.merge(d)
+    if merged.scale > h.scale:
+        merged = merged.downscaled(h.scale)
+    assert (merged.count, merged.counts) == (h.count, h.counts)
