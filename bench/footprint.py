@@ -1,16 +1,23 @@
 """Agent footprint at 1, 10, 100 and 1000 traced processes (issue 6, target 3).
 
-    sudo .venv/bin/python bench/footprint.py [--seconds S] [--counts 1,10,100,1000]
+    sudo .venv/bin/python bench/footprint.py [--seconds S] [--counts 1,10,100,1000] [--soak N]
 
 For each count, that many processes of the test workload run side by side,
 each making 50 copies a second through real uprobes (three copy APIs, a few
 series each, and a training step's four copy sizes, like the recorded
-PyTorch job's copy mix), while the agent (in
-this process, host-wide, as `memtrace push` runs it) drains and aggregates.
-Printed per count: events/s received, agent CPU per 10k events/s, resident
-memory (the whole agent process), and the time to build and encode one OTLP
-export of everything. Memory must stay under 150 MB at 1000 processes and
-grow no faster than linearly in processes.
+PyTorch job's copy mix), while the agent (in this process, host-wide, as
+`memtrace push` runs it) drains and aggregates, then exports (cumulative, the default).
+Printed per count: events/s received, agent CPU per 10k events/s,
+resident memory (the whole agent process) sampled through the run, and the
+time to build and encode one OTLP export of everything.
+
+Memory must stay under 150 MB at 1000 processes, grow no faster than
+linearly in processes, and not at all in events. 1000 processes make about
+50k events/s here, so a live run fills each series' histograms only so far;
+the soak then folds N more events (default 20M) into the same series of
+the same agent, with copy durations spread over a lognormal of sigma 1 (the
+widest real spread: the recorded traces' copies span about 6 powers of two),
+exporting every million, and prints the resident memory as it goes.
 """
 
 from __future__ import annotations
@@ -35,15 +42,71 @@ def rss_mb() -> float:
     return 0.0
 
 
+def export(builder: object, agent: object) -> tuple[object, int]:
+    """One export as `memtrace push` makes it: built, encoded in requests of
+    a few processes each, committed, and the freed memory given back."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    from memtrace.agent import give_back_free_memory
+    from memtrace.otlp import REQUEST_POINTS, split_by_resource
+
+    batch = builder.build(agent.model, agent.stats(), len(agent.libraries))  # type: ignore[attr-defined]
+    size = sum(len(encode_metrics(part).SerializeToString()) for part in split_by_resource(batch.data, REQUEST_POINTS))
+    batch.commit()
+    give_back_free_memory()
+    return batch, size
+
+
+def soak(agent: object, builder: object, total: int) -> None:
+    """Fold `total` more events into the series the live run made, exporting
+    every million: the memory must not move."""
+    import numpy as np
+
+    from memtrace.abi import EVENT_DTYPE
+
+    model = agent.model  # type: ignore[attr-defined]
+    keys = np.array(list(model.copies), dtype=np.int64)  # pid, api, direction, host memory
+    series0 = len(model.copies)
+    rng = np.random.default_rng(1)
+    sizes = np.array([4 << 10, 64 << 10, 1 << 20, 16 << 20], dtype=np.uint64)
+    batch = np.zeros(4096, dtype=EVENT_DTYPE)
+    print(f"soak: {total:,} events into the {series0:,} series above, an export every million")
+    t0, done, marks = time.process_time(), 0, []
+    while done < total:
+        # A batch holds the events of a few processes, as a drained ring does.
+        pick = keys[rng.choice(rng.integers(0, len(keys), 16), len(batch))]
+        batch["pid"], batch["api"], batch["direction"] = pick[:, 0], pick[:, 1], pick[:, 2]
+        # An untracked pointer in a process seen whole: pageable, as the live copies were.
+        batch["src"] = batch["dst"] = 0x10000
+        batch["bytes"] = sizes[rng.integers(0, 4, len(batch))]
+        batch["duration_ns"] = rng.lognormal(np.log(20e3), 1.0, len(batch)).astype(np.uint64) + 1
+        model.add_events(batch)
+        done += len(batch)
+        if done // 1_000_000 != (done - len(batch)) // 1_000_000:
+            export(builder, agent)
+            marks.append((done, rss_mb()))
+    rate = done / (time.process_time() - t0)
+    trail = ", ".join(f"{mb:.1f} MB at {ev / 1e6:.0f}M" for ev, mb in marks[:: max(len(marks) // 5, 1)] + marks[-1:])
+    print(f"soak: RSS {trail}; {len(model.copies):,} series; {rate:,.0f} events/s folded, exports included")
+    # Histograms widen until each reaches its bucket bound; from the soak's
+    # middle on, every series is there: what follows must not grow.
+    mid = marks[len(marks) // 2]
+    grow = marks[-1][1] - mid[1]
+    print(
+        f"SUMMARY | resident memory as events grow ({len(model.copies):,} series) | "
+        f"{mid[1]:.1f} MB at {mid[0] / 1e6:.0f}M events, {marks[-1][1]:.1f} MB at {marks[-1][0] / 1e6:.0f}M "
+        f"({grow:+.1f} MB) | flat | {'met' if grow < 1 else 'not met'}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--counts", default="1,10,100,1000")
+    ap.add_argument("--soak", type=int, default=20_000_000, help="events folded into the last count's series")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("footprint: run as root (it loads BPF programs)")
-    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-
     from memtrace.agent import Agent
     from memtrace.bpfsource import Options
     from memtrace.config import resolve
@@ -70,22 +133,21 @@ def main() -> None:
             while time.monotonic() < t_end:
                 agent.poll()
                 time.sleep(0.005)
+            builder = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "bench"})
             ev0, cpu0, t0 = agent.model.events, time.process_time(), time.monotonic()
-            t_end = t0 + a.seconds
-            rss_mid = None
+            t_end, next_sample = t0 + a.seconds, t0 + 1.0
+            samples = []  # (events, RSS MB) each second
             while time.monotonic() < t_end:
                 agent.poll()
-                if rss_mid is None and time.monotonic() > t0 + a.seconds / 2:
-                    agent.sync_totals()
-                    rss_mid = (rss_mb(), agent.model.events - ev0)
+                if time.monotonic() >= next_sample:
+                    samples.append((agent.model.events - ev0, rss_mb()))
+                    next_sample += 1.0
                 time.sleep(0.005)
             agent.poll()
             agent.sync_totals()
             cpu, wall, events = time.process_time() - cpu0, time.monotonic() - t0, agent.model.events - ev0
-            builder = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "bench"})
             te = time.perf_counter()
-            batch = builder.build(agent.model, agent.stats(), len(agent.libraries))
-            encoded = encode_metrics(batch.data).SerializeToString()
+            batch, encoded = export(builder, agent)
             export_ms = (time.perf_counter() - te) * 1e3
             series = sum(
                 len(m.data.data_points)
@@ -95,11 +157,13 @@ def main() -> None:
             )
             rate = events / wall
             per10k = cpu / wall / (rate / 10_000) if rate else float("nan")
+            trail = ", ".join(f"{mb:.1f} MB at {ev:,}" for ev, mb in samples[:: max(len(samples) // 4, 1)])
             print(
                 f"{n:>10} {rate:>10,.0f} {per10k:>12.3f}s {rss_mb():>8.1f} {export_ms:>10.1f} {series:>7}"
-                f"  ({len(encoded):,} B encoded; RSS {rss_mid[0]:.1f} MB after {rss_mid[1]:,} events,"
-                f" {rss_mb():.1f} MB after {events:,})"
+                f"  ({encoded:,} B encoded; RSS {trail}, {rss_mb():.1f} MB at {events:,} events and an export)"
             )
+            if n == int(a.counts.split(",")[-1]) and a.soak:
+                soak(agent, builder, a.soak)
             last = (n, rss_mb(), per10k)
             for p in procs:
                 p.kill()

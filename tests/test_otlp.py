@@ -124,3 +124,28 @@ def test_explicit_buckets_are_exact() -> None:
         assert list(p.explicit_bounds) == bounds
         want = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
         assert list(p.bucket_counts) == want.tolist(), name
+
+
+def test_a_cumulative_export_is_split_by_process_and_loses_no_point() -> None:
+    # 40 processes: requests of at most REQUEST_POINTS-ish points, each
+    # process whole in one of them, every point in exactly one request.
+    from memtrace.otlp import split_by_resource
+
+    m = Model()
+    b = np.zeros(40 * 3, dtype=EVENT_DTYPE)
+    b["pid"] = np.repeat(np.arange(10**7, 10**7 + 40), 3)
+    b["api"], b["direction"], b["bytes"], b["duration_ns"] = 22, Direction.H2D, 4096, 1000
+    m.add_events(b)
+    data = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"}).build(m, {}, 1).data
+
+    def points(rm) -> int:  # type: ignore[no-untyped-def]
+        return sum(len(x.data.data_points) for sm in rm.scope_metrics for x in sm.metrics)
+
+    per_process = max(points(rm) for rm in data.resource_metrics)
+    parts = split_by_resource(data, 5 * per_process)
+    assert len(parts) > 1
+    assert [rm for p in parts for rm in p.resource_metrics] == list(data.resource_metrics)
+    for p in parts:
+        assert sum(points(rm) for rm in p.resource_metrics) <= 5 * per_process
+    # A resource larger than the limit still goes, alone.
+    assert [len(p.resource_metrics) for p in split_by_resource(data, 1)] == [1] * len(data.resource_metrics)
