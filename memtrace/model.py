@@ -41,6 +41,7 @@ class HostMemory(enum.IntEnum):
         return None if self is HostMemory.NONE else self.name.lower()
 
 
+_TOP = 2**64 - 1  # the highest address: ranges end there at the latest
 # What an address book says of a pointer.
 _UNTRACKED, _DEVICE, _PINNED, _MANAGED = 0, 1, 2, 3
 
@@ -106,7 +107,7 @@ class AddressBook:
         self.pinned_bytes = 0
 
     def add(self, start: int, size: int, what: int) -> None:
-        end = start + size if size > 0 else start + 1
+        end = min(start + max(size, 1), _TOP)  # a range never wraps past the address space
         starts, ranges = self._starts, self.ranges
         i = bisect.bisect_left(starts, start)
         if i and ranges[starts[i - 1]][0] > start:
@@ -192,7 +193,7 @@ class AddressBook:
         is what makes that cheap. None when ranges of different starts overlap."""
         b_start, b_end, b_what = self._as_arrays()
         add = op_add.nonzero()[0]
-        op_end = op_start + np.maximum(op_size, 1)
+        op_end = op_start + np.minimum(np.maximum(op_size, 1), np.uint64(_TOP) - op_start)  # as add() clamps
         # Every range that exists at some moment: the book's and the batch's.
         u, inv = np.unique(np.concatenate([b_start, op_start[add]]), return_inverse=True)
         if len(u) == 0:

@@ -189,7 +189,7 @@ def test_a_staging_buffer_reused_at_one_address_is_replayed_at_once() -> None:
 # Events for the ordering property below: memory calls and copies of two
 # processes over a few overlapping addresses, so ranges are replaced, reused,
 # freed twice and hit at their edges.
-_ADDRS = [0x10000, 0x10800, 0x11000]
+_ADDRS = [0x10000, 0x10800, 0x11000, 2**64 - 0x1000]  # and one whose ranges would wrap
 _COPY_APIS = [2, 20, 21, 22, 23, 25, 26, 27, 28]  # unified, fixed-direction and peer copies
 _HOST_APIS = [46, 48, 49, 50, 66, 68]  # host alloc, free, register, unregister
 _OTHER_APIS = [40, 41, 42, 45, 71, 72, 73, 74, 90]  # device, pitched, managed, VMM, a wait
