@@ -17,7 +17,7 @@ import numpy as np
 
 from .abi import Stat
 from .bpfsource import Attachment, BpfSource, Options
-from .config import PushConfig
+from .config import PushConfig, Temporality
 from .errors import CommandNotFound
 from .model import Model, boot_ticks_now
 from .otlp import Batch, Exporter, MetricsBuilder
@@ -220,7 +220,7 @@ def push_forever(
     builder = MetricsBuilder(cfg, host_attributes())
     exporter = exporter or Exporter(cfg)
     pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")
-    inflight: tuple[Future[tuple[bool, str]], Batch] | None = None
+    inflight: tuple[Future[tuple[bool, str, int]], Batch] | None = None
     failures = 0
     next_at = time.monotonic() + cfg.interval
     log.warning("pushing to %s", cfg.redacted())
@@ -247,9 +247,16 @@ def push_forever(
             builder.unsent_processes += len(drop)
         return builder.build(agent.model, agent.stats(), len(agent.libraries))
 
-    def settle(ok: bool, reason: str, batch: Batch) -> None:
+    def settle(ok: bool, reason: str, delivered: int, batch: Batch) -> None:
         nonlocal failures
-        if ok:
+        if not ok and delivered and cfg.temporality == Temporality.delta:
+            # Part of a delta export arrived: those processes' deltas must not
+            # be sent again; the rest is, with the next push.
+            done = batch.processes_in(delivered)
+            batch.commit_processes(done)
+            for pid in set(batch.exited) & done:
+                agent.forget(pid)
+        elif ok:
             batch.commit()
             for pid in batch.exited:  # sent a final time: drop the series
                 agent.forget(pid)
@@ -260,6 +267,7 @@ def push_forever(
             failures = 0
         else:
             batch.rollback()
+        if not ok:
             builder.export_failures += 1
             failures += 1
             if failures == 1:
@@ -276,8 +284,8 @@ def push_forever(
         while not stop.is_set():
             agent.poll()
             if inflight is not None and inflight[0].done():
-                ok, reason = inflight[0].result()
-                settle(ok, reason, inflight[1])
+                ok, reason, delivered = inflight[0].result()
+                settle(ok, reason, delivered, inflight[1])
                 inflight = None
                 give_back_free_memory()
             if inflight is None and time.monotonic() >= next_at:
@@ -289,15 +297,15 @@ def push_forever(
         deadline = time.monotonic() + final_timeout
         if inflight is not None:
             try:
-                ok, reason = inflight[0].result(timeout=max(0.1, deadline - time.monotonic()))
-                settle(ok, reason, inflight[1])
+                ok, reason, delivered = inflight[0].result(timeout=max(0.1, deadline - time.monotonic()))
+                settle(ok, reason, delivered, inflight[1])
             except TimeoutError:
                 inflight[1].rollback()
         batch = build()
         fut = pool.submit(exporter.export, batch.data)
         try:
-            ok, reason = fut.result(timeout=max(0.5, deadline - time.monotonic()))
-            settle(ok, reason, batch)
+            ok, reason, delivered = fut.result(timeout=max(0.5, deadline - time.monotonic()))
+            settle(ok, reason, delivered, batch)
             if not ok:
                 log.warning("the last push failed: %s", reason)
         except TimeoutError:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -366,6 +367,17 @@ def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
     return out
 
 
+class BookChanges(NamedTuple):
+    """What a batch's memory calls do to address books, one row per change."""
+
+    pid: np.ndarray
+    at: np.ndarray  # the call's position in the batch (ring order)
+    add: np.ndarray  # True: add the range start..start+size; False: remove the one at start
+    start: np.ndarray
+    size: np.ndarray
+    what: np.ndarray  # _DEVICE, _PINNED or _MANAGED, for an addition
+
+
 class Model:
     def __init__(self, complete_after_ticks: int | None = None) -> None:
         self.copies: dict[CopyKey, CopyStats] = {}
@@ -421,7 +433,7 @@ class Model:
             self._add_syncs(batch[syncs])
 
     def _what_copies_touch(
-        self, batch: np.ndarray, copies: np.ndarray, ops: tuple[np.ndarray, ...] | None
+        self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """What each copy's source and destination were in its process's
         address book when the copy returned (_UNTRACKED, _DEVICE, _PINNED or
@@ -430,7 +442,7 @@ class Model:
         src_what, dst_what = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
         c_pid = batch["pid"][copies]
         src, dst = batch["src"][copies], batch["dst"][copies]
-        op_pids = np.unique(ops[0]) if ops is not None else np.zeros(0, np.uint32)
+        op_pids = np.unique(ops.pid) if ops is not None else np.zeros(0, np.uint32)
         pids = np.unique(c_pid).tolist()
         for pid in np.union1d(pids, op_pids).tolist():
             book = (self.processes.get(pid) or self._process(pid)).book
@@ -439,11 +451,11 @@ class Model:
             else:
                 sel = np.flatnonzero(c_pid == pid)
             if pid in op_pids:
-                o = ops[0] == pid
+                o = ops.pid == pid
                 t = copies[sel]
                 # A copy's source and destination, looked up as one list in ring order.
                 what = book.replay(
-                    ops[1][o], ops[2][o], ops[3][o], ops[4][o], ops[5][o], np.concatenate([t, t]),
+                    ops.at[o], ops.add[o], ops.start[o], ops.size[o], ops.what[o], np.concatenate([t, t]),
                     np.concatenate([src[sel], dst[sel]]),
                 )  # fmt: skip
                 k = len(what) // 2
@@ -453,10 +465,9 @@ class Model:
                 dst_what[sel] = book.lookup(dst[sel])
         return src_what, dst_what
 
-    def _memory_calls(self, m: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    def _memory_calls(self, m: np.ndarray, at: np.ndarray) -> BookChanges | None:
         """Account a batch's memory calls (device memory, in ring order) and
-        return their effects on the address books, as arrays: pid, ring
-        position, add (True) or remove, start, size, what. None if none."""
+        return their effects on the address books, None if none."""
         api, ret = m["api"], m["ret"]
         action = _HOST_ACTION[api]
         for pid in np.unique(m["pid"]).tolist():
@@ -477,7 +488,7 @@ class Model:
         keep = effect != _NOTHING
         if not keep.any():
             return None
-        return m["pid"][keep], at[keep], effect[keep] == _ADD_RANGE, start[keep], size[keep], what[keep]
+        return BookChanges(m["pid"][keep], at[keep], effect[keep] == _ADD_RANGE, start[keep], size[keep], what[keep])
 
     def _resolve(self, b: np.ndarray, src_what: np.ndarray, dst_what: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(direction, host memory) of each copy: unified directions resolved

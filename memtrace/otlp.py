@@ -128,6 +128,17 @@ class Batch:
     exited: list[int]  # processes sent a final time
     commit: Callable[[], None]
     rollback: Callable[[], None]
+    # A delta export that reached the collector only in part: advance the
+    # base of these processes' series alone (the rest is sent again).
+    commit_processes: Callable[[set[int]], None]
+
+    def processes_in(self, resources: int) -> set[int]:
+        """The processes of the first `resources` resources of this export."""
+        return {
+            int(rm.resource.attributes["process.pid"])
+            for rm in self.data.resource_metrics[:resources]
+            if "process.pid" in rm.resource.attributes
+        }
 
 
 class _Points:
@@ -137,13 +148,15 @@ class _Points:
         self,
         builder: MetricsBuilder,
         new_base: _Base,
-        windows: list[tuple[ExpHistogram, tuple[float, float]]],
+        windows: list[tuple[int, ExpHistogram, tuple[float, float]]],
         starting: list[Any],
         now: int,
         first_seen_ns: int,
         series_start: int,
+        pid: int,
     ) -> None:
         self.b = builder
+        self.pid = pid
         self.new_base = new_base
         self.windows = windows
         self.starting = starting
@@ -181,7 +194,7 @@ class _Points:
         else:
             cur = h
         w = h.take_window()
-        self.windows.append((h, w))
+        self.windows.append((self.pid, h, w))
         bounds = (DURATION_BOUNDS, 2, -80) if unit == "s" else (SIZE_BOUNDS, 0, 0)
         self.points.setdefault(name, []).append(b._hist_point(la, cur, w, start, self.now, *bounds))
 
@@ -263,7 +276,7 @@ class MetricsBuilder:
         new_base = _Base(
             dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes), dict(self.base.time_ns)
         )
-        windows: list[tuple[ExpHistogram, tuple[float, float]]] = []
+        windows: list[tuple[int, ExpHistogram, tuple[float, float]]] = []
         resource_metrics = []
         exited = []
         starting: list[Any] = []
@@ -287,6 +300,7 @@ class MetricsBuilder:
                 now,
                 proc.first_seen_ns,
                 max(proc.start_ns or proc.first_seen_ns, self.start_ns),
+                pid,
             )
             sums, hist, gauge, points = pp.sums, pp.hist, pp.gauge, pp.points
 
@@ -401,10 +415,25 @@ class MetricsBuilder:
                 self.started.difference_update([k for k in self.started if k[1] == pid])
 
         def rollback() -> None:
-            for h, w in windows:
+            for _pid, h, w in windows:
                 h.restore_window(w)
 
-        return Batch(MetricsData(resource_metrics), exited, commit, rollback)
+        def commit_processes(delivered: set[int]) -> None:
+            if self.delta:
+                for old, new in (
+                    (self.base.totals, new_base.totals),
+                    (self.base.durations, new_base.durations),
+                    (self.base.sizes, new_base.sizes),
+                    (self.base.time_ns, new_base.time_ns),
+                ):
+                    for k, v in new.items():
+                        if k[1] in delivered:
+                            old[k] = v
+            for pid, h, w in windows:
+                if pid not in delivered:
+                    h.restore_window(w)
+
+        return Batch(MetricsData(resource_metrics), exited, commit, rollback, commit_processes)
 
 
 REQUEST_POINTS = 2000  # data points per request of a cumulative export
@@ -555,20 +584,19 @@ class Exporter:
             return f"cannot connect to {u.hostname}:{port}: {e.strerror or e}"
         return ""
 
-    def export(self, data: MetricsData) -> tuple[bool, str]:
-        """Push one export. Cumulative exports go as requests of at most
-        REQUEST_POINTS points, a few processes each: encoding 25k points at
-        once cost 50 MB of resident memory at 1000 processes, and resending a
-        cumulative point after a partial failure changes nothing. A delta
-        export goes whole: a partial delivery would be sent again and counted
-        twice."""
-        if self.cfg.temporality == Temporality.delta:
-            return self._export(data)
+    def export(self, data: MetricsData) -> tuple[bool, str, int]:
+        """Push one export, in requests of at most REQUEST_POINTS points
+        (whole processes each): encoding 25k points at once cost 50 MB of
+        resident memory at 1000 processes. Returns success, the reason of a
+        failure, and how many resources (from the first) were delivered: a
+        delta export delivered in part must advance those processes alone."""
+        delivered = 0
         for part in split_by_resource(data, REQUEST_POINTS):
             ok, why = self._export(part)
             if not ok:
-                return ok, why
-        return True, ""
+                return False, why, delivered
+            delivered += len(part.resource_metrics)
+        return True, "", delivered
 
     def _export(self, data: MetricsData) -> tuple[bool, str]:
         self.complaints.messages = []

@@ -149,3 +149,87 @@ def test_a_cumulative_export_is_split_by_process_and_loses_no_point() -> None:
         assert sum(points(rm) for rm in p.resource_metrics) <= 5 * per_process
     # A resource larger than the limit still goes, alone.
     assert [len(p.resource_metrics) for p in split_by_resource(data, 1)] == [1] * len(data.resource_metrics)
+
+
+def test_a_delta_export_delivered_in_part_resends_only_what_did_not_arrive() -> None:
+    # Two processes; the request with the first arrives, the one with the
+    # second fails: the first's calls must not be sent again, the second's must.
+    other = os.getppid()  # a second live process
+    m = Model()
+    b = MetricsBuilder(resolve({}, endpoint="http://x:1", temporality="delta"), {})
+
+    def copies(pid: int, n: int) -> np.ndarray:
+        e = np.zeros(n, dtype=EVENT_DTYPE)
+        e["pid"], e["api"], e["direction"], e["bytes"], e["duration_ns"] = pid, API, Direction.H2D, 8, 1000
+        return e
+
+    def calls(batch) -> dict[int, int]:  # type: ignore[no-untyped-def]
+        out = {}
+        for rm in batch.data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for x in sm.metrics:
+                    if x.name == "gpu.memcpy.calls":
+                        out[rm.resource.attributes["process.pid"]] = sum(p.value for p in x.data.data_points)
+        return out
+
+    m.add_events(np.concatenate([copies(PID, 10), copies(other, 20)]))
+    first = b.build(m, {}, 0)
+    assert calls(first) == {PID: 10, other: 20}
+    delivered = [
+        i for i, rm in enumerate(first.data.resource_metrics) if rm.resource.attributes.get("process.pid") == PID
+    ]
+    assert first.processes_in(delivered[0] + 1) >= {PID}
+    first.commit_processes({PID})  # only PID's request arrived
+    m.add_events(np.concatenate([copies(PID, 1), copies(other, 2)]))
+    second = b.build(m, {}, 0)
+    assert calls(second) == {PID: 1, other: 22}
+    second.commit()
+    assert calls(b.build(m, {}, 0)) == {PID: 0, other: 0}
+
+
+def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A real HTTP endpoint that takes the first request and refuses the rest:
+    # the exporter must say which resources arrived, so that a delta export
+    # advances those alone (the test above) and sends the rest again.
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from memtrace import otlp
+
+    got: list[set[int]] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            req = ExportMetricsServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+            pids = {
+                a.value.int_value
+                for rm in req.resource_metrics
+                for a in rm.resource.attributes
+                if a.key == "process.pid"
+            }
+            got.append(pids)
+            self.send_response(200 if len(got) == 1 else 400)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *a) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        m = Model()
+        e = np.zeros(2, dtype=EVENT_DTYPE)
+        e["pid"], e["api"], e["direction"], e["bytes"] = [PID, os.getppid()], API, Direction.H2D, 8
+        m.add_events(e)
+        cfg = resolve({}, endpoint=f"http://127.0.0.1:{srv.server_port}", protocol="http/protobuf", timeout=5)
+        batch = MetricsBuilder(cfg, {}).build(m, {}, 0)
+        monkeypatch.setattr(otlp, "REQUEST_POINTS", 1)  # one process a request
+        ok, why, delivered = otlp.Exporter(cfg).export(batch.data)
+        assert not ok and why
+        assert delivered == 1 and len(got) == 2  # the first arrived, the second was refused, no third was tried
+        assert batch.processes_in(delivered) == got[0] and len(got[0]) == 1
+    finally:
+        srv.shutdown()
