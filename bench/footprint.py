@@ -6,8 +6,8 @@ For each count, that many processes of the test workload run side by side,
 each making 50 copies a second through real uprobes (three copy APIs, a few
 series each, and a training step's four copy sizes, like the recorded
 PyTorch job's copy mix), while the agent (in this process, host-wide, as
-`memtrace push` runs it) drains and aggregates, then exports (cumulative, the default; in requests of a few processes each).
-Printed per count: events/s received, agent CPU per 10k events/s,
+`memtrace push` runs it) drains and aggregates, then exports (cumulative,
+the default, in requests of a few processes each). Printed per count: events/s received, agent CPU per 10k events/s,
 resident memory (the whole agent process) sampled through the run, and the
 time to build and encode one OTLP export of everything.
 
