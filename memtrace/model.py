@@ -94,6 +94,17 @@ class DeviceMemory:
         return len(self.live)
 
 
+class BookChanges(NamedTuple):
+    """What a batch's memory calls do to address books, one row per change."""
+
+    pid: np.ndarray
+    at: np.ndarray  # the call's position in the batch (ring order)
+    add: np.ndarray  # True: add the range start..start+size; False: remove the one at start
+    start: np.ndarray
+    size: np.ndarray
+    what: np.ndarray  # _DEVICE, _PINNED or _MANAGED, for an addition
+
+
 class AddressBook:
     """Ranges a process's own calls made device, pinned or managed memory.
 
@@ -138,20 +149,10 @@ class AddressBook:
             self.pinned_bytes -= r[0] - start
         self._arrays = None
 
-    def replay(
-        self,
-        op_at: np.ndarray,
-        op_add: np.ndarray,
-        op_start: np.ndarray,
-        op_size: np.ndarray,
-        op_what: np.ndarray,
-        q_at: np.ndarray,
-        q_ptr: np.ndarray,
-    ) -> np.ndarray:
-        """Apply a batch's changes to this book in order (at ring positions
-        op_at, ascending: add a range, or remove the one at op_start) and say
-        what each queried pointer was at its ring position q_at."""
-        out = self._replay_at_once(op_at, op_add, op_start, op_size, op_what, q_at, q_ptr)
+    def replay(self, ch: BookChanges, q_at: np.ndarray, q_ptr: np.ndarray) -> np.ndarray:
+        """Apply a batch's changes to this book in ring order and say what
+        each queried pointer was at its ring position q_at."""
+        out = self._replay_at_once(ch, q_at, q_ptr)
         if out is not None:
             return out
         # Ranges of the batch overlap ones that start elsewhere: a change may
@@ -160,7 +161,7 @@ class AddressBook:
         order = np.argsort(q_at, kind="stable")
         q_at, q_ptr = q_at[order], q_ptr[order]
         lo = 0
-        rows = zip(op_at.tolist(), op_add.tolist(), op_start.tolist(), op_size.tolist(), op_what.tolist(), strict=True)
+        rows = zip(*(f.tolist() for f in (ch.at, ch.add, ch.start, ch.size, ch.what)), strict=True)
         for at, add, start, size, what in rows:
             hi = int(np.searchsorted(q_at, at))
             if hi > lo:
@@ -174,16 +175,7 @@ class AddressBook:
             out[order[lo:]] = self.lookup(q_ptr[lo:])
         return out
 
-    def _replay_at_once(
-        self,
-        op_at: np.ndarray,
-        op_add: np.ndarray,
-        op_start: np.ndarray,
-        op_size: np.ndarray,
-        op_what: np.ndarray,
-        q_at: np.ndarray,
-        q_ptr: np.ndarray,
-    ) -> np.ndarray | None:
+    def _replay_at_once(self, ch: BookChanges, q_at: np.ndarray, q_ptr: np.ndarray) -> np.ndarray | None:
         """replay() without a Python step per change, when every range that
         exists at any moment of the batch (the book's and the batch's) ends
         before the next start: then a range is only ever replaced by one at
@@ -193,6 +185,7 @@ class AddressBook:
         allocates and frees one staging buffer around every transfer; this
         is what makes that cheap. None when ranges of different starts overlap."""
         b_start, b_end, b_what = self._as_arrays()
+        op_at, op_add, op_start, op_size, op_what = ch.at, ch.add, ch.start, ch.size, ch.what
         add = op_add.nonzero()[0]
         op_end = op_start + np.minimum(np.maximum(op_size, 1), np.uint64(_TOP) - op_start)  # as add() clamps
         # Every range that exists at some moment: the book's and the batch's.
@@ -367,17 +360,6 @@ def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
     return out
 
 
-class BookChanges(NamedTuple):
-    """What a batch's memory calls do to address books, one row per change."""
-
-    pid: np.ndarray
-    at: np.ndarray  # the call's position in the batch (ring order)
-    add: np.ndarray  # True: add the range start..start+size; False: remove the one at start
-    start: np.ndarray
-    size: np.ndarray
-    what: np.ndarray  # _DEVICE, _PINNED or _MANAGED, for an addition
-
-
 class Model:
     def __init__(self, complete_after_ticks: int | None = None) -> None:
         self.copies: dict[CopyKey, CopyStats] = {}
@@ -454,10 +436,8 @@ class Model:
                 o = ops.pid == pid
                 t = copies[sel]
                 # A copy's source and destination, looked up as one list in ring order.
-                what = book.replay(
-                    ops.at[o], ops.add[o], ops.start[o], ops.size[o], ops.what[o], np.concatenate([t, t]),
-                    np.concatenate([src[sel], dst[sel]]),
-                )  # fmt: skip
+                mine = BookChanges(*(f[o] for f in ops))
+                what = book.replay(mine, np.concatenate([t, t]), np.concatenate([src[sel], dst[sel]]))
                 k = len(what) // 2
                 src_what[sel], dst_what[sel] = what[:k], what[k:]
             elif book.ranges and n:

@@ -14,7 +14,7 @@ from memtrace.abi import EVENT_DTYPE, CtlEvent, Family
 from memtrace.apis import BY_ID
 from memtrace.bpfsource import BpfSource, Options
 from memtrace.cli import app
-from memtrace.model import Model
+from memtrace.model import BookChanges, Model
 from memtrace.report import summary
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
@@ -155,8 +155,9 @@ def test_address_book_replays_a_batch_as_one_change_at_a_time(before, ops, queri
         np.array([o[k] for o in timed], dtype=dt)
         for k, dt in enumerate((np.int64, bool, np.uint64, np.uint64, np.uint8))
     ]
+    changes = BookChanges(np.zeros(len(timed), np.uint32), *cols)
     got = book.replay(
-        *cols, np.array([2 * t for t, _ in queries], np.int64), np.array([p for _, p in queries], np.uint64)
+        changes, np.array([2 * t for t, _ in queries], np.int64), np.array([p for _, p in queries], np.uint64)
     )
     assert got.tolist() == expect
     assert sorted((s, e, w) for s, (e, w) in book.ranges.items()) == sorted(naive_after)
@@ -179,7 +180,9 @@ def test_a_staging_buffer_reused_at_one_address_is_replayed_at_once() -> None:
     op_what = np.full(2 * n, 2, np.uint8)
     q_at = np.concatenate([op_at + 1, op_at + 1])
     q_ptr = np.concatenate([np.full(2 * n, 0x1004, np.uint64), np.full(2 * n, 0x9004, np.uint64)])
-    got = book._replay_at_once(op_at, op_add, op_start, op_size, op_what, q_at, q_ptr)
+    got = book._replay_at_once(
+        BookChanges(np.zeros(2 * n, np.uint32), op_at, op_add, op_start, op_size, op_what), q_at, q_ptr
+    )
     assert got is not None
     assert got[: 2 * n].tolist() == [2, 0] * n  # pinned after each alloc, untracked after each free
     assert got[2 * n :].tolist() == [1] * 2 * n
