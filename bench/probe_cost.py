@@ -49,6 +49,7 @@ assert OLD_EVENT.itemsize == 48
 
 BEFORE = "ae32709"  # the last commit with the previous hot path
 KINDS = ("copy", "launch", "sync")
+LOOP_CPU = 1  # where bench/src/callloop.c pins itself
 SYMS = {"copy": "cuMemcpyHtoDAsync_v2", "launch": "cuLaunchKernel", "sync": "cuStreamSynchronize"}
 
 
@@ -122,7 +123,11 @@ def detach(obj, links) -> None:  # type: ignore[no-untyped-def]
 
 def drained(drain):  # type: ignore[no-untyped-def]
     """Run a measurement while a thread drains the ring every 5 ms, as the
-    agent does: a ring left full would send every call down the lost path."""
+    agent does: a ring left full would send every call down the lost path.
+    The drain runs on another CPU than the pinned loop: what is measured is
+    the cost each call pays in the traced process (the agent's own CPU is
+    footprint.py's figure), so the agent's thread must not take the loop's
+    CPU from it."""
 
     class Drainer:
         def __enter__(self):  # type: ignore[no-untyped-def]
@@ -132,6 +137,9 @@ def drained(drain):  # type: ignore[no-untyped-def]
             return self
 
         def run(self) -> None:
+            others = os.sched_getaffinity(0) - {LOOP_CPU}
+            if others:
+                os.sched_setaffinity(0, others)  # this thread only
             while not self.stop.is_set():
                 drain()
                 time.sleep(0.005)
