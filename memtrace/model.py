@@ -68,7 +68,7 @@ class SyncStats:
     durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
 
 
-@dataclass(eq=False)  # hashed by identity: the model keeps a set of those with pending sizes
+@dataclass
 class DeviceMemory:
     """Device memory a process allocated through the calls memtrace sees:
     device, pitched, stream-ordered and managed allocations, and physical
@@ -84,7 +84,6 @@ class DeviceMemory:
     peak_bytes: int = 0
     sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes per allocation
     live: dict[tuple[int, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
-    pending_sizes: list[int] = field(default_factory=list)
     # For the leak signal: when memory was last given back, and how much was in use then.
     last_free_ns: int = 0
     in_use_at_last_free: int = 0
@@ -337,17 +336,18 @@ def _exact_sums(v: np.ndarray, starts: np.ndarray) -> list[int]:
     return np.add.reduceat(v.astype(np.uint64), starts).tolist() if len(v) else []
 
 
-# What a successful memory call does, by api id: pin a host range (host
-# allocation or registration), unpin one (their undoing), or anything else.
+# What a successful memory call does to its address book, by api id: a host
+# allocation or registration adds a pinned range, their undoing drops it; any
+# other memory call is decided by _memory_call (device memory, VMM).
 _NOTHING, _ADD_RANGE, _DROP_RANGE, _OTHER_CALL = 0, 1, 2, 3
-_HOST_ACTION = np.full(1 << 16, _NOTHING, np.uint8)
+_BOOK_ACTION = np.full(1 << 16, _NOTHING, np.uint8)
 for _a in apis.APIS:
     if _a.op in (MemOp.HOST_ALLOC, MemOp.HOST_REGISTER):
-        _HOST_ACTION[_a.id] = _ADD_RANGE
+        _BOOK_ACTION[_a.id] = _ADD_RANGE
     elif _a.op in (MemOp.HOST_FREE, MemOp.HOST_UNREGISTER):
-        _HOST_ACTION[_a.id] = _DROP_RANGE
+        _BOOK_ACTION[_a.id] = _DROP_RANGE
     elif _a.family == Family.MEM:
-        _HOST_ACTION[_a.id] = _OTHER_CALL
+        _BOOK_ACTION[_a.id] = _OTHER_CALL
 
 
 def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
@@ -368,7 +368,6 @@ class Model:
         self.lost: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # from the kernel
         self.processes: dict[int, Process] = {}
         self.events = 0
-        self._pending_sizes: set[DeviceMemory] = set()  # allocation sizes not yet in their histograms
         # A process that started after this (clock ticks since boot) was
         # traced from its first CUDA call; None: every process is (`memtrace run`).
         self.complete_after_ticks = complete_after_ticks
@@ -404,10 +403,6 @@ class Model:
         if len(copies):
             b = batch[copies]
             direction, host = self._resolve(b, src_what, dst_what)
-        for mem_stats in self._pending_sizes:
-            mem_stats.sizes.add(np.array(mem_stats.pending_sizes, dtype=np.float64))
-            mem_stats.pending_sizes.clear()
-        self._pending_sizes.clear()
         if len(copies):
             self._add_copies(b, direction, host)
         syncs = fam == Family.SYNC
@@ -449,7 +444,7 @@ class Model:
         """Account a batch's memory calls (device memory, in ring order) and
         return their effects on the address books, None if none."""
         api, ret = m["api"], m["ret"]
-        action = _HOST_ACTION[api]
+        action = _BOOK_ACTION[api]
         for pid in np.unique(m["pid"]).tolist():
             if pid not in self.processes:
                 self._process(pid)
@@ -458,13 +453,16 @@ class Model:
         effect = np.where(ret == 0, action, _NOTHING)  # a failed host call changes nothing
         other = np.flatnonzero(action == _OTHER_CALL)
         if len(other):
+            allocated: dict[int, list[int]] = {}  # pid -> sizes, into its histogram once per batch
             rows = zip(*(m[f][other].tolist() for f in ("pid", "api", "ret", "dst", "bytes", "stream")), strict=True)
             for k, (pid, api_id, r, addr, nbytes, aux) in zip(other.tolist(), rows, strict=True):
-                e = self._memory_call(self.processes[pid], api_id, r, addr, nbytes, aux)
+                e = self._memory_call(self.processes[pid], api_id, r, addr, nbytes, aux, allocated)
                 if e is None:
                     effect[k] = _NOTHING
                 else:
                     effect[k], size[k], what[k] = e
+            for pid, sizes in allocated.items():
+                self.processes[pid].memory.sizes.add(np.array(sizes, dtype=np.float64))
         keep = effect != _NOTHING
         if not keep.any():
             return None
@@ -573,10 +571,11 @@ class Model:
         add_grouped([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9)
 
     def _memory_call(
-        self, proc: Process, api_id: int, ret: int, addr: int, size: int, aux: int
+        self, proc: Process, api_id: int, ret: int, addr: int, size: int, aux: int, allocated: dict[int, list[int]]
     ) -> tuple[int, int, int] | None:
         """Account one device memory call (its event's api, ret, dst, bytes
-        and aux fields); return its effect on the address book at `addr`:
+        and aux fields; an allocation's size goes to `allocated` under its
+        pid); return its effect on the address book at `addr`:
         (_ADD_RANGE, size, what) or (_DROP_RANGE, 0, 0), or None."""
         api = apis.BY_ID[api_id]
         op = api.op
@@ -596,8 +595,7 @@ class Model:
             mem.allocated_bytes += size
             mem.in_use_bytes += size
             mem.peak_bytes = max(mem.peak_bytes, mem.in_use_bytes)
-            mem.pending_sizes.append(size)  # into the histogram once per batch
-            self._pending_sizes.add(mem)
+            allocated.setdefault(proc.pid, []).append(size)
             if op == MemOp.VMM_CREATE:
                 return None  # a handle, not an address
             return _ADD_RANGE, size, _MANAGED if op == MemOp.MANAGED_ALLOC else _DEVICE

@@ -436,7 +436,7 @@ class MetricsBuilder:
         return Batch(MetricsData(resource_metrics), exited, commit, rollback, commit_processes)
 
 
-REQUEST_POINTS = 2000  # data points per request of a cumulative export
+REQUEST_POINTS = 2000  # data points per request of an export (whole processes each)
 
 
 def split_by_resource(data: MetricsData, max_points: int) -> list[MetricsData]:
