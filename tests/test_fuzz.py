@@ -258,3 +258,6 @@ def test_a_batch_folds_exactly_as_its_events_one_by_one(rows: list, complete: bo
     for i in range(len(b)):
         single.add_events(b[i : i + 1])
     assert _state(whole) == _state(single)
+    # Every allocation's size is in its process's histogram, once.
+    for p in whole.processes.values():
+        assert (p.memory.sizes.count, p.memory.sizes.sum) == (p.memory.allocations, p.memory.allocated_bytes)
