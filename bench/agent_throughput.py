@@ -33,8 +33,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
-from memtrace import apis  # noqa: E402
-from memtrace.abi import EVENT_DTYPE, Direction, DirSrc, Family, Layer  # noqa: E402
+from memtrace.core import apis  # noqa: E402
+from memtrace.core.abi import EVENT_DTYPE, Direction, DirSrc, Family, Layer  # noqa: E402
 from memtrace.model import Model  # noqa: E402
 
 TARGET = 1_000_000
@@ -129,8 +129,8 @@ def median_rates(
 
 
 def bench_ring(calls: int) -> tuple[float, int, int]:
-    from memtrace.agent import Agent
-    from memtrace.bpfsource import Options
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
 
     build = Path(tempfile.mkdtemp(prefix="memtrace-bench-"))
     subprocess.run(
@@ -165,7 +165,7 @@ def bench_ring(calls: int) -> tuple[float, int, int]:
         done.set()
         t.join()
         stats = agent.stats()
-        from memtrace.abi import Stat
+        from memtrace.core.abi import Stat
 
         events = agent.model.events - events0
         assert events == per_thread * 4, (events, per_thread * 4)  # every call of the timed run, none lost

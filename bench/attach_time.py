@@ -45,9 +45,9 @@ def main() -> None:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("attach_time: run as root (it loads BPF programs)")
-    from memtrace import bpfsource
-    from memtrace.agent import Agent
-    from memtrace.bpfsource import Options
+    import memtrace.sensors.cuda.source as bpfsource
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
 
     bpfsource.DETACH_IN_BACKGROUND = False
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-attach-"))

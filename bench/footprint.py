@@ -47,8 +47,8 @@ def export(builder: object, agent: object) -> tuple[object, int]:
     a few processes each, committed, and the freed memory given back."""
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
-    from memtrace.agent import give_back_free_memory
-    from memtrace.otlp import REQUEST_POINTS, split_by_resource
+    from memtrace.export.otlp import REQUEST_POINTS, split_by_resource
+    from memtrace.runtime.push import give_back_free_memory
 
     batch = builder.build(agent.model, agent.stats(), len(agent.libraries))  # type: ignore[attr-defined]
     size = sum(len(encode_metrics(part).SerializeToString()) for part in split_by_resource(batch.data, REQUEST_POINTS))
@@ -62,7 +62,7 @@ def soak(agent: object, builder: object, total: int) -> None:
     every million: the memory must not move."""
     import numpy as np
 
-    from memtrace.abi import EVENT_DTYPE
+    from memtrace.core.abi import EVENT_DTYPE
 
     model = agent.model  # type: ignore[attr-defined]
     keys = np.array(list(model.copies), dtype=np.int64)  # pid, api, direction, host memory
@@ -107,10 +107,10 @@ def main() -> None:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("footprint: run as root (it loads BPF programs)")
-    from memtrace.agent import Agent
-    from memtrace.bpfsource import Options
-    from memtrace.config import resolve
-    from memtrace.otlp import MetricsBuilder
+    from memtrace.export.config import resolve
+    from memtrace.export.otlp import MetricsBuilder
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
 
     fx = Path(tempfile.mkdtemp(prefix="memtrace-footprint-"))
     subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)

@@ -39,10 +39,11 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from memtrace.abi import EVENT_DTYPE, Layer, Stat  # noqa: E402
-from memtrace.bpfsource import bpf_arch, probe_plan  # noqa: E402
-from memtrace.libbpf import BpfObject, Libbpf  # noqa: E402
-from memtrace.ringbuf import EventRing  # noqa: E402
+from memtrace.bpf.host import bpf_arch  # noqa: E402
+from memtrace.bpf.libbpf import BpfObject, Libbpf  # noqa: E402
+from memtrace.bpf.ringbuf import EventRing  # noqa: E402
+from memtrace.core.abi import EVENT_DTYPE, Layer, Stat  # noqa: E402
+from memtrace.sensors.cuda.source import probe_plan  # noqa: E402
 
 # struct mt_event of the previous hot path: today's without the two pointers (48 bytes)
 OLD_EVENT = np.dtype([(n, EVENT_DTYPE.fields[n][0]) for n in EVENT_DTYPE.names if n not in ("dst", "src")])
@@ -168,9 +169,9 @@ def main() -> None:
     old_cookie = plan["copy"][1] & ((1 << 37) - 1)
     before_cookies = {k: old_cookie for k in KINDS}
 
-    from memtrace import bpfsource
-    from memtrace.agent import Agent
-    from memtrace.bpfsource import Options
+    import memtrace.sensors.cuda.source as bpfsource
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
 
     bpfsource.DETACH_IN_BACKGROUND = False  # each round starts with no probe left behind
 

@@ -48,9 +48,9 @@ def median_step(cmd: list[str]) -> float:
 
 def traced(cmd: list[str]) -> tuple[float, int, int]:
     """The workload's median step with the agent tracing; and the events and launches the agent saw."""
-    from memtrace import bpfsource
-    from memtrace.agent import Agent
-    from memtrace.bpfsource import Options
+    import memtrace.sensors.cuda.source as bpfsource
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
 
     bpfsource.DETACH_IN_BACKGROUND = False  # the next untraced round must find no probe left behind
     with Agent(Options()) as agent:

@@ -1,3 +1,3 @@
-from .cli import entry
+from memtrace.cli import entry
 
 entry()

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from conftest import FIXTURES, REPO
 
-from memtrace import abi, apis
-from memtrace.abi import CtlType, Direction, Layer, Stat
+from memtrace.core import abi, apis
+from memtrace.core.abi import CtlType, Direction, Layer, Stat
 
 PROBE = r"""
 #include <stddef.h>

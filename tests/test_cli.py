@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import memtrace_cmd
 
-from memtrace import bpfsource
-from memtrace.errors import BTFMissing, LibbpfMissing, LibbpfTooOld
+import memtrace.bpf.host as bpfhost
+from memtrace.core.errors import BTFMissing, LibbpfMissing, LibbpfTooOld
 
 
 def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
@@ -52,7 +52,7 @@ def test_too_old_libbpf_is_refused(tmp_path: Path) -> None:
     src.write_text("int libbpf_major_version(void){return 0;}\nint libbpf_minor_version(void){return 8;}\n")
     lib = tmp_path / "libbpf.so.0"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    from memtrace.libbpf import Libbpf
+    from memtrace.bpf.libbpf import Libbpf
 
     with pytest.raises(LibbpfTooOld, match="0.8 is too old"):
         Libbpf(str(lib))
@@ -61,9 +61,9 @@ def test_too_old_libbpf_is_refused(tmp_path: Path) -> None:
 
 
 def test_missing_btf_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(bpfsource, "BTF_PATH", tmp_path / "vmlinux")
+    monkeypatch.setattr(bpfhost, "BTF_PATH", tmp_path / "vmlinux")
     with pytest.raises(BTFMissing, match="CONFIG_DEBUG_INFO_BTF"):
-        bpfsource.check_kernel()
+        bpfhost.check_kernel()
 
 
 @pytest.mark.bpf
@@ -128,7 +128,7 @@ def test_help_lists_the_commands() -> None:
 
 
 def test_doctor_judges_kernels_by_version_and_arch() -> None:
-    from memtrace.doctor import check_kernel
+    from memtrace.runtime.doctor import check_kernel
 
     assert check_kernel("6.18.44-fc", "x86_64").ok and not check_kernel("6.18.44-fc", "x86_64").warn
     assert check_kernel("6.1.0-56-cloud-arm64", "aarch64").ok

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtrace.config import HistogramKind, Protocol, Temporality, parse_kv_list, resolve
-from memtrace.errors import BadOption, MemtraceError
+from memtrace.core.errors import BadOption, MemtraceError
+from memtrace.export.config import HistogramKind, Protocol, Temporality, parse_kv_list, resolve
 
 
 def test_flags_win_over_variables_and_specific_over_generic() -> None:

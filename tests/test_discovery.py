@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 
-from memtrace.agent import Agent
-from memtrace.bpfsource import Options
+from memtrace.runtime.agent import Agent
+from memtrace.sensors.cuda.source import Options
 
 pytestmark = pytest.mark.bpf
 
@@ -72,7 +72,7 @@ def test_process_already_running_in_another_mount_namespace(fakecuda: Path, tmp_
             p.stdin.write("go\n")
             p.stdin.flush()
             drain_until_exit(agent, p)
-            from memtrace.report import summary
+            from memtrace.export.report import summary
 
             doc = summary(agent.model, agent.stats(), agent.libraries)
     finally:
@@ -117,7 +117,7 @@ def test_process_started_later_that_dlopens_the_runtime_is_counted_from_its_firs
             env={"WORKLOAD_TRUTH": str(truth), "PATH": "/usr/bin:/bin"},
         )
         drain_until_exit(agent, p)
-        from memtrace.report import summary
+        from memtrace.export.report import summary
 
         doc = summary(agent.model, agent.stats(), agent.libraries)
     lines = [__import__("json").loads(l) for l in truth.read_text().splitlines()]

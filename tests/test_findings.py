@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from memtrace.abi import EVENT_DTYPE, Direction
-from memtrace.findings import Thresholds, compute
+from memtrace.analysis.findings import Thresholds, compute
+from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.model import Model
 
 PID = os.getpid()  # a live process: the model reads its /proc entries

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from memtrace.abi import EVENT_DTYPE, CtlEvent, Family
-from memtrace.apis import BY_ID
-from memtrace.bpfsource import BpfSource, Options
 from memtrace.cli import app
+from memtrace.core.abi import EVENT_DTYPE, CtlEvent, Family
+from memtrace.core.apis import BY_ID
+from memtrace.export.report import summary
 from memtrace.model import BookChanges, Model
-from memtrace.report import summary
+from memtrace.sensors.cuda.source import BpfSource, Options
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
 

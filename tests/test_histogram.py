@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtrace.histogram import ExpHistogram, map_to_index
+from memtrace.core.histogram import ExpHistogram, map_to_index
 
 
 def reference_index(v: float, scale: int) -> int:
@@ -80,7 +80,7 @@ def test_merge_of_different_scales() -> None:
 
 
 def test_grouped_add_equals_one_add_per_group() -> None:
-    from memtrace.histogram import add_grouped
+    from memtrace.core.histogram import add_grouped
 
     rng = np.random.default_rng(7)
     for _ in range(50):
@@ -98,7 +98,7 @@ def test_grouped_add_equals_one_add_per_group() -> None:
 
 
 def test_buckets_stay_bounded_whatever_the_values() -> None:
-    from memtrace.histogram import MAX_BUCKETS, add_grouped
+    from memtrace.core.histogram import MAX_BUCKETS, add_grouped
 
     rng = np.random.default_rng(3)
     one, grouped = ExpHistogram(), ExpHistogram()

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, truth_totals
 
-from memtrace import apis
-from memtrace.abi import Direction, Stat
+from memtrace.core import apis
+from memtrace.core.abi import Direction, Stat
 
 KERNELS = REPO / "tests" / "kernels"
 CACHE = Path(os.environ.get("MEMTRACE_KERNEL_CACHE", Path.home() / ".cache" / "memtrace-kernels"))

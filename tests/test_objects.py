@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 from elftools.elf.elffile import ELFFile
 
-from memtrace.bpfsource import object_path, rodata_offsets
+from memtrace.bpf.host import object_path, rodata_offsets
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="needs clang to rebuild the objects")

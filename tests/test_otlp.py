@@ -7,10 +7,10 @@ import os
 
 import numpy as np
 
-from memtrace.abi import EVENT_DTYPE, Direction
-from memtrace.config import resolve
+from memtrace.core.abi import EVENT_DTYPE, Direction
+from memtrace.export.config import resolve
+from memtrace.export.otlp import DURATION_BOUNDS, SIZE_BOUNDS, MetricsBuilder
 from memtrace.model import Model
-from memtrace.otlp import DURATION_BOUNDS, SIZE_BOUNDS, MetricsBuilder
 
 PID = os.getpid()  # a live process: the model reads its /proc entries
 API = 2  # cudaMemcpyAsync
@@ -129,7 +129,7 @@ def test_explicit_buckets_are_exact() -> None:
 def test_a_cumulative_export_is_split_by_process_and_loses_no_point() -> None:
     # 40 processes: requests of at most REQUEST_POINTS-ish points, each
     # process whole in one of them, every point in exactly one request.
-    from memtrace.otlp import split_by_resource
+    from memtrace.export.otlp import split_by_resource
 
     m = Model()
     b = np.zeros(40 * 3, dtype=EVENT_DTYPE)
@@ -196,7 +196,7 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
 
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    from memtrace import otlp
+    from memtrace.export import otlp
 
     got: list[set[int]] = []
 

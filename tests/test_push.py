@@ -247,9 +247,10 @@ def test_refusing_collector_keeps_tracing_and_never_logs_the_token(fakecuda: Pat
 
 
 def test_exited_processes_are_sent_a_final_time_then_dropped(fakecuda: Path, tmp_path: Path) -> None:
-    from memtrace.agent import Agent, push_forever
-    from memtrace.bpfsource import Options
-    from memtrace.config import resolve
+    from memtrace.export.config import resolve
+    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.push import push_forever
+    from memtrace.sensors.cuda.source import Options
 
     vm = VictoriaMetrics(tmp_path)
     cfg = resolve({}, endpoint=vm.otlp, interval=0.5)

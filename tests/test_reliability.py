@@ -156,9 +156,10 @@ def test_a_thousand_short_lived_processes_stay_exact_and_leave_no_kernel_state(f
 
 
 def test_churn_in_push_mode_releases_per_process_state(fakecuda: Path, tmp_path: Path) -> None:
-    from memtrace.agent import Agent, push_forever
-    from memtrace.bpfsource import Options
-    from memtrace.config import resolve
+    from memtrace.export.config import resolve
+    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.push import push_forever
+    from memtrace.sensors.cuda.source import Options
 
     vm = VictoriaMetrics(tmp_path)
     stop = threading.Event()
@@ -188,9 +189,10 @@ def test_churn_in_push_mode_releases_per_process_state(fakecuda: Path, tmp_path:
 def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
     fakecuda: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from memtrace.agent import Agent, push_forever
-    from memtrace.bpfsource import Options
-    from memtrace.config import resolve
+    from memtrace.export.config import resolve
+    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.push import push_forever
+    from memtrace.sensors.cuda.source import Options
 
     cfg = resolve({"OTEL_EXPORTER_OTLP_TIMEOUT": "300"}, endpoint=f"http://127.0.0.1:{free_port()}", interval=0.2)
     stop = threading.Event()

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from memtrace.resources import clean, from_cgroup, process_attributes
+from memtrace.sources.procfs import clean, from_cgroup, process_attributes
 
 CID = "3f1b2c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b"
 UID = "8c9a6f5e-1b2c-4d3e-9f8a-7b6c5d4e3f2a"

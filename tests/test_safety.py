@@ -18,8 +18,8 @@ pytestmark = pytest.mark.bpf
 AGENT = textwrap.dedent(
     """
     import sys, time
-    from memtrace.agent import Agent
-    from memtrace.bpfsource import Options
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
     with Agent(Options()) as agent:
         print("ready", flush=True)
         while True:

@@ -5,8 +5,8 @@ python plan.py HOST_BINARY GUEST_PATH > plan
 
 import sys
 
-from memtrace.abi import Layer
-from memtrace.bpfsource import probe_plan
+from memtrace.core.abi import Layer
+from memtrace.sensors.cuda.source import probe_plan
 
 host, guest = sys.argv[1], sys.argv[2]
 for layer in (Layer.RUNTIME, Layer.DRIVER):

@@ -1,183 +1,19 @@
-"""The agent: owns the BPF source and the model, drains on a timer, and
-runs a traced command from its first instruction.
-"""
+"""`memtrace push`: trace every CUDA process and push OTLP to a collector."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
-import shutil
-import signal
 import threading
 import time
-from dataclasses import dataclass
 
-import numpy as np
-
-from .abi import Stat
-from .bpfsource import Attachment, BpfSource, Options
-from .config import PushConfig, Temporality
-from .errors import CommandNotFound
-from .model import Model, boot_ticks_now
-from .otlp import Batch, Exporter, MetricsBuilder
-from .resources import host_attributes
+from memtrace.export.config import PushConfig, Temporality
+from memtrace.export.otlp import Batch, Exporter, MetricsBuilder
+from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
+from memtrace.sources.procfs import host_attributes
 
 log = logging.getLogger("memtrace")
-
-DRAIN_INTERVAL_S = 0.005
-
-
-class Agent:
-    def __init__(self, opts: Options) -> None:
-        # `memtrace run` traces a command from its first instruction: every
-        # process is seen whole. Otherwise only those that start once the
-        # probes are live are (set in start()), and those held at load.
-        self.model = Model(complete_after_ticks=None if opts.only_traced else 2**63)
-        self.libraries: list[Attachment] = []
-        self.source = BpfSource(
-            opts, self._on_events, self._on_exit, self.libraries.append, on_held=self.model.mark_complete
-        )
-
-    def _on_events(self, batch: np.ndarray) -> None:
-        self.model.add_events(batch)
-
-    def _on_exit(self, pid: int) -> None:
-        self.model.process_exited(pid)
-
-    def start(self) -> None:
-        try:
-            self.source.start()
-        except BaseException:
-            self.source.close()
-            raise
-        self.model.forked_since_start = self.source.is_fresh
-        if self.model.complete_after_ticks is not None:
-            # A process that started in a later clock tick started after the probes went live.
-            self.model.complete_after_ticks = boot_ticks_now()
-
-    def poll(self) -> int:
-        return self.source.poll()
-
-    def sync_totals(self) -> None:
-        """Copy what the kernel counts (launches, calls lost from the ring) into the model."""
-        for k, v in self.source.lost():
-            self.model.set_lost(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
-        for k, n in self.source.counts():
-            self.model.set_launches(k.pid, k.api, n)
-
-    def forget(self, pid: int) -> None:
-        """Drop a process's state here and in the kernel's totals."""
-        self.model.forget(pid)
-        self.source.forget_pid(pid)
-
-    def stats(self) -> dict[Stat, int]:
-        return self.source.stats()
-
-    def close(self) -> None:
-        self.source.close()
-
-    def __enter__(self) -> Agent:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@dataclass
-class Finished:
-    exit_code: int
-    wall_seconds: float
-
-
-class GatedChild:
-    """A forked child that execs CMD only once released, so the agent can
-    start tracing its pid before the first instruction of CMD runs."""
-
-    def __init__(self, argv: list[str]) -> None:
-        exe = argv[0] if "/" in argv[0] else shutil.which(argv[0])
-        if exe is None or not os.path.exists(exe):
-            raise CommandNotFound(argv[0])
-        if not os.access(exe, os.X_OK):
-            raise CommandNotFound(f"{argv[0]} (not executable)")
-        gate_r, gate_w = os.pipe()
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            try:
-                os.close(gate_w)
-                os.close(err_r)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                if os.read(gate_r, 1) != b"g":
-                    os._exit(125)
-                os.close(gate_r)
-                os.execv(exe, argv)
-            except OSError as e:
-                os.write(err_w, str(e).encode())
-            os._exit(127)
-        os.close(gate_r)
-        os.close(err_w)
-        self.pid = pid
-        self._gate = gate_w
-        self._err = err_r
-        self.started = time.monotonic()
-
-    def release(self) -> None:
-        os.write(self._gate, b"g")
-        os.close(self._gate)
-        msg = os.read(self._err, 4096)  # EOF on a successful exec
-        os.close(self._err)
-        self.started = time.monotonic()
-        if msg:
-            raise CommandNotFound(msg.decode(errors="replace"))
-
-    def abort(self) -> None:
-        try:
-            os.close(self._gate)
-        except OSError:
-            pass
-        os.waitpid(self.pid, 0)
-
-    def poll(self) -> Finished | None:
-        pid, status = os.waitpid(self.pid, os.WNOHANG)
-        if pid == 0:
-            return None
-        code = os.waitstatus_to_exitcode(status)
-        return Finished(code if code >= 0 else 128 - code, time.monotonic() - self.started)
-
-
-def run_command(agent: Agent, argv: list[str]) -> Finished:
-    """Trace argv and its descendants until it exits."""
-    child = GatedChild(argv)
-    try:
-        agent.source.trace_pid(child.pid)
-    except BaseException:
-        child.abort()
-        raise
-    # The terminal's ^C reaches the child too; we wait for it and report.
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def forward(sig: int, _frame: object) -> None:
-        os.kill(child.pid, sig)
-
-    old_term = signal.signal(signal.SIGTERM, forward)
-    try:
-        child.release()
-        while True:
-            agent.poll()
-            done = child.poll()
-            if done is not None:
-                break
-            time.sleep(DRAIN_INTERVAL_S)
-        # Every event of the finished process is already in the ring.
-        agent.poll()
-        agent.sync_totals()
-        return done
-    finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
 
 
 def backoff(interval: float, failures: int, cap: float = 30.0) -> float:

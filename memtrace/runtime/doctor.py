@@ -12,8 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from . import discovery
-from .errors import MemtraceError
+from memtrace.core.errors import MemtraceError
+from memtrace.sensors.cuda import discovery
 
 MIN_KERNEL = (5, 15)  # bpf_cookie for uprobes (5.15), ring buffers, tp_btf
 PROVEN_KERNEL = (6, 1)  # the oldest kernel the tests boot (tests/test_kernels.py)
@@ -68,7 +68,7 @@ def check_btf() -> Check:
 
 
 def check_privileges() -> Check:
-    from .bpfsource import CAP_BPF, CAP_KILL, CAP_PERFMON, CAP_SYS_ADMIN, can_load_bpf, effective_caps
+    from memtrace.bpf.host import CAP_BPF, CAP_KILL, CAP_PERFMON, CAP_SYS_ADMIN, can_load_bpf, effective_caps
 
     caps = effective_caps()
     names = [
@@ -93,7 +93,7 @@ def check_privileges() -> Check:
 
 def check_libbpf() -> Check:
     try:
-        from .libbpf import Libbpf
+        from memtrace.bpf.libbpf import Libbpf
 
         lib = Libbpf.get()
         return Check("libbpf", True, f"{lib.path} version {lib.version[0]}.{lib.version[1]}")
@@ -102,7 +102,7 @@ def check_libbpf() -> Check:
 
 
 def check_tracefs() -> Check:
-    from .bpfsource import TRACEFS
+    from memtrace.bpf.host import TRACEFS
 
     if (TRACEFS / "events").is_dir():
         return Check("tracefs", True, f"mounted at {TRACEFS}")
@@ -118,8 +118,8 @@ def check_tracefs() -> Check:
 def check_load() -> Check:
     """Load (not attach) the real object: the verifier's verdict on this kernel."""
     try:
-        from .bpfsource import object_path
-        from .libbpf import BpfObject
+        from memtrace.bpf.host import object_path
+        from memtrace.bpf.libbpf import BpfObject
 
         path = object_path()
         obj = BpfObject(path)

@@ -4,25 +4,36 @@ rich table built from it."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
 
-from . import apis
-from .abi import Direction, Stat
-from .bpfsource import Attachment
-from .findings import DEFAULT, Thresholds, compute
-from .model import Model, describe
-from .units import human_bytes, human_seconds
+from memtrace.analysis.findings import DEFAULT, Thresholds, compute
+from memtrace.core import apis
+from memtrace.core.abi import Direction, Layer, Stat
+from memtrace.core.units import human_bytes, human_seconds
+from memtrace.model import Model, describe
 
 SCHEMA_VERSION = 1
+
+
+class Library(Protocol):
+    """A file memtrace attached probes to, as the report names it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def layer(self) -> Layer: ...
+    @property
+    def symbols(self) -> dict[str, int]: ...
 
 
 def summary(
     model: Model,
     stats: dict[Stat, int],
-    libraries: list[Attachment],
+    libraries: Sequence[Library],
     command: dict[str, Any] | None = None,
     malformed: int = 0,
     thresholds: Thresholds = DEFAULT,

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .errors import AttachError, LibbpfMissing, LibbpfTooOld, LoadError, NotPrivileged
+from memtrace.core.errors import AttachError, LibbpfMissing, LibbpfTooOld, LoadError, NotPrivileged
 
 log = logging.getLogger("memtrace.libbpf")
 

@@ -41,13 +41,14 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from . import __version__, apis
-from .abi import Stat
-from .config import HistogramKind, Protocol, PushConfig, Temporality
-from .findings import Finding, Thresholds
-from .findings import compute as compute_findings
-from .histogram import ExpHistogram
-from .model import Model, describe
+from memtrace import __version__
+from memtrace.analysis.findings import Finding, Thresholds
+from memtrace.analysis.findings import compute as compute_findings
+from memtrace.core import apis
+from memtrace.core.abi import Stat
+from memtrace.core.histogram import ExpHistogram
+from memtrace.export.config import HistogramKind, Protocol, PushConfig, Temporality
+from memtrace.model import Model, describe
 
 log = logging.getLogger("memtrace.otlp")
 

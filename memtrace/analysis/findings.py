@@ -10,10 +10,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import apis
-from .abi import Direction
-from .model import HostMemory, Model
-from .units import human_bytes
+from memtrace.core import apis
+from memtrace.core.abi import Direction
+from memtrace.core.enums import HostMemory
+from memtrace.core.units import human_bytes
+from memtrace.model import Model
 
 GiB = 1 << 30
 

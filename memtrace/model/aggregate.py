@@ -13,311 +13,19 @@ stood when the copy returned. Nothing here knows of ctypes, BPF or OTLP.
 
 from __future__ import annotations
 
-import bisect
-import enum
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
-from . import apis, resources
-from .abi import Direction, Family, Layer
-from .apis import MemOp
-from .histogram import ExpHistogram, add_grouped
-
-
-class HostMemory(enum.IntEnum):
-    NONE = 0  # the copy touches no host memory (d2d, peer)
-    PINNED = 1  # page-locked: cudaHostAlloc, cudaMallocHost, cudaHostRegister and driver twins
-    PAGEABLE = 2  # ordinary host memory
-    MANAGED = 3  # cudaMallocManaged / cuMemAllocManaged
-    UNKNOWN = 4  # not decidable: the process ran before memtrace, or its event was lost
-
-    @property
-    def label(self) -> str | None:
-        return None if self is HostMemory.NONE else self.name.lower()
-
-
-_TOP = 2**64 - 1  # the highest address: ranges end there at the latest
-# What an address book says of a pointer.
-_UNTRACKED, _DEVICE, _PINNED, _MANAGED = 0, 1, 2, 3
-
-CopyKey = tuple[int, int, int, int]  # pid, api id, direction, host memory
-
-
-@dataclass
-class CopyStats:
-    calls: int = 0
-    bytes: int = 0
-    errors: int = 0
-    duration_ns: int = 0
-    events: int = 0  # calls seen as events (the rest were lost from the ring)
-    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds, every call seen
-    sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes, successful calls seen
-
-
-@dataclass
-class SyncStats:
-    calls: int = 0
-    errors: int = 0
-    duration_ns: int = 0
-    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
-
-
-@dataclass
-class DeviceMemory:
-    """Device memory a process allocated through the calls memtrace sees:
-    device, pitched, stream-ordered and managed allocations, and physical
-    memory created for VMM mappings."""
-
-    allocations: int = 0
-    allocated_bytes: int = 0
-    frees: int = 0
-    freed_bytes: int = 0
-    unknown_frees: int = 0  # frees of addresses or handles memtrace never saw allocated
-    failed_allocations: int = 0
-    in_use_bytes: int = 0
-    peak_bytes: int = 0
-    sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes per allocation
-    live: dict[tuple[int, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
-    # For the leak signal: when memory was last given back, and how much was in use then.
-    last_free_ns: int = 0
-    in_use_at_last_free: int = 0
-
-    @property
-    def outstanding(self) -> int:
-        return len(self.live)
-
-
-class BookChanges(NamedTuple):
-    """What a batch's memory calls do to address books, one row per change."""
-
-    pid: np.ndarray
-    at: np.ndarray  # the call's position in the batch (ring order)
-    add: np.ndarray  # True: add the range start..start+size; False: remove the one at start
-    start: np.ndarray
-    size: np.ndarray
-    what: np.ndarray  # _DEVICE, _PINNED or _MANAGED, for an addition
-
-
-class AddressBook:
-    """Ranges a process's own calls made device, pinned or managed memory.
-
-    Ranges never overlap (a new one replaces any it overlaps: the end of the
-    old one was lost), so a pointer is in at most one: the one with the
-    greatest start at or below it."""
-
-    def __init__(self) -> None:
-        self.ranges: dict[int, tuple[int, int]] = {}  # start -> (end, what)
-        self._starts: list[int] = []  # sorted
-        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self.pinned_bytes = 0
-
-    def add(self, start: int, size: int, what: int) -> None:
-        end = min(start + max(size, 1), _TOP)  # a range never wraps past the address space
-        starts, ranges = self._starts, self.ranges
-        i = bisect.bisect_left(starts, start)
-        if i and ranges[starts[i - 1]][0] > start:
-            i -= 1  # the range below reaches into the new one
-        while i < len(starts) and starts[i] < end:
-            self._drop(starts[i])
-        starts.insert(i, start)  # everything below i starts before it, the rest at or past its end
-        ranges[start] = (end, what)
-        if what == _PINNED:
-            self.pinned_bytes += end - start
-        self._arrays = None
-
-    def remove(self, start: int) -> bool:
-        r = self.ranges.pop(start, None)
-        if r is None:
-            return False
-        self._forget(start, r)
-        return True
-
-    def _drop(self, start: int) -> None:
-        self._forget(start, self.ranges.pop(start))
-
-    def _forget(self, start: int, r: tuple[int, int]) -> None:
-        starts = self._starts
-        del starts[bisect.bisect_left(starts, start)]
-        if r[1] == _PINNED:
-            self.pinned_bytes -= r[0] - start
-        self._arrays = None
-
-    def replay(self, ch: BookChanges, q_at: np.ndarray, q_ptr: np.ndarray) -> np.ndarray:
-        """Apply a batch's changes to this book in ring order and say what
-        each queried pointer was at its ring position q_at."""
-        out = self._replay_at_once(ch, q_at, q_ptr)
-        if out is not None:
-            return out
-        # Ranges of the batch overlap ones that start elsewhere: a change may
-        # drop its neighbours, so go through the changes one by one.
-        out = np.zeros(len(q_ptr), np.uint8)
-        order = np.argsort(q_at, kind="stable")
-        q_at, q_ptr = q_at[order], q_ptr[order]
-        lo = 0
-        rows = zip(*(f.tolist() for f in (ch.at, ch.add, ch.start, ch.size, ch.what)), strict=True)
-        for at, add, start, size, what in rows:
-            hi = int(np.searchsorted(q_at, at))
-            if hi > lo:
-                out[order[lo:hi]] = self.lookup(q_ptr[lo:hi])
-                lo = hi
-            if add:
-                self.add(start, size, what)
-            else:
-                self.remove(start)
-        if lo < len(q_ptr):
-            out[order[lo:]] = self.lookup(q_ptr[lo:])
-        return out
-
-    def _replay_at_once(self, ch: BookChanges, q_at: np.ndarray, q_ptr: np.ndarray) -> np.ndarray | None:
-        """replay() without a Python step per change, when every range that
-        exists at any moment of the batch (the book's and the batch's) ends
-        before the next start: then a range is only ever replaced by one at
-        the same start, a pointer can only be in the range at the greatest
-        start at or below it, and what is there at a moment is what the last
-        change of that start before it left (or the book, if none). JAX
-        allocates and frees one staging buffer around every transfer; this
-        is what makes that cheap. None when ranges of different starts overlap."""
-        b_start, b_end, b_what = self._as_arrays()
-        op_at, op_add, op_start, op_size, op_what = ch.at, ch.add, ch.start, ch.size, ch.what
-        add = op_add.nonzero()[0]
-        op_end = op_start + np.minimum(np.maximum(op_size, 1), np.uint64(_TOP) - op_start)  # as add() clamps
-        # Every range that exists at some moment: the book's and the batch's.
-        u, inv = np.unique(np.concatenate([b_start, op_start[add]]), return_inverse=True)
-        if len(u) == 0:
-            return np.zeros(len(q_ptr), np.uint8)  # nothing tracked; removals change nothing
-        reach = np.zeros(len(u), np.uint64)
-        np.maximum.at(reach, inv, np.concatenate([b_end, op_end[add]]))
-        if np.any(reach[:-1] > u[1:]):
-            return None
-        # The states each start goes through: the book's (before the batch,
-        # at moment 0), then one per change of the batch (at its position + 1;
-        # a removal leaves end 0; a start that never held a range is skipped).
-        ui = np.minimum(np.searchsorted(u, op_start), len(u) - 1)
-        touched = (u[ui] == op_start).nonzero()[0]
-        c_start = np.concatenate([inv[: len(b_start)], ui[touched]])
-        c_at = np.concatenate([np.zeros(len(b_start), np.int64), op_at[touched].astype(np.int64) + 1])
-        c_end = np.concatenate([b_end, np.where(op_add[touched], op_end[touched], 0)])
-        c_what = np.concatenate([b_what, op_what[touched]])
-        span = max(int(c_at.max()), int(q_at.max(initial=0)) + 1) + 1
-        key = c_start * span + c_at
-        order = np.argsort(key, kind="stable")
-        # A query: the greatest start at or below it, and that start's last state before it.
-        qi = np.searchsorted(u, q_ptr, side="right").astype(np.int64) - 1
-        j = np.searchsorted(key[order], np.maximum(qi, 0) * span + q_at.astype(np.int64) + 1, side="right") - 1
-        k = order[np.maximum(j, 0)]
-        hit = (qi >= 0) & (j >= 0) & (c_start[k] == qi) & (q_ptr < c_end[k])
-        out = np.where(hit, c_what[k], _UNTRACKED).astype(np.uint8)
-        # What the batch leaves: each start's last state, where the batch changed it.
-        by_start = c_start[order]
-        for i in order[np.append(by_start[1:] != by_start[:-1], True).nonzero()[0]].tolist():
-            if c_at[i] == 0:
-                continue  # untouched by the batch
-            start, end = int(u[c_start[i]]), int(c_end[i])
-            if end:
-                self.add(start, end - start, int(c_what[i]))
-            else:
-                self.remove(start)
-        return out
-
-    def _as_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._arrays is None:
-            starts = np.array(self._starts, dtype=np.uint64)
-            ends = np.array([self.ranges[s][0] for s in self._starts], dtype=np.uint64)
-            whats = np.array([self.ranges[s][1] for s in self._starts], dtype=np.uint8)
-            self._arrays = (starts, ends, whats)
-        return self._arrays
-
-    def lookup_one(self, ptr: int) -> int:
-        i = bisect.bisect_right(self._starts, ptr) - 1
-        if i < 0:
-            return _UNTRACKED
-        end, what = self.ranges[self._starts[i]]
-        return what if ptr < end else _UNTRACKED
-
-    def lookup(self, ptrs: np.ndarray) -> np.ndarray:
-        """What each pointer is: _UNTRACKED, _DEVICE, _PINNED or _MANAGED."""
-        if not self.ranges:
-            return np.zeros(len(ptrs), np.uint8)
-        starts, ends, whats = self._as_arrays()
-        i = np.searchsorted(starts, ptrs, side="right") - 1
-        ok = i >= 0
-        j = np.where(ok, i, 0)
-        inside = ok & (ptrs < ends[j])
-        return np.where(inside, whats[j], _UNTRACKED).astype(np.uint8)
-
-
-@dataclass
-class Process:
-    pid: int
-    name: str = ""
-    exe: str = ""
-    first_seen_ns: int = field(default_factory=time.time_ns)
-    start_ns: int = 0  # when the process started (0: unknown)
-    start_ticks: int = 0  # the same, in clock ticks since boot (exact, for ordering)
-    exited: bool = False
-    exited_ns: int = 0
-    attributes: dict[str, str | int] = field(default_factory=dict)  # OTLP resource
-    # Seen from before its first CUDA call: an untracked host pointer is pageable.
-    complete: bool = False
-    memory: DeviceMemory = field(default_factory=DeviceMemory)
-    book: AddressBook = field(default_factory=AddressBook)
-
-    @classmethod
-    def probe(cls, pid: int) -> Process:
-        """Read what identifies the process now: it may be gone by export time."""
-        p = cls(pid)
-        try:
-            p.name = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            pass
-        try:
-            p.exe = str(Path(f"/proc/{pid}/exe").readlink())
-        except OSError:
-            pass
-        p.attributes = resources.process_attributes(pid, p.name, p.exe)
-        p.start_ticks = process_start_ticks(pid)
-        p.start_ns = start_ns_of(p.start_ticks)
-        return p
-
-    def wall_ns(self, now_ns: int | None = None, since_ns: int = 0) -> int:
-        """How long memtrace has watched this process."""
-        start = max(self.start_ns or self.first_seen_ns, since_ns)
-        end = self.exited_ns or (now_ns if now_ns is not None else time.time_ns())
-        return max(end - start, 0)
-
-
-def process_start_ticks(pid: int) -> int:
-    """When a process started, in clock ticks since boot (/proc/PID/stat), 0 if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def boot_ticks_now() -> int:
-    """Now, in the clock ticks /proc/PID/stat counts process starts in."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
-
-
-def start_ns_of(ticks: int) -> int:
-    """Wall-clock time of a start in ticks since boot (0 if unknown)."""
-    if not ticks:
-        return 0
-    boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    return boot_ns + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
-def process_start_ns(pid: int) -> int:
-    """Wall-clock start of a process, 0 if gone."""
-    return start_ns_of(process_start_ticks(pid))
-
+from memtrace.core import apis
+from memtrace.core.abi import Direction, Family, Layer
+from memtrace.core.apis import MemOp
+from memtrace.core.enums import HostMemory
+from memtrace.core.histogram import add_grouped
+from memtrace.core.ids import ProcessInfo
+from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, _UNTRACKED, BookChanges
+from memtrace.model.process import CopyKey, CopyStats, Process, SyncStats
 
 # Per-api lookup tables for vectorised decoding.
 _FAMILY = np.full(1 << 16, Family.COPY, np.uint8)  # an id this version does not know: kept as a copy
@@ -361,7 +69,11 @@ def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
 
 
 class Model:
-    def __init__(self, complete_after_ticks: int | None = None) -> None:
+    def __init__(
+        self,
+        complete_after_ticks: int | None = None,
+        identify: Callable[[int], ProcessInfo] = lambda pid: ProcessInfo(),
+    ) -> None:
         self.copies: dict[CopyKey, CopyStats] = {}
         self.syncs: dict[tuple[int, int], SyncStats] = {}
         self.launches: dict[tuple[int, int], int] = {}  # (pid, api) -> launches, from the kernel
@@ -374,11 +86,13 @@ class Model:
         # Asks the kernel whether a process was forked once the probes were
         # live (exact even when it is gone before its events are decoded).
         self.forked_since_start: Callable[[int], bool] = lambda pid: False
+        # Who a pid is (the runtime reads it from the host; the model does no I/O).
+        self.identify = identify
 
     def _process(self, pid: int) -> Process:
         p = self.processes.get(pid)
         if p is None:
-            p = self.processes[pid] = Process.probe(pid)
+            p = self.processes[pid] = Process.identified(pid, self.identify(pid))
             after = self.complete_after_ticks
             p.complete = after is None or p.start_ticks > after or self.forked_since_start(pid)
         return p

@@ -10,91 +10,29 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import platform
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
-from elftools.elf.elffile import ELFFile
 
-from . import apis, discovery, elf
-from .abi import EVENT_DTYPE, STAT_COUNT, CtlEvent, CtlType, InodeKey, Layer, Stat, Totals, TotalsKey
-from .errors import AttachError, BTFMissing, MemtraceError, NotPrivileged, TracefsMissing
-from .libbpf import BpfObject, Libbpf, Link, Map, RingBuffer
-from .ringbuf import EventRing
+from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path, rodata_offsets
+from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer
+from memtrace.bpf.ringbuf import EventRing
+from memtrace.core import apis
+from memtrace.core.abi import EVENT_DTYPE, STAT_COUNT, CtlEvent, CtlType, InodeKey, Layer, Stat, Totals, TotalsKey
+from memtrace.core.errors import AttachError, MemtraceError
+from memtrace.sensors.cuda import discovery, elf
+from memtrace.sensors.cuda.holds import Guardian, release_all
 
 log = logging.getLogger("memtrace")
-
-ARCHES = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64"}
-TRACEFS = Path("/sys/kernel/tracing")
-BTF_PATH = Path("/sys/kernel/btf/vmlinux")
-DEFAULT_RING_BYTES = 16 << 20
 
 # `attached` map values
 _ATTACHED_LIBRARY = 1
 _CHECKED_EXECUTABLE = 2
 
-
-def bpf_arch() -> str:
-    m = platform.machine()
-    if m not in ARCHES:
-        raise MemtraceError(f"unsupported architecture {m}", "memtrace runs on x86_64 and aarch64")
-    return ARCHES[m]
-
-
-def object_path(arch: str | None = None) -> Path:
-    return Path(str(resources.files("memtrace") / "bpf" / f"memtrace.{arch or bpf_arch()}.bpf.o"))
-
-
-def rodata_offsets(path: Path) -> dict[str, int]:
-    """Offsets of the `const volatile` options inside .rodata."""
-    with open(path, "rb") as f:
-        e = ELFFile(f)
-        idx = next(i for i, s in enumerate(e.iter_sections()) if s.name == ".rodata")
-        symtab = e.get_section_by_name(".symtab")
-        return {
-            s.name: s["st_value"]
-            for s in symtab.iter_symbols()
-            if s["st_shndx"] == idx and s["st_info"]["type"] == "STT_OBJECT"
-        }
-
-
-def ensure_tracefs() -> None:
-    if (TRACEFS / "events").is_dir():
-        return
-    import subprocess
-
-    r = subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True, text=True)
-    if r.returncode != 0 or not (TRACEFS / "events").is_dir():
-        raise TracefsMissing(r.stderr.strip() or "mount failed")
-
-
-CAP_KILL, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 5, 21, 38, 39
-
-
-def effective_caps() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
-    return 0
-
-
-def can_load_bpf(caps: int) -> bool:
-    """CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (uprobes are perf events)."""
-    return bool((caps >> CAP_SYS_ADMIN) & 1 or ((caps >> CAP_BPF) & 1 and (caps >> CAP_PERFMON) & 1))
-
-
-def check_kernel() -> None:
-    if not BTF_PATH.exists():
-        raise BTFMissing()
-    # Root without capabilities (a dropped bounding set, a restricted
-    # container) is as unprivileged as anyone: look at what is effective.
-    if not can_load_bpf(effective_caps()):
-        raise NotPrivileged("loading BPF programs")
+DEFAULT_RING_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -182,60 +120,6 @@ class Options:
     only_traced: bool = False  # `memtrace run`: only processes added with trace_pid and their children
     ring_bytes: int = DEFAULT_RING_BYTES
     hold_libraries: bool = True
-
-
-class Guardian:
-    """A child process that continues every held process if the agent dies.
-
-    It holds the `held` map and the read end of a pipe; when the agent
-    exits for any reason (SIGKILL included) the pipe reaches EOF and the
-    guardian sends SIGCONT to whatever is still in the map.
-    """
-
-    def __init__(self, held: Map) -> None:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            try:
-                os.close(w)
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                    signal.signal(s, signal.SIG_IGN)
-                # Keep only the pipe and the map: no link or program fd may
-                # outlive the agent in here.
-                lo, hi = sorted((r, held.fd))
-                os.closerange(3, lo)
-                os.closerange(lo + 1, hi)
-                os.closerange(hi + 1, os.sysconf("SC_OPEN_MAX"))
-                while os.read(r, 64):
-                    pass
-                release_all(held)
-            finally:
-                os._exit(0)
-        os.close(r)
-        self.pid = pid
-        self._w = w
-
-    def close(self) -> None:
-        if self._w >= 0:
-            os.close(self._w)
-            self._w = -1
-            try:
-                os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
-
-
-def release_all(held: Map) -> list[int]:
-    out = []
-    for k in list(held.keys(ctypes.c_uint32)):
-        pid = k.value
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-        held.delete(k)
-        out.append(pid)
-    return out
 
 
 class BpfSource:

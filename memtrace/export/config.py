@@ -9,7 +9,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import BadOption
+from memtrace.core.errors import BadOption
 
 
 class Protocol(str, enum.Enum):

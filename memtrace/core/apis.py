@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .abi import (
+from memtrace.core.abi import (
     CK_API_SHIFT,
     CK_BYTES_SHIFT,
     CK_DIRARG_SHIFT,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .abi import Layer
+from memtrace.core.abi import Layer
 
 PROC = Path("/proc")
 _RUNTIME = re.compile(r"^libcudart\.so(\.|$)")

@@ -1,0 +1,1 @@
+"""Analysis: findings drawn from the model."""

@@ -1,0 +1,75 @@
+"""What the host must offer to load memtrace's BPF objects: the arch's
+object, BTF, privileges, tracefs; and the object's load-time options.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import resources
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+
+from memtrace.core.errors import BTFMissing, MemtraceError, NotPrivileged, TracefsMissing
+
+ARCHES = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64"}
+TRACEFS = Path("/sys/kernel/tracing")
+BTF_PATH = Path("/sys/kernel/btf/vmlinux")
+
+
+def bpf_arch() -> str:
+    m = platform.machine()
+    if m not in ARCHES:
+        raise MemtraceError(f"unsupported architecture {m}", "memtrace runs on x86_64 and aarch64")
+    return ARCHES[m]
+
+
+def object_path(arch: str | None = None) -> Path:
+    return Path(str(resources.files("memtrace") / "bpf" / f"memtrace.{arch or bpf_arch()}.bpf.o"))
+
+
+def rodata_offsets(path: Path) -> dict[str, int]:
+    """Offsets of the `const volatile` options inside .rodata."""
+    with open(path, "rb") as f:
+        e = ELFFile(f)
+        idx = next(i for i, s in enumerate(e.iter_sections()) if s.name == ".rodata")
+        symtab = e.get_section_by_name(".symtab")
+        return {
+            s.name: s["st_value"]
+            for s in symtab.iter_symbols()
+            if s["st_shndx"] == idx and s["st_info"]["type"] == "STT_OBJECT"
+        }
+
+
+def ensure_tracefs() -> None:
+    if (TRACEFS / "events").is_dir():
+        return
+    import subprocess
+
+    r = subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True, text=True)
+    if r.returncode != 0 or not (TRACEFS / "events").is_dir():
+        raise TracefsMissing(r.stderr.strip() or "mount failed")
+
+
+CAP_KILL, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 5, 21, 38, 39
+
+
+def effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def can_load_bpf(caps: int) -> bool:
+    """CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (uprobes are perf events)."""
+    return bool((caps >> CAP_SYS_ADMIN) & 1 or ((caps >> CAP_BPF) & 1 and (caps >> CAP_PERFMON) & 1))
+
+
+def check_kernel() -> None:
+    if not BTF_PATH.exists():
+        raise BTFMissing()
+    # Root without capabilities (a dropped bounding set, a restricted
+    # container) is as unprivileged as anyone: look at what is effective.
+    if not can_load_bpf(effective_caps()):
+        raise NotPrivileged("loading BPF programs")

@@ -1,0 +1,11 @@
+"""memtrace's command line: one module per command, each wiring only."""
+
+from memtrace.cli import doctor, push, run, top  # noqa: F401  (registers the commands)
+from memtrace.cli.common import app
+
+
+def entry() -> None:
+    app()
+
+
+__all__ = ["app", "entry"]

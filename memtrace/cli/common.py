@@ -1,0 +1,68 @@
+"""What every command shares: the app, the error console, option parsing."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import sys
+
+import typer
+from rich.console import Console
+
+from memtrace import __version__
+from memtrace.core.errors import BadOption, MemtraceError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="memtrace: always-on eBPF tracing of CUDA memory copies.",
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+MIN_RING = 4096
+MAX_RING = 1 << 30
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="memtrace: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def ring_bytes(mib: float) -> int:
+    n = int(mib * (1 << 20))
+    if n < MIN_RING or n > MAX_RING:
+        raise BadOption(f"--ring-size {mib} MiB is out of range", "give a size between 0.004 and 1024 MiB")
+    # A ring's size must be a power of two multiple of the page size.
+    size = 4096
+    while size < n:
+        size <<= 1
+    return size
+
+
+def fail(e: MemtraceError) -> None:
+    err.print(f"[bold red]memtrace:[/bold red] {e.message}", highlight=False)
+    if e.fix:
+        err.print(f"  [bold]fix:[/bold] {e.fix}", highlight=False)
+    raise typer.Exit(2)
+
+
+def version_cb(value: bool) -> None:
+    if value:
+        print(f"memtrace {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=version_cb, is_eager=True, help="Print the version."),
+) -> None:
+    pass

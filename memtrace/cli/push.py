@@ -1,0 +1,67 @@
+"""`memtrace push`: wiring only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import typer
+
+from memtrace.cli.common import app, fail, ring_bytes, setup_logging
+from memtrace.core.errors import MemtraceError
+
+
+@app.command()
+def push(
+    endpoint: str | None = typer.Option(
+        None, "--endpoint", "-e", help="Collector URL (OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT)."
+    ),
+    protocol: str | None = typer.Option(
+        None, "--protocol", help="http/protobuf or grpc (OTEL_EXPORTER_OTLP_PROTOCOL)."
+    ),
+    interval: float = typer.Option(5.0, "--interval", "-i", help="Seconds between pushes."),
+    headers: str | None = typer.Option(
+        None,
+        "--headers",
+        help="K=V,... sent with each push, or @FILE holding them (OTEL_EXPORTER_OTLP_HEADERS). Never logged.",
+    ),
+    insecure: bool | None = typer.Option(None, "--insecure/--secure", help="Plaintext gRPC (TLS is the default)."),
+    temporality: str = typer.Option("cumulative", "--temporality", help="cumulative or delta."),
+    histogram: str = typer.Option(
+        "exponential", "--histogram", help="exponential, or explicit (fixed power-of-two buckets)."
+    ),
+    ring_size: float = typer.Option(16, "--ring-size", help="Event ring size in MiB."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
+) -> None:
+    """Trace every CUDA process on this host and push OTLP metrics to a collector.
+    Flags win over the standard OTEL_EXPORTER_OTLP_* variables. No listening port."""
+    setup_logging(verbose)
+    from memtrace.export.config import resolve
+    from memtrace.runtime.agent import Agent, Options
+    from memtrace.runtime.push import push_forever
+
+    try:
+        cfg = resolve(
+            os.environ,
+            endpoint=endpoint,
+            protocol=protocol,
+            headers=headers,
+            interval=interval,
+            insecure=insecure,
+            temporality=temporality,
+            histogram=histogram,
+        )
+        opts = Options(ring_bytes=ring_bytes(ring_size))
+    except MemtraceError as e:
+        fail(e)
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with Agent(opts) as agent:
+            agent.source.scan()
+            push_forever(agent, cfg, stop)
+    except MemtraceError as e:
+        fail(e)

@@ -1,0 +1,1 @@
+"""Export: OTLP metrics, the report and its views, JSON."""

@@ -1,0 +1,1 @@
+"""The agent's lifecycle: the drain, exports, and tracing a command."""

@@ -1,0 +1,107 @@
+"""`memtrace run`: trace a command from its first instruction until it exits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+
+from memtrace.core.errors import CommandNotFound
+from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
+
+
+@dataclass
+class Finished:
+    exit_code: int
+    wall_seconds: float
+
+
+class GatedChild:
+    """A forked child that execs CMD only once released, so the agent can
+    start tracing its pid before the first instruction of CMD runs."""
+
+    def __init__(self, argv: list[str]) -> None:
+        exe = argv[0] if "/" in argv[0] else shutil.which(argv[0])
+        if exe is None or not os.path.exists(exe):
+            raise CommandNotFound(argv[0])
+        if not os.access(exe, os.X_OK):
+            raise CommandNotFound(f"{argv[0]} (not executable)")
+        gate_r, gate_w = os.pipe()
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                os.close(gate_w)
+                os.close(err_r)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if os.read(gate_r, 1) != b"g":
+                    os._exit(125)
+                os.close(gate_r)
+                os.execv(exe, argv)
+            except OSError as e:
+                os.write(err_w, str(e).encode())
+            os._exit(127)
+        os.close(gate_r)
+        os.close(err_w)
+        self.pid = pid
+        self._gate = gate_w
+        self._err = err_r
+        self.started = time.monotonic()
+
+    def release(self) -> None:
+        os.write(self._gate, b"g")
+        os.close(self._gate)
+        msg = os.read(self._err, 4096)  # EOF on a successful exec
+        os.close(self._err)
+        self.started = time.monotonic()
+        if msg:
+            raise CommandNotFound(msg.decode(errors="replace"))
+
+    def abort(self) -> None:
+        try:
+            os.close(self._gate)
+        except OSError:
+            pass
+        os.waitpid(self.pid, 0)
+
+    def poll(self) -> Finished | None:
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            return None
+        code = os.waitstatus_to_exitcode(status)
+        return Finished(code if code >= 0 else 128 - code, time.monotonic() - self.started)
+
+
+def run_command(agent: Agent, argv: list[str]) -> Finished:
+    """Trace argv and its descendants until it exits."""
+    child = GatedChild(argv)
+    try:
+        agent.source.trace_pid(child.pid)
+    except BaseException:
+        child.abort()
+        raise
+    # The terminal's ^C reaches the child too; we wait for it and report.
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def forward(sig: int, _frame: object) -> None:
+        os.kill(child.pid, sig)
+
+    old_term = signal.signal(signal.SIGTERM, forward)
+    try:
+        child.release()
+        while True:
+            agent.poll()
+            done = child.poll()
+            if done is not None:
+                break
+            time.sleep(DRAIN_INTERVAL_S)
+        # Every event of the finished process is already in the ring.
+        agent.poll()
+        agent.sync_totals()
+        return done
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)

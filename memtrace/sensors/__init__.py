@@ -1,0 +1,1 @@
+"""Sensors: one package per BPF sensor, each giving typed batches to the runtime."""

@@ -1,0 +1,1 @@
+"""The CUDA sensor: uprobes on the runtime and driver libraries, library discovery, holds."""
