@@ -7,4 +7,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
 command -v go >/dev/null || { echo "test: Go 1.24+ is needed to build the OpenTelemetry Collector for the end-to-end tests" >&2; exit 1; }
 make -s check-objects
+scripts/check.sh
+scripts/pythons.sh -q
 exec .venv/bin/python -m pytest "$@"
