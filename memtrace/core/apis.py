@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from memtrace.core.abi import (
     CK_API_SHIFT,
@@ -127,15 +128,17 @@ KIND, FIXED, DESC, DESC3, PARMS3 = DirSrc.KIND, DirSrc.FIXED, DirSrc.DESC2D, Dir
 H2D, D2H, D2D, PEER, DEFAULT = Direction.H2D, Direction.D2H, Direction.D2D, Direction.PEER, Direction.DEFAULT
 
 
-def _copy(id: int, name: str, layer: Layer, nbytes: int, dirsrc: DirSrc, dirval: int, dst: int, src: int, **kw) -> Api:
+def _copy(
+    id: int, name: str, layer: Layer, nbytes: int, dirsrc: DirSrc, dirval: int, dst: int, src: int, **kw: Any
+) -> Api:
     return Api(id, name, layer, COPY, nbytes, dirsrc, dirval, dst_arg=dst, src_arg=src, **kw)
 
 
-def _mem(id: int, name: str, layer: Layer, op: MemOp, **kw) -> Api:
+def _mem(id: int, name: str, layer: Layer, op: MemOp, **kw: Any) -> Api:
     return Api(id, name, layer, MEM, op=op, **kw)
 
 
-def _sync(id: int, name: str, layer: Layer, kind: SyncKind, arg: int, **kw) -> Api:
+def _sync(id: int, name: str, layer: Layer, kind: SyncKind, arg: int, **kw: Any) -> Api:
     return Api(id, name, layer, SYNC, stream_arg=arg, sync=kind, **kw)
 
 

@@ -23,10 +23,12 @@ def map_to_index(values: np.ndarray, scale: int) -> np.ndarray:
     exact_pow2 = mant == 0.5
     if scale <= 0:
         idx = (exp - 1 - exact_pow2.astype(np.int64)) >> -scale
-        return idx.astype(np.int64)
+        out: np.ndarray = idx.astype(np.int64)
+        return out
     idx = np.ceil(np.log2(values) * (1 << scale)).astype(np.int64) - 1
     idx[exact_pow2] = ((exp[exact_pow2].astype(np.int64) - 1) << scale) - 1
-    return idx
+    result: np.ndarray = idx
+    return result
 
 
 _NO_BUCKETS = np.zeros(0, np.int64)
@@ -194,7 +196,7 @@ class ExpHistogram:
         if i >= len(seen):
             return self.max
         base = 2.0 ** (2.0**-self.scale)
-        return min(max(base ** (self.offset + i + 0.5), self.min), self.max)
+        return float(min(max(base ** (self.offset + i + 0.5), self.min), self.max))
 
 
 def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarray) -> None:

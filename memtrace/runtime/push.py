@@ -20,7 +20,7 @@ def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
     """Time to the next push after `failures` consecutive failures."""
     if failures == 0:
         return interval
-    return min(interval * 2 ** min(failures, 10), max(cap, interval))
+    return float(min(interval * 2 ** min(failures, 10), max(cap, interval)))
 
 
 MAX_UNSENT_EXITED = 2048

@@ -7,6 +7,7 @@ from typing import BinaryIO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 
 def _file_offset(segments: list[tuple[int, int, int]], vaddr: int) -> int | None:
@@ -34,7 +35,7 @@ def function_offsets(f: BinaryIO, names: Iterable[str]) -> dict[str, int]:
         ]
         for secname in (".dynsym", ".symtab"):
             sec = elf.get_section_by_name(secname)
-            if sec is None:
+            if not isinstance(sec, SymbolTableSection):
                 continue
             for sym in sec.iter_symbols():
                 if sym.name not in wanted or sym.name in out:
