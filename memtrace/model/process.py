@@ -80,7 +80,7 @@ class Process:
             exe=info.exe,
             start_ns=info.start_ns,
             start_ticks=info.start_ticks,
-            attributes=dict(info.attributes),
+            attributes={"process.pid": pid, **info.attributes},
         )
 
     def wall_ns(self, now_ns: int | None = None, since_ns: int = 0) -> int:
