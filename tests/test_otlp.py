@@ -11,8 +11,9 @@ from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.export.config import resolve
 from memtrace.export.otlp import DURATION_BOUNDS, SIZE_BOUNDS, MetricsBuilder
 from memtrace.model import Model
+from memtrace.sources.procfs import read_process
 
-PID = os.getpid()  # a live process: the model reads its /proc entries
+PID = os.getpid()  # a live process: its identity is read from /proc, as the agent does
 API = 2  # cudaMemcpyAsync
 
 
@@ -43,7 +44,7 @@ def feed(model: Model, ev: np.ndarray, calls: int, nbytes: int, errors: int) -> 
 
 
 def test_cumulative_counters_start_with_a_true_zero_and_carry_totals() -> None:
-    m = Model()
+    m = Model(identify=read_process)
     ev = events(1000, np.random.default_rng(1))
     ok = ev["ret"] == 0
     feed(m, ev, 1000, int(ev["bytes"][ok].sum()), int((~ok).sum()))
@@ -64,7 +65,7 @@ def test_cumulative_counters_start_with_a_true_zero_and_carry_totals() -> None:
 
 def test_delta_neither_loses_nor_repeats_across_a_failed_push() -> None:
     rng = np.random.default_rng(2)
-    m = Model()
+    m = Model(identify=read_process)
     b = MetricsBuilder(resolve({}, endpoint="http://x:1", temporality="delta"), {})
     e1, e2, e3 = events(100, rng), events(200, rng), events(300, rng)
     e2["duration_ns"][0] = 1  # the failed push's window holds the smallest duration
@@ -111,7 +112,7 @@ def test_delta_neither_loses_nor_repeats_across_a_failed_push() -> None:
 
 def test_explicit_buckets_are_exact() -> None:
     rng = np.random.default_rng(3)
-    m = Model()
+    m = Model(identify=read_process)
     ev = events(5000, rng)
     ok = ev["ret"] == 0
     feed(m, ev, 5000, int(ev["bytes"][ok].sum()), int((~ok).sum()))
@@ -131,7 +132,7 @@ def test_a_cumulative_export_is_split_by_process_and_loses_no_point() -> None:
     # process whole in one of them, every point in exactly one request.
     from memtrace.export.otlp import split_by_resource
 
-    m = Model()
+    m = Model(identify=read_process)
     b = np.zeros(40 * 3, dtype=EVENT_DTYPE)
     b["pid"] = np.repeat(np.arange(10**7, 10**7 + 40), 3)
     b["api"], b["direction"], b["bytes"], b["duration_ns"] = 22, Direction.H2D, 4096, 1000
@@ -155,7 +156,7 @@ def test_a_delta_export_delivered_in_part_resends_only_what_did_not_arrive() -> 
     # Two processes; the request with the first arrives, the one with the
     # second fails: the first's calls must not be sent again, the second's must.
     other = os.getppid()  # a second live process
-    m = Model()
+    m = Model(identify=read_process)
     b = MetricsBuilder(resolve({}, endpoint="http://x:1", temporality="delta"), {})
 
     def copies(pid: int, n: int) -> np.ndarray:
@@ -220,7 +221,7 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        m = Model()
+        m = Model(identify=read_process)
         e = np.zeros(2, dtype=EVENT_DTYPE)
         e["pid"], e["api"], e["direction"], e["bytes"] = [PID, os.getppid()], API, Direction.H2D, 8
         m.add_events(e)
