@@ -52,7 +52,7 @@ from memtrace.model import Model, describe
 
 log = logging.getLogger("memtrace.otlp")
 
-SCOPE = InstrumentationScope("memtrace", __version__)
+SCOPE = InstrumentationScope(name="memtrace", version=__version__)
 MAX_BUCKETS = 160  # OTel's default exponential bucket budget
 
 # Explicit-bucket option: boundaries that are exponential-bucket boundaries
@@ -109,6 +109,18 @@ def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: i
         j = i + 1 - lo_exp  # the value is <= 2**((i+1)/2**s): bound e = i+1
         counts[min(max(j, 0), n_bounds)] += k
     return counts
+
+
+def _number(attrs: dict[str, Any], start: int, now: int, value: float) -> NumberDataPoint:
+    return NumberDataPoint(attributes=attrs, start_time_unix_nano=start, time_unix_nano=now, value=value)
+
+
+def _resource_metrics(resource: Resource, metrics: list[Metric]) -> ResourceMetrics:
+    return ResourceMetrics(
+        resource=resource,
+        scope_metrics=[ScopeMetrics(scope=SCOPE, metrics=metrics, schema_url="")],
+        schema_url="",
+    )
 
 
 @dataclass
@@ -182,9 +194,9 @@ class _Points:
                 # zeros do: a short-lived process (one push) still has a rate.
                 self.starting.append(key)
                 for name in names:
-                    self.points.setdefault(name, []).append(NumberDataPoint(la, start, start, 0))
+                    self.points.setdefault(name, []).append(_number(la, start, start, 0))
         for name, v in zip(names, vals, strict=True):
-            self.points.setdefault(name, []).append(NumberDataPoint(la, start, now, v))
+            self.points.setdefault(name, []).append(_number(la, start, now, v))
         return start
 
     def hist(self, key: Any, name: str, la: dict[str, Any], h: ExpHistogram, start: int, unit: str) -> None:
@@ -200,7 +212,7 @@ class _Points:
         self.points.setdefault(name, []).append(b._hist_point(la, cur, w, start, self.now, *bounds))
 
     def gauge(self, name: str, la: dict[str, Any], v: float) -> None:
-        self.points.setdefault(name, []).append(NumberDataPoint(la, self.series_start, self.now, v))
+        self.points.setdefault(name, []).append(_number(la, self.series_start, self.now, v))
 
 
 class MetricsBuilder:
@@ -216,7 +228,7 @@ class MetricsBuilder:
         agent_attrs: dict[str, Any] = {"service.name": "memtrace", "service.version": __version__}
         agent_attrs.update(cfg.resource_attributes)
         agent_attrs.update(host)
-        self.agent_resource = Resource(agent_attrs)
+        self.agent_resource = Resource(attributes=agent_attrs)
 
     @property
     def delta(self) -> bool:
@@ -241,26 +253,52 @@ class MetricsBuilder:
         hi = 0.0 if math.isinf(hi) else hi
         if self.cfg.histogram == HistogramKind.explicit:
             return HistogramDataPoint(
-                attrs, start, now, h.count, h.sum, explicit_counts(h, bounds_scale, lo_exp, len(bounds)), bounds, lo, hi
+                attributes=attrs,
+                start_time_unix_nano=start,
+                time_unix_nano=now,
+                count=h.count,
+                sum=h.sum,
+                bucket_counts=explicit_counts(h, bounds_scale, lo_exp, len(bounds)),
+                explicit_bounds=bounds,
+                min=lo,
+                max=hi,
             )
         f = h.fit(MAX_BUCKETS)
-        off, buckets = f.offset, f.buckets.tolist()
         return ExponentialHistogramDataPoint(
-            attrs, start, now, f.count, f.sum, f.scale, f.zero_count, Buckets(off, buckets), Buckets(0, []), 0, lo, hi
+            attributes=attrs,
+            start_time_unix_nano=start,
+            time_unix_nano=now,
+            count=f.count,
+            sum=f.sum,
+            scale=f.scale,
+            zero_count=f.zero_count,
+            positive=Buckets(offset=f.offset, bucket_counts=f.buckets.tolist()),
+            negative=Buckets(offset=0, bucket_counts=[]),
+            flags=0,
+            min=lo,
+            max=hi,
         )
 
     def _hist_metric(self, name: str, desc: str, unit: str, points: list[Any]) -> Metric:
+        data: Histogram | ExponentialHistogram
         if self.cfg.histogram == HistogramKind.explicit:
-            return Metric(name, desc, unit, Histogram(points, self._temporality()))
-        return Metric(name, desc, unit, ExponentialHistogram(points, self._temporality()))
+            data = Histogram(data_points=points, aggregation_temporality=self._temporality())
+        else:
+            data = ExponentialHistogram(data_points=points, aggregation_temporality=self._temporality())
+        return Metric(name=name, description=desc, unit=unit, data=data)
 
     def _metric(self, name: str, points: list[Any], tmp: AggregationTemporality) -> Metric:
         kind, desc, unit = METRICS[name]
         if kind == "hist":
             return self._hist_metric(name, desc, unit, points)
         if kind == "gauge":
-            return Metric(name, desc, unit, Gauge(points))
-        return Metric(name, desc, unit, Sum(points, tmp, True))
+            return Metric(name=name, description=desc, unit=unit, data=Gauge(data_points=points))
+        return Metric(
+            name=name,
+            description=desc,
+            unit=unit,
+            data=Sum(data_points=points, aggregation_temporality=tmp, is_monotonic=True),
+        )
 
     def build(self, model: Model, stats: dict[Stat, int], libraries: int, now_ns: int | None = None) -> Batch:
         now = now_ns or time.time_ns()
@@ -350,7 +388,7 @@ class MetricsBuilder:
             for f in found.get(pid, []):
                 gauge("memtrace.finding", {"finding": f.code, "summary": f.summary, "fix": f.fix}, f.value)
             metrics = [self._metric(name, pts, tmp) for name, pts in points.items()]
-            resource_metrics.append(ResourceMetrics(Resource(attrs), [ScopeMetrics(SCOPE, metrics, "")], ""))
+            resource_metrics.append(_resource_metrics(Resource(attributes=attrs), metrics))
 
         health_now = {
             "events": stats.get(Stat.EVENTS, 0),
@@ -370,7 +408,14 @@ class MetricsBuilder:
         live = sum(1 for p in model.processes.values() if not p.exited)
 
         def counter(name: str, desc: str, unit: str, key: str) -> Metric:
-            return Metric(name, desc, unit, Sum([NumberDataPoint({}, hstart, now, int(hv[key]))], tmp, True))
+            return Metric(
+                name=name,
+                description=desc,
+                unit=unit,
+                data=Sum(
+                    data_points=[_number({}, hstart, now, int(hv[key]))], aggregation_temporality=tmp, is_monotonic=True
+                ),
+            )
 
         health = [
             counter("memtrace.agent.events", "Per-call events received from the kernel", "{event}", "events"),
@@ -394,19 +439,19 @@ class MetricsBuilder:
                 "unsent_processes",
             ),
             Metric(
-                "memtrace.agent.libraries",
-                "CUDA libraries and executables with probes",
-                "{library}",
-                Gauge([NumberDataPoint({}, hstart, now, libraries)]),
+                name="memtrace.agent.libraries",
+                description="CUDA libraries and executables with probes",
+                unit="{library}",
+                data=Gauge(data_points=[_number({}, hstart, now, libraries)]),
             ),
             Metric(
-                "memtrace.agent.processes",
-                "CUDA processes traced now",
-                "{process}",
-                Gauge([NumberDataPoint({}, hstart, now, live)]),
+                name="memtrace.agent.processes",
+                description="CUDA processes traced now",
+                unit="{process}",
+                data=Gauge(data_points=[_number({}, hstart, now, live)]),
             ),
         ]
-        resource_metrics.append(ResourceMetrics(self.agent_resource, [ScopeMetrics(SCOPE, health, "")], ""))
+        resource_metrics.append(_resource_metrics(self.agent_resource, health))
 
         def commit() -> None:
             if self.delta:
@@ -434,7 +479,13 @@ class MetricsBuilder:
                 if pid not in delivered:
                     h.restore_window(w)
 
-        return Batch(MetricsData(resource_metrics), exited, commit, rollback, commit_processes)
+        return Batch(
+            data=MetricsData(resource_metrics=resource_metrics),
+            exited=exited,
+            commit=commit,
+            rollback=rollback,
+            commit_processes=commit_processes,
+        )
 
 
 REQUEST_POINTS = 2000  # data points per request of an export (whole processes each)
@@ -449,12 +500,12 @@ def split_by_resource(data: MetricsData, max_points: int) -> list[MetricsData]:
     for rm in data.resource_metrics:
         n = sum(len(m.data.data_points) for sm in rm.scope_metrics for m in sm.metrics)
         if group and points + n > max_points:
-            parts.append(MetricsData(group))
+            parts.append(MetricsData(resource_metrics=group))
             group, points = [], 0
         group.append(rm)
         points += n
     if group or not parts:
-        parts.append(MetricsData(group))
+        parts.append(MetricsData(resource_metrics=group))
     return parts
 
 
