@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.export.config import resolve
@@ -234,3 +235,85 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
         assert batch.processes_in(delivered) == got[0] and len(got[0]) == 1
     finally:
         srv.shutdown()
+
+
+# ---- why a push failed, as a user can act on it (real servers on 127.0.0.1) ----
+
+
+class _Answers:
+    """A tiny HTTP server on 127.0.0.1 that answers every push with one status and body."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.srv.server_port
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def _push_once(endpoint: str) -> tuple[bool, str, int]:
+    from memtrace.export.otlp import Exporter
+
+    cfg = resolve({}, endpoint=endpoint, protocol="http/protobuf", timeout=5)
+    data = MetricsBuilder(cfg, {}).build(Model(identify=read_process), {}, 0).data
+    exporter = Exporter(cfg)
+    try:
+        return exporter.export(data)
+    finally:
+        exporter.shutdown()
+
+
+def test_nothing_listening_is_said_as_cannot_connect_to_host_and_port() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago, closed now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert _push_once(f"http://127.0.0.1:{port}") == (
+        False,
+        f"cannot connect to 127.0.0.1:{port}: Connection refused",
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    "status, body, content_type, want",
+    [
+        (404, b"404 page not found\nsecond line\n", "text/plain", "HTTP 404 Not Found: 404 page not found"),
+        (404, b"", "text/plain", "HTTP 404 Not Found"),
+        (413, b"\n  " + b"x" * 5000, "text/plain", "HTTP 413 Request Entity Too Large: " + "x" * 197 + "..."),
+        # An OTLP collector's refusal: a google.rpc.Status in protobuf.
+        (400, "status", "application/x-protobuf", "HTTP 400 Bad Request: data refused: no resource"),
+    ],
+    ids=["404-text", "404-empty", "413-long", "400-otlp-status"],
+)
+def test_a_refusal_gives_status_reason_and_the_first_line_of_its_body(
+    status: int, body: bytes | str, content_type: str, want: str
+) -> None:
+    if body == "status":
+        from google.rpc.status_pb2 import Status
+
+        body = Status(code=3, message="data refused: no resource\ndetail").SerializeToString()
+    assert isinstance(body, bytes)
+    srv = _Answers(status, body, content_type)
+    try:
+        assert _push_once(f"http://127.0.0.1:{srv.port}") == (False, want, 0)
+    finally:
+        srv.close()

@@ -531,18 +531,82 @@ class _Complaints(logging.Handler):
         return (specific or self.messages or [""])[0]
 
 
-def _pinned_ca_session() -> Any:
-    """A requests session that keeps the configured CA: requests otherwise lets
+BODY_CHARS = 200  # of a refusal's body, in a reason
+
+
+def _first_line(body: bytes, content_type: str) -> str:
+    """What a refusal's body says, in one bounded line: an OTLP collector's
+    protobuf google.rpc.Status gives its message; text gives its first line."""
+    text = ""
+    if "protobuf" in content_type:
+        try:
+            from google.rpc.status_pb2 import Status
+
+            text = Status.FromString(body).message
+        except Exception:  # noqa: BLE001 - a body that is not a Status is said as it is
+            text = ""
+    if not text:
+        text = body.decode("utf-8", errors="replace")
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = "".join(c if c.isprintable() else "?" for c in line)
+    return line if len(line) <= BODY_CHARS else line[: BODY_CHARS - 3] + "..."
+
+
+def _os_cause(e: BaseException) -> OSError | None:
+    """The operating system's error under a requests/urllib3 one (refused,
+    unreachable, unknown host), found through their chains of causes."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        x = todo.pop(0)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.strerror:
+            return x
+        nxt = [x.__cause__, x.__context__, getattr(x, "reason", None), *x.args]
+        todo.extend(n for n in nxt if isinstance(n, BaseException))
+    return None
+
+
+def _recording_session(pin_ca: bool) -> Any:
+    """A requests session (the SDK exporter's public `session=` argument) that
+    keeps the first failure of each export: the SDK logs only a generic line.
+    With `pin_ca` it also keeps the configured CA: requests otherwise lets
     REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE from the environment replace it."""
     import requests
 
-    class PinnedCASession(requests.Session):
+    class RecordingSession(requests.Session):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failure: str = ""
+            self.failed_error: BaseException | None = None
+
+        def reset(self) -> None:
+            self.failure, self.failed_error = "", None
+
+        def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
+            try:
+                resp = super().request(method, url, *args, **kwargs)
+            except Exception as e:
+                # The first failure of an export is its cause; later retries
+                # may only fail for lack of time left.
+                if not self.failure:
+                    self.failure, self.failed_error = "error", e
+                raise
+            if resp.status_code >= 400 and not self.failure:
+                line = _first_line(resp.content or b"", resp.headers.get("content-type", ""))
+                self.failure = f"HTTP {resp.status_code}" + (f" {resp.reason}" if resp.reason else "")
+                self.failure += f": {line}" if line else ""
+            return resp
+
         def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
             settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
-            settings["verify"] = self.verify
+            if pin_ca:
+                settings["verify"] = self.verify
             return settings
 
-    return PinnedCASession()
+    return RecordingSession()
 
 
 class Exporter:
@@ -562,6 +626,7 @@ class Exporter:
             lg.addHandler(self.complaints)
             lg.propagate = False
         compression: Any = None
+        self._session = None
         if cfg.protocol == Protocol.http:
             from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
@@ -570,8 +635,9 @@ class Exporter:
                 compression = HttpCompression.Gzip
             else:
                 compression = HttpCompression.NoCompression
+            self._session: Any = _recording_session(pin_ca=bool(cfg.certificate))
             self._exp: Any = HttpExporter(
-                session=_pinned_ca_session() if cfg.certificate else None,
+                session=self._session,
                 endpoint=cfg.endpoint,
                 certificate_file=cfg.certificate,
                 client_key_file=cfg.client_key,
@@ -601,39 +667,41 @@ class Exporter:
                 compression=compression,
             )
 
-        self._transport_error = ""
-        client = getattr(self._exp, "_client", None)
-        if client is not None and callable(getattr(client, "export", None)):
-            # The SDK's HTTP transport keeps the cause (status, connection
-            # error) in its result and logs only a generic line: keep it.
-            inner = client.export
+    def _where(self) -> tuple[str, int]:
+        import urllib.parse
 
-            def export_and_keep_cause(*args: Any, **kw: Any) -> Any:
-                res = inner(*args, **kw)
-                # The first failure of an export is its cause; later retries
-                # may only fail for lack of time left.
-                if not getattr(res, "success", True) and not self._transport_error:
-                    status = getattr(res, "status_code", None)
-                    err = getattr(res, "error", None)
-                    self._transport_error = (f"HTTP {status}: " if status else "") + (str(err) if err else "")
-                return res
+        u = urllib.parse.urlsplit(self.cfg.endpoint if "://" in self.cfg.endpoint else f"//{self.cfg.endpoint}")
+        return u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
 
-            try:
-                client.export = export_and_keep_cause
-            except AttributeError:
-                pass
+    def _transport_failure(self) -> str:
+        """Why the HTTP transport failed, as the user can act on it."""
+        s = self._session
+        if s is None or not s.failure:
+            return ""
+        if s.failed_error is None:
+            return str(s.failure)
+        import requests
+
+        host, port = self._where()
+        e = s.failed_error
+        if isinstance(e, requests.exceptions.SSLError):
+            return f"TLS handshake with {host}:{port} failed: {_os_cause(e) or e}"
+        if isinstance(e, requests.exceptions.Timeout):
+            return f"no answer from {host}:{port} within {self.cfg.timeout:g}s"
+        cause = _os_cause(e)
+        if isinstance(e, requests.exceptions.ConnectionError) and cause is not None:
+            return f"cannot connect to {host}:{port}: {cause.strerror}"
+        return f"{type(e).__name__}: {e}"
 
     def _probe(self) -> str:
         """Name a connection failure ourselves when the exporter did not."""
         import socket
-        import urllib.parse
 
-        u = urllib.parse.urlsplit(self.cfg.endpoint)
-        port = u.port or (443 if u.scheme == "https" else 80)
+        host, port = self._where()
         try:
-            socket.create_connection((u.hostname, port), timeout=2).close()
+            socket.create_connection((host, port), timeout=2).close()
         except OSError as e:
-            return f"cannot connect to {u.hostname}:{port}: {e.strerror or e}"
+            return f"cannot connect to {host}:{port}: {e.strerror or e}"
         return ""
 
     def export(self, data: MetricsData) -> tuple[bool, str, int]:
@@ -652,7 +720,8 @@ class Exporter:
 
     def _export(self, data: MetricsData) -> tuple[bool, str]:
         self.complaints.messages = []
-        self._transport_error = ""
+        if self._session is not None:
+            self._session.reset()
         try:
             ok = self._exp.export(data, timeout_millis=self.cfg.timeout * 1000) == MetricExportResult.SUCCESS
         except Exception as e:  # noqa: BLE001 - any exporter failure is an outage, not a crash
@@ -660,7 +729,7 @@ class Exporter:
         if ok:
             return True, ""
         specific = [m for m in self.complaints.messages if not any(g in m for g in _Complaints.GENERIC)]
-        reason = self._transport_error or (specific[0] if specific else "") or self._probe()
+        reason = self._transport_failure() or (specific[0] if specific else "") or self._probe()
         return False, reason or self.complaints.reason or "the collector refused the push"
 
     def shutdown(self) -> None:
