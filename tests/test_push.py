@@ -342,19 +342,25 @@ class NotFound(http.server.BaseHTTPRequestHandler):
 
 
 def first_failure_then_sigint(endpoint: str) -> tuple[int, str]:
-    """`memtrace push` until its first failed push is logged, then ^C."""
-    push = start_push(["--endpoint", endpoint, "--interval", "0.5"])
+    """`memtrace push` until its first failed push is logged, then ^C. The
+    waits are generous: a host-wide agent on a busy host (other tests' CUDA
+    processes to attach to) can take a while to reach its first push."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="memtrace-push-", suffix=".log", delete=False)
+    push = subprocess.Popen(
+        [*memtrace_cmd(), "push", "--endpoint", endpoint, "--interval", "0.5"], stderr=log, text=True
+    )
     try:
-        deadline = time.monotonic() + 60
-        while "failed:" not in Path(push.log_path).read_text():  # type: ignore[attr-defined]
-            assert push.poll() is None and time.monotonic() < deadline, Path(push.log_path).read_text()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 300
+        while "failed:" not in Path(log.name).read_text():
+            assert push.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
             time.sleep(0.05)
         push.send_signal(signal.SIGINT)
-        push.wait(timeout=60)
+        push.wait(timeout=120)
     finally:
         if push.poll() is None:
             push.kill()
-    return push.returncode, Path(push.log_path).read_text()  # type: ignore[attr-defined]
+            push.wait()
+    return push.returncode, Path(log.name).read_text()
 
 
 def test_push_with_nothing_listening_says_cannot_connect_and_no_traceback() -> None:
