@@ -626,7 +626,7 @@ class Exporter:
             lg.addHandler(self.complaints)
             lg.propagate = False
         compression: Any = None
-        self._session = None
+        self._session: Any = None  # the HTTP transport's, keeping why a push failed
         if cfg.protocol == Protocol.http:
             from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
@@ -635,7 +635,7 @@ class Exporter:
                 compression = HttpCompression.Gzip
             else:
                 compression = HttpCompression.NoCompression
-            self._session: Any = _recording_session(pin_ca=bool(cfg.certificate))
+            self._session = _recording_session(pin_ca=bool(cfg.certificate))
             self._exp: Any = HttpExporter(
                 session=self._session,
                 endpoint=cfg.endpoint,
