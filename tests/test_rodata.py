@@ -136,3 +136,17 @@ def test_the_agent_process_named_by_its_tgid_is_never_held(tmp_path: Path) -> No
 def test_another_process_mapping_a_new_cuda_library_is_held(tmp_path: Path) -> None:
     # The control: the same mapping is held when the option names someone else.
     assert _map_code_of_a_cuda_library(tmp_path, agent_tgid=0) is True
+
+
+def test_the_cuda_sensor_names_its_own_process_as_the_agent() -> None:
+    from memtrace.sensors.cuda.source import BpfSource, Options
+
+    src = BpfSource(Options(only_traced=True, hold_libraries=False), on_events=lambda batch: None)
+    src.start()
+    try:
+        assert src.obj is not None
+        tgid = src.obj.rodata_vars()["agent_tgid"]
+        data = src.obj.rodata()
+        assert int.from_bytes(data[tgid.offset : tgid.offset + tgid.size], "little") == os.getpid()
+    finally:
+        src.close()
