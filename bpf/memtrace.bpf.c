@@ -30,6 +30,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Set by user space before load. */
 const volatile bool filter_pids = false; /* only processes in `traced` */
 const volatile bool hold_libraries = true;
+/* The agent's own tgid: never held, since a stopped agent could not
+ * continue itself (it may map a CUDA library, e.g. through NVML). */
+const volatile __u32 agent_tgid = 0;
 
 #define MAX_PROCESSES 10240
 #define MAX_INFLIGHT 65536
@@ -611,6 +614,8 @@ int mt_mmap(struct trace_event_raw_sys_enter *ctx)
 	char base[16] = {};
 
 	if (!hold_libraries || !(prot & PROT_EXEC) || fd < 0 || !is_traced(id >> 32))
+		return 0;
+	if (agent_tgid && id >> 32 == agent_tgid)
 		return 0;
 	task = (struct task_struct *)bpf_get_current_task();
 	fds = BPF_CORE_READ(task, files, fdt, fd);

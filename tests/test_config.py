@@ -68,6 +68,18 @@ def test_bad_timeout_variable() -> None:
         resolve({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, endpoint="http://h:1")
 
 
+@pytest.mark.parametrize("var", ["OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_METRICS_INSECURE"])
+def test_insecure_variable_is_true_or_false_and_nothing_else(var: str) -> None:
+    assert resolve({var: "TRUE"}, endpoint="http://h:1").insecure is True
+    assert resolve({var: "False"}, endpoint="http://h:1").insecure is False
+    assert resolve({}, endpoint="http://h:1").insecure is False
+    for value in ("maybe", "1", "yes", "tru"):
+        with pytest.raises(BadOption) as e:
+            resolve({var: value}, endpoint="http://h:1")
+        assert var in e.value.message and f"'{value}'" in e.value.message
+        assert "true or false" in e.value.fix
+
+
 def test_redacted_description_hides_header_values() -> None:
     c = resolve({}, endpoint="http://h:1", headers="authorization=Bearer%20SECRET,x-tenant=t1")
     d = c.redacted()

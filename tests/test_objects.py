@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 from elftools.elf.elffile import ELFFile
 
-from memtrace.bpf.host import object_path, rodata_offsets
+from memtrace.bpf.host import object_path, rodata_options
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="needs clang to rebuild the objects")
@@ -36,7 +36,7 @@ def test_objects_carry_btf_and_the_expected_programs(arch: str) -> None:
         assert e["e_machine"] == "EM_BPF"
         names = {s.name for s in e.iter_sections()}
         assert {".BTF", ".BTF.ext", ".maps", "uprobe", "uretprobe"} <= names
-    assert {"filter_pids", "hold_libraries"} <= set(rodata_offsets(path))
+    assert {"filter_pids", "hold_libraries", "agent_tgid"} <= set(rodata_options(path))
 
 
 def test_arch_objects_differ_where_pt_regs_differ() -> None:

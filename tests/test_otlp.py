@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.export.config import resolve
 from memtrace.export.otlp import DURATION_BOUNDS, SIZE_BOUNDS, MetricsBuilder
 from memtrace.model import Model
+from memtrace.sources.procfs import read_process
 
-PID = os.getpid()  # a live process: the model reads its /proc entries
+PID = os.getpid()  # a live process: its identity is read from /proc, as the agent does
 API = 2  # cudaMemcpyAsync
 
 
@@ -43,7 +45,7 @@ def feed(model: Model, ev: np.ndarray, calls: int, nbytes: int, errors: int) -> 
 
 
 def test_cumulative_counters_start_with_a_true_zero_and_carry_totals() -> None:
-    m = Model()
+    m = Model(identify=read_process)
     ev = events(1000, np.random.default_rng(1))
     ok = ev["ret"] == 0
     feed(m, ev, 1000, int(ev["bytes"][ok].sum()), int((~ok).sum()))
@@ -64,7 +66,7 @@ def test_cumulative_counters_start_with_a_true_zero_and_carry_totals() -> None:
 
 def test_delta_neither_loses_nor_repeats_across_a_failed_push() -> None:
     rng = np.random.default_rng(2)
-    m = Model()
+    m = Model(identify=read_process)
     b = MetricsBuilder(resolve({}, endpoint="http://x:1", temporality="delta"), {})
     e1, e2, e3 = events(100, rng), events(200, rng), events(300, rng)
     e2["duration_ns"][0] = 1  # the failed push's window holds the smallest duration
@@ -111,7 +113,7 @@ def test_delta_neither_loses_nor_repeats_across_a_failed_push() -> None:
 
 def test_explicit_buckets_are_exact() -> None:
     rng = np.random.default_rng(3)
-    m = Model()
+    m = Model(identify=read_process)
     ev = events(5000, rng)
     ok = ev["ret"] == 0
     feed(m, ev, 5000, int(ev["bytes"][ok].sum()), int((~ok).sum()))
@@ -131,7 +133,7 @@ def test_a_cumulative_export_is_split_by_process_and_loses_no_point() -> None:
     # process whole in one of them, every point in exactly one request.
     from memtrace.export.otlp import split_by_resource
 
-    m = Model()
+    m = Model(identify=read_process)
     b = np.zeros(40 * 3, dtype=EVENT_DTYPE)
     b["pid"] = np.repeat(np.arange(10**7, 10**7 + 40), 3)
     b["api"], b["direction"], b["bytes"], b["duration_ns"] = 22, Direction.H2D, 4096, 1000
@@ -155,7 +157,7 @@ def test_a_delta_export_delivered_in_part_resends_only_what_did_not_arrive() -> 
     # Two processes; the request with the first arrives, the one with the
     # second fails: the first's calls must not be sent again, the second's must.
     other = os.getppid()  # a second live process
-    m = Model()
+    m = Model(identify=read_process)
     b = MetricsBuilder(resolve({}, endpoint="http://x:1", temporality="delta"), {})
 
     def copies(pid: int, n: int) -> np.ndarray:
@@ -220,7 +222,7 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        m = Model()
+        m = Model(identify=read_process)
         e = np.zeros(2, dtype=EVENT_DTYPE)
         e["pid"], e["api"], e["direction"], e["bytes"] = [PID, os.getppid()], API, Direction.H2D, 8
         m.add_events(e)
@@ -233,3 +235,85 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
         assert batch.processes_in(delivered) == got[0] and len(got[0]) == 1
     finally:
         srv.shutdown()
+
+
+# ---- why a push failed, as a user can act on it (real servers on 127.0.0.1) ----
+
+
+class _Answers:
+    """A tiny HTTP server on 127.0.0.1 that answers every push with one status and body."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.srv.server_port
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def _push_once(endpoint: str) -> tuple[bool, str, int]:
+    from memtrace.export.otlp import Exporter
+
+    cfg = resolve({}, endpoint=endpoint, protocol="http/protobuf", timeout=5)
+    data = MetricsBuilder(cfg, {}).build(Model(identify=read_process), {}, 0).data
+    exporter = Exporter(cfg)
+    try:
+        return exporter.export(data)
+    finally:
+        exporter.shutdown()
+
+
+def test_nothing_listening_is_said_as_cannot_connect_to_host_and_port() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago, closed now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert _push_once(f"http://127.0.0.1:{port}") == (
+        False,
+        f"cannot connect to 127.0.0.1:{port}: Connection refused",
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    "status, body, content_type, want",
+    [
+        (404, b"404 page not found\nsecond line\n", "text/plain", "HTTP 404 Not Found: 404 page not found"),
+        (404, b"", "text/plain", "HTTP 404 Not Found"),
+        (413, b"\n  " + b"x" * 5000, "text/plain", "HTTP 413 Request Entity Too Large: " + "x" * 197 + "..."),
+        # An OTLP collector's refusal: a google.rpc.Status in protobuf.
+        (400, "status", "application/x-protobuf", "HTTP 400 Bad Request: data refused: no resource"),
+    ],
+    ids=["404-text", "404-empty", "413-long", "400-otlp-status"],
+)
+def test_a_refusal_gives_status_reason_and_the_first_line_of_its_body(
+    status: int, body: bytes | str, content_type: str, want: str
+) -> None:
+    if body == "status":
+        from google.rpc.status_pb2 import Status
+
+        body = Status(code=3, message="data refused: no resource\ndetail").SerializeToString()
+    assert isinstance(body, bytes)
+    srv = _Answers(status, body, content_type)
+    try:
+        assert _push_once(f"http://127.0.0.1:{srv.port}") == (False, want, 0)
+    finally:
+        srv.close()

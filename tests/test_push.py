@@ -325,3 +325,62 @@ def test_memory_intelligence_reaches_the_backend(fakecuda: Path, tmp_path: Path)
             push.kill()
         col.stop()
         vm.stop()
+
+
+class NotFound(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        body = b"404 page not found: this is no OTLP receiver\nsecond line\n"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def first_failure_then_sigint(endpoint: str) -> tuple[int, str]:
+    """`memtrace push` until its first failed push is logged, then ^C. The
+    waits are generous: a host-wide agent on a busy host (other tests' CUDA
+    processes to attach to) can take a while to reach its first push."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="memtrace-push-", suffix=".log", delete=False)
+    push = subprocess.Popen(
+        [*memtrace_cmd(), "push", "--endpoint", endpoint, "--interval", "0.5"], stderr=log, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while "failed:" not in Path(log.name).read_text():
+            assert push.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+            time.sleep(0.05)
+        push.send_signal(signal.SIGINT)
+        push.wait(timeout=120)
+    finally:
+        if push.poll() is None:
+            push.kill()
+            push.wait()
+    return push.returncode, Path(log.name).read_text()
+
+
+def test_push_with_nothing_listening_says_cannot_connect_and_no_traceback() -> None:
+    port = free_port()
+    rc, err = first_failure_then_sigint(f"http://127.0.0.1:{port}")
+    assert rc == 0, err
+    assert (
+        f"push to http://127.0.0.1:{port}/v1/metrics failed: cannot connect to 127.0.0.1:{port}: Connection refused."
+        in err
+    )
+    assert "Traceback" not in err and "urllib3" not in err and "HTTPConnectionPool" not in err, err
+
+
+def test_push_refused_with_404_says_status_reason_and_body() -> None:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rc, err = first_failure_then_sigint(f"http://127.0.0.1:{srv.server_port}")
+    finally:
+        srv.shutdown()
+    assert rc == 0, err
+    assert "failed: HTTP 404 Not Found: 404 page not found: this is no OTLP receiver." in err, err
+    assert "second line" not in err and "Traceback" not in err, err

@@ -8,8 +8,7 @@ import platform
 from importlib import resources
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
-
+from memtrace.bpf.libbpf import BpfObject, RodataVar
 from memtrace.core.errors import BTFMissing, MemtraceError, NotPrivileged, TracefsMissing
 
 ARCHES = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64"}
@@ -28,17 +27,14 @@ def object_path(arch: str | None = None) -> Path:
     return Path(str(resources.files("memtrace") / "bpf" / f"memtrace.{arch or bpf_arch()}.bpf.o"))
 
 
-def rodata_offsets(path: Path) -> dict[str, int]:
-    """Offsets of the `const volatile` options inside .rodata."""
-    with open(path, "rb") as f:
-        e = ELFFile(f)
-        idx = next(i for i, s in enumerate(e.iter_sections()) if s.name == ".rodata")
-        symtab = e.get_section_by_name(".symtab")
-        return {
-            s.name: s["st_value"]
-            for s in symtab.iter_symbols()
-            if s["st_shndx"] == idx and s["st_info"]["type"] == "STT_OBJECT"
-        }
+def rodata_options(path: Path) -> dict[str, RodataVar]:
+    """The object's `const volatile` options (offset, size, signedness),
+    from its BTF as libbpf reads it; opening an object loads nothing."""
+    obj = BpfObject(path)
+    try:
+        return obj.rodata_vars()
+    finally:
+        obj.close()
 
 
 def ensure_tracefs() -> None:

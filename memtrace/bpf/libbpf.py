@@ -14,10 +14,11 @@ import errno
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from memtrace.core.errors import AttachError, LibbpfMissing, LibbpfTooOld, LoadError, NotPrivileged
+from memtrace.core.errors import AttachError, BadOption, LibbpfMissing, LibbpfTooOld, LoadError, NotPrivileged
 
 log = logging.getLogger("memtrace.libbpf")
 
@@ -38,6 +39,53 @@ class _UprobeOpts(ctypes.Structure):
         ("retprobe", ctypes.c_bool),
         ("func_name", ctypes.c_char_p),
     ]
+
+
+class _BtfType(ctypes.Structure):
+    # struct btf_type (uapi linux/btf.h): the kind and vlen are packed in
+    # `info`; a DATASEC's `size` is followed by vlen btf_var_secinfo, an
+    # INT's by one u32 of encoding bits.
+    _fields_ = [("name_off", ctypes.c_uint32), ("info", ctypes.c_uint32), ("size", ctypes.c_uint32)]
+
+
+class _BtfVarSecinfo(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_uint32), ("offset", ctypes.c_uint32), ("size", ctypes.c_uint32)]
+
+
+BTF_KIND_INT, BTF_KIND_ENUM, BTF_KIND_DATASEC, BTF_KIND_ENUM64 = 1, 6, 15, 19
+BTF_INT_SIGNED, BTF_INT_BOOL = 1 << 0, 1 << 2
+
+
+@dataclass(frozen=True)
+class RodataVar:
+    """One `const volatile` option: where it lies in .rodata and what it holds."""
+
+    name: str
+    offset: int
+    size: int  # bytes: 1, 2, 4 or 8
+    signed: bool = False
+    boolean: bool = False
+
+    def encode(self, value: int | bool) -> bytes:
+        """The option's bytes (little-endian, as on every arch we ship), or
+        BadOption for a value its type cannot hold: never a truncation."""
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, int):
+            raise BadOption(f"option {self.name} takes an integer, not {value!r}")
+        if self.boolean:
+            lo, hi = 0, 1
+        elif self.signed:
+            lo, hi = -(1 << (8 * self.size - 1)), (1 << (8 * self.size - 1)) - 1
+        else:
+            lo, hi = 0, (1 << (8 * self.size)) - 1
+        if not lo <= value <= hi:
+            raise BadOption(
+                f"option {self.name} = {value} does not fit its {self.size}-byte "
+                f"{'bool' if self.boolean else 'signed' if self.signed else 'unsigned'} type ({lo}..{hi})",
+                "give a value within the range",
+            )
+        return value.to_bytes(self.size, "little", signed=self.signed)
 
 
 def _find_library() -> str:
@@ -108,6 +156,11 @@ class Libbpf:
             "ring_buffer__consume": (ctypes.c_int, [_c_void_p]),
             "ring_buffer__free": (None, [_c_void_p]),
             "libbpf_num_possible_cpus": (ctypes.c_int, []),
+            "bpf_object__btf": (_c_void_p, [_c_void_p]),
+            "btf__find_by_name_kind": (ctypes.c_int32, [_c_void_p, ctypes.c_char_p, ctypes.c_uint32]),
+            "btf__type_by_id": (ctypes.POINTER(_BtfType), [_c_void_p, ctypes.c_uint32]),
+            "btf__resolve_type": (ctypes.c_int, [_c_void_p, ctypes.c_uint32]),
+            "btf__name_by_offset": (ctypes.c_char_p, [_c_void_p, ctypes.c_uint32]),
         }
         for name, (res, args) in sigs.items():
             fn = getattr(L, name)
@@ -199,17 +252,80 @@ class BpfObject:
             raise KeyError(f"no map {name} in {self.path}")
         return int(m)
 
-    def set_rodata(self, offsets: dict[str, int], values: dict[str, int | bool]) -> None:
-        """Write `const volatile` options into .rodata before load."""
+    def rodata_vars(self) -> dict[str, RodataVar]:
+        """The `const volatile` options, from the object's BTF: the .rodata
+        DATASEC lists each variable's offset and size, as libbpf's skeletons
+        read them, and its type says whether it is signed or a bool."""
+        L = self.lib.lib
+        btf = L.bpf_object__btf(self.obj)
+        if not btf:
+            raise LoadError(f"read BTF of {self.path.name}", errno.ENOENT, "the object carries no BTF")
+        sec_id = L.btf__find_by_name_kind(btf, b".rodata", BTF_KIND_DATASEC)
+        if sec_id < 0:
+            return {}
+        sec = L.btf__type_by_id(btf, sec_id)
+        vlen = sec.contents.info & 0xFFFF
+        infos = ctypes.cast(
+            ctypes.addressof(sec.contents) + ctypes.sizeof(_BtfType), ctypes.POINTER(_BtfVarSecinfo * vlen)
+        ).contents
+        out: dict[str, RodataVar] = {}
+        for vi in infos:
+            var = L.btf__type_by_id(btf, vi.type).contents  # a BTF_KIND_VAR
+            name = L.btf__name_by_offset(btf, var.name_off).decode()
+            tid = L.btf__resolve_type(btf, var.size)  # a VAR's `size` is its type; past const, volatile, typedefs
+            t = L.btf__type_by_id(btf, tid).contents if tid > 0 else None
+            kind = (t.info >> 24) & 0x1F if t is not None else 0
+            signed = boolean = False
+            if t is not None and kind == BTF_KIND_INT:
+                enc = ctypes.c_uint32.from_address(ctypes.addressof(t) + ctypes.sizeof(_BtfType)).value >> 24
+                signed, boolean = bool(enc & BTF_INT_SIGNED), bool(enc & BTF_INT_BOOL)
+            elif t is not None and kind in (BTF_KIND_ENUM, BTF_KIND_ENUM64):
+                signed = bool(t.info >> 31)  # kflag: a signed enum
+            else:
+                continue  # not a scalar option (an array, a struct): not settable here
+            out[name] = RodataVar(name, int(vi.offset), int(vi.size), signed, boolean)
+        return out
+
+    def set_rodata(self, values: Mapping[str, int | bool]) -> None:
+        """Write `const volatile` options into .rodata before load, each with
+        its own width; an unknown name or a value that does not fit is a
+        BadOption, and nothing is written then."""
+        if self.loaded:
+            raise BadOption("options can only be set before the object is loaded")
+        layout = self.rodata_vars()
+        writes: list[tuple[RodataVar, bytes]] = []
+        for name, value in values.items():
+            var = layout.get(name)
+            if var is None:
+                raise BadOption(
+                    f"{self.path.name} has no option {name}", f"its options: {', '.join(sorted(layout)) or 'none'}"
+                )
+            writes.append((var, var.encode(value)))
+        if not writes:
+            return
         size = ctypes.c_size_t()
         ptr = self.lib.lib.bpf_map__initial_value(self._map_ptr(".rodata"), ctypes.byref(size))
         if not ptr:
             raise KeyError(".rodata has no initial value")
-        for name, value in values.items():
-            off = offsets[name]
-            if off >= size.value:
-                raise KeyError(f"{name} lies outside .rodata")
-            ctypes.c_uint8.from_address(ptr + off).value = int(value)
+        for var, data in writes:
+            if var.offset + var.size > size.value:
+                raise KeyError(f"{var.name} lies outside .rodata")
+            ctypes.memmove(ptr + var.offset, data, var.size)
+
+    def rodata(self) -> bytes:
+        """The .rodata the programs see: after load, read back from the
+        kernel's map (a one-element array holding the whole section)."""
+        size = ctypes.c_size_t()
+        m = self._map_ptr(".rodata")
+        ptr = self.lib.lib.bpf_map__initial_value(m, ctypes.byref(size))
+        if not self.loaded:
+            return ctypes.string_at(ptr, size.value) if ptr else b""
+        buf = ctypes.create_string_buffer(size.value)
+        key = ctypes.c_uint32(0)
+        fd = self.lib.lib.bpf_map__fd(m)
+        if self.lib.lib.bpf_map_lookup_elem(fd, ctypes.byref(key), buf) < 0:
+            raise OSError(_errno(), "lookup of .rodata")
+        return buf.raw
 
     def set_max_entries(self, map_name: str, n: int) -> None:
         if self.lib.lib.bpf_map__set_max_entries(self._map_ptr(map_name), n) < 0:

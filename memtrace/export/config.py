@@ -116,6 +116,17 @@ def _file(path: str, what: str) -> str:
     return path
 
 
+def _bool_var(found: tuple[str, str] | None) -> bool:
+    """A boolean variable: true or false (any case), as the OTel spec says;
+    anything else is refused, not read as false."""
+    if found is None:
+        return False
+    key, value = found
+    if value.lower() not in ("true", "false"):
+        raise BadOption(f"{key}='{_safe(value)}' is not a boolean", f"set {key} to true or false")
+    return value.lower() == "true"
+
+
 def resolve(
     env: Mapping[str, str],
     endpoint: str | None = None,
@@ -131,11 +142,16 @@ def resolve(
 ) -> PushConfig:
     """Flags win over OTEL_EXPORTER_OTLP_METRICS_*, which win over OTEL_EXPORTER_OTLP_*."""
 
-    def var(name: str) -> str | None:
+    def var_named(name: str) -> tuple[str, str] | None:
+        """The variable that gives `name` (its full name) and its value."""
         for key in (f"OTEL_EXPORTER_OTLP_METRICS_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
             if env.get(key, "").strip():
-                return env[key].strip()
+                return key, env[key].strip()
         return None
+
+    def var(name: str) -> str | None:
+        found = var_named(name)
+        return found[1] if found else None
 
     proto_s = protocol or var("PROTOCOL") or Protocol.http.value
     try:
@@ -175,7 +191,7 @@ def resolve(
     cert = certificate or var("CERTIFICATE")
     key = var("CLIENT_KEY")
     ccert = var("CLIENT_CERTIFICATE")
-    ins = insecure if insecure is not None else (var("INSECURE") or "").lower() == "true"
+    ins = insecure if insecure is not None else _bool_var(var_named("INSECURE"))
     if ins and url.startswith("https://"):
         raise BadOption(
             "--insecure with an https:// endpoint", "use http:// for a plaintext collector, or drop --insecure"

@@ -52,7 +52,7 @@ from memtrace.model import Model, describe
 
 log = logging.getLogger("memtrace.otlp")
 
-SCOPE = InstrumentationScope("memtrace", __version__)
+SCOPE = InstrumentationScope(name="memtrace", version=__version__)
 MAX_BUCKETS = 160  # OTel's default exponential bucket budget
 
 # Explicit-bucket option: boundaries that are exponential-bucket boundaries
@@ -109,6 +109,18 @@ def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: i
         j = i + 1 - lo_exp  # the value is <= 2**((i+1)/2**s): bound e = i+1
         counts[min(max(j, 0), n_bounds)] += k
     return counts
+
+
+def _number(attrs: dict[str, Any], start: int, now: int, value: float) -> NumberDataPoint:
+    return NumberDataPoint(attributes=attrs, start_time_unix_nano=start, time_unix_nano=now, value=value)
+
+
+def _resource_metrics(resource: Resource, metrics: list[Metric]) -> ResourceMetrics:
+    return ResourceMetrics(
+        resource=resource,
+        scope_metrics=[ScopeMetrics(scope=SCOPE, metrics=metrics, schema_url="")],
+        schema_url="",
+    )
 
 
 @dataclass
@@ -182,9 +194,9 @@ class _Points:
                 # zeros do: a short-lived process (one push) still has a rate.
                 self.starting.append(key)
                 for name in names:
-                    self.points.setdefault(name, []).append(NumberDataPoint(la, start, start, 0))
+                    self.points.setdefault(name, []).append(_number(la, start, start, 0))
         for name, v in zip(names, vals, strict=True):
-            self.points.setdefault(name, []).append(NumberDataPoint(la, start, now, v))
+            self.points.setdefault(name, []).append(_number(la, start, now, v))
         return start
 
     def hist(self, key: Any, name: str, la: dict[str, Any], h: ExpHistogram, start: int, unit: str) -> None:
@@ -200,7 +212,7 @@ class _Points:
         self.points.setdefault(name, []).append(b._hist_point(la, cur, w, start, self.now, *bounds))
 
     def gauge(self, name: str, la: dict[str, Any], v: float) -> None:
-        self.points.setdefault(name, []).append(NumberDataPoint(la, self.series_start, self.now, v))
+        self.points.setdefault(name, []).append(_number(la, self.series_start, self.now, v))
 
 
 class MetricsBuilder:
@@ -216,7 +228,7 @@ class MetricsBuilder:
         agent_attrs: dict[str, Any] = {"service.name": "memtrace", "service.version": __version__}
         agent_attrs.update(cfg.resource_attributes)
         agent_attrs.update(host)
-        self.agent_resource = Resource(agent_attrs)
+        self.agent_resource = Resource(attributes=agent_attrs)
 
     @property
     def delta(self) -> bool:
@@ -241,26 +253,52 @@ class MetricsBuilder:
         hi = 0.0 if math.isinf(hi) else hi
         if self.cfg.histogram == HistogramKind.explicit:
             return HistogramDataPoint(
-                attrs, start, now, h.count, h.sum, explicit_counts(h, bounds_scale, lo_exp, len(bounds)), bounds, lo, hi
+                attributes=attrs,
+                start_time_unix_nano=start,
+                time_unix_nano=now,
+                count=h.count,
+                sum=h.sum,
+                bucket_counts=explicit_counts(h, bounds_scale, lo_exp, len(bounds)),
+                explicit_bounds=bounds,
+                min=lo,
+                max=hi,
             )
         f = h.fit(MAX_BUCKETS)
-        off, buckets = f.offset, f.buckets.tolist()
         return ExponentialHistogramDataPoint(
-            attrs, start, now, f.count, f.sum, f.scale, f.zero_count, Buckets(off, buckets), Buckets(0, []), 0, lo, hi
+            attributes=attrs,
+            start_time_unix_nano=start,
+            time_unix_nano=now,
+            count=f.count,
+            sum=f.sum,
+            scale=f.scale,
+            zero_count=f.zero_count,
+            positive=Buckets(offset=f.offset, bucket_counts=f.buckets.tolist()),
+            negative=Buckets(offset=0, bucket_counts=[]),
+            flags=0,
+            min=lo,
+            max=hi,
         )
 
     def _hist_metric(self, name: str, desc: str, unit: str, points: list[Any]) -> Metric:
+        data: Histogram | ExponentialHistogram
         if self.cfg.histogram == HistogramKind.explicit:
-            return Metric(name, desc, unit, Histogram(points, self._temporality()))
-        return Metric(name, desc, unit, ExponentialHistogram(points, self._temporality()))
+            data = Histogram(data_points=points, aggregation_temporality=self._temporality())
+        else:
+            data = ExponentialHistogram(data_points=points, aggregation_temporality=self._temporality())
+        return Metric(name=name, description=desc, unit=unit, data=data)
 
     def _metric(self, name: str, points: list[Any], tmp: AggregationTemporality) -> Metric:
         kind, desc, unit = METRICS[name]
         if kind == "hist":
             return self._hist_metric(name, desc, unit, points)
         if kind == "gauge":
-            return Metric(name, desc, unit, Gauge(points))
-        return Metric(name, desc, unit, Sum(points, tmp, True))
+            return Metric(name=name, description=desc, unit=unit, data=Gauge(data_points=points))
+        return Metric(
+            name=name,
+            description=desc,
+            unit=unit,
+            data=Sum(data_points=points, aggregation_temporality=tmp, is_monotonic=True),
+        )
 
     def build(self, model: Model, stats: dict[Stat, int], libraries: int, now_ns: int | None = None) -> Batch:
         now = now_ns or time.time_ns()
@@ -350,7 +388,7 @@ class MetricsBuilder:
             for f in found.get(pid, []):
                 gauge("memtrace.finding", {"finding": f.code, "summary": f.summary, "fix": f.fix}, f.value)
             metrics = [self._metric(name, pts, tmp) for name, pts in points.items()]
-            resource_metrics.append(ResourceMetrics(Resource(attrs), [ScopeMetrics(SCOPE, metrics, "")], ""))
+            resource_metrics.append(_resource_metrics(Resource(attributes=attrs), metrics))
 
         health_now = {
             "events": stats.get(Stat.EVENTS, 0),
@@ -370,7 +408,14 @@ class MetricsBuilder:
         live = sum(1 for p in model.processes.values() if not p.exited)
 
         def counter(name: str, desc: str, unit: str, key: str) -> Metric:
-            return Metric(name, desc, unit, Sum([NumberDataPoint({}, hstart, now, int(hv[key]))], tmp, True))
+            return Metric(
+                name=name,
+                description=desc,
+                unit=unit,
+                data=Sum(
+                    data_points=[_number({}, hstart, now, int(hv[key]))], aggregation_temporality=tmp, is_monotonic=True
+                ),
+            )
 
         health = [
             counter("memtrace.agent.events", "Per-call events received from the kernel", "{event}", "events"),
@@ -394,19 +439,19 @@ class MetricsBuilder:
                 "unsent_processes",
             ),
             Metric(
-                "memtrace.agent.libraries",
-                "CUDA libraries and executables with probes",
-                "{library}",
-                Gauge([NumberDataPoint({}, hstart, now, libraries)]),
+                name="memtrace.agent.libraries",
+                description="CUDA libraries and executables with probes",
+                unit="{library}",
+                data=Gauge(data_points=[_number({}, hstart, now, libraries)]),
             ),
             Metric(
-                "memtrace.agent.processes",
-                "CUDA processes traced now",
-                "{process}",
-                Gauge([NumberDataPoint({}, hstart, now, live)]),
+                name="memtrace.agent.processes",
+                description="CUDA processes traced now",
+                unit="{process}",
+                data=Gauge(data_points=[_number({}, hstart, now, live)]),
             ),
         ]
-        resource_metrics.append(ResourceMetrics(self.agent_resource, [ScopeMetrics(SCOPE, health, "")], ""))
+        resource_metrics.append(_resource_metrics(self.agent_resource, health))
 
         def commit() -> None:
             if self.delta:
@@ -434,7 +479,13 @@ class MetricsBuilder:
                 if pid not in delivered:
                     h.restore_window(w)
 
-        return Batch(MetricsData(resource_metrics), exited, commit, rollback, commit_processes)
+        return Batch(
+            data=MetricsData(resource_metrics=resource_metrics),
+            exited=exited,
+            commit=commit,
+            rollback=rollback,
+            commit_processes=commit_processes,
+        )
 
 
 REQUEST_POINTS = 2000  # data points per request of an export (whole processes each)
@@ -449,12 +500,12 @@ def split_by_resource(data: MetricsData, max_points: int) -> list[MetricsData]:
     for rm in data.resource_metrics:
         n = sum(len(m.data.data_points) for sm in rm.scope_metrics for m in sm.metrics)
         if group and points + n > max_points:
-            parts.append(MetricsData(group))
+            parts.append(MetricsData(resource_metrics=group))
             group, points = [], 0
         group.append(rm)
         points += n
     if group or not parts:
-        parts.append(MetricsData(group))
+        parts.append(MetricsData(resource_metrics=group))
     return parts
 
 
@@ -480,18 +531,82 @@ class _Complaints(logging.Handler):
         return (specific or self.messages or [""])[0]
 
 
-def _pinned_ca_session() -> Any:
-    """A requests session that keeps the configured CA: requests otherwise lets
+BODY_CHARS = 200  # of a refusal's body, in a reason
+
+
+def _first_line(body: bytes, content_type: str) -> str:
+    """What a refusal's body says, in one bounded line: an OTLP collector's
+    protobuf google.rpc.Status gives its message; text gives its first line."""
+    text = ""
+    if "protobuf" in content_type:
+        try:
+            from google.rpc.status_pb2 import Status
+
+            text = Status.FromString(body).message
+        except Exception:  # noqa: BLE001 - a body that is not a Status is said as it is
+            text = ""
+    if not text:
+        text = body.decode("utf-8", errors="replace")
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = "".join(c if c.isprintable() else "?" for c in line)
+    return line if len(line) <= BODY_CHARS else line[: BODY_CHARS - 3] + "..."
+
+
+def _os_cause(e: BaseException) -> OSError | None:
+    """The operating system's error under a requests/urllib3 one (refused,
+    unreachable, unknown host), found through their chains of causes."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        x = todo.pop(0)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.strerror:
+            return x
+        nxt = [x.__cause__, x.__context__, getattr(x, "reason", None), *x.args]
+        todo.extend(n for n in nxt if isinstance(n, BaseException))
+    return None
+
+
+def _recording_session(pin_ca: bool) -> Any:
+    """A requests session (the SDK exporter's public `session=` argument) that
+    keeps the first failure of each export: the SDK logs only a generic line.
+    With `pin_ca` it also keeps the configured CA: requests otherwise lets
     REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE from the environment replace it."""
     import requests
 
-    class PinnedCASession(requests.Session):
+    class RecordingSession(requests.Session):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failure: str = ""
+            self.failed_error: BaseException | None = None
+
+        def reset(self) -> None:
+            self.failure, self.failed_error = "", None
+
+        def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
+            try:
+                resp = super().request(method, url, *args, **kwargs)
+            except Exception as e:
+                # The first failure of an export is its cause; later retries
+                # may only fail for lack of time left.
+                if not self.failure:
+                    self.failure, self.failed_error = "error", e
+                raise
+            if resp.status_code >= 400 and not self.failure:
+                line = _first_line(resp.content or b"", resp.headers.get("content-type", ""))
+                self.failure = f"HTTP {resp.status_code}" + (f" {resp.reason}" if resp.reason else "")
+                self.failure += f": {line}" if line else ""
+            return resp
+
         def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
             settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
-            settings["verify"] = self.verify
+            if pin_ca:
+                settings["verify"] = self.verify
             return settings
 
-    return PinnedCASession()
+    return RecordingSession()
 
 
 class Exporter:
@@ -511,6 +626,7 @@ class Exporter:
             lg.addHandler(self.complaints)
             lg.propagate = False
         compression: Any = None
+        self._session: Any = None  # the HTTP transport's, keeping why a push failed
         if cfg.protocol == Protocol.http:
             from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
@@ -519,8 +635,9 @@ class Exporter:
                 compression = HttpCompression.Gzip
             else:
                 compression = HttpCompression.NoCompression
+            self._session = _recording_session(pin_ca=bool(cfg.certificate))
             self._exp: Any = HttpExporter(
-                session=_pinned_ca_session() if cfg.certificate else None,
+                session=self._session,
                 endpoint=cfg.endpoint,
                 certificate_file=cfg.certificate,
                 client_key_file=cfg.client_key,
@@ -550,39 +667,41 @@ class Exporter:
                 compression=compression,
             )
 
-        self._transport_error = ""
-        client = getattr(self._exp, "_client", None)
-        if client is not None and callable(getattr(client, "export", None)):
-            # The SDK's HTTP transport keeps the cause (status, connection
-            # error) in its result and logs only a generic line: keep it.
-            inner = client.export
+    def _where(self) -> tuple[str, int]:
+        import urllib.parse
 
-            def export_and_keep_cause(*args: Any, **kw: Any) -> Any:
-                res = inner(*args, **kw)
-                # The first failure of an export is its cause; later retries
-                # may only fail for lack of time left.
-                if not getattr(res, "success", True) and not self._transport_error:
-                    status = getattr(res, "status_code", None)
-                    err = getattr(res, "error", None)
-                    self._transport_error = (f"HTTP {status}: " if status else "") + (str(err) if err else "")
-                return res
+        u = urllib.parse.urlsplit(self.cfg.endpoint if "://" in self.cfg.endpoint else f"//{self.cfg.endpoint}")
+        return u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
 
-            try:
-                client.export = export_and_keep_cause
-            except AttributeError:
-                pass
+    def _transport_failure(self) -> str:
+        """Why the HTTP transport failed, as the user can act on it."""
+        s = self._session
+        if s is None or not s.failure:
+            return ""
+        if s.failed_error is None:
+            return str(s.failure)
+        import requests
+
+        host, port = self._where()
+        e = s.failed_error
+        if isinstance(e, requests.exceptions.SSLError):
+            return f"TLS handshake with {host}:{port} failed: {_os_cause(e) or e}"
+        if isinstance(e, requests.exceptions.Timeout):
+            return f"no answer from {host}:{port} within {self.cfg.timeout:g}s"
+        cause = _os_cause(e)
+        if isinstance(e, requests.exceptions.ConnectionError) and cause is not None:
+            return f"cannot connect to {host}:{port}: {cause.strerror}"
+        return f"{type(e).__name__}: {e}"
 
     def _probe(self) -> str:
         """Name a connection failure ourselves when the exporter did not."""
         import socket
-        import urllib.parse
 
-        u = urllib.parse.urlsplit(self.cfg.endpoint)
-        port = u.port or (443 if u.scheme == "https" else 80)
+        host, port = self._where()
         try:
-            socket.create_connection((u.hostname, port), timeout=2).close()
+            socket.create_connection((host, port), timeout=2).close()
         except OSError as e:
-            return f"cannot connect to {u.hostname}:{port}: {e.strerror or e}"
+            return f"cannot connect to {host}:{port}: {e.strerror or e}"
         return ""
 
     def export(self, data: MetricsData) -> tuple[bool, str, int]:
@@ -601,7 +720,8 @@ class Exporter:
 
     def _export(self, data: MetricsData) -> tuple[bool, str]:
         self.complaints.messages = []
-        self._transport_error = ""
+        if self._session is not None:
+            self._session.reset()
         try:
             ok = self._exp.export(data, timeout_millis=self.cfg.timeout * 1000) == MetricExportResult.SUCCESS
         except Exception as e:  # noqa: BLE001 - any exporter failure is an outage, not a crash
@@ -609,7 +729,7 @@ class Exporter:
         if ok:
             return True, ""
         specific = [m for m in self.complaints.messages if not any(g in m for g in _Complaints.GENERIC)]
-        reason = self._transport_error or (specific[0] if specific else "") or self._probe()
+        reason = self._transport_failure() or (specific[0] if specific else "") or self._probe()
         return False, reason or self.complaints.reason or "the collector refused the push"
 
     def shutdown(self) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path, rodata_offsets
+from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core import apis
@@ -161,8 +161,11 @@ class BpfSource:
         obj = BpfObject(path, lib)
         self.obj = obj
         obj.set_rodata(
-            rodata_offsets(path),
-            {"filter_pids": self.opts.only_traced, "hold_libraries": self.opts.hold_libraries},
+            {
+                "filter_pids": self.opts.only_traced,
+                "hold_libraries": self.opts.hold_libraries,
+                "agent_tgid": os.getpid(),
+            }
         )
         obj.set_max_entries("events", self.opts.ring_bytes)
         if not self.opts.hold_libraries:
