@@ -262,7 +262,16 @@ class MetricsBuilder:
             return Metric(name, desc, unit, Gauge(points))
         return Metric(name, desc, unit, Sum(points, tmp, True))
 
-    def build(self, model: Model, stats: dict[Stat, int], libraries: int, now_ns: int | None = None) -> Batch:
+    def build(
+        self,
+        model: Model,
+        stats: dict[Stat, int],
+        libraries: int,
+        now_ns: int | None = None,
+        drain_gap_s: float | None = None,
+    ) -> Batch:
+        """One export of the model. `drain_gap_s`: the worst interval between
+        the agent's drain starts since the last export (a gauge, when given)."""
         now = now_ns or time.time_ns()
         tmp = self._temporality()
         copies = model.copy_view()
@@ -406,6 +415,15 @@ class MetricsBuilder:
                 Gauge([NumberDataPoint({}, hstart, now, live)]),
             ),
         ]
+        if drain_gap_s is not None:
+            health.append(
+                Metric(
+                    "memtrace.agent.drain_gap",
+                    "Worst interval between the starts of two ring drains since the previous export",
+                    "s",
+                    Gauge([NumberDataPoint({}, hstart, now, float(drain_gap_s))]),
+                )
+            )
         resource_metrics.append(ResourceMetrics(self.agent_resource, [ScopeMetrics(SCOPE, health, "")], ""))
 
         def commit() -> None:
