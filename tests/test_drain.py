@@ -8,18 +8,15 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, memtrace_cmd, observed_totals, truth_totals
+from conftest import FIXTURES, observed_totals, truth_totals
 
 from memtrace.core.abi import Stat
 from memtrace.export.config import resolve
@@ -141,9 +138,9 @@ def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_p
         w.kill()
         w.wait()
     assert builder.builds >= 2 and col.requests >= 2  # during the run, and the last
-    assert stats.drains > 0 and stats.interval_seconds == period
-    assert stats.folds_deferred > 0, "no drain ever ran during a build: the test proved nothing"
+    assert stats.drains > 0
     assert stats.gap_max_seconds <= 2 * period, stats
+    assert stats.folds_deferred > 0, "no drain ever ran during a build: the test proved nothing"
     lines = [json.loads(line) for line in truth.read_text().splitlines()]
     pid = lines[0]["pid"]
     # (A later push may have dropped the exited process's series once sent.)
@@ -233,57 +230,3 @@ def test_a_collector_slower_than_the_final_timeout_ends_push_with_a_warning(
         col.stop()
     assert failures == 0
     assert "the last push did not finish within" in caplog.text
-
-
-def pipe_holders(inode: str) -> list[int]:
-    """Pids of the processes with an open descriptor on pipe `inode`."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fds = list((d / "fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd) == f"pipe:[{inode}]" and int(d.name) != os.getpid():
-                    out.append(int(d.name))
-                    break
-            except OSError:
-                pass
-    return out
-
-
-def test_push_leaves_nothing_holding_its_pipes_once_it_exits(fakecuda: Path) -> None:
-    """SIGTERM to `memtrace push` with probes attached: once it has exited,
-    no process holds its stdout (a shell pipeline ends) or its guardian's
-    pipe. The background detach used to inherit both, for the seconds the
-    kernel takes to remove the probes: push took 5 s to exit on SIGINT."""
-    col = SlowCollector(0.0)
-    r, w = os.pipe()
-    inode = str(os.fstat(r).st_ino)
-    log = tempfile.NamedTemporaryFile("w+", prefix="memtrace-push-", suffix=".log", delete=False)
-    job = subprocess.Popen(
-        [str(fakecuda / "workload_driver"), "-n", "100000", "-p", "20000"], env={"WORKLOAD_TRUTH": "/dev/null"}
-    )
-    push = subprocess.Popen(
-        [*memtrace_cmd(), "push", "--endpoint", col.endpoint, "--interval", "0.5", "-v"], stdout=w, stderr=log
-    )
-    os.close(w)
-    try:
-        # (Generous: attaching waits behind other agents' probe removals in the kernel.)
-        deadline = time.monotonic() + 240
-        while not all(m in Path(log.name).read_text() for m in ("attached", "pushing to")):
-            assert push.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
-            time.sleep(0.05)
-        push.send_signal(signal.SIGTERM)
-        assert push.wait(timeout=240) == 0, Path(log.name).read_text()
-        assert pipe_holders(inode) == []
-        assert os.read(r, 1) == b""  # EOF: a pipeline reading push's output ends with it
-    finally:
-        os.close(r)
-        push.kill()
-        job.kill()
-        job.wait()
-        col.stop()
