@@ -244,6 +244,12 @@ class Agent:
                 pending_events_max=self._pending_max,
             )
 
+    def reset_drain_stats(self) -> None:
+        """Start the drain statistics afresh (a benchmark's phases)."""
+        with self._drain_lock:
+            self._gaps = DrainGaps()
+            self._folds_deferred = self._reads_deferred = self._pending_max = 0
+
     def take_drain_gap_window(self) -> float:
         """The worst interval between drain starts since the previous call (the OTLP gauge)."""
         with self._drain_lock:
