@@ -8,8 +8,11 @@ series each, and a training step's four copy sizes, like the recorded
 PyTorch job's copy mix), while the agent (in this process, host-wide, as
 `memtrace push` runs it) drains and aggregates, then exports (cumulative,
 the default, in requests of a few processes each). Printed per count: events/s received, agent CPU per 10k events/s,
-resident memory (the whole agent process) sampled through the run, and the
-time to build and encode one OTLP export of everything.
+resident memory (the whole agent process) sampled through the run, the
+time to build and encode one OTLP export of everything, and the worst drain
+gap (the longest interval between the starts of two ring drains, while an
+export is built) in the previous design (git cc9270d: drains and exports on
+one thread, reproduced here) and in this one (a drain thread of its own).
 
 Memory must stay under 150 MB at 1000 processes, grow no faster than
 linearly in processes, and not at all in events. 1000 processes make about
@@ -55,6 +58,36 @@ def export(builder: object, agent: object) -> tuple[object, int]:
     batch.commit()
     give_back_free_memory()
     return batch, size
+
+
+def drain_gap_one_thread(agent: object, builder: object, window: float) -> float:
+    """The previous design (cc9270d's push loop): drain every 5 ms and, when
+    an export is due, build it on the same thread. Worst gap, seconds."""
+    agent.reset_drain_stats()  # type: ignore[attr-defined]
+    t_end, exported = time.monotonic() + window, False
+    while time.monotonic() < t_end:
+        agent.poll()  # type: ignore[attr-defined]
+        if not exported and time.monotonic() >= t_end - window / 2:
+            export(builder, agent)
+            exported = True
+        time.sleep(0.005)
+    # A last drain start: an export longer than the window still counts in full.
+    agent.poll()  # type: ignore[attr-defined]
+    return agent.drain_stats().gap_max_seconds  # type: ignore[attr-defined,no-any-return]
+
+
+def drain_gap_drain_thread(agent: object, builder: object, window: float) -> float:
+    """This design: the agent drains on its own thread while this one builds
+    an export under the model lock. Worst gap, seconds."""
+    agent.reset_drain_stats()  # type: ignore[attr-defined]
+    with agent.draining():  # type: ignore[attr-defined]
+        time.sleep(window / 2)
+        with agent.lock:  # type: ignore[attr-defined]
+            export(builder, agent)
+        time.sleep(window / 2)
+        # A last drain start: a drain still running counts in full.
+        agent.poll()  # type: ignore[attr-defined]
+    return agent.drain_stats().gap_max_seconds  # type: ignore[attr-defined,no-any-return]
 
 
 def soak(agent: object, builder: object, total: int) -> None:
@@ -104,6 +137,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--counts", default="1,10,100,1000")
     ap.add_argument("--soak", type=int, default=20_000_000, help="events folded into the last count's series")
+    ap.add_argument("--gap-window", type=float, default=2.0, help="seconds each drain-gap phase runs, export included")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("footprint: run as root (it loads BPF programs)")
@@ -115,10 +149,14 @@ def main() -> None:
     fx = Path(tempfile.mkdtemp(prefix="memtrace-footprint-"))
     subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}")
-    print(f"{'processes':>10} {'events/s':>10} {'CPU/10k ev/s':>13} {'RSS MB':>8} {'export ms':>10} {'series':>7}")
+    print(
+        f"{'processes':>10} {'events/s':>10} {'CPU/10k ev/s':>13} {'RSS MB':>8} {'export ms':>10} {'series':>7}"
+        f" {'drain gap ms (1 thread / drain thread)':>40}"
+    )
     base_rss = rss_mb()
     for n in [int(x) for x in a.counts.split(",")]:
-        calls = int(a.seconds * 50) + 50
+        # Still copying through the drain-gap phases (exports included) that follow the measurement.
+        calls = int((a.seconds + 2 * a.gap_window + 12) * 50) + 50
         with Agent(Options()) as agent:
             agent.source.scan()
             procs = [
@@ -155,24 +193,32 @@ def main() -> None:
                 for sm in rm.scope_metrics
                 for m in sm.metrics
             )
+            gap_before = drain_gap_one_thread(agent, builder, a.gap_window)
+            gap_after = drain_gap_drain_thread(agent, builder, a.gap_window)
+            gaps = f"{gap_before * 1e3:,.1f} / {gap_after * 1e3:,.1f}"
             rate = events / wall
             per10k = cpu / wall / (rate / 10_000) if rate else float("nan")
             trail = ", ".join(f"{mb:.1f} MB at {ev:,}" for ev, mb in samples[:: max(len(samples) // 4, 1)])
             print(
-                f"{n:>10} {rate:>10,.0f} {per10k:>12.3f}s {rss_mb():>8.1f} {export_ms:>10.1f} {series:>7}"
+                f"{n:>10} {rate:>10,.0f} {per10k:>12.3f}s {rss_mb():>8.1f} {export_ms:>10.1f} {series:>7} {gaps:>40}"
                 f"  ({encoded:,} B encoded; RSS {trail}, {rss_mb():.1f} MB at {events:,} events and an export)"
             )
             if n == int(a.counts.split(",")[-1]) and a.soak:
                 soak(agent, builder, a.soak)
-            last = (n, rss_mb(), per10k)
+            last = (n, rss_mb(), per10k, gap_before, gap_after)
             for p in procs:
                 p.kill()
             for p in procs:
                 p.wait()
     print(f"(RSS of this process before the first agent: {base_rss:.1f} MB; CPU is the whole process, drain included)")
-    n, rss, per10k = last
+    n, rss, per10k, gap_before, gap_after = last
     print(f"SUMMARY | resident memory at {n} processes | {rss:.1f} MB | < 150 MB | {'met' if rss < 150 else 'not met'}")
     print(f"SUMMARY | agent CPU at {n} processes | {per10k:.3f} CPU-s per 10k events/s | - | -")
+    print(
+        f"SUMMARY | worst drain gap at {n} processes, an export built meanwhile | "
+        f"{gap_before * 1e3:,.1f} ms before (cc9270d, one thread), {gap_after * 1e3:,.1f} ms after (drain thread) | "
+        f"late by at most 2 drain periods (<= 15 ms) | {'met' if gap_after <= 0.015 else 'not met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def push(
         signal.signal(sig, lambda *_: stop.set())
     try:
         with Agent(opts) as agent:
-            agent.source.scan()
+            agent.scan()
             push_forever(agent, cfg, stop)
     except MemtraceError as e:
         fail(e)

@@ -37,6 +37,7 @@ def run(
                 agent.libraries,
                 {"argv": cmd, "exit_code": done.exit_code, "wall_seconds": done.wall_seconds},
                 agent.source.malformed,
+                drain=agent.drain_stats().as_dict(),
             )
     except MemtraceError as e:
         fail(e)

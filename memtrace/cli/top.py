@@ -21,26 +21,26 @@ def top(
     """A live view of every CUDA process on the host: copies, bytes and rates."""
     setup_logging(verbose)
     from memtrace.export.top import TopView
-    from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent, Options
+    from memtrace.runtime.agent import Agent, Options
 
     view = TopView(interval)
     try:
         with Agent(Options()) as agent:
-            agent.source.scan()
+            agent.scan()
             n = 0
             with Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live:
                 last = time.monotonic()
-                while iterations == 0 or n < iterations:
-                    deadline = last + interval
-                    while time.monotonic() < deadline:
-                        agent.poll()
-                        time.sleep(DRAIN_INTERVAL_S)
-                    agent.poll()
-                    agent.sync_totals()
-                    now = time.monotonic()
-                    live.update(view.render(agent.model, now - last), refresh=True)
-                    last = now
-                    n += 1
+                # The agent drains on its own thread; this one only renders, under the model lock.
+                with agent.draining():
+                    while iterations == 0 or n < iterations:
+                        time.sleep(max(last + interval - time.monotonic(), 0.0))
+                        with agent.locked() as model:
+                            agent.sync_totals()
+                            now = time.monotonic()
+                            table = view.render(model, now - last)
+                        live.update(table, refresh=True)
+                        last = now
+                        n += 1
     except MemtraceError as e:
         fail(e)
     except KeyboardInterrupt:

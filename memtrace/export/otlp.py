@@ -300,7 +300,16 @@ class MetricsBuilder:
             data=Sum(data_points=points, aggregation_temporality=tmp, is_monotonic=True),
         )
 
-    def build(self, model: Model, stats: dict[Stat, int], libraries: int, now_ns: int | None = None) -> Batch:
+    def build(
+        self,
+        model: Model,
+        stats: dict[Stat, int],
+        libraries: int,
+        now_ns: int | None = None,
+        drain_gap_s: float | None = None,
+    ) -> Batch:
+        """One export of the model. `drain_gap_s`: the worst interval between
+        the agent's drain starts since the last export (a gauge, when given)."""
         now = now_ns or time.time_ns()
         tmp = self._temporality()
         copies = model.copy_view()
@@ -451,6 +460,15 @@ class MetricsBuilder:
                 data=Gauge(data_points=[_number({}, hstart, now, live)]),
             ),
         ]
+        if drain_gap_s is not None:
+            health.append(
+                Metric(
+                    name="memtrace.agent.drain_gap",
+                    description="Worst interval between the starts of two ring drains since the previous export",
+                    unit="s",
+                    data=Gauge(data_points=[_number({}, hstart, now, float(drain_gap_s))]),
+                )
+            )
         resource_metrics.append(_resource_metrics(self.agent_resource, health))
 
         def commit() -> None:

@@ -37,7 +37,9 @@ def summary(
     command: dict[str, Any] | None = None,
     malformed: int = 0,
     thresholds: Thresholds = DEFAULT,
+    drain: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them."""
     rows = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0, "errors": 0})
     copies = model.copy_view()
@@ -99,6 +101,7 @@ def summary(
                 {"path": a.name, "layer": a.layer.label, "probes": len(a.symbols), "symbols": sorted(a.symbols)}
                 for a in libraries
             ],
+            **({"drain": drain} if drain is not None else {}),
         },
         **({"command": command} if command else {}),
     }

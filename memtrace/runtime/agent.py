@@ -1,21 +1,63 @@
-"""The agent: owns the CUDA sensor and the model, and keeps them in step."""
+"""The agent: owns the CUDA sensor and the model, and keeps them in step.
+
+Draining runs on its own thread (`start_draining`), so that nothing an
+export or a report costs can delay it. Two locks keep the threads apart:
+
+- the drain lock: one drain at a time (the rings have a single reader). A
+  drain holds it while it reads the rings and acts on control events:
+  attaching new libraries and continuing held processes. It never touches
+  the model there: what it decodes (event batches, exits, holds) is queued,
+  in ring order, as pending model updates.
+- `Agent.lock`, the model's: whoever reads or changes the model holds it
+  (an export's build, a report, top's refresh). The drain thread folds the
+  pending updates into the model only when it can take this lock without
+  blocking; otherwise they wait for the next drain, or for the next holder
+  of the lock, which folds them first (`locked()`), so every reader sees a
+  current model.
+
+The order is always model lock, then drain lock, never the reverse while
+waiting, so the two cannot deadlock, and a drain waits for nobody: holds
+are released and the ring is read every period whatever the export costs.
+
+Pending updates are bounded: once `max_pending_events` events are waiting
+for the model, drains stop reading the events ring (control events are
+still handled and holds still released) and the events stay in the
+kernel's ring; if that fills too, the kernel counts the calls it could not
+queue exactly (the `lost` totals and the dropped-events stat), as it does
+for any full ring. Such drains are counted (`reads_deferred`). An
+incremental export was the alternative; it would have left every reader
+(the report, top, findings) to be made incremental too, where a lock and a
+queue keep them as they are.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+import time
+from collections.abc import Iterator
+from enum import Enum
 
 import numpy as np
 
-from memtrace.core.abi import Stat
+from memtrace.core.abi import EVENT_DTYPE, Stat
 from memtrace.model import Model
+from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.sensors.cuda.source import Attachment, BpfSource, Options
-
-__all__ = ["DRAIN_INTERVAL_S", "Agent", "Options"]
 from memtrace.sources.procfs import boot_ticks_now, read_process
+
+__all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
 
 log = logging.getLogger("memtrace")
 
 DRAIN_INTERVAL_S = 0.005
+
+
+class _Update(Enum):
+    EVENTS = 1
+    EXITED = 2
+    HELD = 3
 
 
 class Agent:
@@ -24,16 +66,70 @@ class Agent:
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
         self.model = Model(complete_after_ticks=None if opts.only_traced else 2**63, identify=read_process)
+        self.lock = threading.RLock()  # the model's
+        self._drain_lock = threading.Lock()  # the rings'
+        self._pending_lock = threading.Lock()  # the queue's, held for an append or a swap only
+        self._pending: list[tuple[_Update, np.ndarray | int]] = []
+        self._pending_events = 0
+        # One ring's worth of events may wait in memory for the model, then the ring itself.
+        self.max_pending_events = max(opts.ring_bytes // EVENT_DTYPE.itemsize, 1)
+        self._gaps = DrainGaps()
+        self._folds_deferred = 0
+        self._reads_deferred = 0
+        self._pending_max = 0
+        self._interval = 0.0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
         self.libraries: list[Attachment] = []
-        self.source = BpfSource(
-            opts, self._on_events, self._on_exit, self.libraries.append, on_held=self.model.mark_complete
-        )
+        self.source = BpfSource(opts, self._on_events, self._on_exit, self.libraries.append, on_held=self._on_held)
+
+    # ---- what a drain decodes: queued in ring order, folded under the model lock ----
+
+    def _queue(self, kind: _Update, value: np.ndarray | int, events: int = 0) -> None:
+        with self._pending_lock:
+            self._pending.append((kind, value))
+            self._pending_events += events
+            self._pending_max = max(self._pending_max, self._pending_events)
 
     def _on_events(self, batch: np.ndarray) -> None:
-        self.model.add_events(batch)
+        self._queue(_Update.EVENTS, batch, len(batch))
 
     def _on_exit(self, pid: int) -> None:
-        self.model.process_exited(pid)
+        self._queue(_Update.EXITED, pid)
+
+    def _on_held(self, pid: int) -> None:
+        self._queue(_Update.HELD, pid)
+
+    def _fold(self) -> int:
+        """Apply the pending updates to the model, in order. Holds self.lock."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+            self._pending_events = 0
+        folded = 0
+        batches: list[np.ndarray] = []
+
+        def flush() -> None:
+            if batches:
+                self.model.add_events(batches[0] if len(batches) == 1 else np.concatenate(batches))
+                batches.clear()
+
+        for kind, value in pending:
+            if kind is _Update.EVENTS:
+                assert isinstance(value, np.ndarray)
+                batches.append(value)  # consecutive batches fold as one
+                folded += len(value)
+                continue
+            flush()
+            assert isinstance(value, int)
+            if kind is _Update.EXITED:
+                self.model.process_exited(value)
+            else:
+                self.model.mark_complete(value)  # held before its CUDA library ran: nothing was missed
+        flush()
+        return folded
+
+    # ---- lifecycle ----
 
     def start(self) -> None:
         try:
@@ -46,25 +142,143 @@ class Agent:
             # A process that started in a later clock tick started after the probes went live.
             self.model.complete_after_ticks = boot_ticks_now()
 
+    def scan(self, pids: list[int] | None = None) -> None:
+        """Attach to the CUDA libraries already mapped by running processes (or by `pids`)."""
+        with self._drain_lock:
+            self.source.scan(pids)
+
+    # ---- draining ----
+
+    def _drain(self, wait: bool) -> int:
+        """Read the rings and act on control events, then fold what is
+        pending if the model lock is free (or, with `wait`, once it is).
+        Returns the events read."""
+        with self._drain_lock:
+            self._gaps.started(time.monotonic())
+            room = self._pending_events < self.max_pending_events
+            if not room:
+                self._reads_deferred += 1
+            read = self.source.poll(events=room)
+        if self.lock.acquire(blocking=wait):
+            try:
+                self._fold()
+            finally:
+                self.lock.release()
+        else:
+            self._folds_deferred += 1
+        return read
+
     def poll(self) -> int:
-        return self.source.poll()
+        """Drain now and fold everything into the model (waiting for the
+        model lock). Returns the events read. For callers that drain
+        themselves, and for a last drain before a final report or push."""
+        return self._drain(wait=True)
+
+    def _drain_forever(self, interval: float) -> None:
+        next_at = time.monotonic()
+        try:
+            while not self._stop.wait(max(next_at - time.monotonic(), 0.0)):
+                self._drain(wait=False)
+                # A fixed rate: a late drain is followed by the next at once, not a period later.
+                next_at = max(next_at + interval, time.monotonic() - interval)
+        except BaseException as e:  # noqa: BLE001 - handed to the owner, who re-raises it
+            self._failure = e
+            log.error("draining stopped: %s", e)
+
+    def start_draining(self, interval: float = DRAIN_INTERVAL_S) -> None:
+        """Drain every `interval` seconds on a thread of its own until `stop_draining`."""
+        if self._thread is not None:
+            return
+        self._interval = interval
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._drain_forever, args=(interval,), name="memtrace-drain", daemon=True
+        )
+        self._thread.start()
+
+    def stop_draining(self) -> None:
+        """Stop the drain thread; re-raise what stopped it, if it failed."""
+        t, self._thread = self._thread, None
+        if t is not None:
+            self._stop.set()
+            t.join()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    @contextlib.contextmanager
+    def draining(self, interval: float = DRAIN_INTERVAL_S) -> Iterator[Agent]:
+        """Drain on a thread for the duration of the block (a no-op if one already drains)."""
+        if self._thread is not None:
+            yield self
+            return
+        self.start_draining(interval)
+        try:
+            yield self
+        finally:
+            self.stop_draining()
+
+    @contextlib.contextmanager
+    def locked(self, drain: bool = True) -> Iterator[Model]:
+        """Hold the model lock, with everything drained so far folded in (and,
+        with `drain`, the rings read once more): a current model to read."""
+        with self.lock:
+            if self._failure is not None:
+                self.stop_draining()
+            if drain:
+                self._drain(wait=True)
+            else:
+                self._fold()
+            yield self.model
+
+    def drain_stats(self) -> DrainStats:
+        with self._drain_lock:
+            g = self._gaps
+            return DrainStats(
+                interval_seconds=self._interval,
+                drains=g.count,
+                gap_max_seconds=g.max,
+                gap_p99_seconds=g.quantile(0.99),
+                folds_deferred=self._folds_deferred,
+                reads_deferred=self._reads_deferred,
+                pending_events_max=self._pending_max,
+            )
+
+    def reset_drain_stats(self) -> None:
+        """Start the drain statistics afresh (a benchmark's phases)."""
+        with self._drain_lock:
+            self._gaps = DrainGaps()
+            self._folds_deferred = self._reads_deferred = self._pending_max = 0
+
+    def take_drain_gap_window(self) -> float:
+        """The worst interval between drain starts since the previous call (the OTLP gauge)."""
+        with self._drain_lock:
+            return self._gaps.take_window_max()
+
+    # ---- the kernel's totals ----
 
     def sync_totals(self) -> None:
         """Copy what the kernel counts (launches, calls lost from the ring) into the model."""
-        for k, v in self.source.lost():
-            self.model.set_lost(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
-        for k, n in self.source.counts():
-            self.model.set_launches(k.pid, k.api, n)
+        with self.lock:
+            for k, v in self.source.lost():
+                self.model.set_lost(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
+            for k, n in self.source.counts():
+                self.model.set_launches(k.pid, k.api, n)
 
     def forget(self, pid: int) -> None:
         """Drop a process's state here and in the kernel's totals."""
-        self.model.forget(pid)
-        self.source.forget_pid(pid)
+        with self.lock:
+            self.model.forget(pid)
+            self.source.forget_pid(pid)
 
     def stats(self) -> dict[Stat, int]:
         return self.source.stats()
 
     def close(self) -> None:
+        try:
+            self.stop_draining()
+        except Exception as e:  # noqa: BLE001 - already logged by the drain thread; closing goes on
+            log.debug("drain thread had failed: %s", e)
         self.source.close()
 
     def __enter__(self) -> Agent:

@@ -71,11 +71,19 @@ class GatedChild:
         pid, status = os.waitpid(self.pid, os.WNOHANG)
         if pid == 0:
             return None
+        return self._finished(status)
+
+    def wait(self) -> Finished:
+        """Until the command exits (signals are handled meanwhile: waitpid is retried)."""
+        _, status = os.waitpid(self.pid, 0)
+        return self._finished(status)
+
+    def _finished(self, status: int) -> Finished:
         code = os.waitstatus_to_exitcode(status)
         return Finished(code if code >= 0 else 128 - code, time.monotonic() - self.started)
 
 
-def run_command(agent: Agent, argv: list[str]) -> Finished:
+def run_command(agent: Agent, argv: list[str], drain_interval: float = DRAIN_INTERVAL_S) -> Finished:
     """Trace argv and its descendants until it exits."""
     child = GatedChild(argv)
     try:
@@ -91,14 +99,12 @@ def run_command(agent: Agent, argv: list[str]) -> Finished:
 
     old_term = signal.signal(signal.SIGTERM, forward)
     try:
-        child.release()
-        while True:
-            agent.poll()
-            done = child.poll()
-            if done is not None:
-                break
-            time.sleep(DRAIN_INTERVAL_S)
-        # Every event of the finished process is already in the ring.
+        # The agent drains on its own thread while this one waits for the command.
+        with agent.draining(drain_interval):
+            child.release()
+            done = child.wait()
+        # Every event of the finished process is already in the ring; with
+        # the drain thread stopped, the model stays as reported.
         agent.poll()
         agent.sync_totals()
         return done

@@ -7,6 +7,8 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.otlp import Batch, Exporter, MetricsBuilder
@@ -24,6 +26,7 @@ def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
 
 
 MAX_UNSENT_EXITED = 2048
+SETTLE_POLL_S = 0.02  # how often a push in flight is looked at
 
 
 def give_back_free_memory() -> None:
@@ -44,16 +47,20 @@ def push_forever(
     exporter: Exporter | None = None,
     final_timeout: float = 5.0,
     max_unsent_exited: int = MAX_UNSENT_EXITED,
+    builder: MetricsBuilder | None = None,
+    drain_interval: float = DRAIN_INTERVAL_S,
 ) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
 
+    The agent drains on its own thread meanwhile (every `drain_interval`):
+    building an export holds the model lock for as long as it takes, and
+    sending it runs on another thread, but neither delays a drain.
+
     Exited processes wait for one successful push; during a long outage at
     most `max_unsent_exited` of them are kept (memory stays bounded), and
     the oldest beyond that are dropped, counted and logged."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    builder = MetricsBuilder(cfg, host_attributes())
+    builder = builder or MetricsBuilder(cfg, host_attributes())
     exporter = exporter or Exporter(cfg)
     pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")
     inflight: tuple[Future[tuple[bool, str, int]], Batch] | None = None
@@ -62,48 +69,52 @@ def push_forever(
     log.warning("pushing to %s", cfg.redacted())
 
     def build() -> Batch:
-        # A process already gone has queued all its events: look first, then
-        # drain, so its final push carries every call it made.
-        gone = [pid for pid, p in agent.model.processes.items() if not p.exited and not os.path.exists(f"/proc/{pid}")]
-        agent.poll()
-        agent.sync_totals()
-        for pid in gone:
-            agent.model.process_exited(pid)  # its exit notice was lost: never keep its series forever
-        exited = sorted((p.first_seen_ns, pid) for pid, p in agent.model.processes.items() if p.exited)
-        if len(exited) > max_unsent_exited:
-            drop = [pid for _, pid in exited[: len(exited) - max_unsent_exited]]
-            if not builder.unsent_processes:
-                log.warning(
-                    "more than %d exited processes are waiting for a push: the oldest are dropped "
-                    "unsent (counted in memtrace.agent.unsent_processes)",
-                    max_unsent_exited,
-                )
-            for pid in drop:
-                agent.forget(pid)
-            builder.unsent_processes += len(drop)
-        return builder.build(agent.model, agent.stats(), len(agent.libraries))
+        with agent.lock:
+            # A process already gone has queued all its events: look first, then
+            # drain, so its final push carries every call it made.
+            model = agent.model
+            gone = [pid for pid, p in model.processes.items() if not p.exited and not os.path.exists(f"/proc/{pid}")]
+            agent.poll()
+            agent.sync_totals()
+            for pid in gone:
+                model.process_exited(pid)  # its exit notice was lost: never keep its series forever
+            exited = sorted((p.first_seen_ns, pid) for pid, p in model.processes.items() if p.exited)
+            if len(exited) > max_unsent_exited:
+                drop = [pid for _, pid in exited[: len(exited) - max_unsent_exited]]
+                if not builder.unsent_processes:
+                    log.warning(
+                        "more than %d exited processes are waiting for a push: the oldest are dropped "
+                        "unsent (counted in memtrace.agent.unsent_processes)",
+                        max_unsent_exited,
+                    )
+                for pid in drop:
+                    agent.forget(pid)
+                builder.unsent_processes += len(drop)
+            return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=agent.take_drain_gap_window())
 
     def settle(ok: bool, reason: str, delivered: int, batch: Batch) -> None:
         nonlocal failures
-        if not ok and delivered and cfg.temporality == Temporality.delta:
-            # Part of a delta export arrived: those processes' deltas must not
-            # be sent again; the rest is, with the next push.
-            done = batch.processes_in(delivered)
-            batch.commit_processes(done)
-            for pid in set(batch.exited) & done:
-                agent.forget(pid)
-        elif ok:
-            batch.commit()
-            for pid in batch.exited:  # sent a final time: drop the series
-                agent.forget(pid)
+        with agent.lock:  # commit and rollback touch the model's histograms
+            if not ok and delivered and cfg.temporality == Temporality.delta:
+                # Part of a delta export arrived: those processes' deltas must not
+                # be sent again; the rest is, with the next push.
+                done = batch.processes_in(delivered)
+                batch.commit_processes(done)
+                for pid in set(batch.exited) & done:
+                    agent.forget(pid)
+            elif ok:
+                batch.commit()
+                for pid in batch.exited:  # sent a final time: drop the series
+                    agent.forget(pid)
+            else:
+                batch.rollback()
+        if ok:
             if failures:
                 log.warning(
                     "push to %s works again after %d failed attempts; totals are current", cfg.endpoint, failures
                 )
             failures = 0
         else:
-            batch.rollback()
-        if not ok:
             builder.export_failures += 1
             failures += 1
             if failures == 1:
@@ -117,36 +128,38 @@ def push_forever(
                 log.debug("push failed again (%d): %s", failures, reason)
 
     try:
-        while not stop.is_set():
-            agent.poll()
-            if inflight is not None and inflight[0].done():
-                ok, reason, delivered = inflight[0].result()
-                settle(ok, reason, delivered, inflight[1])
-                inflight = None
-                give_back_free_memory()
-            if inflight is None and time.monotonic() >= next_at:
-                batch = build()
-                inflight = (pool.submit(exporter.export, batch.data), batch)
-                next_at = time.monotonic() + backoff(cfg.interval, failures)
-            stop.wait(DRAIN_INTERVAL_S)
-        # Flush: whatever was in flight, then one last push with everything.
-        deadline = time.monotonic() + final_timeout
-        if inflight is not None:
+        with agent.draining(drain_interval):
+            while not stop.is_set():
+                if inflight is not None and inflight[0].done():
+                    ok, reason, delivered = inflight[0].result()
+                    settle(ok, reason, delivered, inflight[1])
+                    inflight = None
+                    give_back_free_memory()
+                if inflight is None and time.monotonic() >= next_at:
+                    batch = build()
+                    inflight = (pool.submit(exporter.export, batch.data), batch)
+                    next_at = time.monotonic() + backoff(cfg.interval, failures)
+                # Wake for a finished push, the next one, or the stop, whichever comes first.
+                stop.wait(SETTLE_POLL_S if inflight is not None else max(next_at - time.monotonic(), 0.0))
+            # Flush: whatever was in flight, then one last push with everything.
+            deadline = time.monotonic() + final_timeout
+            if inflight is not None:
+                try:
+                    ok, reason, delivered = inflight[0].result(timeout=max(0.1, deadline - time.monotonic()))
+                    settle(ok, reason, delivered, inflight[1])
+                except FuturesTimeout:  # not the builtin TimeoutError before Python 3.11
+                    with agent.lock:
+                        inflight[1].rollback()
+            batch = build()
+            fut = pool.submit(exporter.export, batch.data)
             try:
-                ok, reason, delivered = inflight[0].result(timeout=max(0.1, deadline - time.monotonic()))
-                settle(ok, reason, delivered, inflight[1])
-            except TimeoutError:
-                inflight[1].rollback()
-        batch = build()
-        fut = pool.submit(exporter.export, batch.data)
-        try:
-            ok, reason, delivered = fut.result(timeout=max(0.5, deadline - time.monotonic()))
-            settle(ok, reason, delivered, batch)
-            if not ok:
-                log.warning("the last push failed: %s", reason)
-        except TimeoutError:
-            log.warning("the last push did not finish within %.0fs", final_timeout)
-        return builder.export_failures
+                ok, reason, delivered = fut.result(timeout=max(0.5, deadline - time.monotonic()))
+                settle(ok, reason, delivered, batch)
+                if not ok:
+                    log.warning("the last push failed: %s", reason)
+            except FuturesTimeout:
+                log.warning("the last push did not finish within %.0fs", final_timeout)
+            return builder.export_failures
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         exporter.shutdown()

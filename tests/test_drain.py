@@ -1,0 +1,232 @@
+"""Draining never waits for an export: the rings are read and held processes
+continued on the agent's own drain thread, whatever building or sending an
+export costs. Real probes, a real slow collector on 127.0.0.1, the real
+MetricsBuilder (made slow where a test needs a build that takes seconds)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXTURES, observed_totals, truth_totals
+
+from memtrace.core.abi import Stat
+from memtrace.export.config import resolve
+from memtrace.export.otlp import Batch, MetricsBuilder
+from memtrace.export.report import summary
+from memtrace.model import Model
+from memtrace.runtime.agent import Agent
+from memtrace.runtime.push import push_forever
+from memtrace.sensors.cuda.source import Options
+
+pytestmark = pytest.mark.bpf
+
+
+class SlowCollector:
+    """An OTLP/HTTP collector on 127.0.0.1 that answers 200 after `delay` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                outer.requests += 1
+                time.sleep(delay)
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class RecordingBuilder(MetricsBuilder):
+    """The real builder; each build first records the totals the model holds
+    then (under the model lock, as push calls it), then waits `pause()`."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.builds = 0
+        self.building = threading.Event()
+        self.totals: list[dict[Any, tuple[int, int, int]]] = []
+
+    def pause(self) -> None:
+        pass
+
+    def build(self, model: Model, stats: dict[Stat, int], libraries: int, **kw: Any) -> Batch:
+        self.totals.append(observed_totals(summary(model, stats, [])))
+        self.building.set()
+        self.pause()
+        batch = super().build(model, stats, libraries, **kw)
+        self.builds += 1
+        return batch
+
+
+def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_path: Path) -> None:
+    """Each build takes a second (made slow) and each push another 1.5 s
+    (a slow collector); a workload copies throughout. The agent's own
+    drain-gap statistic: no drain started more than two periods after the
+    one before. And the drains' events, kept pending while builds held the
+    model, all reached it: the last export's totals are the workload's."""
+    period = 0.1
+    col = SlowCollector(1.5)
+
+    class SlowBuilder(RecordingBuilder):
+        def pause(self) -> None:
+            time.sleep(1.0)
+
+    builder = SlowBuilder(resolve({}, endpoint=col.endpoint), {"host.name": "test"})
+    cfg = resolve({}, endpoint=col.endpoint, interval=0.2)
+    stop = threading.Event()
+    truth = tmp_path / "truth.jsonl"
+    # Started first, waiting for a go: its libraries are attached before the
+    # drains are timed (attaching is a drain's work too, and it can wait
+    # behind other agents' probe removals in the kernel for seconds). Only
+    # it is traced: other processes on the host are none of this test's.
+    w = subprocess.Popen(
+        [str(fakecuda / "workload_driver"), "-w", "-n", "300", "-p", "10000", "-s", "7"],
+        env={"WORKLOAD_TRUTH": str(truth)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+        with Agent(Options(only_traced=True)) as agent:
+            agent.source.trace_pid(w.pid)
+            agent.scan([w.pid])
+            pusher = threading.Thread(
+                target=push_forever,
+                args=(agent, cfg, stop),
+                kwargs={"builder": builder, "final_timeout": 10.0, "drain_interval": period},
+            )
+            pusher.start()
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            assert w.wait(timeout=120) == 0
+            after_exit = len(builder.totals)  # the next build starts after the workload's exit
+            deadline = time.monotonic() + 60
+            while (len(builder.totals) <= after_exit or col.requests < 1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stop.set()
+            pusher.join(timeout=60)
+            assert not pusher.is_alive()
+            stats = agent.drain_stats()
+    finally:
+        stop.set()
+        col.stop()
+        w.kill()
+        w.wait()
+    assert builder.builds >= 2 and col.requests >= 2  # during the run, and the last
+    assert stats.drains > 0
+    assert stats.gap_max_seconds <= 2 * period, stats
+    assert stats.folds_deferred > 0, "no drain ever ran during a build: the test proved nothing"
+    lines = [json.loads(line) for line in truth.read_text().splitlines()]
+    pid = lines[0]["pid"]
+    # (A later push may have dropped the exited process's series once sent.)
+    got = {k: v for k, v in builder.totals[after_exit].items() if k[0] == pid}
+    assert got == truth_totals(lines)
+
+
+def test_a_process_held_while_an_export_is_built_is_continued_at_once(fakecuda: Path, tmp_path: Path) -> None:
+    """A build is stuck (it holds the model lock until the test lets it go);
+    meanwhile a process dlopens a CUDA library nobody has probed yet, and is
+    held while its probes are attached. The drain thread attaches them and
+    continues it: the process runs to its end while the build is still
+    stuck. Its calls, drained while the model was busy, are exact."""
+    col = SlowCollector(0.0)
+    go_on = threading.Event()
+
+    class StuckBuilder(RecordingBuilder):
+        def pause(self) -> None:
+            go_on.wait(600)
+
+    builder = StuckBuilder(resolve({}, endpoint=col.endpoint), {"host.name": "test"})
+    cfg = resolve({}, endpoint=col.endpoint, interval=0.1)
+    stop = threading.Event()
+    truth = tmp_path / "truth.jsonl"
+    try:
+        with Agent(Options(only_traced=True)) as agent:
+            holds = agent.stats()[Stat.HOLDS]
+            pusher = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"builder": builder})
+            pusher.start()
+            assert builder.building.wait(30)
+            # Traced from before its first instruction (only it: other
+            # processes on the host are none of this test's), then let go.
+            workload = f"{sys.executable} {FIXTURES / 'ctypes_workload.py'} {fakecuda / 'lib'} --calls 400"
+            p = subprocess.Popen(
+                ["/bin/sh", "-c", f"read go && exec {workload}"],
+                env={"WORKLOAD_TRUTH": str(truth), "PATH": "/usr/bin:/bin"},
+                stdin=subprocess.PIPE,
+                text=True,
+            )
+            agent.source.trace_pid(p.pid)
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            try:
+                # A drain that waited for the build would leave it stopped (state T) until go_on.
+                # (Generous: attaching waits behind other agents' probe removals in the kernel.)
+                assert p.wait(timeout=240) == 0
+            finally:
+                p.kill()
+            assert not go_on.is_set() and builder.builds == 0  # all of it while the first build was stuck
+            assert agent.stats()[Stat.HOLDS] > holds, "the process was never held: the test proved nothing"
+            go_on.set()
+            stop.set()
+            pusher.join(timeout=60)
+            assert not pusher.is_alive()
+    finally:
+        go_on.set()
+        stop.set()
+        col.stop()
+    lines = [json.loads(line) for line in truth.read_text().splitlines()]
+    got = {k: v for k, v in builder.totals[1].items() if k[0] == p.pid}  # the first build after its exit
+    assert got == truth_totals(lines)
+
+
+def test_a_collector_slower_than_the_final_timeout_ends_push_with_a_warning(
+    fakecuda: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At shutdown a push in flight and the last push both outlast the final
+    timeout: push gives up on them with a warning, never a traceback (on
+    Python 3.10, concurrent.futures.TimeoutError is not the builtin one)."""
+    col = SlowCollector(4.0)
+    cfg = resolve({}, endpoint=col.endpoint, interval=0.1)
+    stop = threading.Event()
+    try:
+        with Agent(Options()) as agent:
+            # Stop once the first push is in flight (the collector has it).
+            def stop_when_sent() -> None:
+                while col.requests < 1:
+                    time.sleep(0.02)
+                stop.set()
+
+            threading.Thread(target=stop_when_sent, daemon=True).start()
+            with caplog.at_level(logging.WARNING, logger="memtrace"):
+                failures = push_forever(agent, cfg, stop, final_timeout=0.5)
+    finally:
+        stop.set()
+        col.stop()
+    assert failures == 0
+    assert "the last push did not finish within" in caplog.text
