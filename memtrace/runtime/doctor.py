@@ -161,6 +161,21 @@ def check_cuda() -> Check:
     )
 
 
+def check_nvml() -> Check:
+    """GPU signals (PCIe, utilisation, throttling, ECC, XIDs) come from NVML; copy tracing does not need it."""
+    from memtrace.sources.nvml import NvmlSource, NvmlUnavailable
+
+    try:
+        source = NvmlSource.connect()
+    except NvmlUnavailable as e:
+        return Check("NVML", True, e.message, e.fix, warn=True)
+    try:
+        n = source.gpu_count
+        return Check("NVML", True, f"driver {source.driver_version}, {n} GPU{'' if n == 1 else 's'}")
+    finally:
+        source.close()
+
+
 CHECKS: list[Callable[[], Check]] = [
     check_kernel,
     check_btf,
@@ -169,6 +184,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_tracefs,
     check_load,
     check_cuda,
+    check_nvml,
 ]
 
 
