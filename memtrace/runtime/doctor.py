@@ -190,7 +190,9 @@ def check_netlink() -> Check:
     finally:
         source.close()
     if snap.errors:
-        return Check("netlink", True, "; ".join(snap.errors), "run memtrace as root in the host network namespace", True)
+        return Check(
+            "netlink", True, "; ".join(snap.errors), "run memtrace as root in the host network namespace", True
+        )
     n = len(snap.interfaces)
     speeds = sum(i.speed_bits_per_s is not None for i in snap.interfaces)
     detail = f"{n} interface{'' if n == 1 else 's'} here ({speeds} with a known link speed)"
