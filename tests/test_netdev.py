@@ -304,6 +304,26 @@ def test_a_vanished_interface_and_namespace_are_reported_not_raised(pair: Pair) 
     assert [ns.inode for ns in third.namespaces] == [os.stat("/proc/self/ns/net").st_ino]
 
 
+def test_an_interface_created_between_link_reads_is_named_at_once(pair: Pair) -> None:
+    proc = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
+    source = NetdevSource(link_every=1_000_000)  # names read once, then only when an unknown index shows up
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        first = source.sample([proc.pid])
+        sh("ip", "-n", pair.a, "link", "add", "xa" + pair.va[2:], "type", "veth", "peer", "name", "xb" + pair.va[2:])
+        second = source.sample([proc.pid])
+        kernel = pair.sysfs(pair.a, "xa" + pair.va[2:])
+        inode = second.namespace_of(proc.pid)
+    finally:
+        source.close()
+        proc.communicate(timeout=30)
+    before = {i.name for i in first.interfaces if i.netns == inode}
+    after = {i.name: i for i in second.interfaces if i.netns == inode}
+    assert set(after) - before == {"xa" + pair.va[2:], "xb" + pair.va[2:]}
+    new = after["xa" + pair.va[2:]]
+    assert (new.rx_packets, new.tx_packets, new.operstate) == (kernel["rx_packets"], kernel["tx_packets"], "down")
+
+
 def test_a_counter_that_goes_down_is_a_reset_not_a_negative_rate() -> None:
     base = InterfaceSample(7, 3, "eth0", "up", None, 1000, 2000, 10, 20, 0, 0, 0, 0)
     before = NetSnapshot(1_000_000_000, (), (base,), None)

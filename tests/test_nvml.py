@@ -203,6 +203,21 @@ def test_gpu_lost_mid_run_is_reported_not_raised(tmp_path: Path, fakenvml: Path)
     assert steps[3]["gpus"][1]["temperature_celsius"] == 64  # answers again: read again
 
 
+def test_details_every_nth_sample_and_the_rest_every_sample(tmp_path: Path, fakenvml: Path) -> None:
+    calm = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY))
+    hot = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "util_gpu": 12, "reasons": 0x40}, xids="31"))
+    lost = script(count=1, **gpu(0, uuid="GPU-aaaa", lost=1, **HEALTHY))
+    out = sample(tmp_path, [calm, hot, lost, calm], fakenvml, env={"DETAIL_EVERY": "3"})
+    s0, s1, s2, s3 = (step["gpus"][0] for step in out["steps"])
+    assert [s["detail"] for s in (s0, s1, s2, s3)] == [True, False, False, True]
+    assert s0["temperature_celsius"] == 64 and s3["memory_used_bytes"] == 20 * GIB
+    # Between details: utilisation, throttling and XIDs at once; the slow readings None, not stale.
+    assert (s1["sm_utilization_percent"], s1["clock_event_reasons"], s1["xids"]) == (12, ["hw_thermal_slowdown"], [31])
+    assert s1["temperature_celsius"] is None and s1["memory_used_bytes"] is None and s1["processes"] == []
+    assert s2["lost"] is True and out["steps"][2]["lost_count"] == 1  # loss is seen between details too
+    assert out["steps"][1]["rates"][0]["pcie_replays"] is None
+
+
 def test_no_driver_turns_the_source_off_with_the_reason(tmp_path: Path) -> None:
     out = sample(tmp_path, [script(count=1)], lib=None)
     (why,) = out["unavailable"]

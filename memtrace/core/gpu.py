@@ -56,6 +56,7 @@ class GpuSample:
     bus_id: str
     time_ns: int
     lost: bool = False  # fell off the bus (NVML_ERROR_GPU_IS_LOST or alike): nothing else is valid
+    detail: bool = True  # False: only utilisation, clock events and XIDs were read (see NvmlSource.sample)
     pcie_tx_bytes_per_s: int | None = None  # NVML's own 20 ms window, in bytes per second
     pcie_rx_bytes_per_s: int | None = None
     pcie_replay_count: int | None = None  # cumulative since the driver loaded

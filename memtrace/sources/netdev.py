@@ -1,4 +1,4 @@
-"""NICs and their queues through rtnetlink: IFLA_STATS64 per interface, TCA_STATS2 per qdisc, link speed.
+"""NICs and their queues through rtnetlink: 64-bit counters per interface, TCA_STATS2 per qdisc, link speed.
 
 memtrace's own network namespace is always sampled; so are the namespaces of
 the pids the runtime passes to `sample()` (a pod's interfaces), deduplicated by
@@ -8,9 +8,11 @@ the socket back), so the agent never changes namespace itself and never runs
 `ip` or `tc`.
 
 The per-sample dumps are parsed here, with struct, rather than by pyroute2's
-IPRoute: at a 100 Hz sampling rate pyroute2's message objects cost about 1 ms
-of CPU per dump (bench/host_sampling.py), and memtrace needs five fields of
-one attribute. A socket pins its namespace, so the sockets of a namespace
+IPRoute: its message objects cost about 1 ms of CPU per link dump and 0.5 ms
+per qdisc dump (bench/host_sampling.py), 15% of a core at 100 Hz, and memtrace
+needs a few fields of one attribute. Counters come from RTM_GETSTATS
+(rtnl_link_stats64, the same counters as IFLA_STATS64, without the rest of
+each link's description). A socket pins its namespace, so the sockets of a namespace
 are closed as soon as no traced pid lives in it any more (reported in
 `gone_namespaces`); an interface that disappears simply is not in the next
 snapshot (`net_rates` reports it).
@@ -37,6 +39,8 @@ NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWQDISC, RTM_GETQDISC = 36, 38
+RTM_NEWSTATS, RTM_GETSTATS = 92, 94
+IFLA_STATS_LINK_64 = 1
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
 TCA_KIND, TCA_STATS2 = 1, 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
@@ -45,6 +49,7 @@ _NLMSGHDR = struct.Struct("=IHHII")
 _RTATTR = struct.Struct("=HH")
 _IFINFOMSG = struct.Struct("=BxHiII")
 _TCMSG = struct.Struct("=BxxxiIII")
+_IF_STATS_MSG = struct.Struct("=BxxxiI")  # family, ifindex, filter_mask
 _STATS64 = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 _BASIC = struct.Struct("=QI")
 _QUEUE = struct.Struct("=5I")  # qlen, backlog, drops, requeues, overlimits
@@ -76,6 +81,8 @@ class _Namespace:
     host: bool
     pids: set[int] = field(default_factory=set)
     speeds: dict[tuple[int, str], tuple[str | None, int | None]] = field(default_factory=dict)  # -> state, speed
+    links: dict[int, tuple[str, str | None, int | None]] = field(default_factory=dict)  # index -> name, state, speed
+    links_read: int = -1  # the sample count when links were last read
     seq: int = 0
 
     def close(self) -> None:
@@ -104,9 +111,13 @@ def _open_in(fd: int) -> tuple[socket.socket, socket.socket]:
 class NetdevSource:
     """Samples the host's interfaces and those of traced processes' namespaces. One sampling thread."""
 
-    def __init__(self, qdisc_every: int = 1, proc: str = "/proc") -> None:
+    def __init__(self, qdisc_every: int = 1, link_every: int = 1, proc: str = "/proc") -> None:
         self._proc = proc
+        # Counters are read at every sample (RTM_GETSTATS: one small message per interface). Names, states
+        # and speeds (RTM_GETLINK: about 1.5 kB per interface) every link_every-th sample, and whenever an
+        # interface appears; queues (RTM_GETQDISC) every qdisc_every-th.
         self.qdisc_every = max(1, qdisc_every)
+        self.link_every = max(1, link_every)
         self._lock = threading.Lock()
         self._count = 0
         self._closed = False
@@ -117,10 +128,13 @@ class NetdevSource:
 
     @classmethod
     def open(
-        cls, qdisc_every: int = 1, report: Callable[[NetlinkUnavailable], None] | None = None
+        cls,
+        qdisc_every: int = 1,
+        link_every: int = 1,
+        report: Callable[[NetlinkUnavailable], None] | None = None,
     ) -> NetdevSource | None:
         try:
-            return cls(qdisc_every)
+            return cls(qdisc_every, link_every)
         except OSError as e:
             if report is not None:
                 report(
@@ -191,13 +205,14 @@ class NetdevSource:
                 return NetSnapshot(time.monotonic_ns(), (), (), None, errors=("closed",))
             gone = self._namespaces(pids, errors)
             read_qdiscs = self._count % self.qdisc_every == 0
+            read_links = self._count % self.link_every == 0
             self._count += 1
             now = time.monotonic_ns()
             ifaces: list[InterfaceSample] = []
             qdiscs: list[QdiscSample] = []
             for ns in self._ns.values():
                 try:
-                    links = self._links(ns)
+                    links = self._interfaces(ns, read_links)
                     ifaces.extend(links)
                     if read_qdiscs:
                         names = {i.index: i.name for i in links}
@@ -236,31 +251,25 @@ class NetdevSource:
                     yield buf, off + _NLMSGHDR.size, off + length
                 off += (length + 3) & ~3
 
-    def _links(self, ns: _Namespace) -> list[InterfaceSample]:
+    def _interfaces(self, ns: _Namespace, read_links: bool) -> list[InterfaceSample]:
+        if read_links or ns.links_read < 0:
+            self._links(ns)
+        stats = self._stats(ns)
+        if any(index not in ns.links for index in stats):
+            self._links(ns)  # an interface appeared since the last read: name it now
         out = []
-        for buf, start, end in self._dump(ns, RTM_GETLINK, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-            _family, _type, index, _flags, _change = _IFINFOMSG.unpack_from(buf, start)
-            name = ""
-            oper: str | None = None
-            stats: tuple[int, ...] | None = None
-            for kind, a, b in _attrs(buf, start + _IFINFOMSG.size, end):
-                if kind == IFLA_IFNAME:
-                    name = buf[a:b].split(b"\0", 1)[0].decode(errors="replace")
-                elif kind == IFLA_OPERSTATE:
-                    state = buf[a]
-                    oper = OPERSTATES[state] if state < len(OPERSTATES) else str(state)
-                elif kind == IFLA_STATS64 and b - a >= _STATS64.size:
-                    stats = _STATS64.unpack_from(buf, a)
-            if stats is None:
-                continue
-            rx_p, tx_p, rx_b, tx_b, rx_e, tx_e, rx_d, tx_d = stats
+        for index, (rx_p, tx_p, rx_b, tx_b, rx_e, tx_e, rx_d, tx_d) in stats.items():
+            link = ns.links.get(index)
+            if link is None:
+                continue  # created and deleted between the two dumps
+            name, oper, speed = link
             out.append(
                 InterfaceSample(
                     netns=ns.inode,
                     index=index,
                     name=name,
                     operstate=oper,
-                    speed_bits_per_s=self._speed(ns, index, name, oper),
+                    speed_bits_per_s=speed,
                     rx_bytes=rx_b,
                     tx_bytes=tx_b,
                     rx_packets=rx_p,
@@ -271,10 +280,39 @@ class NetdevSource:
                     tx_dropped=tx_d,
                 )
             )
-        live = {(i.index, i.name) for i in out}
-        for key in [k for k in ns.speeds if k not in live]:
-            del ns.speeds[key]
+        for index in [i for i in ns.links if i not in stats]:
+            del ns.links[index]  # gone
         return out
+
+    def _stats(self, ns: _Namespace) -> dict[int, tuple[int, ...]]:
+        """index -> the first eight counters of rtnl_link_stats64, for every interface (RTM_GETSTATS)."""
+        out: dict[int, tuple[int, ...]] = {}
+        body = _IF_STATS_MSG.pack(socket.AF_UNSPEC, 0, 1 << (IFLA_STATS_LINK_64 - 1))
+        for buf, start, end in self._dump(ns, RTM_GETSTATS, body):
+            _family, index, _mask = _IF_STATS_MSG.unpack_from(buf, start)
+            for kind, a, b in _attrs(buf, start + _IF_STATS_MSG.size, end):
+                if kind == IFLA_STATS_LINK_64 and b - a >= _STATS64.size:
+                    out[index] = _STATS64.unpack_from(buf, a)
+        return out
+
+    def _links(self, ns: _Namespace) -> None:
+        """Names, operational states and speeds of the namespace's interfaces (RTM_GETLINK)."""
+        links: dict[int, tuple[str, str | None, int | None]] = {}
+        for buf, start, end in self._dump(ns, RTM_GETLINK, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+            _family, _type, index, _flags, _change = _IFINFOMSG.unpack_from(buf, start)
+            name = ""
+            oper: str | None = None
+            for kind, a, b in _attrs(buf, start + _IFINFOMSG.size, end):
+                if kind == IFLA_IFNAME:
+                    name = buf[a:b].split(b"\0", 1)[0].decode(errors="replace")
+                elif kind == IFLA_OPERSTATE:
+                    state = buf[a]
+                    oper = OPERSTATES[state] if state < len(OPERSTATES) else str(state)
+            links[index] = (name, oper, self._speed(ns, index, name, oper))
+        for key in [k for k in ns.speeds if links.get(k[0], ("",))[0] != k[1]]:
+            del ns.speeds[key]
+        ns.links = links
+        ns.links_read = self._count
 
     def _speed(self, ns: _Namespace, index: int, name: str, oper: str | None) -> int | None:
         """Link speed by ethtool ioctl, asked once per interface and again when its state changes."""

@@ -70,8 +70,10 @@ def _handle_address(handle: Any) -> int | None:
 class NvmlSource:
     """The GPUs NVML sees. Not thread-safe across sample() calls: one sampling thread calls it."""
 
-    def __init__(self, nvml: Any, driver_version: str, gpus: list[_Gpu], event_set: Any) -> None:
+    def __init__(self, nvml: Any, driver_version: str, gpus: list[_Gpu], event_set: Any, detail_every: int = 1) -> None:
         self._nvml = nvml
+        self.detail_every = max(1, detail_every)
+        self._count = 0
         self.driver_version = driver_version
         self._gpus = gpus
         self._events = event_set
@@ -85,7 +87,7 @@ class NvmlSource:
     # --- lifecycle ---------------------------------------------------------
 
     @classmethod
-    def connect(cls) -> NvmlSource:
+    def connect(cls, detail_every: int = 1) -> NvmlSource:
         """Initialise NVML and list the GPUs; raises NvmlUnavailable with what it means and the fix."""
         try:
             import pynvml
@@ -129,13 +131,13 @@ class NvmlSource:
                 f"NVML could not list the GPUs ({e}): GPU signals are off", "check the GPUs with nvidia-smi"
             ) from e
         event_set = cls._register_xids(pynvml, gpus)
-        return cls(pynvml, driver, gpus, event_set)
+        return cls(pynvml, driver, gpus, event_set, detail_every)
 
     @classmethod
-    def open(cls, report: Callable[[NvmlUnavailable], None] | None = None) -> NvmlSource | None:
+    def open(cls, detail_every: int = 1, report: Callable[[NvmlUnavailable], None] | None = None) -> NvmlSource | None:
         """The source, or None (after report(why)) when NVML cannot be used here."""
         try:
-            return cls.connect()
+            return cls.connect(detail_every)
         except NvmlUnavailable as e:
             if report is not None:
                 report(e)
@@ -206,13 +208,21 @@ class NvmlSource:
         return len(self._gpus)
 
     def sample(self) -> list[GpuSample]:
-        """One reading of every GPU, with the XIDs raised since the previous call."""
+        """One reading of every GPU, with the XIDs raised since the previous call.
+
+        Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
+        temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
+        NVML itself refreshes those at about 1 Hz or slower, and reading PCIe throughput samples a
+        counter over 20 ms (NVML's documentation). Between, `detail` is False and they are None.
+        """
         with self._lock:
             if self._closed:
                 return []
+            detail = self._count % self.detail_every == 0
+            self._count += 1
             now = time.monotonic_ns()
             xids = self._drain_xids()
-            return [self._sample_gpu(g, now, tuple(xids.get(g.index, ()))) for g in self._gpus]
+            return [self._sample_gpu(g, now, tuple(xids.get(g.index, ())), detail) for g in self._gpus]
 
     def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
         try:
@@ -239,60 +249,24 @@ class NvmlSource:
                 self._use_event_reasons = False  # a driver older than 535: the older name
         return self._read("clock event reasons", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
 
-    def _sample_gpu(self, g: _Gpu, now: int, xids: tuple[int, ...]) -> GpuSample:
+    def _sample_gpu(self, g: _Gpu, now: int, xids: tuple[int, ...], detail: bool) -> GpuSample:
         nvml = self._nvml
         h = g.handle
-        base = GpuSample(index=g.index, uuid=g.uuid, name=g.name, bus_id=g.bus_id, time_ns=now, xids=xids)
+        base = GpuSample(
+            index=g.index, uuid=g.uuid, name=g.name, bus_id=g.bus_id, time_ns=now, xids=xids, detail=detail
+        )
         if h is None:
             return replace(base, lost=True)
         try:
-            mem = self._read("memory", nvml.nvmlDeviceGetMemoryInfo, h)
             util = self._read("utilization", nvml.nvmlDeviceGetUtilizationRates, h)
-            tx = self._read("pcie tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES)
-            rx = self._read("pcie rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
-            procs = self._read("processes", nvml.nvmlDeviceGetComputeRunningProcesses, h)
             sample = replace(
                 base,
-                pcie_tx_bytes_per_s=None if tx is None else tx * 1024,  # NVML counts KB/s
-                pcie_rx_bytes_per_s=None if rx is None else rx * 1024,
-                pcie_replay_count=self._read("pcie replays", nvml.nvmlDeviceGetPcieReplayCounter, h),
-                link_generation=self._read("link generation", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
-                link_width=self._read("link width", nvml.nvmlDeviceGetCurrPcieLinkWidth, h),
-                max_link_generation=g.max_link_generation,
-                max_link_width=g.max_link_width,
                 sm_utilization_percent=None if util is None else int(util.gpu),
                 memory_utilization_percent=None if util is None else int(util.memory),
-                memory_used_bytes=None if mem is None else int(mem.used),
-                memory_total_bytes=None if mem is None else int(mem.total),
-                temperature_celsius=self._read(
-                    "temperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU
-                ),
-                power_milliwatts=self._read("power", nvml.nvmlDeviceGetPowerUsage, h),
                 clock_event_mask=self._clock_events(h),
-                ecc_corrected_volatile=self._read(
-                    "ecc corrected",
-                    nvml.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                    nvml.NVML_VOLATILE_ECC,
-                ),
-                ecc_uncorrected_volatile=self._read(
-                    "ecc uncorrected",
-                    nvml.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                    nvml.NVML_VOLATILE_ECC,
-                ),
-                processes=tuple(
-                    GpuProcess(
-                        pid=int(p.pid),
-                        gpu_index=g.index,
-                        gpu_uuid=g.uuid,
-                        used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
-                    )
-                    for p in procs or ()
-                ),
             )
+            if detail:
+                sample = self._detail(g, sample)
         except _Lost:
             if not g.lost:
                 g.lost = True
@@ -300,6 +274,46 @@ class NvmlSource:
             return replace(base, lost=True)
         g.lost = False
         return sample
+
+    def _detail(self, g: _Gpu, sample: GpuSample) -> GpuSample:
+        nvml = self._nvml
+        h = g.handle
+        mem = self._read("memory", nvml.nvmlDeviceGetMemoryInfo, h)
+        tx = self._read("pcie tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._read("pcie rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
+        procs = self._read("processes", nvml.nvmlDeviceGetComputeRunningProcesses, h)
+        corrected, uncorrected = (
+            self._read(f"ecc {name}", nvml.nvmlDeviceGetTotalEccErrors, h, kind, nvml.NVML_VOLATILE_ECC)
+            for name, kind in (
+                ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            )
+        )
+        return replace(
+            sample,
+            pcie_tx_bytes_per_s=None if tx is None else tx * 1024,  # NVML counts KB/s
+            pcie_rx_bytes_per_s=None if rx is None else rx * 1024,
+            pcie_replay_count=self._read("pcie replays", nvml.nvmlDeviceGetPcieReplayCounter, h),
+            link_generation=self._read("link generation", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            link_width=self._read("link width", nvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+            max_link_generation=g.max_link_generation,
+            max_link_width=g.max_link_width,
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            temperature_celsius=self._read("temperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
+            power_milliwatts=self._read("power", nvml.nvmlDeviceGetPowerUsage, h),
+            ecc_corrected_volatile=corrected,
+            ecc_uncorrected_volatile=uncorrected,
+            processes=tuple(
+                GpuProcess(
+                    pid=int(p.pid),
+                    gpu_index=g.index,
+                    gpu_uuid=g.uuid,
+                    used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                )
+                for p in procs or ()
+            ),
+        )
 
     def _drain_xids(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
