@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from memtrace.core.errors import MemtraceError
@@ -252,30 +252,30 @@ class NvmlSource:
     def _sample_gpu(self, g: _Gpu, now: int, xids: tuple[int, ...], detail: bool) -> GpuSample:
         nvml = self._nvml
         h = g.handle
-        base = GpuSample(
+        base: dict[str, Any] = dict(
             index=g.index, uuid=g.uuid, name=g.name, bus_id=g.bus_id, time_ns=now, xids=xids, detail=detail
         )
         if h is None:
-            return replace(base, lost=True)
+            return GpuSample(**base, lost=True)
         try:
             util = self._read("utilization", nvml.nvmlDeviceGetUtilizationRates, h)
-            sample = replace(
-                base,
-                sm_utilization_percent=None if util is None else int(util.gpu),
-                memory_utilization_percent=None if util is None else int(util.memory),
-                clock_event_mask=self._clock_events(h),
-            )
+            if util is not None:
+                base.update(sm_utilization_percent=int(util.gpu), memory_utilization_percent=int(util.memory))
+            base["clock_event_mask"] = self._clock_events(h)
             if detail:
-                sample = self._detail(g, sample)
+                self._detail(g, base)
         except _Lost:
             if not g.lost:
                 g.lost = True
                 self.lost_count += 1
-            return replace(base, lost=True)
+            return GpuSample(
+                **{k: base[k] for k in ("index", "uuid", "name", "bus_id", "time_ns", "xids", "detail")}, lost=True
+            )
         g.lost = False
-        return sample
+        return GpuSample(**base)
 
-    def _detail(self, g: _Gpu, sample: GpuSample) -> GpuSample:
+    def _detail(self, g: _Gpu, out: dict[str, Any]) -> None:
+        """The readings that change slowly, into out (GpuSample's fields)."""
         nvml = self._nvml
         h = g.handle
         mem = self._read("memory", nvml.nvmlDeviceGetMemoryInfo, h)
@@ -289,8 +289,7 @@ class NvmlSource:
                 ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
             )
         )
-        return replace(
-            sample,
+        out.update(
             pcie_tx_bytes_per_s=None if tx is None else tx * 1024,  # NVML counts KB/s
             pcie_rx_bytes_per_s=None if rx is None else rx * 1024,
             pcie_replay_count=self._read("pcie replays", nvml.nvmlDeviceGetPcieReplayCounter, h),
