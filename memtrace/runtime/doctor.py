@@ -161,6 +161,52 @@ def check_cuda() -> Check:
     )
 
 
+def check_nvml() -> Check:
+    """GPU signals (PCIe, utilisation, throttling, ECC, XIDs) come from NVML; copy tracing does not need it."""
+    from memtrace.sources.nvml import NvmlSource, NvmlUnavailable
+
+    try:
+        source = NvmlSource.connect()
+    except NvmlUnavailable as e:
+        return Check("NVML", True, e.message, e.fix, warn=True)
+    try:
+        n = source.gpu_count
+        return Check("NVML", True, f"driver {source.driver_version}, {n} GPU{'' if n == 1 else 's'}")
+    finally:
+        source.close()
+
+
+def check_netlink() -> Check:
+    """NIC signals (interface counters, qdisc queues, link speed) come from rtnetlink."""
+    from memtrace.bpf.host import CAP_SYS_ADMIN, effective_caps
+    from memtrace.sources.netdev import NetdevSource, NetlinkUnavailable
+
+    why: list[NetlinkUnavailable] = []
+    source = NetdevSource.open(report=why.append)
+    if source is None:
+        return Check("netlink", True, why[0].message, why[0].fix, warn=True)
+    try:
+        snap = source.sample()
+    finally:
+        source.close()
+    if snap.errors:
+        return Check(
+            "netlink", True, "; ".join(snap.errors), "run memtrace as root in the host network namespace", True
+        )
+    n = len(snap.interfaces)
+    speeds = sum(i.speed_bits_per_s is not None for i in snap.interfaces)
+    detail = f"{n} interface{'' if n == 1 else 's'} here ({speeds} with a known link speed)"
+    if not (effective_caps() >> CAP_SYS_ADMIN) & 1:
+        return Check(
+            "netlink",
+            True,
+            detail + "; cannot enter other network namespaces (pods)",
+            "grant CAP_SYS_ADMIN to see the interfaces of traced processes in other network namespaces",
+            warn=True,
+        )
+    return Check("netlink", True, detail)
+
+
 CHECKS: list[Callable[[], Check]] = [
     check_kernel,
     check_btf,
@@ -169,6 +215,8 @@ CHECKS: list[Callable[[], Check]] = [
     check_tracefs,
     check_load,
     check_cuda,
+    check_nvml,
+    check_netlink,
 ]
 
 

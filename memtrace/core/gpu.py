@@ -1,0 +1,150 @@
+"""What memtrace knows about a GPU at one instant (from NVML), and the rates between two instants.
+
+Pure data: the NVML source (memtrace.sources.nvml) fills these; the model and
+the diagnosis read them. A field NVML does not support on a GPU is None, never
+0, and a GPU that fell off the bus is `lost` with every reading None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# NVML clock-event reasons (nvmlClocksEventReason*, formerly *ThrottleReason*): bit -> name.
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# The reasons that cost a busy job speed: power and thermal limits, hardware slowdowns.
+THROTTLE_REASONS = frozenset(
+    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+
+
+def clock_event_names(mask: int) -> tuple[str, ...]:
+    """Names of the bits set in an NVML clock-event mask, unknown bits as hex."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(CLOCK_EVENT_REASONS)
+    if unknown:
+        names.append(f"0x{unknown:x}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a context on a GPU, as NVML lists it (host pid namespace)."""
+
+    pid: int
+    gpu_index: int
+    gpu_uuid: str
+    used_memory_bytes: int | None  # None: NVML cannot tell (e.g. no permission, WDDM)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's readings at time_ns (CLOCK_MONOTONIC). None: not supported or not readable."""
+
+    index: int
+    uuid: str
+    name: str
+    bus_id: str
+    time_ns: int
+    lost: bool = False  # fell off the bus (NVML_ERROR_GPU_IS_LOST or alike): nothing else is valid
+    detail: bool = True  # False: only utilisation, clock events and XIDs were read (see NvmlSource.sample)
+    pcie_tx_bytes_per_s: int | None = None  # NVML's own 20 ms window, in bytes per second
+    pcie_rx_bytes_per_s: int | None = None
+    pcie_replay_count: int | None = None  # cumulative since the driver loaded
+    link_generation: int | None = None
+    link_width: int | None = None
+    max_link_generation: int | None = None  # the most this GPU and this slot can do together
+    max_link_width: int | None = None
+    sm_utilization_percent: int | None = None
+    memory_utilization_percent: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: int | None = None
+    power_milliwatts: int | None = None
+    clock_event_mask: int | None = None
+    ecc_corrected_volatile: int | None = None  # since the driver loaded
+    ecc_uncorrected_volatile: int | None = None
+    xids: tuple[int, ...] = ()  # XID critical errors raised since the previous sample, in order
+    processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def clock_event_reasons(self) -> tuple[str, ...] | None:
+        return None if self.clock_event_mask is None else clock_event_names(self.clock_event_mask)
+
+    @property
+    def throttled(self) -> bool | None:
+        """Power or thermal limits (or a hardware slowdown) hold the clocks down."""
+        reasons = self.clock_event_reasons
+        return None if reasons is None else bool(THROTTLE_REASONS.intersection(reasons))
+
+    @property
+    def link_degraded(self) -> bool | None:
+        """The PCIe link trained below what this GPU and slot can do.
+
+        A narrower link is always a fault. A lower generation is one only while
+        the GPU is busy: NVIDIA GPUs drop the link generation when idle to save
+        power and raise it again under load. None: NVML cannot tell.
+        """
+        if self.link_width is not None and self.max_link_width is not None and self.link_width < self.max_link_width:
+            return True
+        if self.link_generation is None or self.max_link_generation is None:
+            return None if self.link_width is None or self.max_link_width is None else False
+        if self.link_generation < self.max_link_generation:
+            if self.sm_utilization_percent is None:
+                return None
+            return self.sm_utilization_percent > 0
+        return False
+
+
+def _delta(before: int | None, after: int | None) -> tuple[int | None, bool]:
+    """Increase of a cumulative counter; a counter that went down was reset (driver reload), so it counts from 0."""
+    if before is None or after is None:
+        return None, False
+    if after < before:
+        return after, True
+    return after - before, False
+
+
+@dataclass(frozen=True)
+class GpuRates:
+    """What changed on one GPU between two samples. None: not known for this interval."""
+
+    index: int
+    uuid: str
+    interval_s: float
+    pcie_replays: int | None
+    pcie_replays_per_s: float | None
+    ecc_corrected: int | None
+    ecc_uncorrected: int | None
+    xids: tuple[int, ...]
+    counter_resets: int  # counters that went down (and were counted from zero)
+
+
+def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
+    """Rates between two samples of the same GPU; None if the GPU changed or either sample is lost."""
+    if before.uuid != after.uuid or before.lost or after.lost or after.time_ns <= before.time_ns:
+        return None
+    interval = (after.time_ns - before.time_ns) / 1e9
+    replays, r1 = _delta(before.pcie_replay_count, after.pcie_replay_count)
+    corrected, r2 = _delta(before.ecc_corrected_volatile, after.ecc_corrected_volatile)
+    uncorrected, r3 = _delta(before.ecc_uncorrected_volatile, after.ecc_uncorrected_volatile)
+    return GpuRates(
+        index=after.index,
+        uuid=after.uuid,
+        interval_s=interval,
+        pcie_replays=replays,
+        pcie_replays_per_s=None if replays is None else replays / interval,
+        ecc_corrected=corrected,
+        ecc_uncorrected=uncorrected,
+        xids=after.xids,
+        counter_resets=r1 + r2 + r3,
+    )

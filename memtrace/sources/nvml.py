@@ -1,0 +1,347 @@
+"""GPUs through NVML (nvidia-ml-py's pynvml): PCIe, utilisation, memory, power, throttling, ECC, XIDs, processes.
+
+The runtime opens the source once and calls `sample()` at its sampling rate
+from one thread. Without an NVIDIA driver (no libnvidia-ml.so.1) the source is
+off: `open()` returns None and says why. A reading NVML does not support on a
+GPU is None. A GPU that falls off the bus is reported `lost` (and counted in
+`lost_count`) instead of raising; it is probed again at each sample and
+reported normally if NVML answers again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from memtrace.core.errors import MemtraceError
+from memtrace.core.gpu import GpuProcess, GpuSample
+
+T = TypeVar("T")
+
+# NVML return codes (nvml.h) that mean the GPU itself is gone, not one reading.
+_GPU_IS_LOST = 15
+_RESET_REQUIRED = 16
+_GPU_NOT_FOUND = 28
+LOST_ERRORS = frozenset({_GPU_IS_LOST, _RESET_REQUIRED, _GPU_NOT_FOUND})
+_NOT_SUPPORTED = 3
+_FUNCTION_NOT_FOUND = 13
+_TIMEOUT = 10
+_XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
+MAX_XIDS_PER_SAMPLE = 256  # a storm of XIDs must not stall a sample
+
+
+class NvmlUnavailable(MemtraceError):
+    """NVML cannot be used on this host: GPU signals are off, CUDA tracing is not affected."""
+
+
+class _Lost(Exception):
+    """Internal: the GPU answered with one of LOST_ERRORS."""
+
+
+@dataclass
+class _Gpu:
+    index: int
+    handle: Any  # None: lost before it could be opened
+    uuid: str
+    name: str
+    bus_id: str
+    max_link_generation: int | None
+    max_link_width: int | None
+    address: int | None  # the handle's pointer value, to match XID events to GPUs
+    lost: bool = False
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _handle_address(handle: Any) -> int | None:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
+class NvmlSource:
+    """The GPUs NVML sees. Not thread-safe across sample() calls: one sampling thread calls it."""
+
+    def __init__(self, nvml: Any, driver_version: str, gpus: list[_Gpu], event_set: Any, detail_every: int = 1) -> None:
+        self._nvml = nvml
+        self.detail_every = max(1, detail_every)
+        self._count = 0
+        self.driver_version = driver_version
+        self._gpus = gpus
+        self._events = event_set
+        self._lock = threading.Lock()
+        self._closed = False
+        # Times a GPU was found lost (a GPU that comes back and is lost again counts twice).
+        self.lost_count = sum(g.lost for g in gpus)
+        self.errors: Counter[str] = Counter()  # "<reading>: <NVML error>" -> count, for readings left None
+        self._use_event_reasons = True
+
+    # --- lifecycle ---------------------------------------------------------
+
+    @classmethod
+    def connect(cls, detail_every: int = 1) -> NvmlSource:
+        """Initialise NVML and list the GPUs; raises NvmlUnavailable with what it means and the fix."""
+        try:
+            import pynvml
+        except ImportError as e:
+            raise NvmlUnavailable(
+                f"nvidia-ml-py is not installed ({e})", "pip install nvidia-ml-py (memtrace depends on it)"
+            ) from e
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            if e.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                raise NvmlUnavailable(
+                    "no NVIDIA driver here (libnvidia-ml.so.1 not found): GPU health signals are off; "
+                    "CUDA tracing is unaffected",
+                    "on a GPU host, install the NVIDIA driver; in a container, mount the driver's libraries "
+                    "(NVIDIA container toolkit: NVIDIA_DRIVER_CAPABILITIES=utility)",
+                ) from e
+            raise NvmlUnavailable(
+                f"NVML did not initialise ({e}): GPU signals are off",
+                "check the NVIDIA driver with nvidia-smi; a driver/library version mismatch needs a reboot "
+                "or a driver reload",
+            ) from e
+        try:
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError:
+            driver = "unknown"
+        gpus: list[_Gpu] = []
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            for i in range(count):
+                try:
+                    gpus.append(cls._describe(pynvml, i))
+                except pynvml.NVMLError as e:
+                    if e.value not in LOST_ERRORS:
+                        raise
+                    # Lost before we met it: reported lost at every sample, never read.
+                    gpus.append(_Gpu(i, None, f"index-{i}", "", "", None, None, None, lost=True))
+        except pynvml.NVMLError as e:
+            pynvml.nvmlShutdown()
+            raise NvmlUnavailable(
+                f"NVML could not list the GPUs ({e}): GPU signals are off", "check the GPUs with nvidia-smi"
+            ) from e
+        event_set = cls._register_xids(pynvml, gpus)
+        return cls(pynvml, driver, gpus, event_set, detail_every)
+
+    @classmethod
+    def open(cls, detail_every: int = 1, report: Callable[[NvmlUnavailable], None] | None = None) -> NvmlSource | None:
+        """The source, or None (after report(why)) when NVML cannot be used here."""
+        try:
+            return cls.connect(detail_every)
+        except NvmlUnavailable as e:
+            if report is not None:
+                report(e)
+            return None
+
+    @staticmethod
+    def _describe(nvml: Any, index: int) -> _Gpu:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+
+        def static(fn: Callable[[Any], T]) -> T | None:
+            try:
+                return fn(handle)
+            except nvml.NVMLError:
+                return None
+
+        uuid = static(nvml.nvmlDeviceGetUUID)
+        name = static(nvml.nvmlDeviceGetName)
+        pci = static(nvml.nvmlDeviceGetPciInfo)
+        return _Gpu(
+            index=index,
+            handle=handle,
+            uuid=_text(uuid) if uuid is not None else f"index-{index}",
+            name=_text(name) if name is not None else "",
+            bus_id=_text(pci.busId) if pci is not None else "",
+            max_link_generation=static(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
+            max_link_width=static(nvml.nvmlDeviceGetMaxPcieLinkWidth),
+            address=_handle_address(handle),
+        )
+
+    @staticmethod
+    def _register_xids(nvml: Any, gpus: list[_Gpu]) -> Any:
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError:
+            return None
+        for g in gpus:
+            try:
+                nvml.nvmlDeviceRegisterEvents(g.handle, _XID_CRITICAL_ERROR, event_set)
+            except nvml.NVMLError:
+                pass  # this GPU reports no XIDs (not supported, or no permission)
+        return event_set
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._events is not None:
+                    self._nvml.nvmlEventSetFree(self._events)
+            except self._nvml.NVMLError:
+                pass
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass
+
+    def __enter__(self) -> NvmlSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- sampling ----------------------------------------------------------
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self._gpus)
+
+    def sample(self) -> list[GpuSample]:
+        """One reading of every GPU, with the XIDs raised since the previous call.
+
+        Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
+        temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
+        NVML itself refreshes those at about 1 Hz or slower, and reading PCIe throughput samples a
+        counter over 20 ms (NVML's documentation). Between, `detail` is False and they are None.
+        """
+        with self._lock:
+            if self._closed:
+                return []
+            detail = self._count % self.detail_every == 0
+            self._count += 1
+            now = time.monotonic_ns()
+            xids = self._drain_xids()
+            return [self._sample_gpu(g, now, tuple(xids.get(g.index, ())), detail) for g in self._gpus]
+
+    def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as e:
+            if e.value in LOST_ERRORS:
+                raise _Lost from e
+            if e.value != _NOT_SUPPORTED:
+                self.errors[f"{what}: {e}"] += 1
+            return None
+
+    def _clock_events(self, handle: Any) -> int | None:
+        nvml = self._nvml
+        if self._use_event_reasons:
+            try:
+                return int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+            except nvml.NVMLError as e:
+                if e.value != _FUNCTION_NOT_FOUND:
+                    if e.value in LOST_ERRORS:
+                        raise _Lost from e
+                    if e.value != _NOT_SUPPORTED:
+                        self.errors[f"clock event reasons: {e}"] += 1
+                    return None
+                self._use_event_reasons = False  # a driver older than 535: the older name
+        return self._read("clock event reasons", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+
+    def _sample_gpu(self, g: _Gpu, now: int, xids: tuple[int, ...], detail: bool) -> GpuSample:
+        nvml = self._nvml
+        h = g.handle
+        base: dict[str, Any] = dict(
+            index=g.index, uuid=g.uuid, name=g.name, bus_id=g.bus_id, time_ns=now, xids=xids, detail=detail
+        )
+        if h is None:
+            return GpuSample(**base, lost=True)
+        try:
+            util = self._read("utilization", nvml.nvmlDeviceGetUtilizationRates, h)
+            if util is not None:
+                base.update(sm_utilization_percent=int(util.gpu), memory_utilization_percent=int(util.memory))
+            base["clock_event_mask"] = self._clock_events(h)
+            if detail:
+                self._detail(g, base)
+        except _Lost:
+            if not g.lost:
+                g.lost = True
+                self.lost_count += 1
+            return GpuSample(
+                **{k: base[k] for k in ("index", "uuid", "name", "bus_id", "time_ns", "xids", "detail")}, lost=True
+            )
+        g.lost = False
+        return GpuSample(**base)
+
+    def _detail(self, g: _Gpu, out: dict[str, Any]) -> None:
+        """The readings that change slowly, into out (GpuSample's fields)."""
+        nvml = self._nvml
+        h = g.handle
+        mem = self._read("memory", nvml.nvmlDeviceGetMemoryInfo, h)
+        tx = self._read("pcie tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._read("pcie rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
+        procs = self._read("processes", nvml.nvmlDeviceGetComputeRunningProcesses, h)
+        corrected, uncorrected = (
+            self._read(f"ecc {name}", nvml.nvmlDeviceGetTotalEccErrors, h, kind, nvml.NVML_VOLATILE_ECC)
+            for name, kind in (
+                ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            )
+        )
+        out.update(
+            pcie_tx_bytes_per_s=None if tx is None else tx * 1024,  # NVML counts KB/s
+            pcie_rx_bytes_per_s=None if rx is None else rx * 1024,
+            pcie_replay_count=self._read("pcie replays", nvml.nvmlDeviceGetPcieReplayCounter, h),
+            link_generation=self._read("link generation", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            link_width=self._read("link width", nvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+            max_link_generation=g.max_link_generation,
+            max_link_width=g.max_link_width,
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            temperature_celsius=self._read("temperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
+            power_milliwatts=self._read("power", nvml.nvmlDeviceGetPowerUsage, h),
+            ecc_corrected_volatile=corrected,
+            ecc_uncorrected_volatile=uncorrected,
+            processes=tuple(
+                GpuProcess(
+                    pid=int(p.pid),
+                    gpu_index=g.index,
+                    gpu_uuid=g.uuid,
+                    used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                )
+                for p in procs or ()
+            ),
+        )
+
+    def _drain_xids(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        if self._events is None:
+            return out
+        by_address = {g.address: g.index for g in self._gpus if g.address is not None}
+        nvml = self._nvml
+        for _ in range(MAX_XIDS_PER_SAMPLE):
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except nvml.NVMLError as e:
+                if e.value != _TIMEOUT:
+                    self.errors[f"xid events: {e}"] += 1
+                break
+            if not data.eventType & _XID_CRITICAL_ERROR:
+                continue
+            address = _handle_address(data.device)
+            index = None if address is None else by_address.get(address)
+            if index is None:
+                self.errors["xid events: event from an unknown GPU"] += 1
+                continue
+            out.setdefault(index, []).append(int(data.eventData))
+        return out
+
+
+def processes_by_pid(samples: list[GpuSample]) -> dict[int, list[GpuProcess]]:
+    """Which GPUs each pid has a context on, and its memory there."""
+    out: dict[int, list[GpuProcess]] = {}
+    for s in samples:
+        for p in s.processes:
+            out.setdefault(p.pid, []).append(p)
+    return out

@@ -1,0 +1,255 @@
+"""The NVML source against a test libnvidia-ml.so.1 (tests/fixtures/nvml.c) loaded by the real nvidia-ml-py.
+
+Every value is scripted, so every value memtrace reports is checked exactly.
+The source runs in a child process (tests/fixtures/nvml_sampler.py) whose
+LD_LIBRARY_PATH holds the test library: that is how pynvml finds a driver's
+libnvidia-ml.so.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXTURES, REPO
+
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="session")
+def fakenvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory holding the test libnvidia-ml.so.1, and nothing else."""
+    out = tmp_path_factory.mktemp("fakenvml")
+    subprocess.run(
+        ["make", "-s", "-C", str(FIXTURES), f"OUT={out}", f"{out}/nvml/libnvidia-ml.so.1"],
+        check=True,
+        capture_output=True,
+    )
+    return out / "nvml"
+
+
+def script(**values: Any) -> str:
+    return "".join(f"{k.replace('__', '.')}={v}\n" for k, v in values.items())
+
+
+def gpu(i: int, **fields: Any) -> dict[str, Any]:
+    return {f"gpu{i}__{k}": v for k, v in fields.items()}
+
+
+HEALTHY = dict(
+    name="Fake H100 80GB HBM3",
+    bus="00000000:17:00.0",
+    pcie_tx=12500,
+    pcie_rx=3000000,
+    replay=7,
+    link_gen=5,
+    link_width=16,
+    max_link_gen=5,
+    max_link_width=16,
+    util_gpu=97,
+    util_mem=41,
+    mem_total=80 * GIB,
+    mem_free=60 * GIB,
+    mem_used=20 * GIB,
+    temp=64,
+    power=412345,
+    reasons=0,
+    ecc_corrected=2,
+    ecc_uncorrected=0,
+)
+
+
+def sample(tmp_path: Path, scripts: list[str], lib: Path | None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    steps = tmp_path / "scripts.json"
+    steps.write_text(json.dumps(scripts))
+    e = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    e.update(PYTHONPATH=str(REPO), FAKE_NVML_SCRIPT=str(tmp_path / "nvml.script"), **(env or {}))
+    if lib is not None:
+        e["LD_LIBRARY_PATH"] = str(lib)
+    p = subprocess.run(
+        [sys.executable, str(FIXTURES / "nvml_sampler.py"), str(steps)],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_every_reading_is_the_drivers_value(tmp_path: Path, fakenvml: Path) -> None:
+    s = script(
+        count=2,
+        driver="580.159.04",
+        **gpu(0, uuid="GPU-aaaa", procs=f"4242:{3 * GIB},777:-", **HEALTHY),
+        **gpu(1, uuid="GPU-bbbb", **{**HEALTHY, "pcie_tx": 1, "temp": 31, "power": 70000}, procs=f"4242:{GIB}"),
+    )
+    out = sample(tmp_path, [s], fakenvml)
+    assert out["driver"] == "580.159.04" and out["gpu_count"] == 2
+    g0, g1 = out["steps"][0]["gpus"]
+    assert g0["uuid"] == "GPU-aaaa" and g0["name"] == "Fake H100 80GB HBM3" and g0["bus_id"] == "00000000:17:00.0"
+    assert g0["pcie_tx_bytes_per_s"] == 12500 * 1024 and g0["pcie_rx_bytes_per_s"] == 3000000 * 1024
+    assert (g0["link_generation"], g0["link_width"], g0["max_link_generation"], g0["max_link_width"]) == (5, 16, 5, 16)
+    assert g0["pcie_replay_count"] == 7
+    assert (g0["sm_utilization_percent"], g0["memory_utilization_percent"]) == (97, 41)
+    assert (g0["memory_used_bytes"], g0["memory_total_bytes"]) == (20 * GIB, 80 * GIB)
+    assert (g0["temperature_celsius"], g0["power_milliwatts"]) == (64, 412345)
+    assert (g0["ecc_corrected_volatile"], g0["ecc_uncorrected_volatile"]) == (2, 0)
+    assert g0["clock_event_mask"] == 0 and g0["throttled"] is False and g0["clock_event_reasons"] == []
+    assert g0["link_degraded"] is False and g0["lost"] is False
+    assert [(p["pid"], p["used_memory_bytes"]) for p in g0["processes"]] == [(4242, 3 * GIB), (777, None)]
+    assert (g1["uuid"], g1["pcie_tx_bytes_per_s"], g1["temperature_celsius"], g1["power_milliwatts"]) == (
+        "GPU-bbbb",
+        1024,
+        31,
+        70000,
+    )
+    # Which GPU each process runs on: 4242 on both, 777 on the first.
+    assert out["steps"][0]["by_pid"] == {"4242": [0, 1], "777": [0]}
+    assert out["steps"][0]["errors"] == {} and out["steps"][0]["lost_count"] == 0
+    assert out["after_close"] == 0
+
+
+def test_faults_show_between_samples(tmp_path: Path, fakenvml: Path) -> None:
+    """Replays rise, the link drops to x8, thermal and power throttling start, ECC errors and XIDs arrive."""
+    healthy = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY))
+    faulty = script(
+        count=1,
+        **gpu(
+            0,
+            uuid="GPU-aaaa",
+            **{**HEALTHY, "replay": 7 + 130, "link_width": 8, "reasons": 0x20 | 0x4, "ecc_corrected": 5},
+            xids="79,48",
+        ),
+    )
+    later = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "replay": 3, "ecc_corrected": 5}, xids="79,48,13"))
+    out = sample(tmp_path, [healthy, faulty, later], fakenvml)
+    s0, s1, s2 = (step["gpus"][0] for step in out["steps"])
+    assert s0["link_degraded"] is False and s0["throttled"] is False and s0["xids"] == []
+    assert s1["link_width"] == 8 and s1["link_degraded"] is True
+    assert s1["throttled"] is True and s1["clock_event_reasons"] == ["sw_power_cap", "sw_thermal_slowdown"]
+    assert s1["xids"] == [79, 48]  # each XID once, in order
+    r1 = out["steps"][1]["rates"][0]
+    assert r1["pcie_replays"] == 130 and r1["ecc_corrected"] == 3 and r1["ecc_uncorrected"] == 0
+    assert r1["pcie_replays_per_s"] == pytest.approx(130 / r1["interval_s"])
+    assert r1["counter_resets"] == 0 and r1["xids"] == [79, 48]
+    # The replay counter went down (driver reloaded): counted from zero, never negative.
+    assert s2["xids"] == [13]
+    r2 = out["steps"][2]["rates"][0]
+    assert r2["pcie_replays"] == 3 and r2["counter_resets"] == 1
+
+
+def test_link_generation_below_max_is_degraded_only_when_busy(tmp_path: Path, fakenvml: Path) -> None:
+    idle = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "link_gen": 1, "util_gpu": 0}))
+    busy = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "link_gen": 3, "util_gpu": 80}))
+    out = sample(tmp_path, [idle, busy], fakenvml)
+    s0, s1 = (step["gpus"][0] for step in out["steps"])
+    assert (s0["link_generation"], s0["link_degraded"]) == (1, False)
+    assert (s1["link_generation"], s1["link_degraded"]) == (3, True)
+
+
+def test_unsupported_readings_are_none_not_zero(tmp_path: Path, fakenvml: Path) -> None:
+    # A GPU that supports nothing but its name and memory; ECC reads answer "no permission" (4).
+    s = script(
+        count=1,
+        **gpu(0, uuid="GPU-cccc", mem_total=GIB, mem_free=GIB, mem_used=0, ecc_corrected="E4", ecc_uncorrected="E4"),
+    )
+    out = sample(tmp_path, [s, s], fakenvml)
+    g = out["steps"][0]["gpus"][0]
+    assert g["memory_used_bytes"] == 0 and g["memory_total_bytes"] == GIB
+    for k in (
+        "pcie_tx_bytes_per_s",
+        "pcie_replay_count",
+        "link_generation",
+        "max_link_width",
+        "sm_utilization_percent",
+        "temperature_celsius",
+        "power_milliwatts",
+        "clock_event_mask",
+        "ecc_corrected_volatile",
+        "ecc_uncorrected_volatile",
+        "link_degraded",
+        "throttled",
+    ):
+        assert g[k] is None, k
+    assert out["steps"][0]["rates"] == []
+    r = out["steps"][1]["rates"][0]
+    assert r["pcie_replays"] is None and r["pcie_replays_per_s"] is None and r["ecc_corrected"] is None
+    # Not supported is silent; any other error is counted, per reading.
+    assert out["steps"][1]["errors"] == {
+        "ecc corrected: Insufficient Permissions": 2,
+        "ecc uncorrected: Insufficient Permissions": 2,
+    }
+
+
+def test_gpu_lost_mid_run_is_reported_not_raised(tmp_path: Path, fakenvml: Path) -> None:
+    both = script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY), **gpu(1, uuid="GPU-bbbb", **HEALTHY))
+    lost = script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY), **gpu(1, uuid="GPU-bbbb", lost=1, **HEALTHY))
+    out = sample(tmp_path, [both, lost, lost, both], fakenvml)
+    steps = out["steps"]
+    assert [s["gpus"][1]["lost"] for s in steps] == [False, True, True, False]
+    gone = steps[1]["gpus"][1]
+    assert gone["uuid"] == "GPU-bbbb"
+    assert all(gone[k] is None for k in ("memory_used_bytes", "temperature_celsius", "pcie_replay_count"))
+    assert steps[1]["rates"][1] is None  # no rate across a lost sample
+    assert [s["lost_count"] for s in steps] == [0, 1, 1, 1]  # one loss, counted once
+    assert steps[3]["errors"] == {}  # a lost GPU is a loss, not a pile of failed readings
+    assert steps[1]["gpus"][0]["lost"] is False and steps[1]["gpus"][0]["temperature_celsius"] == 64
+    assert steps[3]["gpus"][1]["temperature_celsius"] == 64  # answers again: read again
+
+
+def test_details_every_nth_sample_and_the_rest_every_sample(tmp_path: Path, fakenvml: Path) -> None:
+    calm = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY))
+    hot = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "util_gpu": 12, "reasons": 0x40}, xids="31"))
+    lost = script(count=1, **gpu(0, uuid="GPU-aaaa", lost=1, **HEALTHY))
+    out = sample(tmp_path, [calm, hot, lost, calm], fakenvml, env={"DETAIL_EVERY": "3"})
+    s0, s1, s2, s3 = (step["gpus"][0] for step in out["steps"])
+    assert [s["detail"] for s in (s0, s1, s2, s3)] == [True, False, False, True]
+    assert s0["temperature_celsius"] == 64 and s3["memory_used_bytes"] == 20 * GIB
+    # Between details: utilisation, throttling and XIDs at once; the slow readings None, not stale.
+    assert (s1["sm_utilization_percent"], s1["clock_event_reasons"], s1["xids"]) == (12, ["hw_thermal_slowdown"], [31])
+    assert s1["temperature_celsius"] is None and s1["memory_used_bytes"] is None and s1["processes"] == []
+    assert s2["lost"] is True and out["steps"][2]["lost_count"] == 1  # loss is seen between details too
+    assert out["steps"][1]["rates"][0]["pcie_replays"] is None
+
+
+def test_no_driver_turns_the_source_off_with_the_reason(tmp_path: Path) -> None:
+    out = sample(tmp_path, [script(count=1)], lib=None)
+    (why,) = out["unavailable"]
+    assert "no NVIDIA driver here (libnvidia-ml.so.1 not found)" in why and "fix:" in why
+
+
+def test_driver_that_fails_to_initialise_turns_the_source_off(tmp_path: Path, fakenvml: Path) -> None:
+    out = sample(tmp_path, [script(init=9)], fakenvml)
+    (why,) = out["unavailable"]
+    assert "NVML did not initialise (Driver Not Loaded)" in why
+
+
+DOCTOR = "from memtrace.runtime.doctor import CHECKS, check_nvml; assert check_nvml in CHECKS; print(check_nvml())"
+
+
+def doctor_nvml(tmp_path: Path, lib: Path | None) -> str:
+    (tmp_path / "nvml.script").write_text(script(count=2, driver="580.159.04"))
+    e = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    e.update(PYTHONPATH=str(REPO), FAKE_NVML_SCRIPT=str(tmp_path / "nvml.script"))
+    if lib is not None:
+        e["LD_LIBRARY_PATH"] = str(lib)
+    p = subprocess.run([sys.executable, "-c", DOCTOR], env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_doctor_reports_the_driver_and_gpus(tmp_path: Path, fakenvml: Path) -> None:
+    out = doctor_nvml(tmp_path, fakenvml)
+    assert "name='NVML', ok=True, detail='driver 580.159.04, 2 GPUs'" in out and "warn=False" in out
+
+
+def test_doctor_warns_without_nvml_and_says_what_it_means(tmp_path: Path) -> None:
+    out = doctor_nvml(tmp_path, None)
+    assert "ok=True" in out and "warn=True" in out  # a warning: memtrace still runs
+    assert "no NVIDIA driver here" in out and "GPU health signals are off" in out and "install the NVIDIA driver" in out
