@@ -70,3 +70,122 @@ def test_doctor_as_non_root_reports_instead_of_crashing(tmp_path: Path) -> None:
     assert p.returncode == 1, p.stdout + p.stderr
     assert "FAIL  privileges: uid 65534" in p.stdout
     assert "cannot run here" in p.stdout
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        "$MT run -- sh -c 'exit 5' | head -1",
+        "$MT run -- sh -c 'exit 5' 2>&1 | true",
+        "$MT run --format json -- sh -c 'exit 5' | true",
+        "$MT run --format json -- sh -c 'exit 5' 2>&1 | true",
+    ],
+)
+def test_run_exits_with_the_command_code_when_its_reader_has_gone(pipeline: str) -> None:
+    # The reader (`true`) is gone long before the summary is written: a broken pipe.
+    p = shell(pipeline + "; echo status=$? >&2")
+    assert p.stderr.strip().endswith("status=5"), p.stderr
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr
+
+
+@pytest.mark.bpf
+def test_unwritable_output_fails_before_the_command_runs(tmp_path: Path) -> None:
+    mark = tmp_path / "ran"
+    for bad in (tmp_path / "no" / "such" / "dir.json", Path("/proc/memtrace.json"), tmp_path):
+        p = memtrace("run", "-o", str(bad), "--", "sh", "-c", f"touch {mark}")
+        assert p.returncode == 2, p.stderr
+        assert "cannot write the summary" in p.stderr and "fix:" in p.stderr
+        assert "Traceback" not in p.stderr
+        assert not mark.exists(), "the command ran although its summary could not be written"
+    kept = tmp_path / "kept.json"
+    kept.write_text("keep me")
+    p = memtrace("run", "-o", str(kept), "--", "/no/such/program")
+    assert p.returncode == 2 and kept.read_text() == "keep me"
+
+
+@pytest.mark.bpf
+def test_json_on_stdout_never_mixes_with_the_command_output(fakecuda: Path) -> None:
+    wl = fakecuda / "workload"
+    p = shell(f"$MT run --format json -- sh -c 'echo hello; exec {wl} -n 50 -e' | {sys.executable} -m json.tool")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["command"]["exit_code"] == 0 and doc["totals"]["h2d"]["calls"] > 0
+    assert "hello" in p.stderr  # the command's stdout went to stderr, not lost
+
+
+@pytest.mark.bpf
+def test_a_command_without_cuda_is_said_plainly() -> None:
+    p = memtrace("run", "--", "sh", "-c", "exit 3")
+    assert p.returncode == 3
+    assert "loaded no CUDA library" in p.stderr
+    assert "libraries: none" not in p.stderr and "direction" not in p.stderr
+
+
+def _exact_per_process_direction(lines: list[dict]) -> dict[tuple[int, str], int]:
+    out: dict[tuple[int, str], int] = {}
+    for line in lines:
+        for c in line["copies"]:
+            k = (line["pid"], c["direction"])
+            out[k] = out.get(k, 0) + c["bytes"]
+    return out
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("how", ["stderr-piped", "output-file"])
+def test_the_table_fits_80_columns_and_shows_every_exact_byte_total(fakecuda: Path, tmp_path: Path, how: str) -> None:
+    truth = tmp_path / "truth.jsonl"
+    out = tmp_path / "table.txt"
+    args = ["-o", str(out)] if how == "output-file" else []
+    p = memtrace(
+        "run",
+        *args,
+        "--",
+        str(fakecuda / "workload"),
+        "-n",
+        "300",
+        "-f",
+        env={"WORKLOAD_TRUTH": str(truth), "COLUMNS": "80"},
+    )
+    assert p.returncode == 0, p.stderr
+    text = out.read_text() if how == "output-file" else p.stderr
+    lines = [json.loads(l) for l in truth.read_text().splitlines()]
+    exact = _exact_per_process_direction(lines)
+    assert len({pid for pid, _ in exact}) == 2  # parent and forked child
+    rows = text.splitlines()
+    for (pid, direction), n in exact.items():
+        if n == 0:
+            continue
+        block = text[text.index(f"pid {pid} ") :]
+        row = next(r for r in block.splitlines() if r.split()[:1] == [direction])
+        assert f"{n:,}" in row.split(), (pid, direction, n, row)
+    assert max(len(r) for r in rows) <= 80, max(rows, key=len)
+    assert "…" not in text
+
+
+@pytest.mark.bpf
+def test_the_detail_table_is_never_cut_when_piped(fakecuda: Path, tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    p = memtrace(
+        "run",
+        "--detail",
+        "--",
+        str(fakecuda / "workload"),
+        "-n",
+        "300",
+        env={"WORKLOAD_TRUTH": str(truth), "COLUMNS": "80"},
+    )
+    assert p.returncode == 0, p.stderr
+    # Rows are per API, direction and host memory: sum the exact bytes of each API and direction.
+    shown: dict[tuple[str, str], int] = {}
+    for r in p.stderr.splitlines():
+        tok = r.split()
+        nums = [t for t in tok if re.fullmatch(r"[\d,]+", t)]
+        if len(tok) > 2 and tok[0].startswith("cu") and len(nums) >= 2:
+            shown[(tok[0], tok[1])] = shown.get((tok[0], tok[1]), 0) + int(nums[1].replace(",", ""))
+    want: dict[tuple[str, str], int] = {}
+    for line in truth.read_text().splitlines():
+        for c in json.loads(line)["copies"]:
+            want[(c["api"], c["direction"])] = want.get((c["api"], c["direction"]), 0) + c["bytes"]
+    assert shown == want
+    assert "…" not in p.stderr
