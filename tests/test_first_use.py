@@ -189,3 +189,69 @@ def test_the_detail_table_is_never_cut_when_piped(fakecuda: Path, tmp_path: Path
             want[(c["api"], c["direction"])] = want.get((c["api"], c["direction"]), 0) + c["bytes"]
     assert shown == want
     assert "…" not in p.stderr
+
+
+def test_help_reads_well_at_80_columns() -> None:
+    env = {"COLUMNS": "80"}
+    p = memtrace("run", "--help", env=env)
+    assert p.returncode == 0
+    assert p.stdout.splitlines()[0].endswith(" run [OPTIONS] -- CMD [ARGS]..."), p.stdout
+    p = memtrace("run", env=env)
+    assert p.returncode == 2 and " run [OPTIONS] -- CMD [ARGS]...\n" in p.stderr, p.stderr
+    for cmd in ("run", "top", "push", "doctor"):
+        p = memtrace(cmd, "--help", env=env)
+        assert p.returncode == 0, p.stderr
+        for odd in ("<bool>", "{", "…", "<list"):
+            assert odd not in p.stdout, (cmd, odd, p.stdout)
+        assert all(len(l) <= 80 for l in p.stdout.splitlines()), p.stdout
+        if cmd in ("run", "top", "push"):
+            verbose = next(l for l in p.stdout.splitlines() if "--verbose" in l)
+            assert "Log " in verbose, verbose
+    p = memtrace("push", "--help", env=env)
+    assert "(OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT)" in p.stdout
+    p = memtrace("--help", env=env)
+    assert "..." not in p.stdout.split("Commands:")[1], p.stdout
+
+
+@pytest.mark.bpf
+def test_verbose_names_libbpf_once() -> None:
+    p = memtrace("run", "-v", "--", "true")
+    assert p.returncode == 0, p.stderr
+    assert "memtrace: libbpf: " in p.stderr
+    assert "libbpf: libbpf:" not in p.stderr
+
+
+@pytest.mark.bpf
+def test_a_library_replaced_on_disk_is_listed_once(fakecuda: Path, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from memtrace.export.report import print_table
+
+    # A real summary; then the runtime attached a second time under the same
+    # path, as the agent records a file replaced on disk (a new inode; see
+    # test_reliability's replaced-library test, whose attach can race).
+    out = tmp_path / "summary.json"
+    p = memtrace(
+        "run",
+        "-f",
+        "json",
+        "-o",
+        str(out),
+        "--",
+        str(fakecuda / "workload"),
+        "-n",
+        "20",
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    libs = doc["agent"]["libraries"]
+    runtime = next(l for l in libs if l["layer"] == "runtime")
+    libs.append(dict(runtime))
+    text = io.StringIO()
+    print_table(doc, Console(file=text, width=300))
+    line = next(l for l in text.getvalue().splitlines() if l.startswith("libraries: "))
+    assert line.count(runtime["path"] + " (") == 1, line
+    assert f"{runtime['path']} (runtime, {runtime['probes']} symbols, replaced on disk" in line, line

@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="memtrace: always-on eBPF tracing of CUDA memory copies.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 err = Console(stderr=True)
 

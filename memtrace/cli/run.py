@@ -9,6 +9,7 @@ from typing import IO
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 from memtrace.cli.common import Format, app, err, fail, ring_bytes, setup_logging
 from memtrace.core.errors import BadOption, MemtraceError
@@ -34,10 +35,23 @@ class SummaryConsole(Console):
         raise BrokenPipeError
 
 
-@app.command(context_settings={"allow_interspersed_args": False}, options_metavar="[OPTIONS] --")
+class RunCommand(TyperCommand):
+    """Usage reads `memtrace run [OPTIONS] -- CMD [ARGS]...`."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return ["[OPTIONS] -- CMD [ARGS]..."]
+
+
+@app.command(
+    cls=RunCommand,
+    short_help="Trace a command; print what it copied.",
+    context_settings={"allow_interspersed_args": False},
+)
 def run(
-    cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="The command to trace, after --."),
-    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Summary format: table or json."),
+    cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", hidden=True),
+    fmt: Format = typer.Option(
+        Format.table, "--format", "-f", metavar="table|json", help="Summary format: table or json."
+    ),
     output: str | None = typer.Option(
         None,
         "--output",
@@ -46,11 +60,14 @@ def run(
         help="Write the summary to FILE (default: table to stderr, json to stdout).",
     ),
     detail: bool = typer.Option(False, "--detail", "-d", help="Table: one row per API, not per direction."),
-    ring_size: float = typer.Option(16, "--ring-size", help="Event ring size in MiB (rounded up to a power of two)."),
+    ring_size: float = typer.Option(
+        16, "--ring-size", metavar="MIB", help="Event ring size in MiB (rounded up to a power of two)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
-    """Trace CMD and its children from their first instruction until CMD exits,
-    then print what they copied. Exits with CMD's exit code.
+    """Trace CMD (a program and its arguments, after --) and its children from
+    their first instruction until CMD exits, then print what they copied.
+    Exits with CMD's exit code.
 
     The table goes to stderr and JSON to stdout; with JSON on stdout, CMD's own
     stdout is sent to stderr so the two never mix. -o FILE takes either."""

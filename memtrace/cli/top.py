@@ -12,10 +12,14 @@ from memtrace.cli.common import app, fail, setup_logging
 from memtrace.core.errors import MemtraceError
 
 
-@app.command()
+@app.command(short_help="Live view of every CUDA process.")
 def top(
-    interval: float = typer.Option(1.0, "--interval", "-i", min=0.1, help="Refresh period in seconds."),
-    iterations: int = typer.Option(0, "--iterations", "-n", min=0, help="Stop after N refreshes (0: run until ^C)."),
+    interval: float = typer.Option(
+        1.0, "--interval", "-i", min=0.1, metavar="SECONDS", help="Refresh period in seconds."
+    ),
+    iterations: int = typer.Option(
+        0, "--iterations", "-n", min=0, metavar="N", help="Stop after N refreshes (0: run until ^C)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """A live view of every CUDA process on the host: copies, bytes and rates."""
