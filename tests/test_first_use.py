@@ -255,3 +255,75 @@ def test_a_library_replaced_on_disk_is_listed_once(fakecuda: Path, tmp_path: Pat
     line = next(l for l in text.getvalue().splitlines() if l.startswith("libraries: "))
     assert line.count(runtime["path"] + " (") == 1, line
     assert f"{runtime['path']} (runtime, {runtime['probes']} symbols, replaced on disk" in line, line
+
+
+@pytest.mark.bpf
+def test_q_quits_top_on_a_terminal() -> None:
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - child: top on the pty, until q
+        os.execvpe(memtrace_cmd()[0], [*memtrace_cmd(), "top", "-i", "0.5"], dict(os.environ, COLUMNS="80"))
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"memtrace top" not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 1)[0]:
+                seen += os.read(fd, 4096)
+        assert b"memtrace top" in seen, seen
+        os.write(fd, b"q")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    pass
+        else:
+            pytest.fail("top did not quit on q")
+        assert os.waitstatus_to_exitcode(status) == 0, seen
+    finally:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+
+
+@pytest.mark.bpf
+def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
+    import time
+
+    w = subprocess.Popen(
+        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    top = subprocess.Popen(
+        [*memtrace_cmd(), "top", "-n", "3", "-i", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, COLUMNS="80"),
+    )
+    time.sleep(1.5)
+    assert w.stdin is not None
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    out, _ = top.communicate(timeout=60)
+    w.wait()
+    assert top.returncode == 0
+    rows = [l for l in out.splitlines() if l.split()[:2] == [str(w.pid), "workload"]]
+    assert rows, out
+    row = rows[-1]
+    assert "B/s" in row and "h2d" in row, row
+    assert "…" not in out
+    assert max(len(l) for l in out.splitlines()) <= 80, out

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import select
+import sys
+import termios
 import time
+import tty
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import typer
 from rich.console import Console
@@ -10,6 +17,28 @@ from rich.live import Live
 
 from memtrace.cli.common import app, fail, setup_logging
 from memtrace.core.errors import MemtraceError
+
+
+@contextmanager
+def keys() -> Iterator[Callable[[float], str]]:
+    """Keys typed at the terminal, read in cbreak mode (no Enter needed);
+    ``wait(t)`` sleeps up to t seconds and returns what was typed. Without a
+    terminal on stdin it only sleeps."""
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else -1
+    if fd < 0:
+        yield lambda t: (time.sleep(t), "")[1]
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def wait(t: float) -> str:
+        ready, _, _ = select.select([fd], [], [], t)
+        return os.read(fd, 64).decode(errors="replace") if ready else ""
+
+    try:
+        yield wait
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 @app.command(short_help="Live view of every CUDA process.")
@@ -20,6 +49,7 @@ def top(
     iterations: int = typer.Option(
         0, "--iterations", "-n", min=0, metavar="N", help="Stop after N refreshes (0: run until ^C)."
     ),
+    detail: bool = typer.Option(False, "--detail", "-d", help="Also show bytes per direction, errors, launches."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """A live view of every CUDA process on the host: copies, bytes and rates."""
@@ -27,18 +57,22 @@ def top(
     from memtrace.export.top import TopView
     from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent, Options
 
-    view = TopView(interval)
+    view = TopView(interval, detail)
     try:
         with Agent(Options()) as agent:
             agent.source.scan()
             n = 0
-            with Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live:
+            with (
+                keys() as wait,
+                Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live,
+            ):
                 last = time.monotonic()
                 while iterations == 0 or n < iterations:
                     deadline = last + interval
                     while time.monotonic() < deadline:
                         agent.poll()
-                        time.sleep(DRAIN_INTERVAL_S)
+                        if "q" in wait(DRAIN_INTERVAL_S).lower():
+                            return
                     agent.poll()
                     agent.sync_totals()
                     now = time.monotonic()
