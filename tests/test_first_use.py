@@ -327,3 +327,27 @@ def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
     assert "B/s" in row and "h2d" in row, row
     assert "…" not in out
     assert max(len(l) for l in out.splitlines()) <= 80, out
+
+
+def test_demo_installs_only_what_the_main_job_needs() -> None:
+    demo = (REPO / "scripts" / "demo.sh").read_text()
+    levels = re.findall(r"scripts/setup\.sh( --\w+)?", demo)
+    assert levels and all(l in ("", " --demo") for l in levels), levels
+
+    def wants(level: str) -> set[str]:
+        p = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), *level.split(), "--print"], capture_output=True)
+        assert p.returncode == 0, p.stderr
+        return set(p.stdout.decode().split())
+
+    demo_pkgs = wants("--demo")
+    assert {"libbpf1", "gcc", "make"} <= demo_pkgs
+    assert not {p for p in demo_pkgs if p.startswith(("qemu", "clang", "bpftool")) or ":arm64" in p or "aarch64" in p}
+    assert demo_pkgs < wants("--dev")
+
+
+def test_guest_build_uses_the_project_python_not_the_system_one() -> None:
+    # plan.py imports memtrace and numpy: a bare `python3` on a fresh machine has neither.
+    script = (REPO / "tests" / "kernels" / "build_guest.sh").read_text()
+    line = next(l for l in script.splitlines() if "plan.py" in l and not l.startswith("#"))
+    assert '"${PYTHON:-' in line and " python3 " not in line, line
+    assert "PYTHON=sys.executable" in (REPO / "tests" / "test_kernels.py").read_text()
