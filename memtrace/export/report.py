@@ -226,7 +226,12 @@ def _host_split(rows: list[dict[str, Any]]) -> str:
     if len(by) == 1:
         return next(iter(by))
     total = sum(by.values())
-    return f"{by.get('pageable', 0) / total:.0%} pageable" if total else "mixed"
+    if not total:
+        return "mixed"
+    share = by.get("pageable", 0) / total
+    # Never round a mix to 0% or 100%: that would read as one kind.
+    pct = "<1%" if 0 < share < 0.01 else ">99%" if 0.99 < share < 1 else f"{share:.0%}"
+    return f"{pct} pageable"
 
 
 def _libraries(libs: list[dict[str, Any]]) -> str:
