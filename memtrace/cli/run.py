@@ -38,7 +38,7 @@ class SummaryConsole(Console):
 class RunCommand(TyperCommand):
     """Usage reads `memtrace run [OPTIONS] -- CMD [ARGS]...`."""
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: object) -> list[str]:
         return ["[OPTIONS] -- CMD [ARGS]..."]
 
 

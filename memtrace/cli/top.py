@@ -26,7 +26,12 @@ def keys() -> Iterator[Callable[[float], str]]:
     terminal on stdin it only sleeps."""
     fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else -1
     if fd < 0:
-        yield lambda t: (time.sleep(t), "")[1]
+
+        def sleep(t: float) -> str:
+            time.sleep(t)
+            return ""
+
+        yield sleep
         return
     saved = termios.tcgetattr(fd)
     tty.setcbreak(fd)
