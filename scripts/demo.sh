@@ -12,7 +12,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && $PY -c "import torch; assert torch.c
   echo "== memtrace run: a real PyTorch job on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   exec .venv/bin/memtrace run -- "$PY" examples/torch_copies.py
 fi
-scripts/setup.sh --dev
+scripts/setup.sh --demo
 out=$(mktemp -d)
 make -s -C tests/fixtures OUT="$out" >/dev/null
 echo "== No GPU here: SIMULATED workload. The test CUDA libraries in tests/fixtures"

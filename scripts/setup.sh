@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
 # Install what memtrace needs on a Debian/Ubuntu host into ./.venv.
 #   scripts/setup.sh          runtime: libbpf1 and the Python package
-#   scripts/setup.sh --dev    also clang, bpftool, gcc: to build objects and run the tests
+#   scripts/setup.sh --demo   also gcc and make: to build the simulated workload (scripts/demo.sh)
+#   scripts/setup.sh --dev    also clang, bpftool, qemu, cross compilers: to build objects and run the tests
+#   scripts/setup.sh LEVEL --print   list the apt packages LEVEL wants, install nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dev=0; [ "${1:-}" = "--dev" ] && dev=1
+level=${1:-}; dev=0; demo=0
+case $level in
+  --dev) dev=1; demo=1 ;;
+  --demo) demo=1 ;;
+  ""|--print) ;;
+  *) echo "usage: scripts/setup.sh [--demo|--dev] [--print]" >&2; exit 2 ;;
+esac
+
+want=(libbpf1 libelf1 zlib1g)
+# The simulated workload's test CUDA libraries (tests/fixtures) are C.
+[ $demo = 1 ] && want+=(gcc make libc6-dev)
+if [ $dev = 1 ]; then
+  # Build the objects; boot other kernels (qemu) with an arm64 cross
+  # toolchain for the portability tests.
+  want+=(clang llvm libbpf-dev bpftool util-linux cpio busybox-static
+         qemu-system-arm qemu-system-x86 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+         libbpf-dev:arm64 libelf-dev:arm64 zlib1g-dev:arm64 libzstd-dev:arm64)
+fi
+if [ "${1:-}" = --print ] || [ "${2:-}" = --print ]; then
+  printf '%s\n' "${want[@]}"
+  exit 0
+fi
 
 need_apt=()
 have() { dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q 'install ok installed'; }
-for p in libbpf1 libelf1 zlib1g; do have "$p" || need_apt+=("$p"); done
+for p in "${want[@]}"; do have "$p" || need_apt+=("$p"); done
 if [ $dev = 1 ]; then
-  # Build the objects and the test libraries; boot other kernels (qemu) with
-  # an arm64 cross toolchain for the portability tests.
-  for p in clang llvm libbpf-dev bpftool gcc make libc6-dev util-linux cpio busybox-static \
-           qemu-system-arm qemu-system-x86 gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-           libbpf-dev:arm64 libelf-dev:arm64 zlib1g-dev:arm64 libzstd-dev:arm64; do
-    have "$p" || need_apt+=("$p")
-  done
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64
     need_apt+=(libbpf-dev:arm64)

@@ -50,7 +50,11 @@ def test_daemonset_asks_for_least_privilege_and_has_what_the_agent_needs() -> No
     assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH", "KILL"}
     assert sc["capabilities"]["drop"] == ["ALL"]
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
-    assert mounts["/sys/kernel/btf"]["readOnly"] and mounts["/host/proc"]["readOnly"]
+    assert mounts["/sys/kernel/btf"]["readOnly"]
+    # hostPID makes the container's /proc the node's: memtrace reads /proc, so
+    # a host /proc mount would be unused surface.
+    assert not any("proc" in m for m in mounts), mounts
+    assert not any(v.get("hostPath", {}).get("path") == "/proc" for v in spec["volumes"])
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert agent["resources"]["requests"] and agent["resources"]["limits"]
@@ -107,3 +111,19 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
         for t in p["targets"]:
             names = set(re.findall(r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+)", t["expr"]))
             assert names and names <= exported, t["expr"]
+
+
+def test_image_installs_the_locked_dependencies_with_hashes() -> None:
+    lock = DEPLOY / "requirements.lock"
+    pins = [l for l in lock.read_text().splitlines() if l and not l.startswith((" ", "#"))]
+    assert pins and all("==" in l for l in pins), pins
+    assert all("--hash=sha256:" in block for block in lock.read_text().split("==")[1:])
+    # Every runtime dependency in pyproject.toml is pinned.
+    block = (DEPLOY.parent / "pyproject.toml").read_text().split("\ndependencies = [", 1)[1].split("]", 1)[0]
+    deps = [d.strip().strip('",') for d in block.splitlines() if d.strip()]  # no tomllib on 3.10
+    names = {l.split("==")[0].lower().replace("_", "-") for l in pins}
+    for d in deps:
+        assert d.split(">")[0].split("=")[0].strip().lower() in names, d
+    docker = (DEPLOY / "kubernetes" / "Dockerfile").read_text()
+    assert "COPY deploy/requirements.lock" in docker
+    assert "--require-hashes -r" in docker and "--no-deps" in docker

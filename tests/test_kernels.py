@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -68,7 +69,13 @@ def parse(log: str) -> dict[str, dict]:
 
 def boot(arch: str, tmp: Path) -> tuple[str, str]:
     guest = tmp / f"guest-{arch}"
-    b = subprocess.run([str(KERNELS / "build_guest.sh"), arch, str(guest), str(CACHE)], capture_output=True, text=True)
+    # plan.py imports memtrace (and numpy): the interpreter running the tests has them, a system python3 may not.
+    b = subprocess.run(
+        [str(KERNELS / "build_guest.sh"), arch, str(guest), str(CACHE)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHON=sys.executable),
+    )
     assert b.returncode == 0, b.stderr
     cmd = [
         *QEMU[arch],

@@ -172,7 +172,8 @@ class Libbpf:
         self._libc.vsnprintf(buf, ctypes.c_size_t(len(buf)), fmt, ctypes.c_void_p(args))
         msg = buf.value.decode(errors="replace").rstrip()
         self.messages.append(msg)
-        log.debug("libbpf: %s", msg)
+        # libbpf prefixes most of its messages with "libbpf: " itself.
+        log.debug("%s", msg if msg.startswith("libbpf:") else f"libbpf: {msg}")
         return 0
 
     def drain_messages(self) -> str:

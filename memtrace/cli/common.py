@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import sys
 
 import typer
@@ -17,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="memtrace: always-on eBPF tracing of CUDA memory copies.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 err = Console(stderr=True)
 
@@ -38,7 +40,8 @@ def setup_logging(verbose: bool) -> None:
 
 
 def ring_bytes(mib: float) -> int:
-    n = int(mib * (1 << 20))
+    # nan and inf parse as floats; int() of them would be a traceback.
+    n = int(mib * (1 << 20)) if math.isfinite(mib) else -1
     if n < MIN_RING or n > MAX_RING:
         raise BadOption(f"--ring-size {mib} MiB is out of range", "give a size between 0.004 and 1024 MiB")
     # A ring's size must be a power of two multiple of the page size.

@@ -8,7 +8,7 @@ from rich.console import Console
 from memtrace.cli.common import app
 
 
-@app.command()
+@app.command(short_help="Can this host run memtrace? What to fix.")
 def doctor() -> None:
     """Check this host: kernel, BTF, privileges, libbpf, tracefs, CUDA libraries."""
     from memtrace.runtime.doctor import run_checks

@@ -12,26 +12,32 @@ from memtrace.cli.common import app, fail, ring_bytes, setup_logging
 from memtrace.core.errors import MemtraceError
 
 
-@app.command()
+@app.command(short_help="Trace the host; push OTLP metrics.")
 def push(
     endpoint: str | None = typer.Option(
-        None, "--endpoint", "-e", help="Collector URL (OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT)."
+        None, "--endpoint", "-e", metavar="URL", help="Collector URL (OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT)."
     ),
     protocol: str | None = typer.Option(
-        None, "--protocol", help="http/protobuf or grpc (OTEL_EXPORTER_OTLP_PROTOCOL)."
+        None, "--protocol", metavar="PROTOCOL", help="http/protobuf or grpc (OTEL_EXPORTER_OTLP_PROTOCOL)."
     ),
-    interval: float = typer.Option(5.0, "--interval", "-i", help="Seconds between pushes."),
+    interval: float = typer.Option(5.0, "--interval", "-i", metavar="SECONDS", help="Seconds between pushes."),
     headers: str | None = typer.Option(
         None,
         "--headers",
+        metavar="K=V,...|@FILE",
         help="K=V,... sent with each push, or @FILE holding them (OTEL_EXPORTER_OTLP_HEADERS). Never logged.",
     ),
     insecure: bool | None = typer.Option(None, "--insecure/--secure", help="Plaintext gRPC (TLS is the default)."),
-    temporality: str = typer.Option("cumulative", "--temporality", help="cumulative or delta."),
-    histogram: str = typer.Option(
-        "exponential", "--histogram", help="exponential, or explicit (fixed power-of-two buckets)."
+    temporality: str = typer.Option(
+        "cumulative", "--temporality", metavar="cumulative|delta", help="cumulative or delta."
     ),
-    ring_size: float = typer.Option(16, "--ring-size", help="Event ring size in MiB."),
+    histogram: str = typer.Option(
+        "exponential",
+        "--histogram",
+        metavar="exponential|explicit",
+        help="exponential, or explicit (fixed power-of-two buckets).",
+    ),
+    ring_size: float = typer.Option(16, "--ring-size", metavar="MIB", help="Event ring size in MiB."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
 ) -> None:
     """Trace every CUDA process on this host and push OTLP metrics to a collector.

@@ -3,32 +3,92 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from typing import IO
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
-from memtrace.cli.common import Format, app, fail, ring_bytes, setup_logging
-from memtrace.core.errors import MemtraceError
+from memtrace.cli.common import Format, app, err, fail, ring_bytes, setup_logging
+from memtrace.core.errors import BadOption, MemtraceError
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+def open_output(path: str) -> tuple[IO[str], bool]:
+    """Open -o's file before CMD starts: a bad path fails now, not after the
+    run. Opened for append so that a run that fails leaves an existing file as
+    it was; returns the file and whether this created it."""
+    existed = os.path.lexists(path)
+    try:
+        return open(path, "a"), not existed
+    except OSError as e:
+        raise BadOption(
+            f"cannot write the summary to {path}: {e.strerror or e}", "give -o a path in a writable directory"
+        ) from None
+
+
+class SummaryConsole(Console):
+    """rich turns a broken pipe into SystemExit(1); the code must stay CMD's."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
+class RunCommand(TyperCommand):
+    """Usage reads `memtrace run [OPTIONS] -- CMD [ARGS]...`."""
+
+    def collect_usage_pieces(self, ctx: object) -> list[str]:
+        return ["[OPTIONS] -- CMD [ARGS]..."]
+
+
+@app.command(
+    cls=RunCommand,
+    short_help="Trace a command; print what it copied.",
+    context_settings={"allow_interspersed_args": False},
+)
 def run(
-    cmd: list[str] = typer.Argument(..., metavar="-- CMD [ARGS]...", help="The command to trace."),
-    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Summary format."),
-    output: str | None = typer.Option(None, "--output", "-o", help="Write the summary here instead of stdout."),
-    ring_size: float = typer.Option(16, "--ring-size", help="Event ring size in MiB (rounded up to a power of two)."),
+    cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", hidden=True),
+    fmt: Format = typer.Option(
+        Format.table, "--format", "-f", metavar="table|json", help="Summary format: table or json."
+    ),
+    output: str | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Write the summary to FILE (default: table to stderr, json to stdout).",
+    ),
+    detail: bool = typer.Option(False, "--detail", "-d", help="Table: one row per API, not per direction."),
+    ring_size: float = typer.Option(
+        16, "--ring-size", metavar="MIB", help="Event ring size in MiB (rounded up to a power of two)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
-    """Trace CMD and its children from their first instruction until CMD exits,
-    then print what they copied. Exits with CMD's exit code."""
+    """Trace CMD (a program and its arguments, after --) and its children from
+    their first instruction until CMD exits, then print what they copied.
+    Exits with CMD's exit code.
+
+    The table goes to stderr and JSON to stdout; with JSON on stdout, CMD's own
+    stdout is sent to stderr so the two never mix. -o FILE takes either."""
     setup_logging(verbose)
     from memtrace.export.report import print_table, summary
     from memtrace.runtime.agent import Agent, Options
     from memtrace.runtime.command import run_command
 
+    out: IO[str] | None = None
+    created = False
+    json_fd: int | None = None
     try:
         opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size))
+        if output:
+            out, created = open_output(output)
+        elif fmt == Format.json:
+            # stdout carries the JSON alone: CMD (and anything the agent
+            # starts) gets stderr as its stdout.
+            sys.stdout.flush()
+            json_fd = os.dup(1)
+            os.dup2(2, 1)
         with Agent(opts) as agent:
             done = run_command(agent, cmd)
             doc = summary(
@@ -40,16 +100,38 @@ def run(
                 drain=agent.drain_stats().as_dict(),
             )
     except MemtraceError as e:
+        if out is not None:
+            out.close()
+            if created and output:
+                os.unlink(output)
         fail(e)
         return
-    out = open(output, "w") if output else sys.stdout
+    if out is not None:
+        out.seek(0)
+        out.truncate()
     try:
         if fmt == Format.json:
-            json.dump(doc, out, indent=2)
-            out.write("\n")
+            target = out if out is not None else os.fdopen(json_fd if json_fd is not None else 1, "w")
+            json.dump(doc, target, indent=2)
+            target.write("\n")
+            target.flush()
         else:
-            print_table(doc, Console(file=out, width=160 if output else None))
+            target = out if out is not None else sys.stderr
+            print_table(doc, SummaryConsole(file=target), detail=detail)
+            target.flush()
+    except BrokenPipeError:
+        # The reader left (`| head -1`): not memtrace's failure, nor CMD's.
+        pass
+    except OSError as e:
+        err.print(f"[bold red]memtrace:[/bold red] could not write the summary: {e}", highlight=False)
     finally:
-        if output:
-            out.close()
+        if out is not None:
+            try:
+                out.close()
+            except OSError as e:
+                err.print(f"[bold red]memtrace:[/bold red] could not write the summary: {e}", highlight=False)
+        # Nothing left for the interpreter to flush into a closed pipe at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
     raise typer.Exit(done.exit_code)

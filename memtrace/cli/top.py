@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import select
+import sys
+import termios
 import time
+import tty
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import typer
 from rich.console import Console
@@ -12,10 +19,42 @@ from memtrace.cli.common import app, fail, setup_logging
 from memtrace.core.errors import MemtraceError
 
 
-@app.command()
+@contextmanager
+def keys() -> Iterator[Callable[[float], str]]:
+    """Keys typed at the terminal, read in cbreak mode (no Enter needed);
+    ``wait(t)`` sleeps up to t seconds and returns what was typed. Without a
+    terminal on stdin it only sleeps."""
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else -1
+    if fd < 0:
+
+        def sleep(t: float) -> str:
+            time.sleep(t)
+            return ""
+
+        yield sleep
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def wait(t: float) -> str:
+        ready, _, _ = select.select([fd], [], [], t)
+        return os.read(fd, 64).decode(errors="replace") if ready else ""
+
+    try:
+        yield wait
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@app.command(short_help="Live view of every CUDA process.")
 def top(
-    interval: float = typer.Option(1.0, "--interval", "-i", min=0.1, help="Refresh period in seconds."),
-    iterations: int = typer.Option(0, "--iterations", "-n", min=0, help="Stop after N refreshes (0: run until ^C)."),
+    interval: float = typer.Option(
+        1.0, "--interval", "-i", min=0.1, metavar="SECONDS", help="Refresh period in seconds."
+    ),
+    iterations: int = typer.Option(
+        0, "--iterations", "-n", min=0, metavar="N", help="Stop after N refreshes (0: run until ^C)."
+    ),
+    detail: bool = typer.Option(False, "--detail", "-d", help="Also show bytes per direction, errors, launches."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """A live view of every CUDA process on the host: copies, bytes and rates."""
@@ -23,17 +62,24 @@ def top(
     from memtrace.export.top import TopView
     from memtrace.runtime.agent import Agent, Options
 
-    view = TopView(interval)
+    view = TopView(interval, detail)
     try:
         with Agent(Options()) as agent:
             agent.scan()
             n = 0
-            with Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live:
+            with (
+                keys() as wait,
+                Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live,
+            ):
                 last = time.monotonic()
-                # The agent drains on its own thread; this one only renders, under the model lock.
+                # The agent drains on its own thread; this one waits for keys
+                # and renders, under the model lock.
                 with agent.draining():
                     while iterations == 0 or n < iterations:
-                        time.sleep(max(last + interval - time.monotonic(), 0.0))
+                        if "q" in wait(max(last + interval - time.monotonic(), 0.0)).lower():
+                            return
+                        if time.monotonic() < last + interval:
+                            continue  # another key: keep waiting for the refresh
                         with agent.locked() as model:
                             agent.sync_totals()
                             now = time.monotonic()

@@ -7,7 +7,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 
 from memtrace.analysis.findings import DEFAULT, Thresholds, compute
@@ -184,64 +185,151 @@ def launches(model: Model) -> list[dict[str, Any]]:
     return out
 
 
-def print_table(doc: dict[str, Any], console: Console) -> None:
-    t = Table(title="memtrace: CUDA memory copies", title_justify="left")
-    for col, kw in (
-        ("pid", {"justify": "right"}),
-        ("process", {}),
-        ("layer", {}),
-        ("api", {}),
-        ("dir", {}),
-        ("host", {}),
-        ("calls", {"justify": "right"}),
-        ("bytes", {"justify": "right"}),
-        ("err", {"justify": "right"}),
-        ("p50", {"justify": "right"}),
-        ("p99", {"justify": "right"}),
-        ("max", {"justify": "right"}),
-        ("GB/s", {"justify": "right"}),
-    ):
-        t.add_column(col, **kw)
-    for r in doc["memcpy"]:
-        d = r["duration_seconds"]
-        bw = r["bandwidth_bytes_per_second"]
-        bws = "-" if bw is None else f"{bw / 1e9:.2f}"
-        if not r["synchronous"] and bw is not None:
-            bws = f"[dim]{bws}*[/dim]"
-        t.add_row(
-            str(r["pid"]),
-            r["process"],
-            r["layer"],
-            r["api"],
-            r["direction"],
-            r["host_memory"] or "",
-            f"{r['calls']:,}",
-            human_bytes(r["bytes"]),
-            str(r["errors"]) if r["errors"] else "",
-            human_seconds(d["p50"]),
-            human_seconds(d["p99"]),
-            human_seconds(d["max"]),
-            bws,
-        )
-    console.print(t)
-    tt = Table(title="totals by direction", title_justify="left")
-    for col in ("direction", "calls", "bytes", "errors"):
-        tt.add_column(col, justify="right" if col != "direction" else "left")
-    for d, v in doc["totals"].items():
-        tt.add_row(d, f"{v['calls']:,}", f"{human_bytes(v['bytes'])} ({v['bytes']:,})", str(v["errors"]))
-    console.print(tt)
-    print_sections(doc, console)
+def fit(console: Console, renderable: RenderableType) -> None:
+    """Print without cutting anything: on a terminal, cells fold where the
+    screen is too narrow; elsewhere (a file, a pipe) the line is as wide as
+    the content needs, never narrower than the console."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    need = Measurement.get(console, console.options.update(max_width=1 << 16), renderable).maximum
+    width = console.width
+    console.width = max(width, need)  # print(width=) cannot exceed the console's width
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
+
+
+def _table(*columns: str, title: str | None = None, left: tuple[str, ...] = ()) -> Table:
+    # No box: two spaces between columns leave the room to numbers.
+    t = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold underline")
+    for c in columns:
+        t.add_column(c, justify="left" if c in left else "right", overflow="fold")
+    return t
+
+
+def _bandwidth(rows: list[dict[str, Any]]) -> str:
+    seconds = sum(r["duration_seconds"]["sum"] for r in rows)
+    if seconds <= 0:
+        return "-"
+    bw = f"{sum(r['bytes'] for r in rows) / seconds / 1e9:.1f}"
+    return bw + "*" if any(not r["synchronous"] for r in rows) else bw
+
+
+def _host_split(rows: list[dict[str, Any]]) -> str:
+    """Where the host side of the bytes lives: one kind, or the pageable share."""
+    by: dict[str, int] = defaultdict(int)
+    for r in rows:
+        if r["host_memory"]:
+            by[r["host_memory"]] += r["bytes"]
+    if not by:
+        return ""
+    by = {k: n for k, n in by.items() if n} or by
+    if len(by) == 1:
+        return next(iter(by))
+    total = sum(by.values())
+    if not total:
+        return "mixed"
+    share = by.get("pageable", 0) / total
+    # Never round a mix to 0% or 100%: that would read as one kind.
+    pct = "<1%" if 0 < share < 0.01 else ">99%" if 0.99 < share < 1 else f"{share:.0%}"
+    return f"{pct} pageable"
+
+
+def _libraries(libs: list[dict[str, Any]]) -> str:
+    """One entry per path; a file replaced while traced is attached once per inode."""
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for l in libs:
+        seen.setdefault(l["path"], []).append(l)
+    parts = []
+    for path, same in seen.items():
+        l = same[-1]
+        note = f"{l['layer']}, {l['probes']} symbols"
+        if len(same) > 1:
+            note += f", replaced on disk while traced: {len(same)} versions attached"
+        parts.append(f"{path} ({note})")
+    return ", ".join(parts)
+
+
+def _process_name(rows: list[dict[str, Any]], pid: int) -> str:
+    return next((r["process"] for r in rows if r["process"]), "")
+
+
+def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> None:
+    """The summary for people: per process and direction (80 columns), or per
+    API with ``detail``. Exact byte totals are always shown in full."""
     a = doc["agent"]
-    libs = ", ".join(f"{l['path']} ({l['layer']}, {l['probes']} symbols)" for l in a["libraries"]) or "none"
-    console.print(f"[bold]libraries[/bold]: {libs}")
+    cmd = doc.get("command")
+    if not a["libraries"] and not doc["memcpy"] and not doc.get("device_memory"):
+        who = f"`{' '.join(cmd['argv'])}`" if cmd else "the traced processes"
+        console.print(
+            f"memtrace: {who} loaded no CUDA library (libcuda.so or libcudart.so, or a CUDA runtime "
+            "linked into the program): nothing to report.",
+            highlight=False,
+        )
+        if cmd:
+            console.print(f"exit code {cmd['exit_code']}, {human_seconds(cmd['wall_seconds'])}", highlight=False)
+        return
+    console.print("[bold]memtrace: CUDA memory copies[/bold]")
+    per: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in doc["memcpy"]:
+        per[r["pid"]].append(r)
+    for pid, rows in sorted(per.items()):
+        if detail:
+            t = _table("api", "dir", "host", "calls", "bytes", "err", "p50", "p99", "GB/s", left=("api", "dir", "host"))
+            for r in rows:
+                d = r["duration_seconds"]
+                t.add_row(
+                    r["api"],
+                    r["direction"],
+                    r["host_memory"] or "",
+                    f"{r['calls']:,}",
+                    f"{r['bytes']:,}",
+                    str(r["errors"]) if r["errors"] else "",
+                    human_seconds(d["p50"]),
+                    human_seconds(d["p99"]),
+                    _bandwidth([r]),
+                )
+        else:
+            t = _table(
+                "direction", "calls", "bytes", "", "host memory", "errors", "GB/s", left=("direction", "host memory")
+            )
+            by_dir: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for r in rows:
+                by_dir[r["direction"]].append(r)
+            order = list(doc["totals"])
+            for direction, rs in sorted(by_dir.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
+                n = sum(r["bytes"] for r in rs)
+                errors = sum(r["errors"] for r in rs)
+                t.add_row(
+                    direction,
+                    f"{sum(r['calls'] for r in rs):,}",
+                    f"{n:,}",
+                    human_bytes(n),
+                    _host_split(rs),
+                    f"{errors:,}" if errors else "",
+                    _bandwidth(rs),
+                )
+        t.title = f"pid {pid} {_process_name(rows, pid)}".rstrip()
+        fit(console, t)
+    if len(per) > 1:
+        tt = _table("direction", "calls", "bytes", "", "errors", title="all processes", left=("direction",))
+        for d, v in doc["totals"].items():
+            tt.add_row(d, f"{v['calls']:,}", f"{v['bytes']:,}", human_bytes(v["bytes"]), f"{v['errors']:,}")
+        fit(console, tt)
+    print_sections(doc, console)
+    console.print(f"[bold]libraries[/bold]: {_libraries(a['libraries']) or 'none'}", highlight=False)
     line = f"events {a['events']:,}, dropped {a['dropped']:,}"
     if a["abandoned_calls"] or a["untracked_calls"]:
         line += f", abandoned {a['abandoned_calls']}, untracked {a['untracked_calls']}"
-    console.print(f"[bold]agent[/bold]: {line}")
+    console.print(f"[bold]agent[/bold]: {line}", highlight=False)
     if any(not r["synchronous"] for r in doc["memcpy"]):
         console.print(
-            "[dim]* asynchronous calls: bytes ÷ call time; the call may return before the transfer ends[/dim]"
+            "[dim]* includes asynchronous calls: bytes ÷ call time; a call may return before its transfer ends[/dim]"
         )
+    if not detail:
+        console.print("[dim]per-API detail: memtrace run --detail[/dim]")
     if a["dropped"]:
         console.print(
             f"[yellow]{a['dropped']:,} events were dropped (ring full): totals stay exact, "
@@ -252,52 +340,40 @@ def print_table(doc: dict[str, Any], console: Console) -> None:
 def print_sections(doc: dict[str, Any], console: Console) -> None:
     """Device memory, waits, launches and findings, under the copy table."""
     if doc.get("device_memory"):
-        t = Table(title="device memory", title_justify="left")
-        for col in (
-            "pid",
-            "process",
-            "allocs",
-            "allocated",
-            "frees",
-            "unknown frees",
-            "in use",
-            "peak",
-            "outstanding",
-            "pinned host",
-        ):
-            t.add_column(col, justify="left" if col == "process" else "right")
+        t = _table(
+            "process", "allocs", "frees", "in use", "peak", "pinned host", title="device memory", left=("process",)
+        )
+        unknown = []
         for m in doc["device_memory"]:
             t.add_row(
-                str(m["pid"]),
-                m["process"],
+                f"{m['pid']} {m['process']}",
                 f"{m['allocations']:,}",
-                human_bytes(m["allocated_bytes"]),
                 f"{m['frees']:,}",
-                str(m["unknown_frees"]) if m["unknown_frees"] else "",
                 human_bytes(m["in_use_bytes"]),
                 human_bytes(m["peak_bytes"]),
-                f"{m['outstanding']:,}",
                 human_bytes(m["pinned_host_bytes"]),
             )
-        console.print(t)
+            if m["unknown_frees"]:
+                unknown.append(f"{m['pid']}: {m['unknown_frees']:,}")
+        fit(console, t)
+        if unknown:
+            console.print(f"frees of memory allocated before tracing began: {', '.join(unknown)}", highlight=False)
     if doc.get("synchronization"):
-        t = Table(title="synchronisation waits", title_justify="left")
-        for col in ("pid", "process", "api", "calls", "p50", "p99", "total", "share of wall"):
-            t.add_column(col, justify="left" if col in ("process", "api") else "right")
+        t = _table(
+            "process", "api", "calls", "p99", "total", "of wall", title="synchronisation waits", left=("process", "api")
+        )
         for w in doc["synchronization"]:
             d = w["duration_seconds"]
             share = w["share_of_wall_time"]
             t.add_row(
-                str(w["pid"]),
-                w["process"],
+                f"{w['pid']} {w['process']}",
                 w["api"],
                 f"{w['calls']:,}",
-                human_seconds(d["p50"]),
                 human_seconds(d["p99"]),
                 human_seconds(d["sum"]),
                 "-" if share is None else f"{share:.0%}",
             )
-        console.print(t)
+        fit(console, t)
     if doc.get("launches"):
         per: dict[tuple[int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for l in doc["launches"]:

@@ -31,17 +31,25 @@ _BY_DIRECTION = {Direction.H2D: "h2d", Direction.D2H: "d2h", Direction.D2D: "d2d
 class TopView:
     """Renders the model; remembers the last refresh's totals for rates."""
 
-    COLUMNS = ("pid", "process", "copies/s", "bytes/s", "bytes", "h2d", "pageable h2d", "d2h", "d2d", "errors")
-    MORE = ("dev mem", "sync wait", "launches/s")
+    # Eight columns fit 80: the rest with --detail.
+    COLUMNS = ("pid", "process", "copies/s", "bytes/s", "bytes", "pageable", "dev mem", "sync")
+    DETAIL = ("h2d", "d2h", "d2d", "errors", "launches/s")
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, detail: bool = False) -> None:
         self.interval = interval
+        self.detail = detail
         self._prev: dict[int, tuple[int, int, int]] = {}
 
     def render(self, model: Model, dt: float) -> Group:
-        t = Table(title=f"memtrace top: CUDA processes (every {self.interval:g}s)", title_justify="left")
-        for c in (*self.COLUMNS, *self.MORE):
-            t.add_column(c, justify="left" if c == "process" else "right")
+        t = Table(
+            title=f"memtrace top: CUDA processes (every {self.interval:g}s; q quits)",
+            title_justify="left",
+            box=None,
+            pad_edge=False,
+            header_style="bold underline",
+        )
+        for c in (*self.COLUMNS, *(self.DETAIL if self.detail else ())):
+            t.add_column(c, justify="left" if c == "process" else "right", overflow="fold")
         per: dict[int, _Row] = {}
         for (pid, _api, d, host), st in model.copy_view().items():
             p = per.setdefault(pid, _Row())
@@ -68,21 +76,25 @@ class TopView:
             proc = model.processes.get(pid)
             name = (proc.name if proc else "") + (" (exited)" if proc and proc.exited else "")
             wall = proc.wall_ns() if proc else 0
-            t.add_row(
+            cells = [
                 str(pid),
                 name,
                 f"{(p.calls - pc) / dt:,.0f}",
                 human_bytes((p.bytes - pb) / dt) + "/s",
                 human_bytes(p.bytes),
-                human_bytes(p.h2d),
-                f"{p.pageable_h2d / p.h2d:.0%}" if p.h2d else "",
-                human_bytes(p.d2h),
-                human_bytes(p.d2d),
-                str(p.errors) if p.errors else "",
+                f"{p.pageable_h2d / p.h2d:.0%} h2d" if p.h2d else "",
                 human_bytes(proc.memory.in_use_bytes) if proc and proc.memory.allocations else "",
                 f"{waits[pid] / wall:.0%}" if pid in waits and wall else "",
-                f"{(launches.get(pid, 0) - pl) / dt:,.0f}" if pid in launches else "",
-            )
+            ]
+            if self.detail:
+                cells += [
+                    human_bytes(p.h2d),
+                    human_bytes(p.d2h),
+                    human_bytes(p.d2d),
+                    str(p.errors) if p.errors else "",
+                    f"{(launches.get(pid, 0) - pl) / dt:,.0f}" if pid in launches else "",
+                ]
+            t.add_row(*cells)
             self._prev[pid] = (p.calls, p.bytes, launches.get(pid, 0))
         notes = [
             f"[bold yellow]finding[/bold yellow] ({f.process or f.pid}): {f.summary}. [bold]fix[/bold]: {f.fix}"

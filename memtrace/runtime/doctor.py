@@ -104,7 +104,18 @@ def check_libbpf() -> Check:
 def check_tracefs() -> Check:
     from memtrace.bpf.host import TRACEFS
 
-    if (TRACEFS / "events").is_dir():
+    try:
+        mounted = (TRACEFS / "events").is_dir()
+    except PermissionError:
+        # Only root may look inside tracefs; memtrace itself runs as root.
+        return Check(
+            "tracefs",
+            True,
+            f"{TRACEFS} cannot be read as uid {os.geteuid()}",
+            "run memtrace (and this check) as root",
+            warn=True,
+        )
+    if mounted:
         return Check("tracefs", True, f"mounted at {TRACEFS}")
     return Check(
         "tracefs",
@@ -223,7 +234,10 @@ CHECKS: list[Callable[[], Check]] = [
 def run_checks(console: Console) -> bool:
     ok = True
     for fn in CHECKS:
-        c = fn()
+        try:
+            c = fn()
+        except OSError as e:  # a non-root user cannot read everything a check looks at
+            c = Check(fn.__name__.removeprefix("check_"), False, f"could not check: {e}", "run as root")
         # A failed prerequisite makes the load check's message redundant.
         if fn is check_load and not ok:
             continue

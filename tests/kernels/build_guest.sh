@@ -2,6 +2,7 @@
 # Build a bootable guest that runs memtrace's shipped objects on Debian's
 # current bookworm kernel for ARCH, against a workload with known truth.
 #   tests/kernels/build_guest.sh ARCH OUT [CACHE]      ARCH: x86 | arm64
+# PYTHON: the interpreter with the project installed (default ./.venv/bin/python).
 # Writes OUT/vmlinuz, OUT/initrd.gz and OUT/kernel (the package it booted).
 set -euo pipefail
 arch=$1; out=$2; cache=${3:-$out/cache}
@@ -37,7 +38,7 @@ $cc -O2 -Wall -fno-ipa-icf -fno-inline -static -DFAKE_DIRECT -I "$fx" -o "$r/wor
 $cc -O2 -static -I "$repo/bpf" -o "$r/harness" "$here/harness.c" $libs 2>/dev/null
 cp "$repo/memtrace/bpf/memtrace.$arch.bpf.o" "$r/right.bpf.o"
 cp "$repo/memtrace/bpf/memtrace.$other.bpf.o" "$r/wrong.bpf.o"
-PYTHONPATH=$repo python3 "$here/plan.py" "$r/workload" /workload > "$r/plan"
+PYTHONPATH=$repo "${PYTHON:-$repo/.venv/bin/python}" "$here/plan.py" "$r/workload" /workload > "$r/plan"
 cat > "$r/init" <<'INIT'
 #!/bin/sh
 mount -t proc proc /proc

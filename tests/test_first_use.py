@@ -1,0 +1,355 @@
+"""What a new user meets first, run through the real CLI as a subprocess:
+exit codes, errors without tracebacks, output that never mixes with the
+traced command's, and tables readable at 80 columns."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, memtrace_cmd
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*memtrace_cmd(), *args], capture_output=True, text=True, env=dict(os.environ, **(env or {})), **kw
+    )
+
+
+def shell(cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A pipeline as a user types it, memtrace being `$MT`."""
+    mt = " ".join(memtrace_cmd())
+    return subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + cmd.replace("$MT", mt)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("size", ["nan", "inf", "-inf", "NaN"])
+def test_ring_size_not_a_number_is_a_clear_error(size: str) -> None:
+    p = memtrace("run", "--ring-size", size, "--", "true")
+    assert p.returncode == 2, p.stderr
+    assert "--ring-size" in p.stderr and "fix:" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def _python_for_nobody() -> list[str]:
+    """An interpreter the nobody user can run, seeing this project's packages.
+    The venv's interpreter may live under root's 0700 home."""
+    probe = subprocess.run([*NOBODY, sys.executable, "-c", "pass"], capture_output=True)
+    if probe.returncode == 0:
+        return [sys.executable]
+    # Same minor version, so the venv's compiled packages still load.
+    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for cand in (shutil.which(ver), f"/usr/bin/{ver}", "/usr/bin/python3"):
+        if cand and subprocess.run([*NOBODY, cand, "-c", "pass"], capture_output=True).returncode == 0:
+            return [cand]
+    pytest.skip("no Python interpreter that the nobody user can run")
+
+
+@pytest.mark.bpf
+def test_doctor_as_non_root_reports_instead_of_crashing(tmp_path: Path) -> None:
+    py = _python_for_nobody()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *site.getsitepackages()]))
+    p = subprocess.run(
+        [*NOBODY, *py, "-m", "memtrace", "doctor"], capture_output=True, text=True, env=env, cwd="/", timeout=120
+    )
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAIL  privileges: uid 65534" in p.stdout
+    assert "cannot run here" in p.stdout
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        "$MT run -- sh -c 'exit 5' | head -1",
+        "$MT run -- sh -c 'exit 5' 2>&1 | true",
+        "$MT run --format json -- sh -c 'exit 5' | true",
+        "$MT run --format json -- sh -c 'exit 5' 2>&1 | true",
+    ],
+)
+def test_run_exits_with_the_command_code_when_its_reader_has_gone(pipeline: str) -> None:
+    # The reader (`true`) is gone long before the summary is written: a broken pipe.
+    p = shell(pipeline + "; echo status=$? >&2")
+    assert p.stderr.strip().endswith("status=5"), p.stderr
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr
+
+
+@pytest.mark.bpf
+def test_unwritable_output_fails_before_the_command_runs(tmp_path: Path) -> None:
+    mark = tmp_path / "ran"
+    for bad in (tmp_path / "no" / "such" / "dir.json", Path("/proc/memtrace.json"), tmp_path):
+        p = memtrace("run", "-o", str(bad), "--", "sh", "-c", f"touch {mark}")
+        assert p.returncode == 2, p.stderr
+        assert "cannot write the summary" in p.stderr and "fix:" in p.stderr
+        assert "Traceback" not in p.stderr
+        assert not mark.exists(), "the command ran although its summary could not be written"
+    kept = tmp_path / "kept.json"
+    kept.write_text("keep me")
+    p = memtrace("run", "-o", str(kept), "--", "/no/such/program")
+    assert p.returncode == 2 and kept.read_text() == "keep me"
+
+
+@pytest.mark.bpf
+def test_json_on_stdout_never_mixes_with_the_command_output(fakecuda: Path) -> None:
+    wl = fakecuda / "workload"
+    p = shell(f"$MT run --format json -- sh -c 'echo hello; exec {wl} -n 50 -e' | {sys.executable} -m json.tool")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["command"]["exit_code"] == 0 and doc["totals"]["h2d"]["calls"] > 0
+    assert "hello" in p.stderr  # the command's stdout went to stderr, not lost
+
+
+@pytest.mark.bpf
+def test_a_command_without_cuda_is_said_plainly() -> None:
+    p = memtrace("run", "--", "sh", "-c", "exit 3")
+    assert p.returncode == 3
+    assert "loaded no CUDA library" in p.stderr
+    assert "libraries: none" not in p.stderr and "direction" not in p.stderr
+
+
+def _exact_per_process_direction(lines: list[dict]) -> dict[tuple[int, str], int]:
+    out: dict[tuple[int, str], int] = {}
+    for line in lines:
+        for c in line["copies"]:
+            k = (line["pid"], c["direction"])
+            out[k] = out.get(k, 0) + c["bytes"]
+    return out
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("how", ["stderr-piped", "output-file"])
+def test_the_table_fits_80_columns_and_shows_every_exact_byte_total(fakecuda: Path, tmp_path: Path, how: str) -> None:
+    truth = tmp_path / "truth.jsonl"
+    out = tmp_path / "table.txt"
+    args = ["-o", str(out)] if how == "output-file" else []
+    p = memtrace(
+        "run",
+        *args,
+        "--",
+        str(fakecuda / "workload"),
+        "-n",
+        "300",
+        "-f",
+        env={"WORKLOAD_TRUTH": str(truth), "COLUMNS": "80"},
+    )
+    assert p.returncode == 0, p.stderr
+    text = out.read_text() if how == "output-file" else p.stderr
+    # memtrace's own log lines (warnings) may precede the summary on stderr.
+    text = text[text.index("memtrace: CUDA memory copies") :]
+    lines = [json.loads(l) for l in truth.read_text().splitlines()]
+    exact = _exact_per_process_direction(lines)
+    assert len({pid for pid, _ in exact}) == 2  # parent and forked child
+    rows = text.splitlines()
+    for (pid, direction), n in exact.items():
+        if n == 0:
+            continue
+        block = text[text.index(f"pid {pid} ") :]
+        row = next(r for r in block.splitlines() if r.split()[:1] == [direction])
+        assert f"{n:,}" in row.split(), (pid, direction, n, row)
+    assert max(len(r) for r in rows) <= 80, max(rows, key=len)
+    assert "…" not in text
+
+
+@pytest.mark.bpf
+def test_the_detail_table_is_never_cut_when_piped(fakecuda: Path, tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    p = memtrace(
+        "run",
+        "--detail",
+        "--",
+        str(fakecuda / "workload"),
+        "-n",
+        "300",
+        env={"WORKLOAD_TRUTH": str(truth), "COLUMNS": "80"},
+    )
+    assert p.returncode == 0, p.stderr
+    # Rows are per API, direction and host memory: sum the exact bytes of each API and direction.
+    shown: dict[tuple[str, str], int] = {}
+    for r in p.stderr.splitlines():
+        tok = r.split()
+        nums = [t for t in tok if re.fullmatch(r"[\d,]+", t)]
+        if len(tok) > 2 and tok[0].startswith("cu") and len(nums) >= 2:
+            shown[(tok[0], tok[1])] = shown.get((tok[0], tok[1]), 0) + int(nums[1].replace(",", ""))
+    want: dict[tuple[str, str], int] = {}
+    for line in truth.read_text().splitlines():
+        for c in json.loads(line)["copies"]:
+            want[(c["api"], c["direction"])] = want.get((c["api"], c["direction"]), 0) + c["bytes"]
+    assert shown == want
+    assert "…" not in p.stderr
+
+
+def test_help_reads_well_at_80_columns() -> None:
+    env = {"COLUMNS": "80"}
+    p = memtrace("run", "--help", env=env)
+    assert p.returncode == 0
+    assert p.stdout.splitlines()[0].endswith(" run [OPTIONS] -- CMD [ARGS]..."), p.stdout
+    p = memtrace("run", env=env)
+    assert p.returncode == 2 and " run [OPTIONS] -- CMD [ARGS]...\n" in p.stderr, p.stderr
+    for cmd in ("run", "top", "push", "doctor"):
+        p = memtrace(cmd, "--help", env=env)
+        assert p.returncode == 0, p.stderr
+        for odd in ("<bool>", "{", "…", "<list"):
+            assert odd not in p.stdout, (cmd, odd, p.stdout)
+        assert all(len(l) <= 80 for l in p.stdout.splitlines()), p.stdout
+        if cmd in ("run", "top", "push"):
+            verbose = next(l for l in p.stdout.splitlines() if "--verbose" in l)
+            assert "Log " in verbose, verbose
+    p = memtrace("push", "--help", env=env)
+    assert "(OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT)" in p.stdout
+    p = memtrace("--help", env=env)
+    assert "..." not in p.stdout.split("Commands:")[1], p.stdout
+
+
+@pytest.mark.bpf
+def test_verbose_names_libbpf_once() -> None:
+    p = memtrace("run", "-v", "--", "true")
+    assert p.returncode == 0, p.stderr
+    assert "memtrace: libbpf: " in p.stderr
+    assert "libbpf: libbpf:" not in p.stderr
+
+
+@pytest.mark.bpf
+def test_a_library_replaced_on_disk_is_listed_once(fakecuda: Path, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from memtrace.export.report import print_table
+
+    # A real summary; then the runtime attached a second time under the same
+    # path, as the agent records a file replaced on disk (a new inode; see
+    # test_reliability's replaced-library test, whose attach can race).
+    out = tmp_path / "summary.json"
+    p = memtrace(
+        "run",
+        "-f",
+        "json",
+        "-o",
+        str(out),
+        "--",
+        str(fakecuda / "workload"),
+        "-n",
+        "20",
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    libs = doc["agent"]["libraries"]
+    runtime = next(l for l in libs if l["layer"] == "runtime")
+    libs.append(dict(runtime))
+    text = io.StringIO()
+    print_table(doc, Console(file=text, width=300))
+    line = next(l for l in text.getvalue().splitlines() if l.startswith("libraries: "))
+    assert line.count(runtime["path"] + " (") == 1, line
+    assert f"{runtime['path']} (runtime, {runtime['probes']} symbols, replaced on disk" in line, line
+
+
+@pytest.mark.bpf
+def test_q_quits_top_on_a_terminal() -> None:
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - child: top on the pty, until q
+        os.execvpe(memtrace_cmd()[0], [*memtrace_cmd(), "top", "-i", "0.5"], dict(os.environ, COLUMNS="80"))
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"memtrace top" not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 1)[0]:
+                seen += os.read(fd, 4096)
+        assert b"memtrace top" in seen, seen
+        os.write(fd, b"q")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    pass
+        else:
+            pytest.fail("top did not quit on q")
+        assert os.waitstatus_to_exitcode(status) == 0, seen
+    finally:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+
+
+@pytest.mark.bpf
+def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
+    import time
+
+    w = subprocess.Popen(
+        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    top = subprocess.Popen(
+        [*memtrace_cmd(), "top", "-n", "3", "-i", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, COLUMNS="80"),
+    )
+    time.sleep(1.5)
+    assert w.stdin is not None
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    out, _ = top.communicate(timeout=60)
+    w.wait()
+    assert top.returncode == 0
+    rows = [l for l in out.splitlines() if l.split()[:2] == [str(w.pid), "workload"]]
+    assert rows, out
+    row = rows[-1]
+    assert "B/s" in row and "h2d" in row, row
+    assert "…" not in out
+    assert max(len(l) for l in out.splitlines()) <= 80, out
+
+
+def test_demo_installs_only_what_the_main_job_needs() -> None:
+    demo = (REPO / "scripts" / "demo.sh").read_text()
+    levels = re.findall(r"scripts/setup\.sh( --\w+)?", demo)
+    assert levels and all(l in ("", " --demo") for l in levels), levels
+
+    def wants(level: str) -> set[str]:
+        p = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), *level.split(), "--print"], capture_output=True)
+        assert p.returncode == 0, p.stderr
+        return set(p.stdout.decode().split())
+
+    demo_pkgs = wants("--demo")
+    assert {"libbpf1", "gcc", "make"} <= demo_pkgs
+    assert not {p for p in demo_pkgs if p.startswith(("qemu", "clang", "bpftool")) or ":arm64" in p or "aarch64" in p}
+    assert demo_pkgs < wants("--dev")
+
+
+def test_guest_build_uses_the_project_python_not_the_system_one() -> None:
+    # plan.py imports memtrace and numpy: a bare `python3` on a fresh machine has neither.
+    script = (REPO / "tests" / "kernels" / "build_guest.sh").read_text()
+    line = next(l for l in script.splitlines() if "plan.py" in l and not l.startswith("#"))
+    assert '"${PYTHON:-' in line and " python3 " not in line, line
+    assert "PYTHON=sys.executable" in (REPO / "tests" / "test_kernels.py").read_text()
