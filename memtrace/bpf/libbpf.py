@@ -197,7 +197,7 @@ class Map:
         self.name = name
 
     def lookup(self, key: ctypes._CData, value: ctypes._CData) -> bool:
-        return self.lib.bpf_map_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(value)) == 0
+        return bool(self.lib.bpf_map_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(value)) == 0)
 
     def update(self, key: ctypes._CData, value: ctypes._CData, flags: int = 0) -> None:
         ret = self.lib.bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), flags)
@@ -205,7 +205,7 @@ class Map:
             raise OSError(_errno(ret), f"update of map {self.name}: {os.strerror(_errno(ret))}")
 
     def delete(self, key: ctypes._CData) -> bool:
-        return self.lib.bpf_map_delete_elem(self.fd, ctypes.byref(key)) == 0
+        return bool(self.lib.bpf_map_delete_elem(self.fd, ctypes.byref(key)) == 0)
 
     def keys(self, key_type: type[ctypes._CData]) -> Iterator[ctypes._CData]:
         """All keys present now (a snapshot walk; entries may come and go)."""

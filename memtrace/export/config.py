@@ -183,11 +183,8 @@ def resolve(
     comp = (compression or var("COMPRESSION") or "none").lower()
     if comp not in ("gzip", "none"):
         raise BadOption(f"compression '{_safe(comp)}' is not supported", "use gzip or none")
-    t = (
-        timeout
-        if timeout is not None
-        else (_float(var("TIMEOUT"), "timeout", 0.001, 1e9) / 1000 if var("TIMEOUT") else 10.0)
-    )
+    timeout_ms = var("TIMEOUT")
+    t = timeout if timeout is not None else (_float(timeout_ms, "timeout", 0.001, 1e9) / 1000 if timeout_ms else 10.0)
     cert = certificate or var("CERTIFICATE")
     key = var("CLIENT_KEY")
     ccert = var("CLIENT_CERTIFICATE")
