@@ -28,7 +28,8 @@ int main(void) {
   O(mt_event, dst); O(mt_event, src); O(mt_event, start_ns);
   O(mt_event, pid); O(mt_event, tid); O(mt_event, ret); O(mt_event, api); O(mt_event, direction); O(mt_event, layer);
   S(mt_proc_key); O(mt_proc_key, start_ns); O(mt_proc_key, pid);
-  S(mt_totals_key); O(mt_totals_key, start_ns); O(mt_totals_key, pid); O(mt_totals_key, api); O(mt_totals_key, direction);
+  S(mt_totals_key); O(mt_totals_key, start_ns); O(mt_totals_key, pid);
+  O(mt_totals_key, api); O(mt_totals_key, direction);
   S(mt_totals); O(mt_totals, calls); O(mt_totals, bytes); O(mt_totals, errors); O(mt_totals, duration_ns);
   S(mt_ctl_event); O(mt_ctl_event, type); O(mt_ctl_event, pid); O(mt_ctl_event, fd); O(mt_ctl_event, held);
   O(mt_ctl_event, start_ns); O(mt_ctl_event, cgroup_id); O(mt_ctl_event, comm); C(MT_COMM_LEN);

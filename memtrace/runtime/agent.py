@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
 from memtrace.core.abi import Stat
+from memtrace.core.ids import ProcessKey
 from memtrace.model import Model
 from memtrace.sensors.cuda.source import Attachment, BpfSource, Options
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "Options"]
-from memtrace.sources.procfs import boot_ticks_now, read_process
+from memtrace.sources.procfs import read_process
 
 log = logging.getLogger("memtrace")
 
@@ -23,17 +25,22 @@ class Agent:
         # `memtrace run` traces a command from its first instruction: every
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
-        self.model = Model(complete_after_ticks=None if opts.only_traced else 2**63, identify=read_process)
+        self.model = Model(complete_after_ns=None if opts.only_traced else 2**63, identify=read_process)
         self.libraries: list[Attachment] = []
         self.source = BpfSource(
-            opts, self._on_events, self._on_exit, self.libraries.append, on_held=self.model.mark_complete
+            opts,
+            self._on_events,
+            self._on_exit,
+            self.libraries.append,
+            on_held=self.model.mark_complete,
+            on_process=self.model.introduce,
         )
 
     def _on_events(self, batch: np.ndarray) -> None:
         self.model.add_events(batch)
 
-    def _on_exit(self, pid: int) -> None:
-        self.model.process_exited(pid)
+    def _on_exit(self, key: ProcessKey) -> None:
+        self.model.process_exited(key)
 
     def start(self) -> None:
         try:
@@ -42,9 +49,9 @@ class Agent:
             self.source.close()
             raise
         self.model.forked_since_start = self.source.is_fresh
-        if self.model.complete_after_ticks is not None:
-            # A process that started in a later clock tick started after the probes went live.
-            self.model.complete_after_ticks = boot_ticks_now()
+        if self.model.complete_after_ns is not None:
+            # A process that started after now (its start as BPF reads it) started after the probes went live.
+            self.model.complete_after_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
     def poll(self) -> int:
         return self.source.poll()
@@ -52,14 +59,15 @@ class Agent:
     def sync_totals(self) -> None:
         """Copy what the kernel counts (launches, calls lost from the ring) into the model."""
         for k, v in self.source.lost():
-            self.model.set_lost(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
+            key = ProcessKey(k.pid, k.start_ns)
+            self.model.set_lost(key, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
         for k, n in self.source.counts():
-            self.model.set_launches(k.pid, k.api, n)
+            self.model.set_launches(ProcessKey(k.pid, k.start_ns), k.api, n)
 
-    def forget(self, pid: int) -> None:
+    def forget(self, key: ProcessKey) -> None:
         """Drop a process's state here and in the kernel's totals."""
-        self.model.forget(pid)
-        self.source.forget_pid(pid)
+        self.model.forget(key)
+        self.source.forget_process(key)
 
     def stats(self) -> dict[Stat, int]:
         return self.source.stats()
