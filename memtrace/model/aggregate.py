@@ -200,6 +200,7 @@ class Model:
         mine = np.unique(c_proc).tolist()
         for i in np.union1d(np.array(mine, np.int64), op_procs).tolist():
             book = procs[i].book
+            sel: slice | np.ndarray
             if len(mine) == 1:  # the common case: no mask
                 sel = slice(None) if i == mine[0] else slice(0)
             else:

@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -368,7 +369,8 @@ class BpfSource:
         """Calls the events ring could not take, counted by the kernel."""
         m = self.maps["lost"]
         out = []
-        for k in m.keys(TotalsKey):
+        for raw in m.keys(TotalsKey):
+            k = cast(TotalsKey, raw)
             v = Totals()
             if m.lookup(k, v):
                 out.append((k, v))
@@ -379,7 +381,8 @@ class BpfSource:
         """Launches per (process, api), counted by the kernel."""
         m = self.maps["counts"]
         out = []
-        for k in m.keys(TotalsKey):
+        for raw in m.keys(TotalsKey):
+            k = cast(TotalsKey, raw)
             v = ctypes.c_uint64()
             if m.lookup(k, v):
                 out.append((k, v.value))
