@@ -725,6 +725,7 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	__u64 id = bpf_get_current_pid_tgid();
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct mt_proc_key pk = {};
 	__u64 key;
 
 	/* A thread that dies inside a call never returns: release its
@@ -741,6 +742,9 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	if (!is_traced(tgid))
 		return 0;
 	hold(MT_CTL_EXIT, id, -1, false);
+	pk.start_ns = current_start();
+	pk.pid = tgid;
+	bpf_map_delete_elem(&seen, &pk); /* its notice is out: keep the room for the living */
 	bpf_map_delete_elem(&held, &tgid);
 	if (filter_pids)
 		bpf_map_delete_elem(&traced, &tgid);

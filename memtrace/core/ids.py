@@ -15,9 +15,6 @@ class ProcessKey(NamedTuple):
     pid: int
     start_ns: int  # CLOCK_BOOTTIME ns; 0: unknown
 
-    def __str__(self) -> str:
-        return f"{self.pid}@{self.start_ns}"
-
 
 def iso8601_ns(unix_ns: int) -> str:
     """A wall-clock time as ISO 8601 in UTC, to the nanosecond (OTel's
