@@ -98,7 +98,8 @@ def soak(agent: object, builder: object, total: int) -> None:
     from memtrace.core.abi import EVENT_DTYPE
 
     model = agent.model  # type: ignore[attr-defined]
-    keys = np.array(list(model.copies), dtype=np.int64)  # pid, api, direction, host memory
+    # pid, start, api, direction of each series
+    keys = np.array([(k.process.pid, k.process.start_ns, k.api, k.direction) for k in model.copies], dtype=np.int64)
     series0 = len(model.copies)
     rng = np.random.default_rng(1)
     sizes = np.array([4 << 10, 64 << 10, 1 << 20, 16 << 20], dtype=np.uint64)
@@ -108,7 +109,8 @@ def soak(agent: object, builder: object, total: int) -> None:
     while done < total:
         # A batch holds the events of a few processes, as a drained ring does.
         pick = keys[rng.choice(rng.integers(0, len(keys), 16), len(batch))]
-        batch["pid"], batch["api"], batch["direction"] = pick[:, 0], pick[:, 1], pick[:, 2]
+        for j, name in enumerate(("pid", "start_ns", "api", "direction")):
+            batch[name] = pick[:, j]
         # An untracked pointer in a process seen whole: pageable, as the live copies were.
         batch["src"] = batch["dst"] = 0x10000
         batch["bytes"] = sizes[rng.integers(0, 4, len(batch))]

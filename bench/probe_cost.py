@@ -45,8 +45,8 @@ from memtrace.bpf.ringbuf import EventRing  # noqa: E402
 from memtrace.core.abi import EVENT_DTYPE, Layer, Stat  # noqa: E402
 from memtrace.sensors.cuda.source import probe_plan  # noqa: E402
 
-# struct mt_event of the previous hot path: today's without the two pointers (48 bytes)
-OLD_EVENT = np.dtype([(n, EVENT_DTYPE.fields[n][0]) for n in EVENT_DTYPE.names if n not in ("dst", "src")])
+# struct mt_event of the previous hot path: today's without the two pointers and the process start (48 bytes)
+OLD_EVENT = np.dtype([(n, EVENT_DTYPE.fields[n][0]) for n in EVENT_DTYPE.names if n not in ("dst", "src", "start_ns")])
 assert OLD_EVENT.itemsize == 48
 
 BEFORE = "ae32709"  # the last commit with the previous hot path

@@ -222,6 +222,17 @@ struct {
 	__type(value, __u64);
 } held SEC(".maps");
 
+/* Processes whose identity notice (MT_CTL_PROC) is on the control ring:
+ * one notice per (pid, start), the first time either is seen. LRU: bounded;
+ * an evicted process is introduced again, which user space takes as a
+ * repeat. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct mt_proc_key);
+	__type(value, __u8);
+} seen SEC(".maps");
+
 static __always_inline void stat_inc(__u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
@@ -235,6 +246,61 @@ static __always_inline bool is_traced(__u32 tgid)
 	if (!filter_pids)
 		return true;
 	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+}
+
+/* Kernels before 5.5 call the start time real_start_time. */
+struct task_struct___pre55 {
+	__u64 real_start_time;
+} __attribute__((preserve_access_index));
+
+/* When the current process started (its thread group leader's start,
+ * CLOCK_BOOTTIME ns): with the tgid, who the process is. */
+static __always_inline __u64 current_start(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *leader = BPF_CORE_READ(task, group_leader);
+
+	if (bpf_core_field_exists(leader->start_boottime))
+		return BPF_CORE_READ(leader, start_boottime);
+	return BPF_CORE_READ((struct task_struct___pre55 *)leader, real_start_time);
+}
+
+/* The first event of a process: say who it is (command name and cgroup,
+ * as they are now) on the control ring, once. If the ring is full the
+ * process is introduced at a later event. */
+static __always_inline void introduce(__u64 id, __u64 start)
+{
+	struct mt_proc_key pk = {};
+	struct mt_ctl_event *e;
+	struct task_struct *task;
+	__u8 one = 1;
+
+	pk.start_ns = start;
+	pk.pid = id >> 32;
+	if (bpf_map_lookup_elem(&seen, &pk))
+		return;
+	if (bpf_map_update_elem(&seen, &pk, &one, BPF_NOEXIST))
+		return; /* another thread of it was first */
+	e = bpf_ringbuf_reserve(&ctl_events, sizeof(*e), 0);
+	if (!e) {
+		bpf_map_delete_elem(&seen, &pk);
+		stat_inc(MT_STAT_CTL_DROPPED);
+		return;
+	}
+	task = (struct task_struct *)bpf_get_current_task();
+	e->ts_ns = bpf_ktime_get_ns();
+	e->type = MT_CTL_PROC;
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->fd = -1;
+	e->held = 0;
+	e->pad = 0;
+	e->start_ns = start;
+	e->cgroup_id = bpf_get_current_cgroup_id();
+	/* The process's name is its leader's: threads may rename themselves. */
+	__builtin_memset(e->comm, 0, sizeof(e->comm));
+	BPF_CORE_READ_STR_INTO(&e->comm, task, group_leader, comm);
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
 /* The integer arguments at function entry, loaded once at constant ctx
@@ -467,13 +533,15 @@ int BPF_KRETPROBE(mt_return)
 	struct mt_totals_key tk = {};
 	struct inflight *f;
 	struct mt_event *e;
-	__u64 dst, aux;
+	__u64 dst, aux, start;
 
 	f = find_inflight(key);
 	if (!f)
 		return 0; /* nested driver call, or entry not seen */
 	if (f->cookie != cookie)
 		return 0; /* entry of another symbol on this thread and layer: leave it */
+	start = current_start();
+	introduce(id, start);
 	dst = f->dst;
 	aux = f->stream;
 	if ((ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_MEM && ret == 0) {
@@ -493,6 +561,7 @@ int BPF_KRETPROBE(mt_return)
 		e->stream = aux;
 		e->dst = dst;
 		e->src = (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY ? f->src : 0;
+		e->start_ns = start;
 		e->pid = id >> 32;
 		e->tid = (__u32)id;
 		e->ret = ret;
@@ -502,6 +571,7 @@ int BPF_KRETPROBE(mt_return)
 		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		stat_inc(MT_STAT_EVENTS);
 	} else {
+		tk.start_ns = start;
 		tk.pid = id >> 32;
 		tk.api = cookie & 0xffff;
 		tk.direction = f->direction;
@@ -527,6 +597,7 @@ int BPF_KPROBE(mt_launch)
 
 	if (!is_traced(id >> 32))
 		return 0;
+	tk.start_ns = current_start();
 	tk.pid = id >> 32;
 	tk.api = bpf_get_attach_cookie(ctx) & 0xffff;
 	c = bpf_map_lookup_elem(&counts, &tk);
@@ -534,6 +605,7 @@ int BPF_KPROBE(mt_launch)
 		__sync_fetch_and_add(c, 1);
 		return 0;
 	}
+	introduce(id, tk.start_ns); /* its first launch of this api: maybe its first event */
 	if (bpf_map_update_elem(&counts, &tk, &one, BPF_NOEXIST)) {
 		c = bpf_map_lookup_elem(&counts, &tk); /* another thread made it */
 		if (c)
@@ -576,6 +648,9 @@ static __always_inline void hold(__u32 type, __u64 id, __s32 fd, bool stop)
 	e->fd = fd;
 	e->held = 0;
 	e->pad = 0;
+	e->start_ns = current_start();
+	e->cgroup_id = 0;
+	__builtin_memset(e->comm, 0, sizeof(e->comm));
 	if (stop && bpf_map_update_elem(&held, &pid, &now, BPF_ANY) == 0) {
 		if (bpf_send_signal(SIGSTOP) == 0) {
 			e->held = 1;
@@ -655,6 +730,7 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	__u64 id = bpf_get_current_pid_tgid();
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct mt_proc_key pk = {};
 	__u64 key;
 
 	/* A thread that dies inside a call never returns: release its
@@ -671,6 +747,9 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	if (!is_traced(tgid))
 		return 0;
 	hold(MT_CTL_EXIT, id, -1, false);
+	pk.start_ns = current_start();
+	pk.pid = tgid;
+	bpf_map_delete_elem(&seen, &pk); /* its notice is out: keep the room for the living */
 	bpf_map_delete_elem(&held, &tgid);
 	if (filter_pids)
 		bpf_map_delete_elem(&traced, &tgid);

@@ -145,9 +145,20 @@ enum mt_stat {
 enum mt_ctl_type {
 	MT_CTL_MAP = 1,  /* a process maps a CUDA library's code (fd); stopped if `held` */
 	MT_CTL_EXIT = 3, /* the last thread of a process exited */
+	MT_CTL_PROC = 4, /* a process's first event: who it is (comm, cgroup), taken at the event */
+};
+
+/* A process is its tgid and its start time: pids are reused, start times
+ * are not. start_ns is the thread group leader's start_boottime
+ * (CLOCK_BOOTTIME ns, what /proc/PID/stat's starttime counts in ticks). */
+struct mt_proc_key {
+	__u64 start_ns;
+	__u32 pid;
+	__u32 pad;
 };
 
 struct mt_totals_key {
+	__u64 start_ns; /* the process's, as in struct mt_proc_key */
 	__u32 pid;
 	__u16 api;
 	__u8 direction;
@@ -171,6 +182,7 @@ struct mt_event {
 	__u64 stream;      /* copy, sync: stream or event; mem: the auxiliary argument */
 	__u64 dst;         /* copy: destination pointer; mem: the address or handle */
 	__u64 src;         /* copy: source pointer */
+	__u64 start_ns;    /* the process's start (struct mt_proc_key) */
 	__u32 pid;
 	__u32 tid;
 	__s32 ret;
@@ -178,6 +190,8 @@ struct mt_event {
 	__u8 direction;
 	__u8 layer;
 };
+
+#define MT_COMM_LEN 16 /* TASK_COMM_LEN */
 
 struct mt_ctl_event {
 	__u64 ts_ns;
@@ -187,6 +201,9 @@ struct mt_ctl_event {
 	__s32 fd; /* MT_CTL_MAP: the descriptor of the library being mapped */
 	__u32 held;
 	__u32 pad;
+	__u64 start_ns;  /* the process's start (struct mt_proc_key) */
+	__u64 cgroup_id; /* MT_CTL_PROC: bpf_get_current_cgroup_id() at the event */
+	char comm[MT_COMM_LEN]; /* MT_CTL_PROC: the command name at the event */
 };
 
 /* Inode of an attached library, as the kernel names it (s_dev, i_ino). */

@@ -25,11 +25,14 @@ PROBE = r"""
 int main(void) {
   printf("{\n");
   S(mt_event); O(mt_event, ts_ns); O(mt_event, duration_ns); O(mt_event, bytes); O(mt_event, stream);
-  O(mt_event, dst); O(mt_event, src);
+  O(mt_event, dst); O(mt_event, src); O(mt_event, start_ns);
   O(mt_event, pid); O(mt_event, tid); O(mt_event, ret); O(mt_event, api); O(mt_event, direction); O(mt_event, layer);
-  S(mt_totals_key); O(mt_totals_key, pid); O(mt_totals_key, api); O(mt_totals_key, direction);
+  S(mt_proc_key); O(mt_proc_key, start_ns); O(mt_proc_key, pid);
+  S(mt_totals_key); O(mt_totals_key, start_ns); O(mt_totals_key, pid);
+  O(mt_totals_key, api); O(mt_totals_key, direction);
   S(mt_totals); O(mt_totals, calls); O(mt_totals, bytes); O(mt_totals, errors); O(mt_totals, duration_ns);
   S(mt_ctl_event); O(mt_ctl_event, type); O(mt_ctl_event, pid); O(mt_ctl_event, fd); O(mt_ctl_event, held);
+  O(mt_ctl_event, start_ns); O(mt_ctl_event, cgroup_id); O(mt_ctl_event, comm); C(MT_COMM_LEN);
   S(mt_inode_key);
   C(MT_DIR_H2H); C(MT_DIR_H2D); C(MT_DIR_D2H); C(MT_DIR_D2D); C(MT_DIR_DEFAULT); C(MT_DIR_PEER); C(MT_DIR_UNKNOWN);
   C(MT_LAYER_RUNTIME); C(MT_LAYER_DRIVER); C(MT_DIRSRC_FIXED); C(MT_DIRSRC_KIND); C(MT_DIRSRC_DESC2D);
@@ -37,7 +40,7 @@ int main(void) {
   C(MT_MEM_AUX_DEREF); C(MT_STAT_COUNTS_FULL);
   C(MT_STAT_EVENTS); C(MT_STAT_DROPPED); C(MT_STAT_TOTALS_FULL); C(MT_STAT_INFLIGHT_FULL); C(MT_STAT_NESTED);
   C(MT_STAT_ABANDONED); C(MT_STAT_HOLDS); C(MT_STAT_HOLD_MISSED); C(MT_STAT_CTL_DROPPED); C(MT_STAT_COUNT);
-  C(MT_CTL_MAP); C(MT_CTL_EXIT);
+  C(MT_CTL_MAP); C(MT_CTL_EXIT); C(MT_CTL_PROC);
   C(MT_CK_API_SHIFT); C(MT_CK_BYTES_SHIFT); C(MT_CK_MUL_SHIFT); C(MT_CK_DIRSRC_SHIFT); C(MT_CK_DIRARG_SHIFT);
   C(MT_CK_STREAM_SHIFT); C(MT_CK_LAYER_SHIFT); C(MT_CK_FAMILY_SHIFT); C(MT_CK_DST_SHIFT); C(MT_CK_SRC_SHIFT);
   C(MT_M2D_SRC_MEMTYPE_OFF); C(MT_M2D_DST_MEMTYPE_OFF); C(MT_M2D_WIDTH_OFF); C(MT_M2D_HEIGHT_OFF); C(MT_M2D_SIZE);
@@ -98,12 +101,23 @@ def test_event_layout_matches_the_numpy_dtype(header: dict[str, int]) -> None:
 
 
 def test_map_structs_match(header: dict[str, int]) -> None:
-    for cls, cname in ((abi.TotalsKey, "mt_totals_key"), (abi.Totals, "mt_totals"), (abi.CtlEvent, "mt_ctl_event")):
+    for cls, cname in (
+        (abi.ProcKey, "mt_proc_key"),
+        (abi.TotalsKey, "mt_totals_key"),
+        (abi.Totals, "mt_totals"),
+        (abi.CtlEvent, "mt_ctl_event"),
+    ):
         assert ctypes.sizeof(cls) == header[f"sizeof {cname}"], cname
         for f, _ in cls._fields_:
             if f"{cname}.{f}" in header:
                 assert getattr(cls, f).offset == header[f"{cname}.{f}"], (cname, f)
     assert ctypes.sizeof(abi.InodeKey) == header["sizeof mt_inode_key"]
+    assert abi.COMM_LEN == header["MT_COMM_LEN"]
+    # Every field the header declares is in the mirror, at its offset.
+    for cls, cname in ((abi.TotalsKey, "mt_totals_key"), (abi.CtlEvent, "mt_ctl_event"), (abi.ProcKey, "mt_proc_key")):
+        for k in header:
+            if k.startswith(f"{cname}."):
+                assert k.split(".", 1)[1] in dict(cls._fields_), k
 
 
 def test_enums_match(header: dict[str, int]) -> None:

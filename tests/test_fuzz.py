@@ -253,7 +253,7 @@ def test_a_batch_folds_exactly_as_its_events_one_by_one(rows: list, complete: bo
     # segments) must give what folding each event alone gives.
     b = _events(rows)
     after = None if complete else 1 << 62
-    whole, single = Model(complete_after_ticks=after), Model(complete_after_ticks=after)
+    whole, single = Model(complete_after_ns=after), Model(complete_after_ns=after)
     whole.add_events(b)
     for i in range(len(b)):
         single.add_events(b[i : i + 1])

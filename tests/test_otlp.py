@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from memtrace.core.abi import EVENT_DTYPE, Direction
+from memtrace.core.ids import ProcessKey
 from memtrace.export.config import resolve
 from memtrace.export.otlp import DURATION_BOUNDS, SIZE_BOUNDS, MetricsBuilder
 from memtrace.model import Model
@@ -40,7 +41,7 @@ def metric(batch, name: str):  # type: ignore[no-untyped-def]
 
 def feed(model: Model, ev: np.ndarray, calls: int, nbytes: int, errors: int) -> None:
     model.add_events(ev)
-    (st,) = (v for k, v in model.copies.items() if k[0] == PID)
+    (st,) = (v for k, v in model.copies.items() if k.process.pid == PID)
     assert (st.calls, st.bytes, st.errors) == (calls, nbytes, errors)
 
 
@@ -180,8 +181,8 @@ def test_a_delta_export_delivered_in_part_resends_only_what_did_not_arrive() -> 
     delivered = [
         i for i, rm in enumerate(first.data.resource_metrics) if rm.resource.attributes.get("process.pid") == PID
     ]
-    assert first.processes_in(delivered[0] + 1) >= {PID}
-    first.commit_processes({PID})  # only PID's request arrived
+    assert {k.pid for k in first.processes_in(delivered[0] + 1)} >= {PID}
+    first.commit_processes({ProcessKey(PID, 0)})  # only PID's request arrived
     m.add_events(np.concatenate([copies(PID, 1), copies(other, 2)]))
     second = b.build(m, {}, 0)
     assert calls(second) == {PID: 1, other: 22}
@@ -232,7 +233,7 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
         ok, why, delivered = otlp.Exporter(cfg).export(batch.data)
         assert not ok and why
         assert delivered == 1 and len(got) == 2  # the first arrived, the second was refused, no third was tried
-        assert batch.processes_in(delivered) == got[0] and len(got[0]) == 1
+        assert {k.pid for k in batch.processes_in(delivered)} == got[0] and len(got[0]) == 1
     finally:
         srv.shutdown()
 

@@ -20,6 +20,8 @@ import pytest
 from backends import Collector, VictoriaMetrics, free_port
 from conftest import REPO, memtrace_cmd, truth_totals
 
+from memtrace.core.ids import ProcessKey
+
 pytestmark = pytest.mark.bpf
 DASHBOARD = REPO / "deploy" / "grafana" / "memtrace.json"
 
@@ -266,13 +268,15 @@ def test_exited_processes_are_sent_a_final_time_then_dropped(fakecuda: Path, tmp
             per = {p: backend_by_direction(vm, [p]) for p in pids}
             assert got == want, (per, {l["pid"]: by_direction([l]) for l in lines})
             deadline = time.monotonic() + 10
-            while any(p in agent.model.processes for p in pids) and time.monotonic() < deadline:
+            while any(k.pid in pids for k in agent.model.processes) and time.monotonic() < deadline:
                 time.sleep(0.2)
             stop.set()
             t.join(timeout=20)
-            assert not any(p in agent.model.processes for p in pids), "exited processes kept their series"
+            assert not any(k.pid in pids for k in agent.model.processes), "exited processes kept their series"
             kept = [k.pid for k, _ in agent.source.lost() + agent.source.counts()] + [
-                p for p in pids if agent.source.is_fresh(p)
+                p
+                for p in pids
+                if agent.source.is_fresh(ProcessKey(p, 0))  # `fresh` is kept per pid
             ]
             assert not set(kept) & set(pids), "kernel state of exited pids kept"
     finally:

@@ -24,6 +24,8 @@ from backends import VictoriaMetrics, free_port
 from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 from test_push import backend_by_direction, by_direction, listening_sockets, start_push, stop_push, wait_for
 
+from memtrace.core.ids import ProcessKey
+
 pytestmark = pytest.mark.bpf
 
 
@@ -213,9 +215,11 @@ def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
             exited = [p for p in agent.model.processes.values() if p.exited]
             assert len(exited) <= 5, "exited processes pile up without bound during an outage"
             # What the kernel keeps per process goes with the process's model state.
-            kernel_pids = {p for p in pids if agent.source.is_fresh(p)}
+            kernel_pids = {p for p in pids if agent.source.is_fresh(ProcessKey(p, 0))}  # `fresh` is kept per pid
             kernel_pids |= {k.pid for k, _ in agent.source.lost() + agent.source.counts()}
-            assert kernel_pids and kernel_pids <= set(agent.model.processes), "kernel state kept for dropped processes"
+            assert kernel_pids and kernel_pids <= {k.pid for k in agent.model.processes}, (
+                "kernel state kept for dropped processes"
+            )
         finally:
             stop.set()
             t.join(timeout=20)

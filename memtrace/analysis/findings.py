@@ -13,8 +13,9 @@ from typing import Any
 from memtrace.core import apis
 from memtrace.core.abi import Direction
 from memtrace.core.enums import HostMemory
+from memtrace.core.ids import ProcessKey
 from memtrace.core.units import human_bytes
-from memtrace.model import Model
+from memtrace.model import Model, Process
 
 GiB = 1 << 30
 
@@ -35,17 +36,23 @@ class Thresholds:
 @dataclass
 class Finding:
     code: str  # pageable_h2d, sync_wait, device_memory_growth
-    pid: int
+    key: ProcessKey
     process: str
     value: float  # the headline number: a share, or bytes
     summary: str  # the evidence, in words
     fix: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    start_ns: int = 0  # the process's start, wall clock (0: unknown)
+
+    @property
+    def pid(self) -> int:
+        return self.key.pid
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "code": self.code,
             "pid": self.pid,
+            "start_time_unix_nano": self.start_ns,
             "process": self.process,
             "value": self.value,
             "summary": self.summary,
@@ -61,23 +68,27 @@ def _duration(s: float) -> str:
 DEFAULT = Thresholds()
 
 
+def _start(proc: Process | None) -> int:
+    return proc.start_ns if proc else 0
+
+
 def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -> list[Finding]:
     now_ns = now_ns if now_ns is not None else time.time_ns()
     out: list[Finding] = []
-    h2d: dict[int, dict[int, list[int]]] = {}  # pid -> host kind -> [bytes, call time ns]
-    for (pid, _api, d, host), st in model.copy_view().items():
+    h2d: dict[ProcessKey, dict[int, list[int]]] = {}  # process -> host kind -> [bytes, call time ns]
+    for (key, _api, d, host), st in model.copy_view().items():
         if d != Direction.H2D or host in (HostMemory.NONE, HostMemory.UNKNOWN):
             continue
-        v = h2d.setdefault(pid, {}).setdefault(host, [0, 0])
+        v = h2d.setdefault(key, {}).setdefault(host, [0, 0])
         v[0] += st.bytes
         v[1] += st.duration_ns
-    for pid, kinds in sorted(h2d.items()):
+    for key, kinds in sorted(h2d.items()):
         total = sum(v[0] for v in kinds.values())
         pageable = kinds.get(HostMemory.PAGEABLE, [0, 0])
         share = pageable[0] / total if total else 0.0
         if pageable[0] < th.pageable_min_bytes or share < th.pageable_share:
             continue
-        proc = model.processes.get(pid)
+        proc = model.processes.get(key)
         ev: dict[str, Any] = {"h2d_bytes": total, "pageable_bytes": pageable[0]}
         msg = f"{share:.0%} of H2D bytes ({human_bytes(pageable[0])} of {human_bytes(total)}) came from pageable memory"
         if pageable[1]:
@@ -92,24 +103,25 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
         out.append(
             Finding(
                 "pageable_h2d",
-                pid,
+                key,
                 proc.name if proc else "",
                 share,
                 msg,
                 "copy from page-locked memory: DataLoader(pin_memory=True) or tensor.pin_memory() in PyTorch, "
                 "cudaHostAlloc/cudaHostRegister elsewhere; then the copy can be asynchronous",
                 ev,
+                _start(proc),
             )
         )
-    waits: dict[int, dict[str, list[int]]] = {}
-    for (pid, api), st in model.sync_view().items():
+    waits: dict[ProcessKey, dict[str, list[int]]] = {}
+    for (key, api), st in model.sync_view().items():
         a = apis.BY_ID.get(api)
         kind = a.sync.value if a and a.sync else "other"
-        v = waits.setdefault(pid, {}).setdefault(kind, [0, 0])
+        v = waits.setdefault(key, {}).setdefault(kind, [0, 0])
         v[0] += st.calls
         v[1] += st.duration_ns
-    for pid, kinds in sorted(waits.items()):
-        proc = model.processes.get(pid)
+    for key, kinds in sorted(waits.items()):
+        proc = model.processes.get(key)
         if proc is None:
             continue
         wall = proc.wall_ns(now_ns)
@@ -121,7 +133,7 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
         out.append(
             Finding(
                 "sync_wait",
-                pid,
+                key,
                 proc.name,
                 share,
                 f"the process spent {share:.0%} of its wall time ({waited / 1e9:.1f} s of {wall / 1e9:.1f} s) "
@@ -133,9 +145,10 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
                     "wall_seconds": wall / 1e9,
                     "by_kind": {k: v[0] for k, v in kinds.items()},
                 },
+                _start(proc),
             )
         )
-    for pid, proc in sorted(model.processes.items()):
+    for key, proc in sorted(model.processes.items()):
         mem = proc.memory
         if mem.frees:
             since = mem.last_free_ns
@@ -148,7 +161,7 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
         out.append(
             Finding(
                 "device_memory_growth",
-                pid,
+                key,
                 proc.name,
                 float(grew),
                 f"device memory grew by {human_bytes(grew)} over {_duration(span)} with no frees "
@@ -156,6 +169,7 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
                 "look for GPU tensors kept alive across steps (a list of losses without .item(), "
                 "a growing cache); torch.cuda.memory_snapshot() shows where they were allocated",
                 {"grew_bytes": grew, "seconds": span, "in_use_bytes": mem.in_use_bytes},
+                _start(proc),
             )
         )
     return out

@@ -72,6 +72,10 @@ STAT_COUNT = 10
 class CtlType(enum.IntEnum):
     MAP = 1
     EXIT = 3
+    PROC = 4
+
+
+COMM_LEN = 16
 
 
 CK_API_SHIFT = 0
@@ -117,8 +121,13 @@ P3D_KIND_OFF = 152
 P3D_SIZE = 160
 
 
+class ProcKey(ctypes.Structure):
+    _fields_ = [("start_ns", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
 class TotalsKey(ctypes.Structure):
     _fields_ = [
+        ("start_ns", ctypes.c_uint64),
         ("pid", ctypes.c_uint32),
         ("api", ctypes.c_uint16),
         ("direction", ctypes.c_uint8),
@@ -144,6 +153,9 @@ class CtlEvent(ctypes.Structure):
         ("fd", ctypes.c_int32),
         ("held", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
+        ("start_ns", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("comm", ctypes.c_char * COMM_LEN),
     ]
 
 
@@ -151,7 +163,7 @@ class InodeKey(ctypes.Structure):
     _fields_ = [("dev", ctypes.c_uint64), ("ino", ctypes.c_uint64)]
 
 
-# struct mt_event, decoded in batches (64 bytes).
+# struct mt_event, decoded in batches (72 bytes).
 EVENT_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"),
@@ -160,6 +172,7 @@ EVENT_DTYPE = np.dtype(
         ("stream", "<u8"),
         ("dst", "<u8"),
         ("src", "<u8"),
+        ("start_ns", "<u8"),
         ("pid", "<u4"),
         ("tid", "<u4"),
         ("ret", "<i4"),

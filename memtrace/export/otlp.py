@@ -47,6 +47,7 @@ from memtrace.analysis.findings import compute as compute_findings
 from memtrace.core import apis
 from memtrace.core.abi import Stat
 from memtrace.core.histogram import ExpHistogram
+from memtrace.core.ids import ProcessKey, iso8601_ns
 from memtrace.export.config import HistogramKind, Protocol, PushConfig, Temporality
 from memtrace.model import Model, describe
 
@@ -138,20 +139,31 @@ class _Base:
 @dataclass
 class Batch:
     data: MetricsData
-    exited: list[int]  # processes sent a final time
+    exited: list[ProcessKey]  # processes sent a final time
     commit: Callable[[], None]
     rollback: Callable[[], None]
     # A delta export that reached the collector only in part: advance the
     # base of these processes' series alone (the rest is sent again).
-    commit_processes: Callable[[set[int]], None]
+    commit_processes: Callable[[set[ProcessKey]], None]
+    # The process of each resource, in order (the agent's own resource, last, has none).
+    keys: list[ProcessKey] = field(default_factory=list)
 
-    def processes_in(self, resources: int) -> set[int]:
+    def processes_in(self, resources: int) -> set[ProcessKey]:
         """The processes of the first `resources` resources of this export."""
-        return {
-            int(rm.resource.attributes["process.pid"])
-            for rm in self.data.resource_metrics[:resources]
-            if "process.pid" in rm.resource.attributes
-        }
+        return set(self.keys[:resources])
+
+
+def _printable(s: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in s)
+
+
+def process_resource(key: ProcessKey, start_ns: int) -> dict[str, Any]:
+    """Who a process is, as OTel's semantic conventions name it: its pid, and
+    its start (two processes with one pid are two resources)."""
+    attrs: dict[str, Any] = {"process.pid": key.pid}
+    if start_ns:
+        attrs["process.creation.time"] = iso8601_ns(start_ns)
+    return attrs
 
 
 class _Points:
@@ -161,15 +173,15 @@ class _Points:
         self,
         builder: MetricsBuilder,
         new_base: _Base,
-        windows: list[tuple[int, ExpHistogram, tuple[float, float]]],
+        windows: list[tuple[ProcessKey, ExpHistogram, tuple[float, float]]],
         starting: list[Any],
         now: int,
         first_seen_ns: int,
         series_start: int,
-        pid: int,
+        key: ProcessKey,
     ) -> None:
         self.b = builder
-        self.pid = pid
+        self.key = key
         self.new_base = new_base
         self.windows = windows
         self.starting = starting
@@ -207,7 +219,7 @@ class _Points:
         else:
             cur = h
         w = h.take_window()
-        self.windows.append((self.pid, h, w))
+        self.windows.append((self.key, h, w))
         bounds = (DURATION_BOUNDS, 2, -80) if unit == "s" else (SIZE_BOUNDS, 0, 0)
         self.points.setdefault(name, []).append(b._hist_point(la, cur, w, start, self.now, *bounds))
 
@@ -312,31 +324,37 @@ class MetricsBuilder:
         the agent's drain starts since the last export (a gauge, when given)."""
         now = now_ns or time.time_ns()
         tmp = self._temporality()
-        copies = model.copy_view()
-        syncs = model.sync_view()
-        pids: set[int] = {k[0] for k, st in copies.items() if st.calls}
-        pids |= {k[0] for k in syncs} | {k[0] for k in model.launches}
-        pids |= {pid for pid, p in model.processes.items() if p.memory.allocations or p.memory.unknown_frees}
-        found: dict[int, list[Finding]] = {}
+        found: dict[ProcessKey, list[Finding]] = {}
         for f in compute_findings(model, self.thresholds, now):
-            found.setdefault(f.pid, []).append(f)
+            found.setdefault(f.key, []).append(f)
 
         new_base = _Base(
             dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes), dict(self.base.time_ns)
         )
-        windows: list[tuple[int, ExpHistogram, tuple[float, float]]] = []
+        windows: list[tuple[ProcessKey, ExpHistogram, tuple[float, float]]] = []
         resource_metrics = []
+        keys: list[ProcessKey] = []
         exited = []
         starting: list[Any] = []
-        for pid in sorted(pids):
-            proc = model.processes.get(pid)
-            if proc is None:
+        for key, proc in sorted(model.processes.items()):
+            copies = proc.copy_view()
+            syncs = proc.sync_view()
+            m = proc.memory
+            if not (
+                any(st.calls for st in copies.values()) or syncs or proc.launches or m.allocations or m.unknown_frees
+            ):
                 continue
             if proc.exited:
-                exited.append(pid)
+                exited.append(key)
+            keys.append(key)
             attrs: dict[str, Any] = dict(self.cfg.resource_attributes)
             attrs.update(self.host)
             attrs.update(proc.attributes)
+            # BPF's identity wins over what the host said; the host's
+            # executable name is the untruncated one, BPF's comm the fallback.
+            attrs.update(process_resource(key, proc.start_ns))
+            if proc.name:
+                attrs.setdefault("process.executable.name", _printable(proc.name))
             attrs.setdefault("service.name", "memtrace")
             # A cumulative series starts when its counters were certainly zero:
             # the process's start, or this agent's if the agent came later.
@@ -348,53 +366,48 @@ class MetricsBuilder:
                 now,
                 proc.first_seen_ns,
                 max(proc.start_ns or proc.first_seen_ns, self.start_ns),
-                pid,
+                key,
             )
             sums, hist, gauge, points = pp.sums, pp.hist, pp.gauge, pp.points
 
-            for key in sorted(k for k in copies if k[0] == pid):
-                st = copies[key]
+            for ck in sorted(copies):
+                st = copies[ck]
                 if not st.calls:
                     continue
-                layer, api, direction, sync, host = describe(key)
+                layer, api, direction, sync, host = describe(ck)
                 la = {"direction": direction, "api": api, "layer": layer, "mode": "sync" if sync else "async"}
                 if host is not None:
                     la["host_memory"] = host
-                start = sums(("copy", *key), la, COPY_COUNTERS, (st.calls, st.bytes, st.errors))
-                hist(("copy.d", *key), "gpu.memcpy.duration", la, st.durations, start, "s")
-                hist(("copy.s", *key), "gpu.memcpy.size", la, st.sizes, start, "By")
+                start = sums(("copy", *ck), la, COPY_COUNTERS, (st.calls, st.bytes, st.errors))
+                hist(("copy.d", *ck), "gpu.memcpy.duration", la, st.durations, start, "s")
+                hist(("copy.s", *ck), "gpu.memcpy.size", la, st.sizes, start, "By")
             waited = 0
-            for (spid, api_id), st in sorted(syncs.items()):
-                if spid != pid:
-                    continue
+            for (_, api_id), st in sorted(syncs.items()):
                 a = apis.BY_ID.get(api_id)
                 la = {
                     "api": apis.api_name(api_id),
                     "layer": a.layer.label if a else "driver",
                     "kind": a.sync.value if a and a.sync else "other",
                 }
-                start = sums(("sync", pid, api_id), la, SYNC_COUNTERS, (st.calls, st.duration_ns / 1e9))
-                hist(("sync.d", pid, api_id), "gpu.sync.duration", la, st.durations, start, "s")
+                start = sums(("sync", key, api_id), la, SYNC_COUNTERS, (st.calls, st.duration_ns / 1e9))
+                hist(("sync.d", key, api_id), "gpu.sync.duration", la, st.durations, start, "s")
                 waited += st.duration_ns
             if waited:
                 wall = proc.wall_ns(now, self.start_ns)
                 gauge("gpu.sync.wall_time_share", {}, waited / wall if wall else 0.0)
-            for (lpid, api_id), n in sorted(model.launches.items()):
-                if lpid != pid:
-                    continue
+            for (_, api_id), n in sorted(proc.launches.items()):
                 a = apis.BY_ID.get(api_id)
                 la = {"api": apis.api_name(api_id), "kind": a.launch.value if a and a.launch else "kernel"}
-                sums(("launch", pid, api_id), la, ("gpu.launches",), (n,))
-            m = proc.memory
+                sums(("launch", key, api_id), la, ("gpu.launches",), (n,))
             if m.allocations or m.unknown_frees or m.failed_allocations:
                 cur = (m.allocations, m.allocated_bytes, m.frees, m.freed_bytes, m.unknown_frees, m.failed_allocations)
-                start = sums(("mem", pid), {}, MEMORY_COUNTERS, cur)
-                hist(("mem.s", pid), "gpu.memory.allocation.size", {}, m.sizes, start, "By")
+                start = sums(("mem", key), {}, MEMORY_COUNTERS, cur)
+                hist(("mem.s", key), "gpu.memory.allocation.size", {}, m.sizes, start, "By")
                 gauge("gpu.memory.in_use", {}, m.in_use_bytes)
                 gauge("gpu.memory.outstanding", {}, m.outstanding)
             if proc.book.pinned_bytes:
                 gauge("gpu.memory.pinned_host", {}, proc.book.pinned_bytes)
-            for f in found.get(pid, []):
+            for f in found.get(key, []):
                 gauge("memtrace.finding", {"finding": f.code, "summary": f.summary, "fix": f.fix}, f.value)
             metrics = [self._metric(name, pts, tmp) for name, pts in points.items()]
             resource_metrics.append(_resource_metrics(Resource(attributes=attrs), metrics))
@@ -475,14 +488,14 @@ class MetricsBuilder:
             if self.delta:
                 self.base = new_base
             self.started.update(starting)
-            for pid in exited:
-                self.started.difference_update([k for k in self.started if k[1] == pid])
+            for key in exited:
+                self.started.difference_update([k for k in self.started if k[1] == key])
 
         def rollback() -> None:
-            for _pid, h, w in windows:
+            for _key, h, w in windows:
                 h.restore_window(w)
 
-        def commit_processes(delivered: set[int]) -> None:
+        def commit_processes(delivered: set[ProcessKey]) -> None:
             if self.delta:
                 for old, new in (
                     (self.base.totals, new_base.totals),
@@ -493,8 +506,8 @@ class MetricsBuilder:
                     for k, v in new.items():
                         if k[1] in delivered:
                             old[k] = v
-            for pid, h, w in windows:
-                if pid not in delivered:
+            for key, h, w in windows:
+                if key not in delivered:
                     h.restore_window(w)
 
         return Batch(
@@ -503,6 +516,7 @@ class MetricsBuilder:
             commit=commit,
             rollback=rollback,
             commit_processes=commit_processes,
+            keys=keys,
         )
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 from memtrace.analysis.findings import DEFAULT, Thresholds, compute
 from memtrace.core import apis
 from memtrace.core.abi import Direction, Layer, Stat
+from memtrace.core.ids import ProcessKey
 from memtrace.core.units import human_bytes, human_seconds
 from memtrace.model import Model, describe
 
@@ -49,12 +50,13 @@ def summary(
         if st.calls == 0:
             continue
         layer, api, direction, sync, host = describe(key)
-        proc = model.processes.get(key[0])
+        proc = model.processes.get(key.process)
         h = st.durations
         seconds = st.duration_ns / 1e9
         rows.append(
             {
-                "pid": key[0],
+                "pid": key.process.pid,
+                "start_time_unix_nano": proc.start_ns if proc else 0,
                 "process": proc.name if proc else "",
                 "layer": layer,
                 "api": api,
@@ -110,13 +112,14 @@ def summary(
 
 def device_memory(model: Model) -> list[dict[str, Any]]:
     out = []
-    for pid, p in sorted(model.processes.items()):
+    for key, p in sorted(model.processes.items()):
         m = p.memory
         if not (m.allocations or m.frees or m.unknown_frees or m.failed_allocations or p.book.pinned_bytes):
             continue
         out.append(
             {
-                "pid": pid,
+                "pid": key.pid,
+                "start_time_unix_nano": p.start_ns,
                 "process": p.name,
                 "allocations": m.allocations,
                 "allocated_bytes": m.allocated_bytes,
@@ -130,7 +133,7 @@ def device_memory(model: Model) -> list[dict[str, Any]]:
                 "exited": p.exited,
                 "allocation_size_bytes": {"p50": m.sizes.quantile(0.5), "max": m.sizes.max if m.sizes.count else 0.0},
                 "pinned_host_bytes": p.book.pinned_bytes,
-                "lost_calls": model.lost_memory_calls(pid),
+                "lost_calls": p.lost_memory_calls(),
             }
         )
     return out
@@ -139,17 +142,18 @@ def device_memory(model: Model) -> list[dict[str, Any]]:
 def synchronization(model: Model) -> list[dict[str, Any]]:
     out = []
     syncs = model.sync_view()
-    waited: dict[int, int] = defaultdict(int)
-    for (pid, _api), st in syncs.items():
-        waited[pid] += st.duration_ns
-    for (pid, api), st in sorted(syncs.items()):
+    waited: dict[ProcessKey, int] = defaultdict(int)
+    for (key, _api), st in syncs.items():
+        waited[key] += st.duration_ns
+    for (key, api), st in sorted(syncs.items()):
         a = apis.BY_ID.get(api)
-        p = model.processes.get(pid)
+        p = model.processes.get(key)
         wall = p.wall_ns() if p else 0
         h = st.durations
         out.append(
             {
-                "pid": pid,
+                "pid": key.pid,
+                "start_time_unix_nano": p.start_ns if p else 0,
                 "process": p.name if p else "",
                 "layer": a.layer.label if a else "driver",
                 "api": apis.api_name(api),
@@ -162,7 +166,7 @@ def synchronization(model: Model) -> list[dict[str, Any]]:
                     "max": h.max if h.count else 0.0,
                     "sum": st.duration_ns / 1e9,
                 },
-                "share_of_wall_time": waited[pid] / wall if wall else None,
+                "share_of_wall_time": waited[key] / wall if wall else None,
             }
         )
     return out
@@ -170,12 +174,13 @@ def synchronization(model: Model) -> list[dict[str, Any]]:
 
 def launches(model: Model) -> list[dict[str, Any]]:
     out = []
-    for (pid, api), n in sorted(model.launches.items()):
+    for (key, api), n in sorted(model.launches.items()):
         a = apis.BY_ID.get(api)
-        p = model.processes.get(pid)
+        p = model.processes.get(key)
         out.append(
             {
-                "pid": pid,
+                "pid": key.pid,
+                "start_time_unix_nano": p.start_ns if p else 0,
                 "process": p.name if p else "",
                 "api": apis.api_name(api),
                 "kind": a.launch.value if a and a.launch else "kernel",
@@ -375,12 +380,12 @@ def print_sections(doc: dict[str, Any], console: Console) -> None:
             )
         fit(console, t)
     if doc.get("launches"):
-        per: dict[tuple[int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        per: dict[tuple[int, int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for l in doc["launches"]:
-            per[(l["pid"], l["process"])][l["kind"]] += l["launches"]
+            per[(l["pid"], l.get("start_time_unix_nano", 0), l["process"])][l["kind"]] += l["launches"]
         line = "; ".join(
             f"{proc or pid}: " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items()))
-            for (pid, proc), kinds in sorted(per.items())
+            for (pid, _start, proc), kinds in sorted(per.items())
         )
         console.print(f"[bold]launches[/bold]: {line}")
     for f in doc.get("findings", []):

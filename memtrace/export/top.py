@@ -10,6 +10,7 @@ from rich.table import Table
 from memtrace.analysis.findings import compute
 from memtrace.core.abi import Direction
 from memtrace.core.enums import HostMemory
+from memtrace.core.ids import ProcessKey
 from memtrace.core.units import human_bytes
 from memtrace.model import Model
 
@@ -38,7 +39,7 @@ class TopView:
     def __init__(self, interval: float, detail: bool = False) -> None:
         self.interval = interval
         self.detail = detail
-        self._prev: dict[int, tuple[int, int, int]] = {}
+        self._prev: dict[ProcessKey, tuple[int, int, int]] = {}
 
     def render(self, model: Model, dt: float) -> Group:
         t = Table(
@@ -50,41 +51,41 @@ class TopView:
         )
         for c in (*self.COLUMNS, *(self.DETAIL if self.detail else ())):
             t.add_column(c, justify="left" if c == "process" else "right", overflow="fold")
-        per: dict[int, _Row] = {}
-        for (pid, _api, d, host), st in model.copy_view().items():
-            p = per.setdefault(pid, _Row())
+        per: dict[ProcessKey, _Row] = {}
+        for (key, _api, d, host), st in model.copy_view().items():
+            p = per.setdefault(key, _Row())
             p.calls += st.calls
             p.bytes += st.bytes
             p.errors += st.errors
-            field = _BY_DIRECTION.get(Direction(d)) if d in Direction._value2member_map_ else None
+            field = _BY_DIRECTION.get(d)
             if field is not None:
                 setattr(p, field, getattr(p, field) + st.bytes)
             if d == Direction.H2D and host == HostMemory.PAGEABLE:
                 p.pageable_h2d += st.bytes
-        waits: dict[int, int] = {}
-        for (pid, _api), sst in model.sync_view().items():
-            waits[pid] = waits.get(pid, 0) + sst.duration_ns
-        launches: dict[int, int] = {}
-        for (pid, _api), n in model.launches.items():
-            launches[pid] = launches.get(pid, 0) + n
+        waits: dict[ProcessKey, int] = {}
+        for (key, _api), sst in model.sync_view().items():
+            waits[key] = waits.get(key, 0) + sst.duration_ns
+        launches: dict[ProcessKey, int] = {}
+        for (key, _api), n in model.launches.items():
+            launches[key] = launches.get(key, 0) + n
         empty = _Row()
         shown = set(per) | set(waits) | set(launches)
-        shown |= {pid for pid, pr in model.processes.items() if pr.memory.allocations}
-        for pid in sorted(shown, key=lambda q: -per.get(q, empty).bytes):
-            p = per.get(pid, empty)
-            pc, pb, pl = self._prev.get(pid, (p.calls, p.bytes, launches.get(pid, 0)))
-            proc = model.processes.get(pid)
+        shown |= {key for key, pr in model.processes.items() if pr.memory.allocations}
+        for key in sorted(shown, key=lambda q: (-per.get(q, empty).bytes, q)):
+            p = per.get(key, empty)
+            pc, pb, pl = self._prev.get(key, (p.calls, p.bytes, launches.get(key, 0)))
+            proc = model.processes.get(key)
             name = (proc.name if proc else "") + (" (exited)" if proc and proc.exited else "")
             wall = proc.wall_ns() if proc else 0
             cells = [
-                str(pid),
+                str(key.pid),
                 name,
                 f"{(p.calls - pc) / dt:,.0f}",
                 human_bytes((p.bytes - pb) / dt) + "/s",
                 human_bytes(p.bytes),
                 f"{p.pageable_h2d / p.h2d:.0%} h2d" if p.h2d else "",
                 human_bytes(proc.memory.in_use_bytes) if proc and proc.memory.allocations else "",
-                f"{waits[pid] / wall:.0%}" if pid in waits and wall else "",
+                f"{waits[key] / wall:.0%}" if key in waits and wall else "",
             ]
             if self.detail:
                 cells += [
@@ -92,10 +93,10 @@ class TopView:
                     human_bytes(p.d2h),
                     human_bytes(p.d2d),
                     str(p.errors) if p.errors else "",
-                    f"{(launches.get(pid, 0) - pl) / dt:,.0f}" if pid in launches else "",
+                    f"{(launches.get(key, 0) - pl) / dt:,.0f}" if key in launches else "",
                 ]
             t.add_row(*cells)
-            self._prev[pid] = (p.calls, p.bytes, launches.get(pid, 0))
+            self._prev[key] = (p.calls, p.bytes, launches.get(key, 0))
         notes = [
             f"[bold yellow]finding[/bold yellow] ({f.process or f.pid}): {f.summary}. [bold]fix[/bold]: {f.fix}"
             for f in compute(model)

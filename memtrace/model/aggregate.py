@@ -23,9 +23,19 @@ from memtrace.core.abi import Direction, Family, Layer
 from memtrace.core.apis import MemOp
 from memtrace.core.enums import HostMemory
 from memtrace.core.histogram import add_grouped
-from memtrace.core.ids import ProcessInfo
+from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, _UNTRACKED, BookChanges
-from memtrace.model.process import CopyKey, CopyStats, Process, SyncStats
+from memtrace.model.process import (
+    CopyKey,
+    CopyStats,
+    LaunchKey,
+    LostKey,
+    LostTotals,
+    Process,
+    SyncKey,
+    SyncStats,
+    direction_of,
+)
 
 # Per-api lookup tables for vectorised decoding.
 _FAMILY = np.full(1 << 16, Family.COPY, np.uint8)  # an id this version does not know: kept as a copy
@@ -68,38 +78,89 @@ def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
     return out
 
 
+def _processes_of(batch: np.ndarray) -> tuple[list[ProcessKey], np.ndarray]:
+    """The distinct processes (pid, start) of a batch, sorted, and each
+    event's index into them."""
+    pid, start = batch["pid"], batch["start_ns"]
+    if (pid == pid[0]).all() and (start == start[0]).all():  # the common case: one process
+        return [ProcessKey(int(pid[0]), int(start[0]))], np.zeros(len(batch), np.int64)
+    order = np.lexsort((start, pid))
+    sp, ss = pid[order], start[order]
+    new = np.empty(len(order), bool)
+    new[0] = True
+    new[1:] = (sp[1:] != sp[:-1]) | (ss[1:] != ss[:-1])
+    which = np.empty(len(order), np.int64)
+    which[order] = np.cumsum(new) - 1
+    firsts = order[new]
+    keys = [ProcessKey(p, t) for p, t in zip(pid[firsts].tolist(), start[firsts].tolist(), strict=True)]
+    return keys, which
+
+
 class Model:
     def __init__(
         self,
-        complete_after_ticks: int | None = None,
-        identify: Callable[[int], ProcessInfo] = lambda pid: ProcessInfo(),
+        complete_after_ns: int | None = None,
+        identify: Callable[[ProcessKey], ProcessInfo] = lambda key: ProcessInfo(),
     ) -> None:
-        self.copies: dict[CopyKey, CopyStats] = {}
-        self.syncs: dict[tuple[int, int], SyncStats] = {}
-        self.launches: dict[tuple[int, int], int] = {}  # (pid, api) -> launches, from the kernel
-        self.lost: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # from the kernel
-        self.processes: dict[int, Process] = {}
+        self.processes: dict[ProcessKey, Process] = {}
         self.events = 0
-        # A process that started after this (clock ticks since boot) was
-        # traced from its first CUDA call; None: every process is (`memtrace run`).
-        self.complete_after_ticks = complete_after_ticks
+        # A process that started after this (CLOCK_BOOTTIME ns, as process
+        # keys count) was traced from its first CUDA call; None: every
+        # process is (`memtrace run`).
+        self.complete_after_ns = complete_after_ns
         # Asks the kernel whether a process was forked once the probes were
         # live (exact even when it is gone before its events are decoded).
-        self.forked_since_start: Callable[[int], bool] = lambda pid: False
-        # Who a pid is (the runtime reads it from the host; the model does no I/O).
+        self.forked_since_start: Callable[[ProcessKey], bool] = lambda key: False
+        # What the host adds to a process's identity (the runtime reads it;
+        # the model does no I/O).
         self.identify = identify
+        # Process start times are boot-clock ns: their wall-clock time is
+        # taken with one offset, so a process's start never moves.
+        self.boot_wall_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
-    def _process(self, pid: int) -> Process:
-        p = self.processes.get(pid)
+    def _process(self, key: ProcessKey) -> Process:
+        p = self.processes.get(key)
         if p is None:
-            p = self.processes[pid] = Process.identified(pid, self.identify(pid))
-            after = self.complete_after_ticks
-            p.complete = after is None or p.start_ticks > after or self.forked_since_start(pid)
+            info = self.identify(key)
+            p = Process(
+                key,
+                name=info.name,
+                exe=info.exe,
+                start_ns=self.boot_wall_ns + key.start_ns if key.start_ns else 0,
+                attributes=dict(info.attributes),
+            )
+            after = self.complete_after_ns
+            p.complete = after is None or key.start_ns > after or self.forked_since_start(key)
+            self.processes[key] = p
         return p
 
-    def mark_complete(self, pid: int) -> None:
+    def introduce(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
+        """Who a process is, as BPF saw it at its first event: this name wins over the host's."""
+        p = self._process(key)
+        if name:
+            p.name = name
+        p.cgroup_id = cgroup_id
+
+    def mark_complete(self, key: ProcessKey) -> None:
         """The process was held before its CUDA library ran: nothing was missed."""
-        self._process(pid).complete = True
+        self._process(key).complete = True
+
+    # Every process's state, merged (for tests and whole-model views).
+    @property
+    def copies(self) -> dict[CopyKey, CopyStats]:
+        return {k: v for p in self.processes.values() for k, v in p.copies.items()}
+
+    @property
+    def syncs(self) -> dict[SyncKey, SyncStats]:
+        return {k: v for p in self.processes.values() for k, v in p.syncs.items()}
+
+    @property
+    def launches(self) -> dict[LaunchKey, int]:
+        return {k: v for p in self.processes.values() for k, v in p.launches.items()}
+
+    @property
+    def lost(self) -> dict[LostKey, LostTotals]:
+        return {k: v for p in self.processes.values() for k, v in p.lost.items()}
 
     # ---- events ----
 
@@ -108,41 +169,45 @@ class Model:
         if len(batch) == 0:
             return
         self.events += len(batch)
+        keys, proc = _processes_of(batch)
+        procs = [self._process(k) for k in keys]
         fam = _FAMILY[batch["api"]]
         copies = np.flatnonzero(fam == Family.COPY)
         mem = np.flatnonzero(fam == Family.MEM)
-        ops = self._memory_calls(batch[mem], mem) if len(mem) else None
+        ops = self._memory_calls(batch[mem], mem, proc[mem], procs) if len(mem) else None
         if len(copies) or ops is not None:
-            src_what, dst_what = self._what_copies_touch(batch, copies, ops)
+            src_what, dst_what = self._what_copies_touch(batch, copies, ops, proc, procs)
         if len(copies):
             b = batch[copies]
-            direction, host = self._resolve(b, src_what, dst_what)
+            direction, host = self._resolve(b, src_what, dst_what, proc[copies], procs)
         if len(copies):
-            self._add_copies(b, direction, host)
+            self._add_copies(b, direction, host, proc[copies], procs)
         syncs = fam == Family.SYNC
         if syncs.any():
-            self._add_syncs(batch[syncs])
+            self._add_syncs(batch[syncs], proc[syncs], procs)
 
     def _what_copies_touch(
-        self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None
+        self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None, proc: np.ndarray, procs: list[Process]
     ) -> tuple[np.ndarray, np.ndarray]:
         """What each copy's source and destination were in its process's
         address book when the copy returned (_UNTRACKED, _DEVICE, _PINNED or
         _MANAGED), applying the batch's memory calls (`ops`) in ring order."""
         n = len(copies)
         src_what, dst_what = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
-        c_pid = batch["pid"][copies]
+        c_proc = proc[copies]
         src, dst = batch["src"][copies], batch["dst"][copies]
-        op_pids = np.unique(ops.pid) if ops is not None else np.zeros(0, np.uint32)
-        pids = np.unique(c_pid).tolist()
-        for pid in np.union1d(pids, op_pids).tolist():
-            book = (self.processes.get(pid) or self._process(pid)).book
-            if len(pids) == 1:  # the common case: no mask
-                sel = slice(None) if pid == pids[0] else slice(0)
+        op_procs = np.unique(ops.proc) if ops is not None else np.zeros(0, np.int64)
+        mine = np.unique(c_proc).tolist()
+        for i in np.union1d(np.array(mine, np.int64), op_procs).tolist():
+            book = procs[i].book
+            sel: slice | np.ndarray
+            if len(mine) == 1:  # the common case: no mask
+                sel = slice(None) if i == mine[0] else slice(0)
             else:
-                sel = np.flatnonzero(c_pid == pid)
-            if pid in op_pids:
-                o = ops.pid == pid
+                sel = np.flatnonzero(c_proc == i)
+            if i in op_procs:
+                assert ops is not None
+                o = ops.proc == i
                 t = copies[sel]
                 # A copy's source and destination, looked up as one list in ring order.
                 mine = BookChanges(*(f[o] for f in ops))
@@ -154,47 +219,52 @@ class Model:
                 dst_what[sel] = book.lookup(dst[sel])
         return src_what, dst_what
 
-    def _memory_calls(self, m: np.ndarray, at: np.ndarray) -> BookChanges | None:
+    def _memory_calls(
+        self, m: np.ndarray, at: np.ndarray, proc: np.ndarray, procs: list[Process]
+    ) -> BookChanges | None:
         """Account a batch's memory calls (device memory, in ring order) and
         return their effects on the address books, None if none."""
         api, ret = m["api"], m["ret"]
         action = _BOOK_ACTION[api]
-        for pid in np.unique(m["pid"]).tolist():
-            if pid not in self.processes:
-                self._process(pid)
         start, size = m["dst"].copy(), m["bytes"].copy()
         what = np.full(len(m), _PINNED, np.uint8)
         effect = np.where(ret == 0, action, _NOTHING)  # a failed host call changes nothing
         other = np.flatnonzero(action == _OTHER_CALL)
         if len(other):
-            allocated: dict[int, list[int]] = {}  # pid -> sizes, into its histogram once per batch
-            rows = zip(*(m[f][other].tolist() for f in ("pid", "api", "ret", "dst", "bytes", "stream")), strict=True)
-            for k, (pid, api_id, r, addr, nbytes, aux) in zip(other.tolist(), rows, strict=True):
-                e = self._memory_call(self.processes[pid], api_id, r, addr, nbytes, aux, allocated)
+            allocated: dict[ProcessKey, list[int]] = {}  # sizes, into its histogram once per batch
+            rows = zip(
+                proc[other].tolist(),
+                *(m[f][other].tolist() for f in ("api", "ret", "dst", "bytes", "stream")),
+                strict=True,
+            )
+            for k, (i, api_id, r, addr, nbytes, aux) in zip(other.tolist(), rows, strict=True):
+                e = self._memory_call(procs[i], api_id, r, addr, nbytes, aux, allocated)
                 if e is None:
                     effect[k] = _NOTHING
                 else:
                     effect[k], size[k], what[k] = e
-            for pid, sizes in allocated.items():
-                self.processes[pid].memory.sizes.add(np.array(sizes, dtype=np.float64))
+            for key, sizes in allocated.items():
+                self.processes[key].memory.sizes.add(np.array(sizes, dtype=np.float64))
         keep = effect != _NOTHING
         if not keep.any():
             return None
-        return BookChanges(m["pid"][keep], at[keep], effect[keep] == _ADD_RANGE, start[keep], size[keep], what[keep])
+        return BookChanges(proc[keep], at[keep], effect[keep] == _ADD_RANGE, start[keep], size[keep], what[keep])
 
-    def _resolve(self, b: np.ndarray, src_what: np.ndarray, dst_what: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _resolve(
+        self, b: np.ndarray, src_what: np.ndarray, dst_what: np.ndarray, proc: np.ndarray, procs: list[Process]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(direction, host memory) of each copy: unified directions resolved
         from what both pointers are, the host side's kind from what it is."""
         n = len(b)
-        pids, src, dst = b["pid"], b["src"], b["dst"]
-        uniq = np.unique(pids).tolist()
+        src, dst = b["src"], b["dst"]
+        uniq = np.unique(proc).tolist()
         if len(uniq) == 1:
-            complete = np.full(n, self.processes[uniq[0]].complete)
+            complete = np.full(n, procs[uniq[0]].complete)
         else:
             complete = np.zeros(n, bool)
-            for pid in uniq:
-                if self.processes[pid].complete:
-                    complete[pids == pid] = True
+            for i in uniq:
+                if procs[i].complete:
+                    complete[proc == i] = True
         src_kind = _host_kind(src_what, complete)
         dst_kind = _host_kind(dst_what, complete)
         # No address (an array, or a descriptor side left empty): not host memory we can name.
@@ -224,9 +294,11 @@ class Model:
             h[unresolved] = np.where(managed[unresolved], HostMemory.MANAGED, HostMemory.UNKNOWN)
         return d, h
 
-    def _add_copies(self, b: np.ndarray, direction: np.ndarray, host: np.ndarray) -> None:
+    def _add_copies(
+        self, b: np.ndarray, direction: np.ndarray, host: np.ndarray, proc: np.ndarray, procs: list[Process]
+    ) -> None:
         keys = (
-            b["pid"].astype(np.uint64) << np.uint64(32)
+            proc.astype(np.uint64) << np.uint64(32)
             | b["api"].astype(np.uint64) << np.uint64(16)
             | direction.astype(np.uint64) << np.uint64(8)
             | host.astype(np.uint64)
@@ -246,11 +318,11 @@ class Model:
         dur_sums = _exact_sums(dur_ns, starts)
         stats = []
         for k, n, nok, nb, dsum in zip(uniq.tolist(), counts.tolist(), oks.tolist(), byte_sums, dur_sums, strict=True):
-            key = (k >> 32, (k >> 16) & 0xFFFF, (k >> 8) & 0xFF, k & 0xFF)
-            st = self.copies.get(key)
+            p = procs[k >> 32]
+            key = CopyKey(p.key, (k >> 16) & 0xFFFF, direction_of((k >> 8) & 0xFF), HostMemory(k & 0xFF))
+            st = p.copies.get(key)
             if st is None:
-                st = self.copies[key] = CopyStats()
-                self._process(key[0])
+                st = p.copies[key] = CopyStats()
             st.calls += n
             st.events += n
             st.errors += n - nok
@@ -262,8 +334,8 @@ class Model:
         group = np.repeat(np.arange(len(stats)), counts)[ok]
         add_grouped([st.sizes for st in stats], np.searchsorted(group, np.arange(len(stats))), sizes[ok])
 
-    def _add_syncs(self, b: np.ndarray) -> None:
-        keys = b["pid"].astype(np.uint64) << np.uint64(16) | b["api"].astype(np.uint64)
+    def _add_syncs(self, b: np.ndarray, proc: np.ndarray, procs: list[Process]) -> None:
+        keys = proc.astype(np.uint64) << np.uint64(16) | b["api"].astype(np.uint64)
         order = np.argsort(keys, kind="stable")
         keys, dur, ret = keys[order], b["duration_ns"][order], b["ret"][order]
         uniq, starts = np.unique(keys, return_index=True)
@@ -273,11 +345,11 @@ class Model:
         for k, n, err, dsum in zip(
             uniq.tolist(), counts.tolist(), errors.tolist(), _exact_sums(dur, starts), strict=True
         ):
-            pid, api = k >> 16, k & 0xFFFF
-            st = self.syncs.get((pid, api))
+            p = procs[k >> 16]
+            key = SyncKey(p.key, k & 0xFFFF)
+            st = p.syncs.get(key)
             if st is None:
-                st = self.syncs[(pid, api)] = SyncStats()
-                self._process(pid)
+                st = p.syncs[key] = SyncStats()
             st.calls += n
             st.errors += err
             st.duration_ns += dsum
@@ -285,11 +357,18 @@ class Model:
         add_grouped([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9)
 
     def _memory_call(
-        self, proc: Process, api_id: int, ret: int, addr: int, size: int, aux: int, allocated: dict[int, list[int]]
+        self,
+        proc: Process,
+        api_id: int,
+        ret: int,
+        addr: int,
+        size: int,
+        aux: int,
+        allocated: dict[ProcessKey, list[int]],
     ) -> tuple[int, int, int] | None:
         """Account one device memory call (its event's api, ret, dst, bytes
         and aux fields; an allocation's size goes to `allocated` under its
-        pid); return its effect on the address book at `addr`:
+        process); return its effect on the address book at `addr`:
         (_ADD_RANGE, size, what) or (_DROP_RANGE, 0, 0), or None."""
         api = apis.BY_ID[api_id]
         op = api.op
@@ -309,7 +388,7 @@ class Model:
             mem.allocated_bytes += size
             mem.in_use_bytes += size
             mem.peak_bytes = max(mem.peak_bytes, mem.in_use_bytes)
-            allocated.setdefault(proc.pid, []).append(size)
+            allocated.setdefault(proc.key, []).append(size)
             if op == MemOp.VMM_CREATE:
                 return None  # a handle, not an address
             return _ADD_RANGE, size, _MANAGED if op == MemOp.MANAGED_ALLOC else _DEVICE
@@ -335,82 +414,47 @@ class Model:
 
     # ---- what the kernel counts ----
 
-    def set_lost(self, pid: int, api: int, direction: int, calls: int, nbytes: int, errors: int, dur: int) -> None:
-        self.lost[(pid, api, direction)] = (calls, nbytes, errors, dur)
-        self._process(pid)
+    def set_lost(
+        self, key: ProcessKey, api: int, direction: int, calls: int, nbytes: int, errors: int, dur: int
+    ) -> None:
+        self._process(key).lost[LostKey(key, api, direction_of(direction))] = (calls, nbytes, errors, dur)
 
-    def lost_memory_calls(self, pid: int) -> int:
+    def lost_memory_calls(self, key: ProcessKey) -> int:
         """Memory calls of a process whose event was lost: its address book may be incomplete."""
-        return sum(
-            v[0]
-            for k, v in self.lost.items()
-            if k[0] == pid and k[1] in apis.BY_ID and apis.BY_ID[k[1]].family == Family.MEM
-        )
+        p = self.processes.get(key)
+        return p.lost_memory_calls() if p else 0
 
-    def set_launches(self, pid: int, api: int, count: int) -> None:
-        self.launches[(pid, api)] = count
-        self._process(pid)
+    def set_launches(self, key: ProcessKey, api: int, count: int) -> None:
+        self._process(key).launches[LaunchKey(key, api)] = count
 
     # ---- views ----
 
     def copy_view(self) -> dict[CopyKey, CopyStats]:
-        """Every copy key with its exact totals: what the events said, plus the
-        calls whose events were lost (host memory unknown, direction as the
-        kernel saw it)."""
-        out = dict(self.copies)
-        for (pid, api, d), (calls, nbytes, errors, dur) in self.lost.items():
-            a = apis.BY_ID.get(api)
-            if a is None or a.family != Family.COPY or calls == 0:
-                continue
-            key = (pid, api, d, int(HostMemory.UNKNOWN))
-            base = out.get(key) or CopyStats()
-            merged = CopyStats(
-                base.calls + calls,
-                base.bytes + nbytes,
-                base.errors + errors,
-                base.duration_ns + dur,
-                base.events,
-                base.durations,
-                base.sizes,
-            )
-            out[key] = merged
+        """Every copy key of every process with its exact totals (Process.copy_view)."""
+        out: dict[CopyKey, CopyStats] = {}
+        for p in self.processes.values():
+            out.update(p.copy_view())
         return out
 
-    def sync_view(self) -> dict[tuple[int, int], SyncStats]:
-        out = dict(self.syncs)
-        for (pid, api, _d), (calls, _b, errors, dur) in self.lost.items():
-            a = apis.BY_ID.get(api)
-            if a is None or a.family != Family.SYNC or calls == 0:
-                continue
-            base = out.get((pid, api)) or SyncStats()
-            out[(pid, api)] = SyncStats(
-                base.calls + calls, base.errors + errors, base.duration_ns + dur, base.durations
-            )
+    def sync_view(self) -> dict[SyncKey, SyncStats]:
+        out: dict[SyncKey, SyncStats] = {}
+        for p in self.processes.values():
+            out.update(p.sync_view())
         return out
 
-    def process_exited(self, pid: int) -> None:
-        if pid in self.processes:
-            p = self.processes[pid]
+    def process_exited(self, key: ProcessKey) -> None:
+        p = self.processes.get(key)
+        if p is not None:
             p.exited = True
             p.exited_ns = p.exited_ns or time.time_ns()
 
-    def forget(self, pid: int) -> None:
-        self.processes.pop(pid, None)
-        for d in (self.copies, self.syncs, self.launches, self.lost):
-            for k in [k for k in d if k[0] == pid]:
-                del d[k]
+    def forget(self, key: ProcessKey) -> None:
+        """Drop a process and everything it did (its own state: no scan)."""
+        self.processes.pop(key, None)
 
 
 def describe(key: CopyKey) -> tuple[str, str, str, bool, str | None]:
     """(layer, api, direction, synchronous, host memory) labels of a copy key."""
-    api = apis.BY_ID.get(key[1])
+    api = apis.BY_ID.get(key.api)
     layer = api.layer.label if api else Layer.DRIVER.label
-    try:
-        direction = Direction(key[2]).label
-    except ValueError:
-        direction = Direction.UNKNOWN.label
-    try:
-        host = HostMemory(key[3]).label
-    except (ValueError, IndexError):
-        host = HostMemory.UNKNOWN.label
-    return layer, apis.api_name(key[1]), direction, bool(api and api.synchronous), host
+    return layer, apis.api_name(key.api), key.direction.label, bool(api and api.synchronous), key.host.label

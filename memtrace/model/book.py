@@ -16,7 +16,7 @@ _UNTRACKED, _DEVICE, _PINNED, _MANAGED = 0, 1, 2, 3
 class BookChanges(NamedTuple):
     """What a batch's memory calls do to address books, one row per change."""
 
-    pid: np.ndarray
+    proc: np.ndarray  # the process, as an index into the batch's processes
     at: np.ndarray  # the call's position in the batch (ring order)
     add: np.ndarray  # True: add the range start..start+size; False: remove the one at start
     start: np.ndarray

@@ -4,12 +4,50 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from memtrace.core import apis
+from memtrace.core.abi import Direction, Family
+from memtrace.core.enums import HostMemory
 from memtrace.core.histogram import ExpHistogram
-from memtrace.core.ids import ProcessInfo
+from memtrace.core.ids import ProcessKey
 from memtrace.model.book import AddressBook
 
-CopyKey = tuple[int, int, int, int]  # pid, api id, direction, host memory
+
+class CopyKey(NamedTuple):
+    process: ProcessKey
+    api: int  # api id (memtrace/core/apis.py)
+    direction: Direction
+    host: HostMemory
+
+
+class ApiKey(NamedTuple):
+    """A process's waits or launches through one api."""
+
+    process: ProcessKey
+    api: int
+
+
+SyncKey = ApiKey
+LaunchKey = ApiKey
+
+
+class LostKey(NamedTuple):
+    """Calls the kernel counted because the ring could not take their events."""
+
+    process: ProcessKey
+    api: int
+    direction: Direction
+
+
+LostTotals = tuple[int, int, int, int]  # calls, bytes, errors, duration ns
+
+_DIRECTIONS = {int(d): d for d in Direction}
+
+
+def direction_of(value: int) -> Direction:
+    """A kernel direction value as a Direction (a value this version does not know: unknown)."""
+    return _DIRECTIONS.get(value, Direction.UNKNOWN)
 
 
 @dataclass
@@ -58,12 +96,12 @@ class DeviceMemory:
 
 @dataclass
 class Process:
-    pid: int
-    name: str = ""
+    key: ProcessKey
+    name: str = ""  # the command name, from BPF at its first event
     exe: str = ""
+    cgroup_id: int = 0  # from BPF at its first event (0: not said)
     first_seen_ns: int = field(default_factory=time.time_ns)
-    start_ns: int = 0  # when the process started (0: unknown)
-    start_ticks: int = 0  # the same, in clock ticks since boot (exact, for ordering)
+    start_ns: int = 0  # when the process started, wall clock (0: unknown)
     exited: bool = False
     exited_ns: int = 0
     attributes: dict[str, str | int] = field(default_factory=dict)  # OTLP resource
@@ -71,17 +109,53 @@ class Process:
     complete: bool = False
     memory: DeviceMemory = field(default_factory=DeviceMemory)
     book: AddressBook = field(default_factory=AddressBook)
+    # What this process did, each keyed with the process itself: forgetting
+    # it or exporting it never scans another process's state.
+    copies: dict[CopyKey, CopyStats] = field(default_factory=dict)
+    syncs: dict[SyncKey, SyncStats] = field(default_factory=dict)
+    launches: dict[LaunchKey, int] = field(default_factory=dict)  # from the kernel
+    lost: dict[LostKey, LostTotals] = field(default_factory=dict)  # from the kernel
 
-    @classmethod
-    def identified(cls, pid: int, info: ProcessInfo) -> Process:
-        return cls(
-            pid,
-            name=info.name,
-            exe=info.exe,
-            start_ns=info.start_ns,
-            start_ticks=info.start_ticks,
-            attributes={"process.pid": pid, **info.attributes},
-        )
+    @property
+    def pid(self) -> int:
+        return self.key.pid
+
+    def copy_view(self) -> dict[CopyKey, CopyStats]:
+        """Every copy key with its exact totals: what the events said, plus the
+        calls whose events were lost (host memory unknown, direction as the
+        kernel saw it)."""
+        out = dict(self.copies)
+        for lk, (calls, nbytes, errors, dur) in self.lost.items():
+            a = apis.BY_ID.get(lk.api)
+            if a is None or a.family != Family.COPY or calls == 0:
+                continue
+            key = CopyKey(lk.process, lk.api, lk.direction, HostMemory.UNKNOWN)
+            base = out.get(key) or CopyStats()
+            out[key] = CopyStats(
+                base.calls + calls,
+                base.bytes + nbytes,
+                base.errors + errors,
+                base.duration_ns + dur,
+                base.events,
+                base.durations,
+                base.sizes,
+            )
+        return out
+
+    def sync_view(self) -> dict[SyncKey, SyncStats]:
+        out = dict(self.syncs)
+        for lk, (calls, _b, errors, dur) in self.lost.items():
+            a = apis.BY_ID.get(lk.api)
+            if a is None or a.family != Family.SYNC or calls == 0:
+                continue
+            key = SyncKey(lk.process, lk.api)
+            base = out.get(key) or SyncStats()
+            out[key] = SyncStats(base.calls + calls, base.errors + errors, base.duration_ns + dur, base.durations)
+        return out
+
+    def lost_memory_calls(self) -> int:
+        """Memory calls whose event was lost: the address book may be incomplete."""
+        return sum(v[0] for k, v in self.lost.items() if k.api in apis.BY_ID and apis.BY_ID[k.api].family == Family.MEM)
 
     def wall_ns(self, now_ns: int | None = None, since_ns: int = 0) -> int:
         """How long memtrace has watched this process."""

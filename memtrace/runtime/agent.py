@@ -42,10 +42,11 @@ from enum import Enum
 import numpy as np
 
 from memtrace.core.abi import EVENT_DTYPE, Stat
+from memtrace.core.ids import ProcessKey
 from memtrace.model import Model
 from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.sensors.cuda.source import Attachment, BpfSource, Options
-from memtrace.sources.procfs import boot_ticks_now, read_process
+from memtrace.sources.procfs import read_process
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
 
@@ -58,6 +59,10 @@ class _Update(Enum):
     EVENTS = 1
     EXITED = 2
     HELD = 3
+    INTRODUCED = 4  # a process's first event: who BPF saw
+
+
+_Value = np.ndarray | ProcessKey | tuple[ProcessKey, str, int]
 
 
 class Agent:
@@ -65,11 +70,11 @@ class Agent:
         # `memtrace run` traces a command from its first instruction: every
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
-        self.model = Model(complete_after_ticks=None if opts.only_traced else 2**63, identify=read_process)
+        self.model = Model(complete_after_ns=None if opts.only_traced else 2**63, identify=read_process)
         self.lock = threading.RLock()  # the model's
         self._drain_lock = threading.Lock()  # the rings'
         self._pending_lock = threading.Lock()  # the queue's, held for an append or a swap only
-        self._pending: list[tuple[_Update, np.ndarray | int]] = []
+        self._pending: list[tuple[_Update, _Value]] = []
         self._pending_events = 0
         # One ring's worth of events may wait in memory for the model, then the ring itself.
         self.max_pending_events = max(opts.ring_bytes // EVENT_DTYPE.itemsize, 1)
@@ -82,11 +87,18 @@ class Agent:
         self._stop = threading.Event()
         self._failure: BaseException | None = None
         self.libraries: list[Attachment] = []
-        self.source = BpfSource(opts, self._on_events, self._on_exit, self.libraries.append, on_held=self._on_held)
+        self.source = BpfSource(
+            opts,
+            self._on_events,
+            self._on_exit,
+            self.libraries.append,
+            on_held=self._on_held,
+            on_process=self._on_process,
+        )
 
     # ---- what a drain decodes: queued in ring order, folded under the model lock ----
 
-    def _queue(self, kind: _Update, value: np.ndarray | int, events: int = 0) -> None:
+    def _queue(self, kind: _Update, value: _Value, events: int = 0) -> None:
         with self._pending_lock:
             self._pending.append((kind, value))
             self._pending_events += events
@@ -95,11 +107,14 @@ class Agent:
     def _on_events(self, batch: np.ndarray) -> None:
         self._queue(_Update.EVENTS, batch, len(batch))
 
-    def _on_exit(self, pid: int) -> None:
-        self._queue(_Update.EXITED, pid)
+    def _on_exit(self, key: ProcessKey) -> None:
+        self._queue(_Update.EXITED, key)
 
-    def _on_held(self, pid: int) -> None:
-        self._queue(_Update.HELD, pid)
+    def _on_held(self, key: ProcessKey) -> None:
+        self._queue(_Update.HELD, key)
+
+    def _on_process(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
+        self._queue(_Update.INTRODUCED, (key, name, cgroup_id))
 
     def _fold(self) -> int:
         """Apply the pending updates to the model, in order. Holds self.lock."""
@@ -121,7 +136,11 @@ class Agent:
                 folded += len(value)
                 continue
             flush()
-            assert isinstance(value, int)
+            if kind is _Update.INTRODUCED:
+                assert isinstance(value, tuple) and not isinstance(value, ProcessKey)
+                self.model.introduce(*value)
+                continue
+            assert isinstance(value, ProcessKey)
             if kind is _Update.EXITED:
                 self.model.process_exited(value)
             else:
@@ -138,9 +157,9 @@ class Agent:
             self.source.close()
             raise
         self.model.forked_since_start = self.source.is_fresh
-        if self.model.complete_after_ticks is not None:
-            # A process that started in a later clock tick started after the probes went live.
-            self.model.complete_after_ticks = boot_ticks_now()
+        if self.model.complete_after_ns is not None:
+            # A process that started after now (its start as BPF reads it) started after the probes went live.
+            self.model.complete_after_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
     def scan(self, pids: list[int] | None = None) -> None:
         """Attach to the CUDA libraries already mapped by running processes (or by `pids`)."""
@@ -261,15 +280,16 @@ class Agent:
         """Copy what the kernel counts (launches, calls lost from the ring) into the model."""
         with self.lock:
             for k, v in self.source.lost():
-                self.model.set_lost(k.pid, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
+                key = ProcessKey(k.pid, k.start_ns)
+                self.model.set_lost(key, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
             for k, n in self.source.counts():
-                self.model.set_launches(k.pid, k.api, n)
+                self.model.set_launches(ProcessKey(k.pid, k.start_ns), k.api, n)
 
-    def forget(self, pid: int) -> None:
+    def forget(self, key: ProcessKey) -> None:
         """Drop a process's state here and in the kernel's totals."""
         with self.lock:
-            self.model.forget(pid)
-            self.source.forget_pid(pid)
+            self.model.forget(key)
+            self.source.forget_process(key)
 
     def stats(self) -> dict[Stat, int]:
         return self.source.stats()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,7 +12,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.otlp import Batch, Exporter, MetricsBuilder
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
-from memtrace.sources.procfs import host_attributes
+from memtrace.sources.procfs import host_attributes, is_running
 
 log = logging.getLogger("memtrace")
 
@@ -73,22 +72,22 @@ def push_forever(
             # A process already gone has queued all its events: look first, then
             # drain, so its final push carries every call it made.
             model = agent.model
-            gone = [pid for pid, p in model.processes.items() if not p.exited and not os.path.exists(f"/proc/{pid}")]
+            gone = [key for key, p in model.processes.items() if not p.exited and not is_running(key)]
             agent.poll()
             agent.sync_totals()
-            for pid in gone:
-                model.process_exited(pid)  # its exit notice was lost: never keep its series forever
-            exited = sorted((p.first_seen_ns, pid) for pid, p in model.processes.items() if p.exited)
+            for key in gone:
+                model.process_exited(key)  # its exit notice was lost: never keep its series forever
+            exited = sorted((p.first_seen_ns, key) for key, p in model.processes.items() if p.exited)
             if len(exited) > max_unsent_exited:
-                drop = [pid for _, pid in exited[: len(exited) - max_unsent_exited]]
+                drop = [key for _, key in exited[: len(exited) - max_unsent_exited]]
                 if not builder.unsent_processes:
                     log.warning(
                         "more than %d exited processes are waiting for a push: the oldest are dropped "
                         "unsent (counted in memtrace.agent.unsent_processes)",
                         max_unsent_exited,
                     )
-                for pid in drop:
-                    agent.forget(pid)
+                for key in drop:
+                    agent.forget(key)
                 builder.unsent_processes += len(drop)
             return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=agent.take_drain_gap_window())
 
@@ -100,12 +99,12 @@ def push_forever(
                 # be sent again; the rest is, with the next push.
                 done = batch.processes_in(delivered)
                 batch.commit_processes(done)
-                for pid in set(batch.exited) & done:
-                    agent.forget(pid)
+                for key in set(batch.exited) & done:
+                    agent.forget(key)
             elif ok:
                 batch.commit()
-                for pid in batch.exited:  # sent a final time: drop the series
-                    agent.forget(pid)
+                for key in batch.exited:  # sent a final time: drop the series
+                    agent.forget(key)
             else:
                 batch.rollback()
         if ok:

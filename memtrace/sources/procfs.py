@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
 from pathlib import Path
 
-from memtrace.core.ids import ProcessInfo
+from memtrace.core.ids import ProcessInfo, ProcessKey
 
 _CONTAINER = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -62,43 +61,43 @@ def process_attributes(pid: int, name: str = "", exe: str = "", proc: Path = Pat
     return attrs
 
 
-def process_start_ticks(pid: int) -> int:
+def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int:
     """When a process started, in clock ticks since boot (/proc/PID/stat), 0 if gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = (proc / str(pid) / "stat").read_text()
         return int(stat.rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return 0
 
 
-def boot_ticks_now() -> int:
-    """Now, in the clock ticks /proc/PID/stat counts process starts in."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+def start_ticks_of(key: ProcessKey) -> int:
+    """A process key's start in the ticks /proc/PID/stat counts (the kernel
+    rounds its boot-clock ns down to them)."""
+    return key.start_ns // (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
 
 
-def start_ns_of(ticks: int) -> int:
-    """Wall-clock time of a start in ticks since boot (0 if unknown)."""
-    if not ticks:
-        return 0
-    boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    return boot_ns + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+def is_running(key: ProcessKey, proc: Path = Path("/proc")) -> bool:
+    """Is this process (not merely its pid, which may be reused) still there?"""
+    ticks = process_start_ticks(key.pid, proc)
+    return ticks != 0 and (key.start_ns == 0 or ticks == start_ticks_of(key))
 
 
-def process_start_ns(pid: int) -> int:
-    """Wall-clock start of a process, 0 if gone."""
-    return start_ns_of(process_start_ticks(pid))
-
-
-def read_process(pid: int, proc: Path = Path("/proc")) -> ProcessInfo:
-    """Read what identifies a process now: it may be gone by export time."""
+def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
+    """What the host adds to a process's BPF identity: its executable and
+    its container and pod (from its cgroup path), read now. Nothing if the
+    pid is no longer this process: then it keeps what BPF said alone."""
+    if not is_running(key, proc):
+        return ProcessInfo()
     name = exe = ""
     try:
-        name = (proc / str(pid) / "comm").read_text().strip()
+        name = (proc / str(key.pid) / "comm").read_text().strip()
     except OSError:
         pass
     try:
-        exe = str((proc / str(pid) / "exe").readlink())
+        exe = str((proc / str(key.pid) / "exe").readlink())
     except OSError:
         pass
-    ticks = process_start_ticks(pid)
-    return ProcessInfo(name, exe, ticks, start_ns_of(ticks), process_attributes(pid, name, exe, proc))
+    attrs = process_attributes(key.pid, name, exe, proc)
+    if not is_running(key, proc):  # replaced while being read
+        return ProcessInfo()
+    return ProcessInfo(name, exe, attrs)

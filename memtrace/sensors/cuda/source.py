@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from memtrace.bpf.ringbuf import EventRing
 from memtrace.core import apis
 from memtrace.core.abi import EVENT_DTYPE, STAT_COUNT, CtlEvent, CtlType, InodeKey, Layer, Stat, Totals, TotalsKey
 from memtrace.core.errors import AttachError, MemtraceError
+from memtrace.core.ids import ProcessKey
 from memtrace.sensors.cuda import discovery, elf
 from memtrace.sensors.cuda.holds import Guardian, release_all
 
@@ -148,15 +150,20 @@ class BpfSource:
         self,
         opts: Options,
         on_events: Callable[[np.ndarray], None],
-        on_exit: Callable[[int], None] = lambda pid: None,
+        on_exit: Callable[[ProcessKey], None] = lambda key: None,
         on_library: Callable[[Attachment], None] = lambda a: None,
-        on_held: Callable[[int], None] = lambda pid: None,
+        on_held: Callable[[ProcessKey], None] = lambda key: None,
+        on_process: Callable[[ProcessKey, str, int], None] = lambda key, comm, cgroup_id: None,
     ) -> None:
         self.opts = opts
         self.on_events = on_events
         self.on_exit = on_exit
         self.on_library = on_library
         self.on_held = on_held
+        self.on_process = on_process  # a process's first event: (key, comm, cgroup id), from BPF
+        # The kernel's `lost` and `counts` keys of each process, as read by
+        # lost() and counts(): forgetting a process deletes these alone.
+        self._kernel_keys: dict[ProcessKey, set[tuple[str, bytes]]] = {}
         self.attachments: dict[discovery.FileId, Attachment] = {}
         self._checked_executables: set[discovery.FileId] = set()
         self._batches: list[np.ndarray] = []
@@ -304,7 +311,7 @@ class BpfSource:
             self._malformed += 1
             return
         ev = CtlEvent.from_buffer_copy(ctypes.string_at(data, size))
-        if ev.type not in (CtlType.MAP, CtlType.EXIT):
+        if ev.type not in (CtlType.MAP, CtlType.EXIT, CtlType.PROC):
             self._malformed += 1
             return
         self._ctl.append(ev)
@@ -363,10 +370,12 @@ class BpfSource:
                 log.warning("pid %d: %s", ev.pid, e)
             finally:
                 if ev.held:
-                    self.on_held(ev.pid)  # nothing of it ran before its probes
+                    self.on_held(ProcessKey(ev.pid, ev.start_ns))  # nothing of it ran before its probes
                     self._release(ev.pid)
         elif ev.type == CtlType.EXIT:
-            self.on_exit(ev.pid)
+            self.on_exit(ProcessKey(ev.pid, ev.start_ns))
+        elif ev.type == CtlType.PROC:
+            self.on_process(ProcessKey(ev.pid, ev.start_ns), ev.comm.decode(errors="replace"), ev.cgroup_id)
 
     def _release(self, pid: int) -> None:
         try:
@@ -379,37 +388,44 @@ class BpfSource:
 
     # ---- maps ----
 
+    def _index(self, name: str, k: TotalsKey) -> None:
+        self._kernel_keys.setdefault(ProcessKey(k.pid, k.start_ns), set()).add((name, bytes(k)))
+
     def lost(self) -> list[tuple[TotalsKey, Totals]]:
         """Calls the events ring could not take, counted by the kernel."""
         m = self.maps["lost"]
         out = []
-        for k in m.keys(TotalsKey):
+        for raw in m.keys(TotalsKey):
+            k = cast(TotalsKey, raw)
             v = Totals()
             if m.lookup(k, v):
                 out.append((k, v))
+                self._index("lost", k)
         return out
 
     def counts(self) -> list[tuple[TotalsKey, int]]:
-        """Launches per (pid, api), counted by the kernel."""
+        """Launches per (process, api), counted by the kernel."""
         m = self.maps["counts"]
         out = []
-        for k in m.keys(TotalsKey):
+        for raw in m.keys(TotalsKey):
+            k = cast(TotalsKey, raw)
             v = ctypes.c_uint64()
             if m.lookup(k, v):
                 out.append((k, v.value))
+                self._index("counts", k)
         return out
 
-    def is_fresh(self, pid: int) -> bool:
+    def is_fresh(self, key: ProcessKey) -> bool:
         """Was the process forked after the programs were attached?"""
-        return self.obj is not None and self.maps["fresh"].lookup(ctypes.c_uint32(pid), ctypes.c_uint8())
+        return self.obj is not None and self.maps["fresh"].lookup(ctypes.c_uint32(key.pid), ctypes.c_uint8())
 
-    def forget_pid(self, pid: int) -> None:
-        self.maps["fresh"].delete(ctypes.c_uint32(pid))
-        for name in ("lost", "counts"):
-            m = self.maps[name]
-            for k in list(m.keys(TotalsKey)):
-                if k.pid == pid:
-                    m.delete(k)
+    def forget_process(self, key: ProcessKey) -> None:
+        """Delete a process's kernel totals: the keys lost() and counts() read
+        for it (it has exited, and they were read after that), one syscall
+        each, never a walk of the whole maps."""
+        self.maps["fresh"].delete(ctypes.c_uint32(key.pid))
+        for name, raw in self._kernel_keys.pop(key, set()):
+            self.maps[name].delete(TotalsKey.from_buffer_copy(raw))
 
     def stats(self) -> dict[Stat, int]:
         ncpu = Libbpf.get().lib.libbpf_num_possible_cpus()
