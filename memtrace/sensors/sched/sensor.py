@@ -24,6 +24,11 @@ def object_path(arch: str | None = None) -> Path:
     return Path(str(resources.files("memtrace") / "bpf" / f"sched.{arch or bpf_arch()}.bpf.o"))
 
 
+def _u32(key: ctypes._CData) -> int:
+    assert isinstance(key, ctypes.c_uint32)
+    return int(key.value)
+
+
 def slot_bounds_us(slot: int) -> tuple[int, int]:
     """[low, high) in microseconds of a histogram slot (the last one is open)."""
     return (0 if slot == 0 else 1 << slot), (1 << (slot + 1))
@@ -89,8 +94,8 @@ class CpuStats:
                 pre.append(Preemptor(p.cgroup_id, count, wait, p.last_pid, p.last_comm))
         return CpuStats(
             pid=self.pid,
-            runq_hist=tuple(a - b for a, b in zip(self.runq_hist, before.runq_hist)),
-            offcpu_hist=tuple(a - b for a, b in zip(self.offcpu_hist, before.offcpu_hist)),
+            runq_hist=tuple(a - b for a, b in zip(self.runq_hist, before.runq_hist, strict=True)),
+            offcpu_hist=tuple(a - b for a, b in zip(self.offcpu_hist, before.offcpu_hist, strict=True)),
             runq_ns=self.runq_ns - before.runq_ns,
             offcpu_ns=self.offcpu_ns - before.offcpu_ns,
             oncpu_ns=self.oncpu_ns - before.oncpu_ns,
@@ -156,7 +161,7 @@ class SchedSensor:
 
     def pids(self) -> list[int]:
         """The processes with measurements."""
-        return [int(getattr(k, "value")) for k in self.maps["procs"].keys(ctypes.c_uint32)]
+        return [_u32(k) for k in self.maps["procs"].keys(ctypes.c_uint32)]
 
     def _preemptors(self) -> dict[int, list[Preemptor]]:
         out: dict[int, list[Preemptor]] = {}
@@ -183,7 +188,7 @@ class SchedSensor:
         out: dict[int, CpuStats] = {}
         v = Proc()
         for k in list(procs.keys(ctypes.c_uint32)):
-            pid = int(getattr(k, "value"))
+            pid = _u32(k)
             if not procs.lookup(k, v):
                 continue
             out[pid] = CpuStats(
