@@ -214,7 +214,9 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 	if (preempt || prev_state == TASK_RUNNING) {
 		__sync_fetch_and_add(&p->nivcsw, 1);
 		n.state = SC_T_PREEMPTED;
-		n.preempt_cgroup = BPF_CORE_READ(next, cgroups, dfl_cgrp, kn, id);
+		/* 0 for the idle task: nobody took the CPU (a throttled quota, or a migration) */
+		if (BPF_CORE_READ(next, pid))
+			n.preempt_cgroup = BPF_CORE_READ(next, cgroups, dfl_cgrp, kn, id);
 		charge_preemptor(tgid, next, n.preempt_cgroup);
 	} else {
 		__sync_fetch_and_add(&p->nvcsw, 1);

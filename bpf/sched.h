@@ -25,7 +25,8 @@ struct sc_proc {
 };
 
 /* Who took the CPU from a traced process: key (traced tgid, cgroup of the
- * task switched in when a traced thread was preempted). */
+ * task switched in when a traced thread was preempted; 0 when that task is the
+ * CPU's idle task, as when the thread's own CPU quota throttled it). */
 struct sc_preempt_key {
 	__u64 cgroup_id;
 	__u32 tgid;

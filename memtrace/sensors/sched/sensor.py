@@ -54,7 +54,7 @@ def quantile_us(hist: tuple[int, ...], q: float) -> float | None:
 class Preemptor:
     """Who took the CPU from a traced process: one cgroup (v2 id = its kernfs inode)."""
 
-    cgroup_id: int
+    cgroup_id: int  # 0: nobody, the CPU went idle (the process's own quota throttled it)
     count: int  # involuntary switches of the traced process in its favour
     wait_ns: int  # run-queue wait of the traced threads that followed
     last_pid: int  # the last preempting process seen (0: the CPU's idle task)
