@@ -17,6 +17,7 @@ import pytest
 from conftest import FIXTURES
 
 from memtrace.sensors.sched import CpuStats, SchedSensor, SchedStat
+from memtrace.sensors.sched.abi import PreemptKey
 from memtrace.sources.cgroup import CgroupNames, cgroup2_root, cgroup_id, cgroup_v1_root, cpu_quotas
 
 pytestmark = pytest.mark.bpf
@@ -308,6 +309,7 @@ def test_remove_pid_forgets_the_process(sensor: SchedSensor, workload_bin: Path)
         assert isinstance(sensor.read().get(w.pid), CpuStats)
         sensor.remove_pid(w.pid)
         assert w.pid not in sensor.read()
-        assert all(k.tgid != w.pid for k in [])  # preemptor entries are walked by remove_pid
+        assert sensor.map_entries()["traced"] == 0
+        assert all(k.tgid != w.pid for k in sensor.maps["preempts"].keys(PreemptKey))  # type: ignore[attr-defined]
     finally:
         w.kill()
