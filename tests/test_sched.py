@@ -301,15 +301,21 @@ def test_maps_stay_bounded_and_drops_are_counted(workload_bin: Path) -> None:
 
 
 def test_remove_pid_forgets_the_process(sensor: SchedSensor, workload_bin: Path) -> None:
-    w = Workload([str(workload_bin), "sleep", "20", "1", "10"])
+    w = Workload([str(workload_bin), "spin", "0.3"])
+    hog = subprocess.Popen(["taskset", "-c", CPU, str(workload_bin), "hog"])  # so that it is preempted
     try:
         sensor.add_pid(w.pid)
         w.go()
         w.result()
         assert isinstance(sensor.read().get(w.pid), CpuStats)
+        keys = sensor.maps["preempts"].keys(PreemptKey)
+        assert any(k.tgid == w.pid for k in keys)  # type: ignore[attr-defined]
         sensor.remove_pid(w.pid)
         assert w.pid not in sensor.read()
         assert sensor.map_entries()["traced"] == 0
-        assert all(k.tgid != w.pid for k in sensor.maps["preempts"].keys(PreemptKey))  # type: ignore[attr-defined]
+        keys = sensor.maps["preempts"].keys(PreemptKey)
+        assert all(k.tgid != w.pid for k in keys)  # type: ignore[attr-defined]
     finally:
+        hog.kill()
+        hog.wait()
         w.kill()
