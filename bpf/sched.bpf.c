@@ -192,7 +192,7 @@ static __always_inline void charge_preemptor(__u32 tgid, struct task_struct *nex
 static __always_inline void switch_out(struct task_struct *prev, struct task_struct *next, bool preempt,
 				       unsigned int prev_state, __u64 now)
 {
-	__u32 tid = BPF_CORE_READ(prev, pid), tgid = BPF_CORE_READ(prev, tgid);
+	__u32 tid = prev->pid, tgid = prev->tgid;
 	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
 	struct sc_thread n = { .ts = now, .tgid = tgid };
 	struct sc_proc *p = proc_of(tgid);
@@ -215,19 +215,22 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 		__sync_fetch_and_add(&p->nivcsw, 1);
 		n.state = SC_T_PREEMPTED;
 		/* 0 for the idle task: nobody took the CPU (a throttled quota, or a migration) */
-		if (BPF_CORE_READ(next, pid))
+		if (next->pid)
 			n.preempt_cgroup = BPF_CORE_READ(next, cgroups, dfl_cgrp, kn, id);
 		charge_preemptor(tgid, next, n.preempt_cgroup);
 	} else {
 		__sync_fetch_and_add(&p->nvcsw, 1);
 		n.state = SC_T_BLOCKED;
 	}
-	put_thread(tid, &n);
+	if (t) /* in place: an LRU update costs more than the rest of the program */
+		*t = n;
+	else
+		put_thread(tid, &n);
 }
 
 static __always_inline void switch_in(struct task_struct *next, __u64 now)
 {
-	__u32 tid = BPF_CORE_READ(next, pid), tgid = BPF_CORE_READ(next, tgid);
+	__u32 tid = next->pid, tgid = next->tgid;
 	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
 	struct sc_thread n = { .ts = now, .tgid = tgid, .state = SC_T_RUNNING };
 	struct sc_preempt_key key = { .tgid = tgid };
@@ -262,18 +265,23 @@ static __always_inline void switch_in(struct task_struct *next, __u64 now)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sc_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
-	__u64 now = bpf_ktime_get_ns();
+	/* BTF pointers: plain (CO-RE relocated) loads, no probe-read helper calls */
+	bool out = is_traced(prev->tgid), in = is_traced(next->tgid);
+	__u64 now;
 
-	if (is_traced(BPF_CORE_READ(prev, tgid)))
+	if (!out && !in) /* the common case on a busy host: a few ns */
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (out)
 		switch_out(prev, next, preempt, prev_state, now);
-	if (is_traced(BPF_CORE_READ(next, tgid)))
+	if (in)
 		switch_in(next, now);
 	return 0;
 }
 
 static __always_inline void wakeup(struct task_struct *p, bool fresh)
 {
-	__u32 tid, tgid = BPF_CORE_READ(p, tgid);
+	__u32 tid, tgid = p->tgid;
 	struct sc_thread n = { .state = SC_T_QUEUED };
 	struct sc_thread *t;
 	struct sc_proc *proc;
@@ -281,7 +289,7 @@ static __always_inline void wakeup(struct task_struct *p, bool fresh)
 
 	if (!is_traced(tgid))
 		return;
-	tid = BPF_CORE_READ(p, pid);
+	tid = p->pid;
 	now = bpf_ktime_get_ns();
 	t = fresh ? NULL : bpf_map_lookup_elem(&threads, &tid);
 	if (t) {

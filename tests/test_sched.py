@@ -277,7 +277,7 @@ def test_off_cpu_and_on_cpu_time_match_the_truth(sensor: SchedSensor, workload_b
     # (each of the two readings loses up to a tick on each of utime and stime).
     assert abs(st.oncpu_ns - (e1 - e0)) <= 0.01 * (e1 - e0), report
     assert abs(st.oncpu_ns - (t1 - t0) * TICK_NS) <= 2 * TICK_NS + 0.01 * st.oncpu_ns, report
-    assert st.oncpu_ns >= 300_000_000, report
+    assert st.oncpu_ns >= 100_000_000, report  # 300 ms of wall-clock spinning, on a shared CPU
 
 
 def test_maps_stay_bounded_and_drops_are_counted(workload_bin: Path) -> None:
