@@ -272,12 +272,19 @@ def test_off_cpu_and_on_cpu_time_match_the_truth(sensor: SchedSensor, workload_b
     assert st.offcpu_ns + st.runq_ns >= truth["sleep_ns"] - 200 * 50_000, report
     assert st.voluntary == k1[0] - k0[0] == 201, report  # 200 sleeps and the final stop
     assert st.involuntary == k1[1] - k0[1], report
-    # On-CPU time: the kernel's own runtime (schedstat, ns) within 2%. The
-    # kernel closes and opens a task's runtime at the rq clock inside
-    # __schedule, the sensor at the tracepoint's ktime; here the sensor read
-    # 0.1-1.1% low over ~210 switches on the loaded VM (a few us per switch,
-    # not fully explained). utime+stime are that runtime split and truncated
-    # to clock ticks: each of the two readings loses up to a tick on each.
+    # Every moment of the run is in exactly one of the sensor's states, timed
+    # with CLOCK_MONOTONIC like the workload's own clock: their sum covers the
+    # workload's wall time, plus the wait before its first instruction after
+    # "go" (inside runq_ns) and the edges of two syscalls.
+    total = st.oncpu_ns + st.offcpu_ns + st.runq_ns
+    assert truth["wall_ns"] <= total <= truth["wall_ns"] + st.runq_ns + 1_000_000, report
+    # On-CPU time against the kernel's own runtime (schedstat), within 2%.
+    # The kernel times runtime with the rq clock (sched_clock), the sensor
+    # with ktime: on this VM they part by 5-10 us per wakeup from idle (the
+    # kernel counts more; a pure spinner agrees within 0.3%), which is up to
+    # 1% here, 200 wakeups on 300 ms of CPU. utime+stime are that runtime
+    # split and truncated to clock ticks: each reading loses up to a tick on
+    # each of the two.
     assert abs(st.oncpu_ns - (e1 - e0)) <= 0.02 * (e1 - e0), report
     assert abs(st.oncpu_ns - (t1 - t0) * TICK_NS) <= 2 * TICK_NS + 0.02 * st.oncpu_ns, report
     assert st.oncpu_ns >= 100_000_000, report  # 300 ms of wall-clock spinning, on a shared CPU
