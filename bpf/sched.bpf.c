@@ -44,6 +44,13 @@ struct {
 } traced SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SC_FILTER_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} traced_bits SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 10240);
 	__type(key, __u32); /* tgid */
@@ -96,8 +103,14 @@ static __always_inline bool is_traced(__u32 tgid)
 {
 	if (tgid == 0) /* the idle tasks */
 		return false;
+	__u32 bit = tgid % SC_FILTER_BITS, word = bit / 64;
+	__u64 *w;
+
 	if (!filter_pids)
 		return true;
+	w = bpf_map_lookup_elem(&traced_bits, &word);
+	if (!w || !(*w & (1ULL << (bit % 64))))
+		return false;
 	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
 }
 

@@ -12,6 +12,12 @@
 #define SC_SLOTS 26
 #define SC_COMM_LEN 16
 
+/* A bitmap in front of the `traced` hash: bit (tgid % SC_FILTER_BITS) is set
+ * when some traced process has that remainder, so the switches of untraced
+ * processes (nearly all on a host) cost one inlined array load, no hash lookup. */
+#define SC_FILTER_BITS 65536
+#define SC_FILTER_WORDS (SC_FILTER_BITS / 64)
+
 /* Per traced process (key: tgid). */
 struct sc_proc {
 	__u64 runq_hist[SC_SLOTS];   /* run-queue latency: wakeup or preemption to switch-in */

@@ -329,3 +329,20 @@ def test_remove_pid_forgets_the_process(sensor: SchedSensor, workload_bin: Path)
         hog.kill()
         hog.wait()
         w.kill()
+
+
+def test_the_filter_bitmap_keeps_a_bit_while_any_traced_pid_needs_it(sensor: SchedSensor) -> None:
+    import ctypes
+
+    def bit_set(pid: int) -> bool:
+        word = ctypes.c_uint64()
+        assert sensor.maps["traced_bits"].lookup(ctypes.c_uint32(pid % 65536 // 64), word)
+        return bool(word.value >> (pid % 64) & 1)
+
+    a, b = 4242, 4242 + 65536  # same bit
+    sensor.add_pid(a)
+    sensor.add_pid(b)
+    sensor.remove_pid(a)
+    assert bit_set(b)
+    sensor.remove_pid(b)
+    assert not bit_set(b)

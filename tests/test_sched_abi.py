@@ -34,7 +34,7 @@ int main(void) {
   S(sc_preempt); O(sc_preempt, count); O(sc_preempt, wait_ns); O(sc_preempt, last_tgid); O(sc_preempt, last_comm);
   C(SC_STAT_SWITCHES); C(SC_STAT_PROCS_FULL); C(SC_STAT_THREADS_FULL); C(SC_STAT_PREEMPT_FULL);
   C(SC_STAT_UNTRACKED); C(SC_T_RUNNING); C(SC_T_QUEUED); C(SC_T_PREEMPTED); C(SC_T_BLOCKED);
-  C(SC_STAT_COUNT); C(SC_COMM_LEN);
+  C(SC_STAT_COUNT); C(SC_COMM_LEN); C(SC_FILTER_BITS); C(SC_FILTER_WORDS);
   printf("\"SC_SLOTS\": %d\n}\n", SC_SLOTS);
   return 0;
 }
@@ -61,6 +61,8 @@ def test_map_structs_match(header: dict[str, int]) -> None:
 def test_constants_and_enums_match(header: dict[str, int]) -> None:
     assert header["SC_SLOTS"] == abi.SLOTS
     assert header["SC_COMM_LEN"] == abi.COMM_LEN
+    assert header["SC_FILTER_BITS"] == abi.FILTER_BITS
+    assert header["SC_FILTER_WORDS"] == abi.FILTER_WORDS
     for s in abi.SchedStat:
         assert header[f"SC_STAT_{s.name}"] == s.value
     assert header["SC_STAT_COUNT"] == abi.STAT_COUNT == len(abi.SchedStat)

@@ -7,6 +7,8 @@ import enum
 
 SLOTS = 26
 COMM_LEN = 16
+FILTER_BITS = 65536
+FILTER_WORDS = FILTER_BITS // 64
 
 
 class Proc(ctypes.Structure):

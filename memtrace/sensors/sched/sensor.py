@@ -15,7 +15,7 @@ from pathlib import Path
 
 from memtrace.bpf.host import bpf_arch, check_kernel, rodata_offsets
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map
-from memtrace.sensors.sched.abi import SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, SchedStat
+from memtrace.sensors.sched.abi import FILTER_BITS, SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, SchedStat
 
 PROGRAMS = ("sc_switch", "sc_wakeup", "sc_wakeup_new")
 
@@ -125,6 +125,7 @@ class SchedSensor:
         self.obj: BpfObject | None = None
         self.links: list[Link] = []
         self.maps: dict[str, Map] = {}
+        self.traced: set[int] = set()
 
     def start(self, pids: list[int] | tuple[int, ...] = ()) -> None:
         """Load and attach; trace `pids` (and whatever add_pid adds later)."""
@@ -136,7 +137,8 @@ class SchedSensor:
             for name, n in self.limits.items():
                 obj.set_max_entries(name, n)
             obj.load()
-            self.maps = {n: obj.map(n) for n in ("traced", "procs", "threads", "preempts", "stats")}
+            names = ("traced", "traced_bits", "procs", "threads", "preempts", "stats")
+            self.maps = {n: obj.map(n) for n in names}
             for pid in pids:
                 self.add_pid(pid)
             for prog in PROGRAMS:
@@ -145,13 +147,26 @@ class SchedSensor:
             self.close()
             raise
 
+    def _set_bit(self, pid: int, on: bool) -> None:
+        bit = pid % FILTER_BITS
+        key, word = ctypes.c_uint32(bit // 64), ctypes.c_uint64()
+        bits = self.maps["traced_bits"]
+        bits.lookup(key, word)
+        mask = 1 << (bit % 64)
+        bits.update(key, ctypes.c_uint64(word.value | mask if on else word.value & ~mask))
+
     def add_pid(self, pid: int) -> None:
         """Trace a process (all its threads) from now on."""
         self.maps["traced"].update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
+        self._set_bit(pid, True)  # after the hash: a set bit only sends BPF to look there
+        self.traced.add(pid)
 
     def remove_pid(self, pid: int) -> None:
         """Stop tracing a process and forget what was measured (read it first)."""
+        self.traced.discard(pid)
         self.maps["traced"].delete(ctypes.c_uint32(pid))
+        if not any(p % FILTER_BITS == pid % FILTER_BITS for p in self.traced):
+            self._set_bit(pid, False)
         self.maps["procs"].delete(ctypes.c_uint32(pid))
         pre = self.maps["preempts"]
         for k in list(pre.keys(PreemptKey)):
