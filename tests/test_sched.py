@@ -276,12 +276,14 @@ def test_off_cpu_and_on_cpu_time_match_the_truth(sensor: SchedSensor, workload_b
         k0, e0, t0 = ctxt_switches(w.pid), sum_exec_ns(w.pid), cpu_ticks(w.pid)
         w.go()
         truth = w.result()
-        st = sensor.read()[w.pid]
+        everything = sensor.read()
+        st = everything[w.pid]
         k1, e1, t1 = ctxt_switches(w.pid), sum_exec_ns(w.pid), cpu_ticks(w.pid)
     finally:
         w.kill()
     report = {"st": st, "truth": truth, "exec": e1 - e0, "ticks": t1 - t0, "stats": sensor.stats()}
     print(report)
+    assert set(everything) == {w.pid}, "only traced processes are measured"
     # 200 sleeps of 5 ms: exactly 200 off-CPU intervals, in the [4096, 8192) us
     # slot but for a few that began late: a thread preempted inside nanosleep
     # before it blocked waits in the run queue first, and sleeps less after.
