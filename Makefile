@@ -1,6 +1,6 @@
 # memtrace build: per-arch CO-RE objects, shipped inside the Python package.
 #
-#   make            build memtrace/bpf/memtrace.{x86,arm64}.bpf.o
+#   make            build memtrace/bpf/{memtrace,sched}.{x86,arm64}.bpf.o
 #   make check-objects   rebuild into a scratch dir and compare with the shipped bytes
 #   make vmlinux-x86     regenerate vmlinux/x86/vmlinux.h from this host's BTF
 #   make vmlinux-arm64   regenerate vmlinux/arm64/vmlinux.h from Debian's arm64 kernel
@@ -16,7 +16,9 @@ BPF_CFLAGS := -O2 -g -target bpf -fno-ident -Wall -Werror \
 	-fdebug-prefix-map=$(CURDIR)=. -fmacro-prefix-map=$(CURDIR)=. \
 	-fdebug-compilation-dir=. -I bpf
 
-OBJS := $(foreach a,$(ARCHES),$(OUT)/memtrace.$(a).bpf.o)
+# One object per program and arch: bpf/NAME.bpf.c -> $(OUT)/NAME.ARCH.bpf.o
+PROGS := memtrace sched
+OBJS := $(foreach p,$(PROGS),$(foreach a,$(ARCHES),$(OUT)/$(p).$(a).bpf.o))
 
 .PHONY: all check-objects clean vmlinux-x86 vmlinux-arm64
 all: $(OBJS)
@@ -26,10 +28,16 @@ $(OUT)/memtrace.%.bpf.o: $(SRC) $(HDRS) vmlinux/%/vmlinux.h
 	$(CLANG) $(BPF_CFLAGS) -D__TARGET_ARCH_$* -I vmlinux/$* -c $(SRC) -o $@
 	llvm-strip -g $@
 
+$(OUT)/sched.%.bpf.o: bpf/sched.bpf.c bpf/sched.h vmlinux/%/vmlinux.h
+	@mkdir -p $(OUT)
+	$(CLANG) $(BPF_CFLAGS) -D__TARGET_ARCH_$* -I vmlinux/$* -c $< -o $@
+	llvm-strip -g $@
+
 check-objects:
-	@tmp=$$(mktemp -d) && $(MAKE) -s --always-make OUT=$$tmp $(foreach a,$(ARCHES),$$tmp/memtrace.$(a).bpf.o) && \
-	for a in $(ARCHES); do cmp $$tmp/memtrace.$$a.bpf.o $(OUT)/memtrace.$$a.bpf.o || \
-	  { echo "memtrace.$$a.bpf.o is stale: run make" >&2; exit 1; }; done; rm -rf $$tmp; echo "shipped objects match sources"
+	@tmp=$$(mktemp -d) && $(MAKE) -s --always-make OUT=$$tmp \
+	  $(foreach p,$(PROGS),$(foreach a,$(ARCHES),$$tmp/$(p).$(a).bpf.o)) && \
+	for o in $(foreach p,$(PROGS),$(foreach a,$(ARCHES),$(p).$(a).bpf.o)); do cmp $$tmp/$$o $(OUT)/$$o || \
+	  { echo "$$o is stale: run make" >&2; exit 1; }; done; rm -rf $$tmp; echo "shipped objects match sources"
 
 vmlinux-x86:
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > vmlinux/x86/vmlinux.h

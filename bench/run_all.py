@@ -25,6 +25,8 @@ BENCHES = [
     ("Agent footprint (target 3: < 150 MB at 1000 processes)", "footprint.py", []),
     ("Time to attach (target 4)", "attach_time.py", []),
     ("Step time, SIMULATED without a GPU (stand-in for target 5)", "step_time.py", ["--simulate"]),
+    ("Host sampling, NICs and GPUs (issue 15: <= 0.5% of one core at 100 Hz)", "host_sampling.py", []),
+    ("CPU sensor: sched probes per context switch (issue 15)", "sched_cost.py", ["--rounds", "7"]),
 ]
 FOOTER = [
     "## Not measured here",

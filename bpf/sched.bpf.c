@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * memtrace CPU sensor: where the threads of traced processes spend their
+ * time, from the scheduler's BTF tracepoints (no kprobes needed).
+ *
+ * Each traced thread is in one state (sched.h): running, queued after a
+ * wakeup, queued after a preemption, or blocked. sched_switch and the two
+ * wakeup tracepoints move it between states and add the interval that ended
+ * to its process: run-queue latency (queued to switch-in, as libbpf-tools
+ * runqlat measures it) and off-CPU time (blocked to wakeup) as log2
+ * histograms, and on-CPU time. A switch-out counts as involuntary exactly
+ * when the kernel counts it in nivcsw (preempted, or still TASK_RUNNING),
+ * and then the task switched in is charged as the preemptor: its cgroup (v2)
+ * and process, with the run-queue wait that followed.
+ *
+ * Every map is bounded; anything that does not fit is counted in `stats`.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "sched.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define TASK_RUNNING 0
+#define TASK_DEAD 0x80
+
+/* Set by user space before load. */
+const volatile bool filter_pids = true; /* only processes in `traced` */
+
+struct sc_thread {
+	__u64 ts;
+	__u64 preempt_cgroup; /* SC_T_PREEMPTED: who took the CPU */
+	__u32 tgid;
+	__u32 state; /* enum sc_tstate */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 10240);
+	__type(key, __u32); /* tgid */
+	__type(value, __u8);
+} traced SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SC_FILTER_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} traced_bits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 10240);
+	__type(key, __u32); /* tgid */
+	__type(value, struct sc_proc);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* tid */
+	__type(value, struct sc_thread);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct sc_preempt_key);
+	__type(value, struct sc_preempt);
+} preempts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SC_STAT_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+/* Never written: the zero values new entries start from (too big for the stack). */
+struct zeroes {
+	struct sc_proc proc;
+	struct sc_preempt preempt;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct zeroes);
+} zero SEC(".maps");
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool is_traced(__u32 tgid)
+{
+	if (tgid == 0) /* the idle tasks */
+		return false;
+	__u32 bit = tgid % SC_FILTER_BITS, word = bit / 64;
+	__u64 *w;
+
+	if (!filter_pids)
+		return true;
+	w = bpf_map_lookup_elem(&traced_bits, &word);
+	if (!w || !(*w & (1ULL << (bit % 64))))
+		return false;
+	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+}
+
+static __always_inline __u32 log2_32(__u32 v)
+{
+	__u32 r, shift;
+
+	r = (v > 0xFFFF) << 4; v >>= r;
+	shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+	shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+	shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+	r |= (v >> 1);
+	return r;
+}
+
+/* floor(log2(us)) (0 for 0), capped to the last slot */
+static __always_inline __u32 log2_slot(__u64 us)
+{
+	__u32 hi = us >> 32;
+	__u32 slot = hi ? log2_32(hi) + 32 : log2_32((__u32)us);
+
+	return slot < SC_SLOTS ? slot : SC_SLOTS - 1;
+}
+
+static __always_inline struct sc_proc *proc_of(__u32 tgid)
+{
+	struct sc_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+	struct zeroes *z;
+	__u32 zk = 0;
+
+	if (p)
+		return p;
+	z = bpf_map_lookup_elem(&zero, &zk);
+	if (!z)
+		return NULL;
+	if (bpf_map_update_elem(&procs, &tgid, &z->proc, BPF_NOEXIST) && !bpf_map_lookup_elem(&procs, &tgid)) {
+		stat_inc(SC_STAT_PROCS_FULL);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&procs, &tgid);
+}
+
+static __always_inline void add_runq(struct sc_proc *p, __u64 ns)
+{
+	__u32 slot = log2_slot(ns / 1000);
+
+	if (slot < SC_SLOTS)
+		__sync_fetch_and_add(&p->runq_hist[slot], 1);
+	__sync_fetch_and_add(&p->runq_ns, ns);
+}
+
+static __always_inline void add_offcpu(struct sc_proc *p, __u64 ns)
+{
+	__u32 slot = log2_slot(ns / 1000);
+
+	if (slot < SC_SLOTS)
+		__sync_fetch_and_add(&p->offcpu_hist[slot], 1);
+	__sync_fetch_and_add(&p->offcpu_ns, ns);
+}
+
+static __always_inline void put_thread(__u32 tid, struct sc_thread *t)
+{
+	if (bpf_map_update_elem(&threads, &tid, t, BPF_ANY))
+		stat_inc(SC_STAT_THREADS_FULL);
+}
+
+static __always_inline void charge_preemptor(__u32 tgid, struct task_struct *next, __u64 cgid)
+{
+	struct sc_preempt_key key = { .cgroup_id = cgid, .tgid = tgid };
+	struct sc_preempt *v = bpf_map_lookup_elem(&preempts, &key);
+	struct zeroes *z;
+	__u32 zk = 0;
+
+	if (!v) {
+		z = bpf_map_lookup_elem(&zero, &zk);
+		if (!z)
+			return;
+		if (bpf_map_update_elem(&preempts, &key, &z->preempt, BPF_NOEXIST) &&
+		    !bpf_map_lookup_elem(&preempts, &key)) {
+			stat_inc(SC_STAT_PREEMPT_FULL);
+			return;
+		}
+		v = bpf_map_lookup_elem(&preempts, &key);
+		if (!v)
+			return;
+	}
+	__sync_fetch_and_add(&v->count, 1);
+	v->last_tgid = BPF_CORE_READ(next, tgid);
+	BPF_CORE_READ_STR_INTO(&v->last_comm, next, comm);
+}
+
+static __always_inline void switch_out(struct task_struct *prev, struct task_struct *next, bool preempt,
+				       unsigned int prev_state, __u64 now)
+{
+	__u32 tid = prev->pid, tgid = prev->tgid;
+	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct sc_thread n = { .ts = now, .tgid = tgid };
+	struct sc_proc *p = proc_of(tgid);
+
+	stat_inc(SC_STAT_SWITCHES);
+	if (!p)
+		return;
+	if (t && t->state == SC_T_RUNNING && now > t->ts)
+		__sync_fetch_and_add(&p->oncpu_ns, now - t->ts);
+	/* prev is still current here */
+	p->cgroup_id = bpf_get_current_cgroup_id();
+	if (prev_state & TASK_DEAD) {
+		/* its last switch: the kernel counts it, the thread is gone */
+		__sync_fetch_and_add(&p->nvcsw, 1);
+		bpf_map_delete_elem(&threads, &tid);
+		return;
+	}
+	/* The kernel's own rule (__schedule): nivcsw unless it blocked. */
+	if (preempt || prev_state == TASK_RUNNING) {
+		__sync_fetch_and_add(&p->nivcsw, 1);
+		n.state = SC_T_PREEMPTED;
+		/* 0 for the idle task: nobody took the CPU (a throttled quota, or a migration) */
+		if (next->pid)
+			n.preempt_cgroup = BPF_CORE_READ(next, cgroups, dfl_cgrp, kn, id);
+		charge_preemptor(tgid, next, n.preempt_cgroup);
+	} else {
+		__sync_fetch_and_add(&p->nvcsw, 1);
+		n.state = SC_T_BLOCKED;
+	}
+	if (t) /* in place: an LRU update costs more than the rest of the program */
+		*t = n;
+	else
+		put_thread(tid, &n);
+}
+
+static __always_inline void switch_in(struct task_struct *next, __u64 now)
+{
+	__u32 tid = next->pid, tgid = next->tgid;
+	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct sc_thread n = { .ts = now, .tgid = tgid, .state = SC_T_RUNNING };
+	struct sc_preempt_key key = { .tgid = tgid };
+	struct sc_preempt *v;
+	struct sc_proc *p;
+	__u64 delta;
+
+	if (!t) {
+		stat_inc(SC_STAT_UNTRACKED);
+		put_thread(tid, &n);
+		return;
+	}
+	if (now > t->ts && t->state != SC_T_RUNNING) {
+		p = proc_of(tgid);
+		delta = now - t->ts;
+		if (p && t->state == SC_T_BLOCKED) {
+			add_offcpu(p, delta); /* woken without a wakeup event */
+		} else if (p) {
+			add_runq(p, delta);
+			if (t->state == SC_T_PREEMPTED) {
+				key.cgroup_id = t->preempt_cgroup;
+				v = bpf_map_lookup_elem(&preempts, &key);
+				if (v)
+					__sync_fetch_and_add(&v->wait_ns, delta);
+			}
+		}
+	}
+	t->ts = now;
+	t->state = SC_T_RUNNING;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sc_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+{
+	/* BTF pointers: plain (CO-RE relocated) loads, no probe-read helper calls */
+	bool out = is_traced(prev->tgid), in = is_traced(next->tgid);
+	__u64 now;
+
+	if (!out && !in) /* the common case on a busy host: a few ns */
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (out)
+		switch_out(prev, next, preempt, prev_state, now);
+	if (in)
+		switch_in(next, now);
+	return 0;
+}
+
+static __always_inline void wakeup(struct task_struct *p, bool fresh)
+{
+	__u32 tid, tgid = p->tgid;
+	struct sc_thread n = { .state = SC_T_QUEUED };
+	struct sc_thread *t;
+	struct sc_proc *proc;
+	__u64 now;
+
+	if (!is_traced(tgid))
+		return;
+	tid = p->pid;
+	now = bpf_ktime_get_ns();
+	t = fresh ? NULL : bpf_map_lookup_elem(&threads, &tid);
+	if (t) {
+		/* a wakeup of a running or already queued thread changes nothing */
+		if (t->state != SC_T_BLOCKED)
+			return;
+		proc = proc_of(tgid);
+		if (proc && now > t->ts)
+			add_offcpu(proc, now - t->ts);
+		t->ts = now;
+		t->state = SC_T_QUEUED;
+		return;
+	}
+	n.ts = now;
+	n.tgid = tgid;
+	put_thread(tid, &n);
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(sc_wakeup, struct task_struct *p)
+{
+	wakeup(p, false);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(sc_wakeup_new, struct task_struct *p)
+{
+	wakeup(p, true);
+	return 0;
+}

@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The CPU sensor's shared layout: what bpf/sched.bpf.c writes into its maps
+ * and memtrace/sensors/sched/abi.py reads (tests/test_sched_abi.py compiles
+ * this header and checks the Python mirror against it).
+ */
+#ifndef MEMTRACE_SCHED_H
+#define MEMTRACE_SCHED_H
+
+/* log2 slots of microseconds: slot i counts waits of [2^i, 2^(i+1)) us
+ * (slot 0 also takes 0 us); the last slot takes everything longer. */
+#define SC_SLOTS 26
+#define SC_COMM_LEN 16
+
+/* A bitmap in front of the `traced` hash: bit (tgid % SC_FILTER_BITS) is set
+ * when some traced process has that remainder, so the switches of untraced
+ * processes (nearly all on a host) cost one inlined array load, no hash lookup. */
+#define SC_FILTER_BITS 65536
+#define SC_FILTER_WORDS (SC_FILTER_BITS / 64)
+
+/* Per traced process (key: tgid). */
+struct sc_proc {
+	__u64 runq_hist[SC_SLOTS];   /* run-queue latency: wakeup or preemption to switch-in */
+	__u64 offcpu_hist[SC_SLOTS]; /* off-CPU: switch-out while blocked to wakeup */
+	__u64 runq_ns;               /* total time runnable but waiting for a CPU */
+	__u64 offcpu_ns;             /* total time blocked (sleeping, waiting for I/O or a lock) */
+	__u64 oncpu_ns;              /* total time running */
+	__u64 nvcsw;                 /* voluntary switches out (blocked) */
+	__u64 nivcsw;                /* involuntary switches out (preempted while runnable) */
+	__u64 cgroup_id;             /* the process's own cgroup (v2), last seen */
+};
+
+/* Who took the CPU from a traced process: key (traced tgid, cgroup of the
+ * task switched in when a traced thread was preempted; 0 when that task is the
+ * CPU's idle task, as when the thread's own CPU quota throttled it). */
+struct sc_preempt_key {
+	__u64 cgroup_id;
+	__u32 tgid;
+	__u32 pad;
+};
+
+struct sc_preempt {
+	__u64 count;   /* involuntary switches of the traced process in favour of this cgroup */
+	__u64 wait_ns; /* run-queue wait of the traced threads that followed them */
+	__u32 last_tgid; /* the last preempting process seen (0: the idle task) */
+	char last_comm[SC_COMM_LEN];
+	__u32 pad;
+};
+
+/* Health counters, one slot each in the per-CPU `stats` array. */
+enum sc_stat {
+	SC_STAT_SWITCHES = 0,      /* sched_switch events involving a traced thread */
+	SC_STAT_PROCS_FULL = 1,    /* updates lost: `procs` map full */
+	SC_STAT_THREADS_FULL = 2,  /* thread state lost: `threads` map full (LRU: an old thread evicted instead) */
+	SC_STAT_PREEMPT_FULL = 3,  /* preemptions not attributed: `preempts` map full */
+	SC_STAT_UNTRACKED = 4,     /* switch-ins of a traced thread with no state (started before tracing, or evicted) */
+	SC_STAT_COUNT = 5,
+};
+
+/* Thread states kept in `threads`. */
+enum sc_tstate {
+	SC_T_RUNNING = 1, /* on a CPU since ts */
+	SC_T_QUEUED = 2,  /* woken at ts, waiting for a CPU */
+	SC_T_PREEMPTED = 3, /* preempted at ts, waiting for a CPU */
+	SC_T_BLOCKED = 4, /* switched out while not runnable at ts */
+};
+
+#endif

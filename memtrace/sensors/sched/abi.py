@@ -1,0 +1,60 @@
+"""Mirror of bpf/sched.h (checked against the header by tests/test_sched_abi.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+
+SLOTS = 26
+COMM_LEN = 16
+FILTER_BITS = 65536
+FILTER_WORDS = FILTER_BITS // 64
+
+
+class Proc(ctypes.Structure):
+    _fields_ = [
+        ("runq_hist", ctypes.c_uint64 * SLOTS),
+        ("offcpu_hist", ctypes.c_uint64 * SLOTS),
+        ("runq_ns", ctypes.c_uint64),
+        ("offcpu_ns", ctypes.c_uint64),
+        ("oncpu_ns", ctypes.c_uint64),
+        ("nvcsw", ctypes.c_uint64),
+        ("nivcsw", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+    ]
+
+
+class PreemptKey(ctypes.Structure):
+    _fields_ = [("cgroup_id", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+class Preempt(ctypes.Structure):
+    _fields_ = [
+        ("count", ctypes.c_uint64),
+        ("wait_ns", ctypes.c_uint64),
+        ("last_tgid", ctypes.c_uint32),
+        ("last_comm", ctypes.c_char * COMM_LEN),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class SchedStat(enum.IntEnum):
+    """The sensor's health counters (enum sc_stat)."""
+
+    SWITCHES = 0
+    PROCS_FULL = 1
+    THREADS_FULL = 2
+    PREEMPT_FULL = 3
+    UNTRACKED = 4
+
+
+STAT_COUNT = 5
+
+
+class ThreadState(enum.IntEnum):
+    """enum sc_tstate: the state kept per traced thread."""
+
+    RUNNING = 1
+    QUEUED = 2
+    PREEMPTED = 3
+    BLOCKED = 4

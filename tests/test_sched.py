@@ -1,0 +1,373 @@
+"""The CPU sensor (bpf/sched.bpf.c) against real scheduling in the real kernel:
+workloads that time themselves, a competing spinner in its own cgroup, a CPU
+quota squeeze, and the kernel's own counters (/proc/PID/status, schedstat,
+stat) as the truth."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from memtrace.sensors.sched import CpuStats, SchedSensor, SchedStat
+from memtrace.sensors.sched.abi import PreemptKey
+from memtrace.sources.cgroup import CgroupNames, cgroup2_root, cgroup_id, cgroup_v1_root, cpu_quotas
+
+pytestmark = pytest.mark.bpf
+
+CPU = str(os.cpu_count() - 1 if os.cpu_count() else 0)
+TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture(scope="module")
+def workload_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sched") / "sched_workload"
+    subprocess.run(["cc", "-O2", "-Wall", "-o", str(out), str(FIXTURES / "sched_workload.c")], check=True)
+    return out
+
+
+class Workload:
+    """A fixture workload: waits for go, runs, prints its truth, stops itself."""
+
+    def __init__(self, argv: list[str], cgroup_procs: Path | None = None) -> None:
+        prefix = f"echo $$ > {cgroup_procs} && " if cgroup_procs else ""
+        self.p = subprocess.Popen(
+            ["sh", "-c", prefix + 'exec "$@"', "sh", "taskset", "-c", CPU, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.pid = self.p.pid
+        favour(self.pid)
+        # Wait until it has exec'd into the workload and blocks reading stdin.
+        deadline = time.monotonic() + 30
+        while not (self.comm() == "sched_workload" and self.state() == "S"):
+            assert time.monotonic() < deadline, "workload did not start"
+            time.sleep(0.01)
+
+    def comm(self) -> str:
+        return Path(f"/proc/{self.pid}/comm").read_text().strip()
+
+    def state(self) -> str:
+        return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    def go(self) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write("g")
+        self.p.stdin.flush()
+
+    def result(self) -> dict[str, int]:
+        """Its truth, once it has stopped itself."""
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline()
+        deadline = time.monotonic() + 30
+        while self.state() != "T":
+            assert time.monotonic() < deadline, "workload did not stop"
+            time.sleep(0.01)
+        return dict(json.loads(line))
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait()
+
+
+def favour(pid: int) -> None:
+    """Weigh a test process (in its own session) 88x a nice-0 task group.
+
+    This 2-CPU machine is shared with other sessions' tests (load average
+    ~10), and with autogroups on, each session is a task group of equal
+    weight whatever its tasks' nice values: without this, their CPU-bound
+    tasks on our CPU would blur the interference the tests inject."""
+    ag = Path(f"/proc/{pid}/autogroup")
+    if ag.exists():
+        ag.write_text("-20")
+    os.setpriority(os.PRIO_PROCESS, pid, -20)
+
+
+def ctxt_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, nonvoluntary) as the kernel counts them, over all threads."""
+    vol = nonvol = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                vol += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                nonvol += int(line.split()[1])
+    return vol, nonvol
+
+
+def sum_exec_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+@pytest.fixture
+def sensor() -> Iterator[SchedSensor]:
+    s = SchedSensor()
+    s.start([])
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def hog_cgroup() -> Iterator[Path]:
+    """A fresh cgroup v2 child for the competitor."""
+    root = cgroup2_root()
+    if root is None:
+        pytest.skip("no cgroup2 mount")
+    d = root / f"memtrace-test-hog-{os.getpid()}"
+    d.mkdir()
+    yield d
+    for pid in (d / "cgroup.procs").read_text().split():
+        os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (d / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.rmdir()
+
+
+@pytest.fixture
+def quota_cgroup() -> Iterator[Path]:
+    """A cpu cgroup limited to 20% of one CPU (cpu.max "20000 100000", or its v1 form)."""
+    name = f"memtrace-test-quota-{os.getpid()}"
+    v2 = cgroup2_root()
+    if v2 is not None and "cpu" in (v2 / "cgroup.controllers").read_text().split():
+        (v2 / "cgroup.subtree_control").write_text("+cpu")
+        d = v2 / name
+        d.mkdir()
+        (d / "cpu.max").write_text("20000 100000")
+        (d / "cpu.weight").write_text("10000")  # see favour()
+    else:
+        v1 = cgroup_v1_root("cpu")
+        if v1 is None:
+            pytest.skip("no cpu cgroup controller")
+        d = v1 / name
+        d.mkdir()
+        (d / "cpu.cfs_period_us").write_text("100000")
+        (d / "cpu.cfs_quota_us").write_text("20000")
+        (d / "cpu.shares").write_text("262144")  # see favour()
+    yield d
+    for pid in (d / "cgroup.procs").read_text().split():
+        os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (d / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.rmdir()
+
+
+def test_a_competing_spinner_shows_as_run_queue_wait_charged_to_its_cgroup(
+    sensor: SchedSensor, workload_bin: Path, hog_cgroup: Path
+) -> None:
+    w = Workload([str(workload_bin), "spin", "3"])
+    hog = None
+    try:
+        sensor.add_pid(w.pid)
+        k0 = ctxt_switches(w.pid)
+        w.go()
+        a0 = sensor.read()[w.pid] if w.pid in sensor.read() else None
+        time.sleep(1.0)
+        a1 = sensor.read()[w.pid]
+        hog = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {hog_cgroup}/cgroup.procs && exec taskset -c {CPU} {workload_bin} hog"],
+            start_new_session=True,
+        )
+        favour(hog.pid)  # an equal competitor: both favoured alike
+        while not (hog_cgroup / "cgroup.procs").read_text().strip():
+            time.sleep(0.001)
+        hog_pid = hog.pid
+        b0, kb0 = sensor.read()[w.pid], ctxt_switches(w.pid)
+        time.sleep(1.0)
+        b1, kb1 = sensor.read()[w.pid], ctxt_switches(w.pid)
+        hog.kill()
+        hog.wait()
+        truth = w.result()
+        final, k1 = sensor.read()[w.pid], ctxt_switches(w.pid)
+    finally:
+        if hog is not None and hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        w.kill()
+    quiet = a1.since(a0) if a0 is not None else a1
+    loud = b1.since(b0)
+    report = {
+        "quiet": (quiet.runq_ns, sum(quiet.runq_hist), quiet.runq_quantile_us(0.5)),
+        "loud": (loud.runq_ns, sum(loud.runq_hist), loud.runq_quantile_us(0.5)),
+        "kernel": (k0, kb0, kb1, k1),
+        "final": final,
+        "truth": truth,
+    }
+    Path("/tmp/sched_report.txt").write_text(repr(report))
+    # The kernel's own count of switches, exactly: every switch-out of the
+    # workload since it was traced is classified as the kernel classifies it.
+    assert final.involuntary == k1[1] - k0[1], report
+    assert final.voluntary == k1[0] - k0[0], report
+    # Run-queue latency during the interval against outside it: background
+    # wakers (others' processes on this CPU) make short waits, a spinner
+    # waits out whole slices of milliseconds, so the median jumps.
+    p50_quiet, p50_loud = quiet.runq_quantile_us(0.5), loud.runq_quantile_us(0.5)
+    assert p50_loud is not None, report
+    assert p50_quiet is None or p50_loud >= 10 * p50_quiet, report
+    # Who took the CPU: the hog's cgroup, found by id and named by path. An
+    # equal spinner takes about half the interval; ask for a quarter.
+    hog_id = cgroup_id("/" + hog_cgroup.name)
+    hog_part = [p for p in loud.preemptors if p.cgroup_id == hog_id]
+    assert len(hog_part) == 1, report
+    top = hog_part[0]
+    assert CgroupNames().path(top.cgroup_id) == "/" + hog_cgroup.name
+    assert top.last_comm == "sched_workload" and top.last_pid == hog_pid
+    assert top.wait_ns >= 0.25 * 1e9, report
+    assert all(p.cgroup_id != hog_id for p in quiet.preemptors), report
+    # Every involuntary switch the kernel counted in the interval is charged
+    # to someone; the reads of the map and of /proc are a moment apart, so
+    # allow a few switches either way.
+    kernel_loud = kb1[1] - kb0[1]
+    assert abs(sum(p.count for p in loud.preemptors) - kernel_loud) <= 0.05 * kernel_loud + 2, report
+    assert 0 < top.count <= kernel_loud + 2, report
+    # The workload's own clock saw every wait, and more: interrupts and the
+    # switches themselves (about 15% of its gaps on this VM).
+    assert final.runq_ns <= truth["gap_ns"], report
+    assert final.runq_ns >= 0.5 * truth["gap_ns"], report
+
+
+def test_a_cpu_quota_squeeze_is_told_apart_from_another_cgroup(
+    sensor: SchedSensor, workload_bin: Path, quota_cgroup: Path
+) -> None:
+    w = Workload([str(workload_bin), "spin", "1.5"], cgroup_procs=quota_cgroup / "cgroup.procs")
+    try:
+        sensor.add_pid(w.pid)
+        q0 = cpu_quotas(w.pid)
+        w.go()
+        truth = w.result()
+        st = sensor.read()[w.pid]
+        q1 = cpu_quotas(w.pid)
+    finally:
+        w.kill()
+    report = {"st": st, "q0": q0, "q1": q1, "truth": truth}
+    print(report)
+    own = q1[0]
+    assert own.path.endswith(quota_cgroup.name) and own.quota_us == 20000, report
+    assert own.nr_throttled > q0[0].nr_throttled, report
+    throttled = own.throttled_ns - q0[0].throttled_ns
+    # At 20% of a CPU the workload waits most of its run; its own quota
+    # explains that wait, and no other cgroup took the CPU for long.
+    assert st.runq_ns > 0.5 * truth["wall_ns"], report
+    assert throttled >= 0.8 * st.runq_ns, report
+    others = sum(p.wait_ns for p in st.preemptors if p.cgroup_id not in (0, st.cgroup_id))
+    assert others < 0.2 * throttled, report
+
+
+def test_off_cpu_and_on_cpu_time_match_the_truth(sensor: SchedSensor, workload_bin: Path) -> None:
+    w = Workload([str(workload_bin), "sleep", "200", "5", "300"])
+    try:
+        sensor.add_pid(w.pid)
+        k0, e0, t0 = ctxt_switches(w.pid), sum_exec_ns(w.pid), cpu_ticks(w.pid)
+        w.go()
+        truth = w.result()
+        everything = sensor.read()
+        st = everything[w.pid]
+        k1, e1, t1 = ctxt_switches(w.pid), sum_exec_ns(w.pid), cpu_ticks(w.pid)
+    finally:
+        w.kill()
+    report = {"st": st, "truth": truth, "exec": e1 - e0, "ticks": t1 - t0, "stats": sensor.stats()}
+    print(report)
+    assert set(everything) == {w.pid}, "only traced processes are measured"
+    # 200 sleeps of 5 ms: exactly 200 off-CPU intervals, in the [4096, 8192) us
+    # slot but for a few that began late: a thread preempted inside nanosleep
+    # before it blocked waits in the run queue first, and sleeps less after.
+    assert sum(st.offcpu_hist) == 200, report
+    assert st.offcpu_hist[12] >= 190 and sum(st.offcpu_hist[13:]) == 0, report
+    # Each sleep as the workload timed it holds its off-CPU interval and the
+    # run-queue wait after it, plus a few microseconds of the syscall itself.
+    assert st.offcpu_ns <= truth["sleep_ns"], report
+    assert st.offcpu_ns + st.runq_ns >= truth["sleep_ns"] - 200 * 50_000, report
+    assert st.voluntary == k1[0] - k0[0] == 201, report  # 200 sleeps and the final stop
+    assert st.involuntary == k1[1] - k0[1], report
+    # Every moment of the run is in exactly one of the sensor's states, timed
+    # with CLOCK_MONOTONIC like the workload's own clock: their sum covers the
+    # workload's wall time, plus the wait before its first instruction after
+    # "go" (inside runq_ns) and the edges of two syscalls. In 2 of ~15 runs,
+    # at load average ~18, the sum fell 0.45 ms short of the wall (about 2 us
+    # a cycle, not yet explained), so the bound allows 1 ms below.
+    total = st.oncpu_ns + st.offcpu_ns + st.runq_ns
+    assert truth["wall_ns"] - 1_000_000 <= total <= truth["wall_ns"] + st.runq_ns + 1_000_000, report
+    # On-CPU time against the kernel's own runtime (schedstat). The kernel
+    # times runtime with the rq clock (sched_clock), the sensor with ktime:
+    # on this VM the kernel counts 5-10 us more per wakeup from idle (a pure
+    # spinner agrees within 0.3%), and up to ~15 us per switch under load, so
+    # allow 1% and 20 us per switch. utime+stime are that runtime split and
+    # truncated to clock ticks: each reading loses up to a tick on each of two.
+    switches = st.voluntary + st.involuntary
+    assert abs(st.oncpu_ns - (e1 - e0)) <= 0.01 * (e1 - e0) + 20_000 * switches, report
+    assert abs(st.oncpu_ns - (t1 - t0) * TICK_NS) <= 2 * TICK_NS + 0.01 * st.oncpu_ns + 20_000 * switches, report
+    assert st.oncpu_ns >= 100_000_000, report  # 300 ms of wall-clock spinning, on a shared CPU
+
+
+def test_maps_stay_bounded_and_drops_are_counted(workload_bin: Path) -> None:
+    # Every process on the host traced, into deliberately small maps.
+    with SchedSensor(filter_pids=False, max_processes=16, max_threads=64, max_preemptors=16) as s:
+        s.start()
+        procs = [subprocess.Popen(["true"]) for _ in range(200)]
+        for p in procs:
+            p.wait()
+        script = "import threading\nts=[threading.Thread(target=lambda: None) for _ in range(300)]\n"
+        subprocess.run(["python3", "-c", script + "[t.start() for t in ts]; [t.join() for t in ts]"], check=True)
+        entries = s.map_entries()
+        stats = s.stats()
+        read = s.read()
+    print(entries, stats)
+    assert entries["procs"] <= 16 and len(read) <= 16
+    assert entries["threads"] <= 64
+    assert entries["preempts"] <= 16
+    assert stats[SchedStat.PROCS_FULL] > 0
+    assert stats[SchedStat.SWITCHES] > 0
+
+
+def test_remove_pid_forgets_the_process(sensor: SchedSensor, workload_bin: Path) -> None:
+    w = Workload([str(workload_bin), "spin", "0.3"])
+    hog = subprocess.Popen(["taskset", "-c", CPU, str(workload_bin), "hog"])  # so that it is preempted
+    try:
+        sensor.add_pid(w.pid)
+        w.go()
+        w.result()
+        assert isinstance(sensor.read().get(w.pid), CpuStats)
+        keys = sensor.maps["preempts"].keys(PreemptKey)
+        assert any(k.tgid == w.pid for k in keys)  # type: ignore[attr-defined]
+        sensor.remove_pid(w.pid)
+        assert w.pid not in sensor.read()
+        assert sensor.map_entries()["traced"] == 0
+        keys = sensor.maps["preempts"].keys(PreemptKey)
+        assert all(k.tgid != w.pid for k in keys)  # type: ignore[attr-defined]
+    finally:
+        hog.kill()
+        hog.wait()
+        w.kill()
+
+
+def test_the_filter_bitmap_keeps_a_bit_while_any_traced_pid_needs_it(sensor: SchedSensor) -> None:
+    import ctypes
+
+    def bit_set(pid: int) -> bool:
+        word = ctypes.c_uint64()
+        assert sensor.maps["traced_bits"].lookup(ctypes.c_uint32(pid % 65536 // 64), word)
+        return bool(word.value >> (pid % 64) & 1)
+
+    a, b = 4242, 4242 + 65536  # same bit
+    sensor.add_pid(a)
+    sensor.add_pid(b)
+    sensor.remove_pid(a)
+    assert bit_set(b)
+    sensor.remove_pid(b)
+    assert not bit_set(b)
