@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 from elftools.elf.elffile import ELFFile
 
-from memtrace.bpf.host import rodata_offsets
+from memtrace.bpf.host import rodata_options
 from memtrace.sensors.sched import abi
 from memtrace.sensors.sched.sensor import PROGRAMS, object_path, quantile_us
 
@@ -80,7 +80,7 @@ def test_objects_carry_btf_the_programs_and_the_options(arch: str) -> None:
         progs = {s.name for s in e.get_section_by_name(".symtab").iter_symbols() if s["st_info"]["type"] == "STT_FUNC"}
     assert {".BTF", ".BTF.ext", ".maps", "tp_btf/sched_switch", "tp_btf/sched_wakeup"} <= names
     assert set(PROGRAMS) <= progs
-    assert "filter_pids" in rodata_offsets(path)
+    assert "filter_pids" in rodata_options(path)
 
 
 def test_shipped_sched_objects_match_a_rebuild(tmp_path: Path) -> None:

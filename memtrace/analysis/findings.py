@@ -114,22 +114,22 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
             )
         )
     waits: dict[ProcessKey, dict[str, list[int]]] = {}
-    for (key, api), st in model.sync_view().items():
+    for (key, api), wst in model.sync_view().items():
         a = apis.BY_ID.get(api)
         kind = a.sync.value if a and a.sync else "other"
-        v = waits.setdefault(key, {}).setdefault(kind, [0, 0])
-        v[0] += st.calls
-        v[1] += st.duration_ns
-    for key, kinds in sorted(waits.items()):
+        w = waits.setdefault(key, {}).setdefault(kind, [0, 0])
+        w[0] += wst.calls
+        w[1] += wst.duration_ns
+    for key, wait_kinds in sorted(waits.items()):
         proc = model.processes.get(key)
         if proc is None:
             continue
         wall = proc.wall_ns(now_ns)
-        waited = sum(v[1] for v in kinds.values())
+        waited = sum(v[1] for v in wait_kinds.values())
         if wall < th.sync_min_wall_s * 1e9 or waited < th.sync_share * wall:
             continue
         share = waited / wall
-        top = max(kinds.items(), key=lambda kv: kv[1][1])
+        top = max(wait_kinds.items(), key=lambda kv: kv[1][1])
         out.append(
             Finding(
                 "sync_wait",
@@ -143,7 +143,7 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
                 {
                     "wait_seconds": waited / 1e9,
                     "wall_seconds": wall / 1e9,
-                    "by_kind": {k: v[0] for k, v in kinds.items()},
+                    "by_kind": {k: v[0] for k, v in wait_kinds.items()},
                 },
                 _start(proc),
             )

@@ -382,16 +382,16 @@ class MetricsBuilder:
                 hist(("copy.d", *ck), "gpu.memcpy.duration", la, st.durations, start, "s")
                 hist(("copy.s", *ck), "gpu.memcpy.size", la, st.sizes, start, "By")
             waited = 0
-            for (_, api_id), st in sorted(syncs.items()):
+            for (_, api_id), sst in sorted(syncs.items()):
                 a = apis.BY_ID.get(api_id)
                 la = {
                     "api": apis.api_name(api_id),
                     "layer": a.layer.label if a else "driver",
                     "kind": a.sync.value if a and a.sync else "other",
                 }
-                start = sums(("sync", key, api_id), la, SYNC_COUNTERS, (st.calls, st.duration_ns / 1e9))
-                hist(("sync.d", key, api_id), "gpu.sync.duration", la, st.durations, start, "s")
-                waited += st.duration_ns
+                start = sums(("sync", key, api_id), la, SYNC_COUNTERS, (sst.calls, sst.duration_ns / 1e9))
+                hist(("sync.d", key, api_id), "gpu.sync.duration", la, sst.durations, start, "s")
+                waited += sst.duration_ns
             if waited:
                 wall = proc.wall_ns(now, self.start_ns)
                 gauge("gpu.sync.wall_time_share", {}, waited / wall if wall else 0.0)
@@ -497,12 +497,13 @@ class MetricsBuilder:
 
         def commit_processes(delivered: set[ProcessKey]) -> None:
             if self.delta:
-                for old, new in (
+                tables: tuple[tuple[dict[Any, Any], dict[Any, Any]], ...] = (
                     (self.base.totals, new_base.totals),
                     (self.base.durations, new_base.durations),
                     (self.base.sizes, new_base.sizes),
                     (self.base.time_ns, new_base.time_ns),
-                ):
+                )
+                for old, new in tables:
                     for k, v in new.items():
                         if k[1] in delivered:
                             old[k] = v

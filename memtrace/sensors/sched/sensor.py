@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from memtrace.bpf.host import bpf_arch, check_kernel, rodata_offsets
+from memtrace.bpf.host import bpf_arch, check_kernel
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map
 from memtrace.sensors.sched.abi import FILTER_BITS, SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, SchedStat
 
@@ -133,7 +133,7 @@ class SchedSensor:
         obj = BpfObject(self.path)
         self.obj = obj
         try:
-            obj.set_rodata(rodata_offsets(self.path), {"filter_pids": self.filter_pids})
+            obj.set_rodata({"filter_pids": self.filter_pids})
             for name, n in self.limits.items():
                 obj.set_max_entries(name, n)
             obj.load()
