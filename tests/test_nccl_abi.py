@@ -28,14 +28,19 @@ PROBE = r"""
 #include "nccl_fake.h"
 #define S(t) printf("\"sizeof %s\": %zu,\n", #t, sizeof(struct t))
 #define O(t, f) printf("\"%s.%s\": %zu,\n", #t, #f, offsetof(struct t, f))
+#define Z(t, f) printf("\"%s.%s size\": %zu,\n", #t, #f, sizeof(((struct t *)0)->f))
 #define C(x) printf("\"%s\": %lld,\n", #x, (long long)(x))
 int main(void) {
   printf("{\n");
   S(nc_event); O(nc_event, ts_ns); O(nc_event, duration_ns); O(nc_event, count); O(nc_event, bytes);
   O(nc_event, stream); O(nc_event, comm); O(nc_event, pid); O(nc_event, tid); O(nc_event, ret); O(nc_event, peer);
   O(nc_event, depth); O(nc_event, coll); O(nc_event, dtype); O(nc_event, flags); O(nc_event, pad);
-  S(nc_totals_key); O(nc_totals_key, pid); O(nc_totals_key, coll);
+  S(nc_totals_key); O(nc_totals_key, pid); O(nc_totals_key, coll); Z(nc_totals_key, pid); Z(nc_totals_key, coll);
   S(nc_totals); O(nc_totals, calls); O(nc_totals, bytes); O(nc_totals, errors); O(nc_totals, duration_ns);
+  Z(nc_totals, calls); Z(nc_totals, bytes); Z(nc_totals, errors); Z(nc_totals, duration_ns);
+  Z(nc_event, ts_ns); Z(nc_event, duration_ns); Z(nc_event, count); Z(nc_event, bytes); Z(nc_event, stream);
+  Z(nc_event, comm); Z(nc_event, pid); Z(nc_event, tid); Z(nc_event, ret); Z(nc_event, peer); Z(nc_event, depth);
+  Z(nc_event, coll); Z(nc_event, dtype); Z(nc_event, flags); Z(nc_event, pad);
   C(NC_ALLREDUCE); C(NC_ALLGATHER); C(NC_REDUCESCATTER); C(NC_BROADCAST); C(NC_REDUCE); C(NC_SEND); C(NC_RECV);
   C(NC_ALLTOALL); C(NC_GROUP_START); C(NC_GROUP_END); C(NC_COLL_COUNT);
   C(NC_INT8); C(NC_UINT8); C(NC_INT32); C(NC_UINT32); C(NC_INT64); C(NC_UINT64); C(NC_FLOAT16); C(NC_FLOAT32);
@@ -87,6 +92,7 @@ def test_event_layout_matches_the_numpy_dtype(header: dict[str, int]) -> None:
     for name in dt.names:
         assert dt.fields is not None
         assert dt.fields[name][1] == header[f"nc_event.{name}"], name
+        assert dt.fields[name][0].itemsize == header[f"nc_event.{name} size"], name
 
 
 def test_map_structs_match(header: dict[str, int]) -> None:
@@ -94,6 +100,7 @@ def test_map_structs_match(header: dict[str, int]) -> None:
         assert ctypes.sizeof(cls) == header[f"sizeof {cname}"], cname
         for f, _ in cls._fields_:
             assert getattr(cls, f).offset == header[f"{cname}.{f}"], (cname, f)
+            assert getattr(cls, f).size == header[f"{cname}.{f} size"], (cname, f)
 
 
 def test_enums_and_constants_match(header: dict[str, int]) -> None:
