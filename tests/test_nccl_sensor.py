@@ -75,6 +75,9 @@ def test_calls_and_bytes_per_collective_match_the_workload_exactly(
 ) -> None:
     att = sensor.attach(libnccl(fakecuda))
     assert att is not None and "ncclAllReduce" in att.symbols and "ncclBcast" not in att.symbols
+    # the same file by another name: one inode, probes attached once (else every call would count twice)
+    (tmp_path / "libnccl.so.2").symlink_to(libnccl(fakecuda))
+    assert sensor.attach(str(tmp_path / "libnccl.so.2")) is att
     truth, events = run_workload(sensor, fakecuda, tmp_path, 300)
     assert observed(sensor, truth["pid"]) == expected(truth)
     # Every collective of the test library, grouped calls and group ends included.
