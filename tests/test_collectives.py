@@ -60,7 +60,7 @@ def test_issue_time_is_the_return_or_the_outermost_group_end_on_the_same_thread(
         group(C.GROUP_END, 240, 2),  # 5: inner end: issues nothing
         coll(C.RECV, 260, S, grouped=True),  # 6
         group(C.GROUP_END, 300, 1),  # 7: outermost end returns at 310
-        group(C.GROUP_END, 305, 1, tid=8),  # 8: another thread's group
+        group(C.GROUP_END, 230, 1, tid=8),  # 8: another thread's group, ended first
         coll(C.ALLGATHER, 400, B, grouped=True),  # 9: its group never ends
     )
     no = NOT_ISSUED
