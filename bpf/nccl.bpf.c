@@ -245,6 +245,8 @@ static __always_inline void count_lost(struct nc_totals_key *tk, const struct in
 		__sync_fetch_and_add(&t->bytes, f->bytes);
 	else
 		__sync_fetch_and_add(&t->errors, 1);
+	if (f->flags & NC_F_BYTES_UNKNOWN)
+		__sync_fetch_and_add(&t->bytes_unknown, 1);
 	__sync_fetch_and_add(&t->duration_ns, dur);
 }
 

@@ -105,7 +105,8 @@ struct nc_totals {
 	__u64 calls;
 	__u64 bytes;       /* bytes of successful calls with a known datatype */
 	__u64 errors;
-	__u64 duration_ns; /* sum over all calls */
+	__u64 bytes_unknown; /* calls with a datatype outside enum nc_dtype */
+	__u64 duration_ns;   /* sum over all calls */
 };
 
 #endif /* __MEMTRACE_NCCL_H */

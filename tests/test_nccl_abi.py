@@ -36,7 +36,8 @@ int main(void) {
   O(nc_event, stream); O(nc_event, comm); O(nc_event, pid); O(nc_event, tid); O(nc_event, ret); O(nc_event, peer);
   O(nc_event, depth); O(nc_event, coll); O(nc_event, dtype); O(nc_event, flags); O(nc_event, pad);
   S(nc_totals_key); O(nc_totals_key, pid); O(nc_totals_key, coll); Z(nc_totals_key, pid); Z(nc_totals_key, coll);
-  S(nc_totals); O(nc_totals, calls); O(nc_totals, bytes); O(nc_totals, errors); O(nc_totals, duration_ns);
+  S(nc_totals); O(nc_totals, calls); O(nc_totals, bytes); O(nc_totals, errors); O(nc_totals, bytes_unknown);
+  O(nc_totals, duration_ns); Z(nc_totals, bytes_unknown);
   Z(nc_totals, calls); Z(nc_totals, bytes); Z(nc_totals, errors); Z(nc_totals, duration_ns);
   Z(nc_event, ts_ns); Z(nc_event, duration_ns); Z(nc_event, count); Z(nc_event, bytes); Z(nc_event, stream);
   Z(nc_event, comm); Z(nc_event, pid); Z(nc_event, tid); Z(nc_event, ret); Z(nc_event, peer); Z(nc_event, depth);

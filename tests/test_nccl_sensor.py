@@ -168,3 +168,23 @@ def test_a_host_without_nccl_leaves_the_sensor_idle(sensor: NcclSensor, fakecuda
     assert len(sensor.poll()) == 0
     assert sensor.totals() == {}
     assert sensor.attachments == {}
+
+
+def test_calls_the_ring_cannot_take_are_counted_in_the_kernel(fakecuda: Path, tmp_path: Path) -> None:
+    s = NcclSensor(ring_bytes=4096)  # room for about fifty events, drained only at the end
+    s.start()
+    try:
+        s.attach(libnccl(fakecuda))
+        truth = tmp_path / "truth.jsonl"
+        subprocess.run(
+            [str(fakecuda / "nccl_workload"), libnccl(fakecuda), "100"],
+            env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
+            check=True,
+        )
+        doc = json.loads(truth.read_text())
+        got = s.poll()
+        assert 0 < len(got[got["pid"] == doc["pid"]]) < 100
+        assert s.stats()[Stat.DROPPED] > 0
+        assert observed(s, doc["pid"]) == expected(doc)
+    finally:
+        s.close()

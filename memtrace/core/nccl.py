@@ -116,6 +116,7 @@ class Totals(ctypes.Structure):
         ("calls", ctypes.c_uint64),
         ("bytes", ctypes.c_uint64),
         ("errors", ctypes.c_uint64),
+        ("bytes_unknown", ctypes.c_uint64),
         ("duration_ns", ctypes.c_uint64),
     ]
 

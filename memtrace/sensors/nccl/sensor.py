@@ -202,6 +202,7 @@ class NcclSensor:
             t.calls += v.calls
             t.bytes += v.bytes
             t.errors += v.errors
+            t.bytes_unknown += v.bytes_unknown
             t.duration_ns += v.duration_ns
         return out
 
