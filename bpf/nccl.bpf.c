@@ -8,6 +8,10 @@
  * wakeup (user space drains it on a timer: wakeups from uprobe context
  * lose hits); a call the ring cannot take is counted in `lost`.
  *
+ * A probed call made inside another (an all-to-all built of a group of
+ * sends and receives, ncclBcast calling ncclBroadcast) is the outer call's
+ * own work: it is counted once, as the outer call.
+ *
  * Calls between ncclGroupStart and ncclGroupEnd are only enqueued; NCCL
  * launches them at the outermost ncclGroupEnd. The group depth is kept per
  * thread (as NCCL keeps it, thread-local), each collective carries it, and
@@ -36,12 +40,16 @@ struct inflight {
 	__u64 comm;
 	__s32 peer;
 	__u32 depth;
+	__u32 nested; /* probed calls now running inside this one */
 	__u8 dtype;
 	__u8 flags;
 };
 
-/* Calls in flight, by tid. NCCL's collectives never call each other through
- * the probed symbols, so one per thread suffices; LRU keeps it bounded. */
+/* An entry older than this is stale (its return probe went away with a
+ * detach mid-call), not an outer call: a new call replaces it. */
+#define STALE_NS (60ULL * 1000000000ULL)
+
+/* The outermost probed call in flight, by tid; LRU keeps it bounded. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_THREADS);
@@ -184,12 +192,19 @@ int BPF_KPROBE(nc_enter)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 tid = (__u32)id, coll = cookie & NC_CK_COLL_MASK, n, d;
-	struct inflight f = {};
+	struct inflight f = {}, *outer;
 	struct args a = {};
-	__u64 size;
+	__u64 size, now;
 
 	if (!is_traced(id >> 32))
 		return 0;
+	outer = bpf_map_lookup_elem(&inflight, &tid);
+	now = bpf_ktime_get_ns();
+	if (outer && now - outer->ts_ns < STALE_NS) {
+		__sync_fetch_and_add(&outer->nested, 1);
+		stat_inc(NC_STAT_NESTED);
+		return 0;
+	}
 	load_args(ctx, &a);
 	f.cookie = cookie;
 	f.peer = -1;
@@ -221,7 +236,7 @@ int BPF_KPROBE(nc_enter)
 		f.flags |= NC_F_GROUPED;
 	}
 	f.depth = d;
-	f.ts_ns = bpf_ktime_get_ns();
+	f.ts_ns = now;
 	bpf_map_update_elem(&inflight, &tid, &f, BPF_ANY);
 	return 0;
 }
@@ -264,6 +279,20 @@ int BPF_KRETPROBE(nc_return)
 
 	if (!is_traced(id >> 32))
 		return 0;
+	f = bpf_map_lookup_elem(&inflight, &tid);
+	if (!f) {
+		stat_inc(NC_STAT_NO_ENTRY);
+		return 0;
+	}
+	if (f->nested > 0) {
+		/* the return of a call inside the outer one */
+		__sync_fetch_and_add(&f->nested, -1);
+		return 0;
+	}
+	if (f->cookie != cookie) {
+		stat_inc(NC_STAT_NO_ENTRY);
+		return 0;
+	}
 	if (coll == NC_GROUP_END) {
 		/* NCCL leaves the group whatever the result. */
 		__u32 d = depth_of(tid);
@@ -274,11 +303,6 @@ int BPF_KRETPROBE(nc_return)
 		} else {
 			bpf_map_delete_elem(&group_depth, &tid);
 		}
-	}
-	f = bpf_map_lookup_elem(&inflight, &tid);
-	if (!f || f->cookie != cookie) {
-		stat_inc(NC_STAT_NO_ENTRY);
-		return 0;
 	}
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (e) {

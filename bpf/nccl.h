@@ -73,7 +73,8 @@ enum nc_stat {
 	NC_STAT_LOST_FULL = 2,  /* events lost and not counted: `lost` map full */
 	NC_STAT_NO_ENTRY = 3,   /* returns whose entry was not seen (probe attached mid-call) */
 	NC_STAT_ABANDONED = 4,  /* calls whose thread exited before returning */
-	NC_STAT_COUNT = 5,
+	NC_STAT_NESTED = 5,     /* probed calls made by a probed call (counted once, as the outer) */
+	NC_STAT_COUNT = 6,
 };
 
 /* One completed call, queued on the `events` ring. */

@@ -102,9 +102,10 @@ class Stat(enum.IntEnum):
     LOST_FULL = 2
     NO_ENTRY = 3
     ABANDONED = 4
+    NESTED = 5
 
 
-STAT_COUNT = 5
+STAT_COUNT = 6
 
 
 class TotalsKey(ctypes.Structure):
