@@ -9,6 +9,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +37,9 @@ def libnccl(fakecuda: Path) -> str:
     return str(fakecuda / "nccl" / "libnccl.so.2")
 
 
-def run_workload(s: NcclSensor, fakecuda: Path, tmp_path: Path, rounds: int, *extra: str) -> tuple[dict, np.ndarray]:  # type: ignore[type-arg]
+def run_workload(
+    s: NcclSensor, fakecuda: Path, tmp_path: Path, rounds: int, *extra: str
+) -> tuple[dict[str, Any], np.ndarray]:
     """Run the workload to its end, draining the ring as the agent does (on a
     timer: the ring is written without wakeups); returns (truth, events)."""
     truth = tmp_path / "truth.jsonl"
@@ -62,7 +65,7 @@ def observed(s: NcclSensor, pid: int) -> dict[Collective, tuple[int, int, int, i
     return {c: (t.calls, t.bytes, t.errors, t.bytes_unknown) for (p, c), t in s.totals().items() if p == pid}
 
 
-def expected(truth: dict) -> dict[Collective, tuple[int, int, int, int]]:  # type: ignore[type-arg]
+def expected(truth: dict[str, Any]) -> dict[Collective, tuple[int, int, int, int]]:
     return {
         LABELS[r["collective"]]: (r["calls"], r["bytes"], r["errors"], r["bytes_unknown"])
         for r in truth["collectives"]
