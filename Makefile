@@ -1,6 +1,6 @@
 # memtrace build: per-arch CO-RE objects, shipped inside the Python package.
 #
-#   make            build memtrace/bpf/{memtrace,sched}.{x86,arm64}.bpf.o
+#   make            build memtrace/bpf/<sensor>.{x86,arm64}.bpf.o for each sensor in SENSORS
 #   make check-objects   rebuild into a scratch dir and compare with the shipped bytes
 #   make vmlinux-x86     regenerate vmlinux/x86/vmlinux.h from this host's BTF
 #   make vmlinux-arm64   regenerate vmlinux/arm64/vmlinux.h from Debian's arm64 kernel
@@ -8,35 +8,30 @@
 CLANG ?= clang
 ARCHES := x86 arm64
 OUT ?= memtrace/bpf
-SRC := bpf/memtrace.bpf.c
-HDRS := bpf/memtrace.h
+# One object per sensor and arch, each from bpf/<sensor>.bpf.c and its header bpf/<sensor>.h.
+SENSORS := memtrace sched nccl
 
 # Stable flags so the same sources give the same bytes on any checkout path.
 BPF_CFLAGS := -O2 -g -target bpf -fno-ident -Wall -Werror \
 	-fdebug-prefix-map=$(CURDIR)=. -fmacro-prefix-map=$(CURDIR)=. \
 	-fdebug-compilation-dir=. -I bpf
 
-# One object per program and arch: bpf/NAME.bpf.c -> $(OUT)/NAME.ARCH.bpf.o
-PROGS := memtrace sched
-OBJS := $(foreach p,$(PROGS),$(foreach a,$(ARCHES),$(OUT)/$(p).$(a).bpf.o))
+OBJS := $(foreach s,$(SENSORS),$(foreach a,$(ARCHES),$(OUT)/$(s).$(a).bpf.o))
 
 .PHONY: all check-objects clean vmlinux-x86 vmlinux-arm64
 all: $(OBJS)
 
-$(OUT)/memtrace.%.bpf.o: $(SRC) $(HDRS) vmlinux/%/vmlinux.h
-	@mkdir -p $(OUT)
-	$(CLANG) $(BPF_CFLAGS) -D__TARGET_ARCH_$* -I vmlinux/$* -c $(SRC) -o $@
-	llvm-strip -g $@
-
-$(OUT)/sched.%.bpf.o: bpf/sched.bpf.c bpf/sched.h vmlinux/%/vmlinux.h
-	@mkdir -p $(OUT)
-	$(CLANG) $(BPF_CFLAGS) -D__TARGET_ARCH_$* -I vmlinux/$* -c $< -o $@
-	llvm-strip -g $@
+define sensor_rule
+$$(OUT)/$(1).%.bpf.o: bpf/$(1).bpf.c bpf/$(1).h vmlinux/%/vmlinux.h
+	@mkdir -p $$(OUT)
+	$$(CLANG) $$(BPF_CFLAGS) -D__TARGET_ARCH_$$* -I vmlinux/$$* -c $$< -o $$@
+	llvm-strip -g $$@
+endef
+$(foreach s,$(SENSORS),$(eval $(call sensor_rule,$(s))))
 
 check-objects:
-	@tmp=$$(mktemp -d) && $(MAKE) -s --always-make OUT=$$tmp \
-	  $(foreach p,$(PROGS),$(foreach a,$(ARCHES),$$tmp/$(p).$(a).bpf.o)) && \
-	for o in $(foreach p,$(PROGS),$(foreach a,$(ARCHES),$(p).$(a).bpf.o)); do cmp $$tmp/$$o $(OUT)/$$o || \
+	@tmp=$$(mktemp -d) && $(MAKE) -s --always-make OUT=$$tmp $(foreach s,$(SENSORS),$(foreach a,$(ARCHES),$$tmp/$(s).$(a).bpf.o)) && \
+	for o in $(foreach s,$(SENSORS),$(foreach a,$(ARCHES),$(s).$(a).bpf.o)); do cmp $$tmp/$$o $(OUT)/$$o || \
 	  { echo "$$o is stale: run make" >&2; exit 1; }; done; rm -rf $$tmp; echo "shipped objects match sources"
 
 vmlinux-x86:

@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * memtrace NCCL sensor: uprobes on libnccl.so.2's collectives and group calls.
+ *
+ * Two generic programs (entry, return) serve every symbol; the bpf_cookie
+ * says which collective it is and where its arguments are (nccl.h). Each
+ * completed call is one record on the `events` ring, submitted without
+ * wakeup (user space drains it on a timer: wakeups from uprobe context
+ * lose hits); a call the ring cannot take is counted in `lost`.
+ *
+ * A probed call made inside another (an all-to-all built of a group of
+ * sends and receives, ncclBcast calling ncclBroadcast) is the outer call's
+ * own work: it is counted once, as the outer call.
+ *
+ * Calls between ncclGroupStart and ncclGroupEnd are only enqueued; NCCL
+ * launches them at the outermost ncclGroupEnd. The group depth is kept per
+ * thread (as NCCL keeps it, thread-local), each collective carries it, and
+ * the group end is an event of its own: user space takes its return as the
+ * moment the grouped work was issued.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "nccl.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+const volatile bool filter_pids = false; /* only processes in `traced` (and their children) */
+
+#define MAX_PROCESSES 10240
+#define MAX_THREADS 65536
+
+struct inflight {
+	__u64 ts_ns;
+	__u64 cookie;
+	__u64 count;
+	__u64 bytes;
+	__u64 stream;
+	__u64 comm;
+	__s32 peer;
+	__u32 depth;
+	__u32 nested; /* probed calls now running inside this one */
+	__u8 dtype;
+	__u8 flags;
+};
+
+/* An entry older than this is stale (its return probe went away with a
+ * detach mid-call), not an outer call: a new call replaces it. */
+#define STALE_NS (60ULL * 1000000000ULL)
+
+/* The outermost probed call in flight, by tid; LRU keeps it bounded. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_THREADS);
+	__type(key, __u32);
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+/* ncclGroupStart depth per thread (NCCL's own is thread-local). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_THREADS);
+	__type(key, __u32);
+	__type(value, __u32);
+} group_depth SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct nc_totals_key);
+	__type(value, struct nc_totals);
+} lost SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NC_STAT_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} events SEC(".maps");
+
+/* tgids traced when filter_pids is set; children join on fork. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool is_traced(__u32 tgid)
+{
+	if (!filter_pids)
+		return true;
+	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+}
+
+/* The integer arguments at entry, read at constant ctx offsets. Arguments
+ * past the sixth are on the stack on x86-64 (above the return address);
+ * arm64 passes the first eight in x0..x7. As bpf/memtrace.bpf.c does. */
+struct args {
+	__u64 r[8];
+	__u64 sp;
+};
+
+static __always_inline void load_args(struct pt_regs *ctx, struct args *a)
+{
+	a->r[0] = PT_REGS_PARM1(ctx);
+	a->r[1] = PT_REGS_PARM2(ctx);
+	a->r[2] = PT_REGS_PARM3(ctx);
+	a->r[3] = PT_REGS_PARM4(ctx);
+	a->r[4] = PT_REGS_PARM5(ctx);
+#if defined(__TARGET_ARCH_x86)
+	a->r[5] = ctx->r9;
+	a->sp = ctx->sp;
+#elif defined(__TARGET_ARCH_arm64)
+	a->r[5] = ((struct user_pt_regs *)ctx)->regs[5];
+	a->r[6] = ((struct user_pt_regs *)ctx)->regs[6];
+	a->r[7] = ((struct user_pt_regs *)ctx)->regs[7];
+#else
+#error "memtrace supports __TARGET_ARCH_x86 and __TARGET_ARCH_arm64"
+#endif
+}
+
+/* The n-th (1-based) argument; 0 when n is 0 or out of range. */
+static __always_inline __u64 arg_at(const struct args *a, __u32 n)
+{
+	if (n == 0 || n > 8)
+		return 0;
+#if defined(__TARGET_ARCH_x86)
+	if (n > 6) {
+		__u64 v = 0;
+
+		bpf_probe_read_user(&v, sizeof(v), (void *)(a->sp + 8 * (n - 6)));
+		return v;
+	}
+#endif
+	return a->r[(n - 1) & 7];
+}
+
+static __always_inline __u32 ck(__u64 cookie, __u32 shift)
+{
+	return (cookie >> shift) & NC_CK_NIBBLE;
+}
+
+/* Bytes per element of an ncclDataType_t; 0 for a value NCCL did not define. */
+static __always_inline __u64 dtype_size(__u32 dt)
+{
+	switch (dt) {
+	case NC_INT8:
+	case NC_UINT8:
+	case NC_FLOAT8E4M3:
+	case NC_FLOAT8E5M2:
+		return 1;
+	case NC_FLOAT16:
+	case NC_BFLOAT16:
+		return 2;
+	case NC_INT32:
+	case NC_UINT32:
+	case NC_FLOAT32:
+		return 4;
+	case NC_INT64:
+	case NC_UINT64:
+	case NC_FLOAT64:
+		return 8;
+	}
+	return 0;
+}
+
+static __always_inline __u32 depth_of(__u32 tid)
+{
+	__u32 *d = bpf_map_lookup_elem(&group_depth, &tid);
+
+	return d ? *d : 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(nc_enter)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 tid = (__u32)id, coll = cookie & NC_CK_COLL_MASK, n, d;
+	struct inflight f = {}, *outer;
+	struct args a = {};
+	__u64 size, now;
+
+	if (!is_traced(id >> 32))
+		return 0;
+	outer = bpf_map_lookup_elem(&inflight, &tid);
+	now = bpf_ktime_get_ns();
+	if (outer && now - outer->ts_ns < STALE_NS) {
+		__sync_fetch_and_add(&outer->nested, 1);
+		stat_inc(NC_STAT_NESTED);
+		return 0;
+	}
+	load_args(ctx, &a);
+	f.cookie = cookie;
+	f.peer = -1;
+	n = ck(cookie, NC_CK_COUNT_SHIFT);
+	if (n) {
+		f.count = arg_at(&a, n);
+		/* An enum is 32 bits: the upper half of its slot is undefined. */
+		f.dtype = (__u8)(__u32)arg_at(&a, ck(cookie, NC_CK_DTYPE_SHIFT));
+		size = dtype_size((__u32)arg_at(&a, ck(cookie, NC_CK_DTYPE_SHIFT)));
+		if (size)
+			f.bytes = f.count * size;
+		else
+			f.flags |= NC_F_BYTES_UNKNOWN;
+	}
+	n = ck(cookie, NC_CK_PEER_SHIFT);
+	if (n)
+		f.peer = (__s32)arg_at(&a, n);
+	f.comm = arg_at(&a, ck(cookie, NC_CK_COMM_SHIFT));
+	f.stream = arg_at(&a, ck(cookie, NC_CK_STREAM_SHIFT));
+
+	d = depth_of(tid);
+	if (coll == NC_GROUP_START) {
+		/* Counted at entry: a collective on this thread before this
+		 * call returns belongs to the group. */
+		__u32 nd = d + 1;
+
+		bpf_map_update_elem(&group_depth, &tid, &nd, BPF_ANY);
+	} else if (coll != NC_GROUP_END && d > 0) {
+		f.flags |= NC_F_GROUPED;
+	}
+	f.depth = d;
+	f.ts_ns = now;
+	bpf_map_update_elem(&inflight, &tid, &f, BPF_ANY);
+	return 0;
+}
+
+static __always_inline void count_lost(struct nc_totals_key *tk, const struct inflight *f, __s32 ret, __u64 dur)
+{
+	struct nc_totals zero = {}, *t;
+
+	stat_inc(NC_STAT_DROPPED);
+	t = bpf_map_lookup_elem(&lost, tk);
+	if (!t) {
+		bpf_map_update_elem(&lost, tk, &zero, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&lost, tk);
+	}
+	if (!t) {
+		stat_inc(NC_STAT_LOST_FULL);
+		return;
+	}
+	__sync_fetch_and_add(&t->calls, 1);
+	if (ret == 0)
+		__sync_fetch_and_add(&t->bytes, f->bytes);
+	else
+		__sync_fetch_and_add(&t->errors, 1);
+	if (f->flags & NC_F_BYTES_UNKNOWN)
+		__sync_fetch_and_add(&t->bytes_unknown, 1);
+	__sync_fetch_and_add(&t->duration_ns, dur);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(nc_return)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 tid = (__u32)id, coll = cookie & NC_CK_COLL_MASK;
+	__s32 ret = (__s32)PT_REGS_RC(ctx);
+	struct nc_totals_key tk = {};
+	struct inflight *f;
+	struct nc_event *e;
+
+	if (!is_traced(id >> 32))
+		return 0;
+	f = bpf_map_lookup_elem(&inflight, &tid);
+	if (!f) {
+		stat_inc(NC_STAT_NO_ENTRY);
+		return 0;
+	}
+	if (f->nested > 0) {
+		/* the return of a call inside the outer one */
+		__sync_fetch_and_add(&f->nested, -1);
+		return 0;
+	}
+	if (f->cookie != cookie) {
+		stat_inc(NC_STAT_NO_ENTRY);
+		return 0;
+	}
+	if (coll == NC_GROUP_END) {
+		/* NCCL leaves the group whatever the result. */
+		__u32 d = depth_of(tid);
+
+		if (d > 1) {
+			d -= 1;
+			bpf_map_update_elem(&group_depth, &tid, &d, BPF_ANY);
+		} else {
+			bpf_map_delete_elem(&group_depth, &tid);
+		}
+	}
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (e) {
+		e->ts_ns = f->ts_ns;
+		e->duration_ns = now - f->ts_ns;
+		e->count = f->count;
+		e->bytes = f->bytes;
+		e->stream = f->stream;
+		e->comm = f->comm;
+		e->pid = id >> 32;
+		e->tid = tid;
+		e->ret = ret;
+		e->peer = f->peer;
+		e->depth = f->depth;
+		e->coll = coll;
+		e->dtype = f->dtype;
+		e->flags = f->flags;
+		e->pad = 0;
+		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+		stat_inc(NC_STAT_EVENTS);
+	} else {
+		tk.pid = id >> 32;
+		tk.coll = coll;
+		count_lost(&tk, f, ret, now - f->ts_ns);
+	}
+	bpf_map_delete_elem(&inflight, &tid);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(nc_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	__u8 one = 1;
+
+	if (!filter_pids || ptgid == ctgid)
+		return 0;
+	if (bpf_map_lookup_elem(&traced, &ptgid))
+		bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(nc_exit, struct task_struct *p)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+
+	if (bpf_map_delete_elem(&inflight, &tid) == 0)
+		stat_inc(NC_STAT_ABANDONED);
+	bpf_map_delete_elem(&group_depth, &tid);
+	if (filter_pids && BPF_CORE_READ(task, signal, live.counter) == 0)
+		bpf_map_delete_elem(&traced, &tgid);
+	return 0;
+}

@@ -1,0 +1,204 @@
+"""Collectives per process and the waits that follow them (memtrace.model.collectives):
+synthetic event arrays with an exact expected attribution, then end to end
+through real uprobes on the test libnccl.so.2 and the test CUDA runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtrace.core import abi
+from memtrace.core.abi import Layer
+from memtrace.core.nccl import EVENT_DTYPE, F_BYTES_UNKNOWN, F_GROUPED, Collective
+from memtrace.model.collectives import (
+    NOT_ISSUED,
+    CollectiveStats,
+    SyncScope,
+    attribute_waits,
+    issue_times,
+    sync_scopes,
+)
+
+C = Collective
+A, B, S = 0xA0, 0xB0, 0x50  # streams
+SYNC_DTYPE = np.dtype([("ts_ns", "<u8"), ("duration_ns", "<u8"), ("stream", "<u8"), ("tid", "<u4")])
+
+
+def nccl_events(*rows: tuple[int, ...]) -> np.ndarray:
+    """rows: (coll, ts, dur, stream, ret, flags, depth, tid, bytes)."""
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (coll, ts, dur, stream, ret, flags, depth, tid, nbytes) in enumerate(rows):
+        ev[i] = (ts, dur, nbytes, nbytes, stream, 1, 7, tid, ret, -1, depth, coll, 7, flags, 0)
+    return ev
+
+
+def syncs(*rows: tuple[int, int, int]) -> np.ndarray:
+    """rows: (ts, dur, stream)."""
+    return np.array([(ts, dur, stream, 7) for ts, dur, stream in rows], SYNC_DTYPE)
+
+
+def coll(c: Collective, ts: int, stream: int, ret: int = 0, grouped: bool = False, tid: int = 7) -> tuple[int, ...]:
+    return (c, ts, 10, stream, ret, F_GROUPED if grouped else 0, 1 if grouped else 0, tid, 64)
+
+
+def group(c: Collective, ts: int, depth: int, tid: int = 7) -> tuple[int, ...]:
+    return (c, ts, 10, 0, 0, 0, depth, tid, 0)
+
+
+def test_issue_time_is_the_return_or_the_outermost_group_end_on_the_same_thread() -> None:
+    ev = nccl_events(
+        coll(C.ALLREDUCE, 100, A),  # 0: returns at 110
+        coll(C.ALLREDUCE, 120, A, ret=4),  # 1: failed: never issued
+        group(C.GROUP_START, 200, 0),  # 2
+        group(C.GROUP_START, 210, 1),  # 3: nested
+        coll(C.SEND, 220, S, grouped=True),  # 4
+        group(C.GROUP_END, 240, 2),  # 5: inner end: issues nothing
+        coll(C.RECV, 260, S, grouped=True),  # 6
+        group(C.GROUP_END, 300, 1),  # 7: outermost end returns at 310
+        group(C.GROUP_END, 230, 1, tid=8),  # 8: another thread's group, ended first
+        coll(C.ALLGATHER, 400, B, grouped=True),  # 9: its group never ends
+    )
+    no = NOT_ISSUED
+    assert issue_times(ev).tolist() == [110, no, no, no, 310, no, 310, no, no, no]
+
+
+def test_each_wait_is_charged_to_the_collective_it_waited_for() -> None:
+    ev = nccl_events(
+        coll(C.ALLREDUCE, 100, A),  # 0: issued 110
+        coll(C.ALLGATHER, 200, B),  # 1: issued 210
+        coll(C.REDUCESCATTER, 600, A),  # 2: issued 610
+        coll(C.BROADCAST, 620, A),  # 3: issued 630: the later of two pending on A
+        coll(C.SEND, 700, S),  # 4: issued 710
+        coll(C.RECV, 720, B),  # 5: issued 730
+        coll(C.REDUCE, 900, A),  # 6: issued 910, after every wait
+    )
+    sy = syncs(
+        (105, 1000, A),  # starts before #0 returns: waits for something else
+        (300, 50, A),  # #0
+        (400, 70, B),  # #1
+        (500, 5, A),  # nothing pending on A any more
+        (800, 40, A),  # #3 (and covers #2, charged nothing)
+        (850, 90, 0),  # device wait: the latest pending (#5), covers #4 too
+        (880, 3, S),  # #4 already covered
+    )
+    scopes = np.array([SyncScope.STREAM] * 5 + [SyncScope.DEVICE, SyncScope.STREAM], np.uint8)
+    w = attribute_waits(ev, sy, scopes)
+    assert w.wait_ns.tolist() == [50, 70, 0, 40, 0, 90, 0]
+    assert w.sync_index.tolist() == [1, 2, -1, 4, -1, 5, -1]
+    assert w.by_collective == {C.ALLREDUCE: (1, 50), C.ALLGATHER: (1, 70), C.BROADCAST: (1, 40), C.RECV: (1, 90)}
+    assert w.total_ns(C.REDUCE) == 0
+
+
+def test_grouped_work_is_waited_for_only_after_the_group_ends() -> None:
+    ev = nccl_events(
+        group(C.GROUP_START, 100, 0),
+        coll(C.SEND, 110, S, grouped=True),
+        coll(C.RECV, 130, S, grouped=True),
+        group(C.GROUP_END, 400, 1),  # issued at 410
+    )
+    sy = syncs((200, 20, S), (500, 60, S))  # the first wait starts before the group ends
+    w = attribute_waits(ev, sy)
+    assert w.wait_ns.tolist() == [0, 0, 60, 0]  # the later call of the group takes the wait
+    assert w.by_collective == {C.RECV: (1, 60)}
+
+
+def test_an_event_wait_covers_every_stream() -> None:
+    ev = nccl_events(coll(C.ALLREDUCE, 100, A), coll(C.ALLGATHER, 150, B))
+    sy = syncs((300, 25, 0xE0E0), (400, 9, A))
+    w = attribute_waits(ev, sy, np.array([SyncScope.EVENT, SyncScope.STREAM], np.uint8))
+    assert w.wait_ns.tolist() == [0, 25]
+
+
+def test_no_collectives_or_no_waits_attribute_nothing() -> None:
+    assert attribute_waits(nccl_events(), syncs((1, 2, A))).by_collective == {}
+    w = attribute_waits(nccl_events(coll(C.ALLREDUCE, 1, A)), syncs())
+    assert w.wait_ns.tolist() == [0] and w.by_collective == {}
+
+
+def test_sync_scopes_follow_the_cuda_api_table() -> None:
+    ids = np.array([80, 81, 82, 90, 91, 92], np.uint16)
+    assert sync_scopes(ids).tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_collective_stats_per_process_and_collective() -> None:
+    ev = nccl_events(
+        coll(C.ALLREDUCE, 0, A),
+        coll(C.ALLREDUCE, 0, A, ret=4),
+        (C.ALLREDUCE, 0, 30, A, 0, F_BYTES_UNKNOWN, 0, 7, 0),
+        coll(C.SEND, 0, S, grouped=True),
+    )
+    ev["pid"][3] = 8
+    st = CollectiveStats()
+    st.add(ev)
+    st.add_lost(7, C.ALLREDUCE, 2, 128, 0, 20)
+    ar = st.by_key[(7, C.ALLREDUCE)]
+    assert (ar.calls, ar.bytes, ar.errors, ar.bytes_unknown, ar.grouped, ar.duration_ns) == (5, 192, 1, 1, 0, 70)
+    assert ar.durations.count == 3  # lost calls have no duration of their own
+    sd = st.by_key[(8, C.SEND)]
+    assert (sd.calls, sd.bytes, sd.grouped) == (1, 64, 1)
+    assert set(st.by_key) == {(7, C.ALLREDUCE), (8, C.SEND)}
+
+
+@pytest.mark.bpf
+def test_end_to_end_waits_after_real_collectives(fakecuda: Path, tmp_path: Path) -> None:
+    from memtrace.sensors.cuda.discovery import Candidate, FileId
+    from memtrace.sensors.cuda.source import BpfSource, Options
+    from memtrace.sensors.nccl import NcclSensor
+
+    rounds = 40
+    cudart = str(fakecuda / "lib" / "libcudart.so.13")
+    cuda_batches: list[np.ndarray] = []
+    src = BpfSource(Options(hold_libraries=False), cuda_batches.append)
+    nc = NcclSensor()
+    try:
+        src.start()
+        nc.start()
+        src.attach(Candidate(os.getpid(), cudart, cudart, Layer.RUNTIME, FileId.of(os.stat(cudart))))
+        nc.attach(str(fakecuda / "nccl" / "libnccl.so.2"))
+        truth = tmp_path / "truth.jsonl"
+        env = dict(
+            os.environ,
+            WORKLOAD_TRUTH=str(truth),
+            NCCL_CUDART=cudart,
+            LD_LIBRARY_PATH=str(fakecuda / "lib"),
+        )
+        p = subprocess.Popen(
+            [str(fakecuda / "nccl_workload"), str(fakecuda / "nccl" / "libnccl.so.2"), str(rounds)], env=env
+        )
+        nccl_batches = []
+        while p.poll() is None:
+            nccl_batches.append(nc.poll())
+            src.poll()
+            try:
+                p.wait(0.01)
+            except subprocess.TimeoutExpired:
+                pass
+        nccl_batches.append(nc.poll())
+        src.poll()
+    finally:
+        nc.close()
+        src.close()
+    doc = json.loads(truth.read_text())
+    assert doc["syncs"] == 2 * rounds
+    ev = np.concatenate(nccl_batches)
+    ev = ev[ev["pid"] == doc["pid"]]
+    cu = np.concatenate(cuda_batches) if cuda_batches else np.zeros(0, abi.EVENT_DTYPE)
+    sy = cu[(cu["pid"] == doc["pid"]) & np.isin(cu["api"], [80, 81])]
+    assert len(sy) == 2 * rounds
+    w = attribute_waits(ev, sy, sync_scopes(sy["api"]))
+    stream_waits = sy[sy["api"] == 80]["duration_ns"]
+    device_waits = sy[sy["api"] == 81]["duration_ns"]
+    # Each round: the stream wait follows the all_reduce issued at the round's
+    # last group end; the device wait then takes the latest work still
+    # pending, the all_gather issued at that same group end.
+    assert w.by_collective == {
+        C.ALLREDUCE: (rounds, int(stream_waits.sum())),
+        C.ALLGATHER: (rounds, int(device_waits.sum())),
+    }
+    charged = ev[w.sync_index >= 0]
+    assert (charged["flags"] & F_GROUPED != 0).all()

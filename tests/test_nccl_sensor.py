@@ -1,0 +1,195 @@
+"""The NCCL sensor against a real kernel: real uprobes on the test
+libnccl.so.2 (NCCL's real signatures), a workload that writes its own
+truth, and memtrace's calls and bytes per collective compared exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memtrace.core.nccl import F_GROUPED, Collective, Stat
+from memtrace.sensors.nccl import NcclSensor
+
+pytestmark = pytest.mark.bpf
+
+LABELS = {c.label: c for c in Collective}
+COMM = 0x12340000
+
+
+@pytest.fixture
+def sensor() -> Iterator[NcclSensor]:
+    s = NcclSensor()
+    s.start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def libnccl(fakecuda: Path) -> str:
+    return str(fakecuda / "nccl" / "libnccl.so.2")
+
+
+def run_workload(
+    s: NcclSensor, fakecuda: Path, tmp_path: Path, rounds: int, *extra: str
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Run the workload to its end, draining the ring as the agent does (on a
+    timer: the ring is written without wakeups); returns (truth, events)."""
+    truth = tmp_path / "truth.jsonl"
+    p = subprocess.Popen(
+        [str(fakecuda / "nccl_workload"), libnccl(fakecuda), str(rounds), *extra],
+        env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
+    )
+    batches = []
+    while p.poll() is None:
+        batches.append(s.poll())
+        try:
+            p.wait(0.01)
+        except subprocess.TimeoutExpired:
+            pass
+    assert p.returncode == 0
+    batches.append(s.poll())
+    events = np.concatenate(batches)
+    (line,) = truth.read_text().splitlines()
+    return json.loads(line), events[events["pid"] == json.loads(line)["pid"]]
+
+
+def observed(s: NcclSensor, pid: int) -> dict[Collective, tuple[int, int, int, int]]:
+    return {c: (t.calls, t.bytes, t.errors, t.bytes_unknown) for (p, c), t in s.totals().items() if p == pid}
+
+
+def expected(truth: dict[str, Any]) -> dict[Collective, tuple[int, int, int, int]]:
+    return {
+        LABELS[r["collective"]]: (r["calls"], r["bytes"], r["errors"], r["bytes_unknown"])
+        for r in truth["collectives"]
+        if r["calls"]
+    }
+
+
+def test_calls_and_bytes_per_collective_match_the_workload_exactly(
+    sensor: NcclSensor, fakecuda: Path, tmp_path: Path
+) -> None:
+    att = sensor.attach(libnccl(fakecuda))
+    assert att is not None and "ncclAllReduce" in att.symbols and "ncclBcast" not in att.symbols
+    # the same file by another name: one inode, probes attached once (else every call would count twice)
+    (tmp_path / "libnccl.so.2").symlink_to(libnccl(fakecuda))
+    assert sensor.attach(str(tmp_path / "libnccl.so.2")) is att
+    truth, events = run_workload(sensor, fakecuda, tmp_path, 300)
+    assert observed(sensor, truth["pid"]) == expected(truth)
+    # Every collective of the test library, grouped calls and group ends included.
+    assert set(expected(truth)) == set(Collective)
+    st = sensor.stats()
+    assert st[Stat.EVENTS] >= len(events) and st[Stat.DROPPED] == 0 and st[Stat.NO_ENTRY] == 0
+    # each all_to_all of the test library is a group of two sends and two receives: counted once, as the outer call
+    assert st[Stat.NESTED] == 6 * 300
+
+
+def test_each_event_carries_its_stream_communicator_peer_and_group(
+    sensor: NcclSensor, fakecuda: Path, tmp_path: Path
+) -> None:
+    sensor.attach(libnccl(fakecuda))
+    truth, ev = run_workload(sensor, fakecuda, tmp_path, 20)
+    rows = {LABELS[r["collective"]]: r for r in truth["collectives"]}
+    for c, r in rows.items():
+        mine = ev[ev["coll"] == c]
+        assert len(mine) == r["calls"], c
+        if c.is_group:
+            continue
+        # the stream: the 7th argument (on the stack on x86-64) for all_reduce,
+        # reduce_scatter and broadcast, the 8th for reduce
+        assert set(mine["stream"].tolist()) == {r["stream"]}, c
+        assert int((mine["flags"] & F_GROUPED != 0).sum()) == r["grouped"], c
+    ok = ev[(ev["coll"] < Collective.GROUP_START) & (ev["ret"] == 0)]
+    assert set(ok["comm"].tolist()) == {COMM}  # the 7th argument of reduce, on the stack
+    assert set(ev[ev["coll"] == Collective.REDUCE]["peer"].tolist()) == {1}  # root, 6th
+    assert set(ev[ev["coll"] == Collective.BROADCAST]["peer"].tolist()) == {3}
+    assert set(ev[ev["coll"] == Collective.SEND]["peer"].tolist()) == {1}
+    assert set(ev[ev["coll"] == Collective.ALLREDUCE]["peer"].tolist()) == {-1}
+    # group ends: one outermost (depth 1) per group, one nested (depth 2) per round
+    gend = ev[ev["coll"] == Collective.GROUP_END]
+    assert sorted(np.unique(gend["depth"], return_counts=True)[1].tolist()) == [20, 40]
+    # the failed call (NULL communicator) returned NCCL's error, and moved no bytes
+    failed = ev[ev["ret"] != 0]
+    assert set(failed["ret"].tolist()) == {4} and len(failed) == rows[Collective.ALLREDUCE]["errors"]
+
+
+def test_library_unloaded_and_loaded_again_mid_run(sensor: NcclSensor, fakecuda: Path, tmp_path: Path) -> None:
+    sensor.attach(libnccl(fakecuda))
+    truth, _ = run_workload(sensor, fakecuda, tmp_path, 200, "reload")
+    assert truth["unloaded"] == 1  # dlclose really unmapped it
+    assert observed(sensor, truth["pid"]) == expected(truth)
+
+
+def test_scan_finds_libnccl_in_a_running_process_and_traces_only_it(fakecuda: Path, tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    env = dict(os.environ, WORKLOAD_TRUTH=str(truth), NCCL_HANDSHAKE="1")
+    cmd = [str(fakecuda / "nccl_workload"), libnccl(fakecuda), "50"]
+    traced = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    s = NcclSensor()
+    try:
+        for p in (traced, other):
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        s.start(pids=[traced.pid])
+        assert s.scan([traced.pid]) == 1
+        assert s.scan([traced.pid, other.pid]) == 0  # one inode, attached once
+        batches = []
+        for p in (traced, other):
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.close()
+        for p in (traced, other):
+            while p.poll() is None:
+                batches.append(s.poll())
+                try:
+                    p.wait(0.01)
+                except subprocess.TimeoutExpired:
+                    pass
+        batches.append(s.poll())
+        lines = {json.loads(line)["pid"]: json.loads(line) for line in truth.read_text().splitlines()}
+        assert observed(s, traced.pid) == expected(lines[traced.pid])
+        assert observed(s, other.pid) == {}  # not in the pid filter
+        assert not any((b["pid"] == other.pid).any() for b in batches)
+    finally:
+        for p in (traced, other):
+            p.kill()
+            p.wait()
+        s.close()
+
+
+def test_a_host_without_nccl_leaves_the_sensor_idle(sensor: NcclSensor, fakecuda: Path) -> None:
+    assert sensor.scan([os.getpid()]) == 0
+    # a library that defines none of NCCL's symbols: nothing to attach, no error
+    assert sensor.attach(str(fakecuda / "lib" / "libcuda.so.1")) is None
+    assert sensor.attach(str(fakecuda / "no-such-libnccl.so.2")) is None
+    subprocess.run([str(fakecuda / "workload"), "10"], check=True, capture_output=True)
+    assert len(sensor.poll()) == 0
+    assert sensor.totals() == {}
+    assert sensor.attachments == {}
+
+
+def test_calls_the_ring_cannot_take_are_counted_in_the_kernel(fakecuda: Path, tmp_path: Path) -> None:
+    s = NcclSensor(ring_bytes=4096)  # room for about fifty events, drained only at the end
+    s.start()
+    try:
+        s.attach(libnccl(fakecuda))
+        truth = tmp_path / "truth.jsonl"
+        subprocess.run(
+            [str(fakecuda / "nccl_workload"), libnccl(fakecuda), "100"],
+            env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
+            check=True,
+        )
+        doc = json.loads(truth.read_text())
+        got = s.poll()
+        assert 0 < len(got[got["pid"] == doc["pid"]]) < 100
+        assert s.stats()[Stat.DROPPED] > 0
+        assert observed(s, doc["pid"]) == expected(doc)
+    finally:
+        s.close()
