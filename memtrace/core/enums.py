@@ -15,3 +15,11 @@ class HostMemory(enum.IntEnum):
     @property
     def label(self) -> str | None:
         return None if self is HostMemory.NONE else self.name.lower()
+
+
+class Allocation(enum.IntEnum):
+    """What names a live device allocation: its address, or (VMM physical
+    memory from cuMemCreate) its handle. The two spaces may collide."""
+
+    ADDRESS = 0
+    VMM_HANDLE = 1

@@ -21,7 +21,7 @@ import numpy as np
 from memtrace.core import apis
 from memtrace.core.abi import Direction, Family, Layer
 from memtrace.core.apis import MemOp
-from memtrace.core.enums import HostMemory
+from memtrace.core.enums import Allocation, HostMemory
 from memtrace.core.histogram import add_grouped
 from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, _UNTRACKED, BookChanges
@@ -380,7 +380,7 @@ class Model:
                 return None
             if api.mem_flags:  # pitched: pitch x height
                 size *= aux
-            kind = 1 if op == MemOp.VMM_CREATE else 0
+            kind = Allocation.VMM_HANDLE if op == MemOp.VMM_CREATE else Allocation.ADDRESS
             if (kind, addr) in mem.live:  # its free was lost: do not count it twice
                 mem.in_use_bytes -= mem.live.pop((kind, addr))
             mem.live[(kind, addr)] = size
@@ -395,7 +395,7 @@ class Model:
         if op in (MemOp.DEVICE_FREE, MemOp.VMM_RELEASE):
             if not ok or (addr == 0 and op == MemOp.DEVICE_FREE):  # cudaFree(NULL) frees nothing
                 return None
-            kind = 1 if op == MemOp.VMM_RELEASE else 0
+            kind = Allocation.VMM_HANDLE if op == MemOp.VMM_RELEASE else Allocation.ADDRESS
             size = mem.live.pop((kind, addr), -1)
             if size < 0:
                 mem.unknown_frees += 1

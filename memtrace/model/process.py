@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from memtrace.core import apis
 from memtrace.core.abi import Direction, Family
-from memtrace.core.enums import HostMemory
+from memtrace.core.enums import Allocation, HostMemory
 from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey
 from memtrace.model.book import AddressBook
@@ -84,7 +84,7 @@ class DeviceMemory:
     in_use_bytes: int = 0
     peak_bytes: int = 0
     sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes per allocation
-    live: dict[tuple[int, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
+    live: dict[tuple[Allocation, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
     # For the leak signal: when memory was last given back, and how much was in use then.
     last_free_ns: int = 0
     in_use_at_last_free: int = 0
