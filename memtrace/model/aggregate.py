@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from memtrace.core.histogram import add_grouped
 from memtrace.core.ids import ProcessInfo
 from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, _UNTRACKED, BookChanges
 from memtrace.model.process import CopyKey, CopyStats, Process, SyncStats
+from memtrace.model.steps import StepTracker
+from memtrace.model.steps import feed as feed_steps
 
 # Per-api lookup tables for vectorised decoding.
 _FAMILY = np.full(1 << 16, Family.COPY, np.uint8)  # an id this version does not know: kept as a copy
@@ -88,6 +91,7 @@ class Model:
         self.forked_since_start: Callable[[int], bool] = lambda pid: False
         # Who a pid is (the runtime reads it from the host; the model does no I/O).
         self.identify = identify
+        self.step_trackers: dict[int, StepTracker] = {}  # pid -> its steps (model/steps.py)
 
     def _process(self, pid: int) -> Process:
         p = self.processes.get(pid)
@@ -122,6 +126,7 @@ class Model:
         syncs = fam == Family.SYNC
         if syncs.any():
             self._add_syncs(batch[syncs])
+        feed_steps(self.step_trackers, batch)
 
     def _what_copies_touch(
         self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None
@@ -388,6 +393,16 @@ class Model:
             )
         return out
 
+    def steps_view(self) -> list[dict[str, Any]]:
+        """One row per process with steps (of its stepping thread): pid, tid,
+        steps, duration_seconds, breakdown (shares of step time), gpu_idle_share."""
+        rows = []
+        for pid, t in sorted(self.step_trackers.items()):
+            st = t.stats()
+            if st is not None:
+                rows.append({"pid": pid, **st.row()})
+        return rows
+
     def process_exited(self, pid: int) -> None:
         if pid in self.processes:
             p = self.processes[pid]
@@ -396,6 +411,7 @@ class Model:
 
     def forget(self, pid: int) -> None:
         self.processes.pop(pid, None)
+        self.step_trackers.pop(pid, None)
         for d in (self.copies, self.syncs, self.launches, self.lost):
             for k in [k for k in d if k[0] == pid]:
                 del d[k]

@@ -1,0 +1,337 @@
+"""Steps with no code change: each process's training or serving iteration,
+inferred from the CUDA call stream of its threads.
+
+Design
+------
+A training or serving loop ends each iteration by waiting for the GPU: a
+stream or device synchronisation (PyTorch's `loss.item()`, a D2H copy of the
+logits, an optimizer step that reads a scalar), or a synchronous copy. So,
+as Ingero does, a step boundary is the *return* of the loop's periodic wait
+(the "anchor"), per (process, thread): the thread that drives the GPU is the
+one whose time we break down.
+
+Choosing the anchor. Every wait on a thread has a symbol: (api, stream) for
+a synchronisation, (api, direction) for a synchronous copy. For each symbol
+the tracker keeps the return times of its last RING occurrences. A symbol is
+*regular* once it recurred MIN_OCCURRENCES times and the spread of its
+intervals (interquartile range over median, robust to warm-up steps and to
+occasional extra waits) is at most MAX_SPREAD; waits at random times have a
+spread of about 1.6. Among regular symbols the most frequent is the anchor:
+a checkpoint or eval sync every K steps is regular too but K times rarer,
+so it never wins; a sync made several times per step at uneven places is
+frequent but irregular (short, short, long intervals), so it never wins
+either. The choice is sticky: a loop does not change its wait symbol.
+Autocorrelation of the symbol sequence (Falcon) would also find periods in
+event counts, but the sequence is dominated by copies and launches whose
+numbers vary per step (variable-length batches); the wait cadence is cheaper
+(only waits are looked at) and bounded.
+
+Extra waits on the anchor's own symbol (a checkpoint that syncs the same
+stream mid-step every K steps) would split one step in two. An interval
+shorter than MERGE_BELOW of a typical recent step (the median of the last
+RECENT, leaving out those over twice the median: warm-up) closes no step:
+its time joins the next interval. Of the two parts of a split step,
+one is shorter than half a step unless the extra wait falls exactly in the
+middle, so the count stays right; only where the boundary lies moves.
+Data-loader jitter changes step lengths, not the count: a long step is a
+long step. Warm-up steps are steps (the first ones are slow; the median is
+not moved by a few of them). A process with no recurring wait (a one-shot
+script, fewer than MIN_OCCURRENCES waits of one symbol, or waits without
+regularity) reports no steps, never made-up ones.
+
+The first step: memtrace sees boundaries, so N waits make N - 1 steps; the
+time before the first boundary is not a step (it holds the process's setup).
+
+Breakdown of a step (the interval between two boundaries on the thread):
+- copy: time inside copy calls (their entry-to-return durations);
+- sync_wait: time inside synchronisation calls (the GPU was working, the
+  thread waited for it);
+- collective: time inside collectives (NCCL), from an optional array of
+  events with the same fields (a later sensor supplies it: `collectives=`);
+- host: the rest, the thread's own work: on CPU, waiting for a CPU, or off
+  CPU otherwise. A sched sensor (later) splits it: it will feed per-thread
+  (ts, on_cpu_ns, run_queue_ns) records into the same windows; the field
+  `host_ns` is the sum its three parts will make.
+
+GPU idle (the GPU waiting for the host): after a wait returns, the stream or
+device is empty until the thread enqueues work again. Launches are counted
+in the kernel without timestamps, so the next work is taken to be the next
+copy or wait entry on the same thread: an upper bound when kernels are
+launched before the next copy. A cheap way to make it exact: in the launch
+entry program, store the timestamp of the first launch since the thread's
+last wait return in a per-thread slot (one map update, no ring event), and
+send it with the next wait's event (a sync event's `src` field is unused).
+
+Bounded state: per thread, RING return times per candidate symbol (until
+the anchor is chosen), the events of the step in progress (at most
+MAX_PENDING), RECENT step durations for the merge median, running sums and
+an ExpHistogram of step durations. At most MAX_THREADS threads per process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memtrace.core import apis
+from memtrace.core.abi import Family
+from memtrace.core.histogram import ExpHistogram
+
+RING = 64  # return times kept per candidate symbol
+MIN_OCCURRENCES = 6  # waits of one symbol before it can be an anchor (5 intervals)
+MAX_SPREAD = 0.75  # regular: interquartile range / median of the intervals at most this
+MERGE_BELOW = 0.5  # an interval shorter than this share of the median step closes no step
+RECENT = 31  # step durations kept for that median
+MAX_PENDING = 16384  # events of the step in progress kept per thread
+MAX_THREADS = 256  # threads tracked per process
+
+_COPY, _SYNC, _COLL = 0, 1, 2
+_NOT_A_WAIT = -1
+_SYM_API_SHIFT = 48
+_SYM_LOW = (1 << _SYM_API_SHIFT) - 1
+
+# Per-api: what the event is to the tracker (copy, sync or ignored) and whether it is a wait.
+_KIND = np.full(1 << 16, 255, np.uint8)  # 255: not looked at (memory calls, launches)
+_WAIT_COPY = np.zeros(1 << 16, bool)  # a synchronous copy: the host waits for it
+for _a in apis.APIS:
+    if _a.family == Family.COPY:
+        _KIND[_a.id] = _COPY
+        _WAIT_COPY[_a.id] = _a.synchronous
+    elif _a.family == Family.SYNC:
+        _KIND[_a.id] = _SYNC
+
+
+@dataclass
+class StepStats:
+    """A thread's (or process's) steps so far."""
+
+    tid: int = 0
+    steps: int = 0
+    step_ns: int = 0
+    copy_ns: int = 0
+    sync_ns: int = 0
+    collective_ns: int = 0
+    host_ns: int = 0
+    gpu_idle_ns: int = 0
+    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
+
+    def share(self, ns: int) -> float:
+        return ns / self.step_ns if self.step_ns else 0.0
+
+    def row(self) -> dict[str, Any]:
+        """The steps as the JSON summary reports them (README.md, `steps`)."""
+        return {
+            "tid": self.tid,
+            "steps": self.steps,
+            "duration_seconds": quantiles(self.durations),
+            "breakdown": {
+                "copy": self.share(self.copy_ns),
+                "sync_wait": self.share(self.sync_ns),
+                "collective": self.share(self.collective_ns),
+                "host": self.share(self.host_ns),
+            },
+            "gpu_idle_share": self.share(self.gpu_idle_ns),
+        }
+
+
+@dataclass
+class _Pending:
+    """Events of the step in progress, in return order."""
+
+    entry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ret: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    kind: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    sym: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def extend(self, entry: np.ndarray, ret: np.ndarray, kind: np.ndarray, sym: np.ndarray) -> None:
+        self.entry = np.concatenate([self.entry, entry])
+        self.ret = np.concatenate([self.ret, ret])
+        self.kind = np.concatenate([self.kind, kind])
+        self.sym = np.concatenate([self.sym, sym])
+        if len(ret) and bool((np.diff(self.ret[-len(ret) - 1 :]) < 0).any()):  # out of return order: sort
+            o = np.argsort(self.ret, kind="stable")
+            self.entry, self.ret, self.kind, self.sym = self.entry[o], self.ret[o], self.kind[o], self.sym[o]
+
+    def keep_from(self, i: int) -> None:
+        self.entry, self.ret, self.kind, self.sym = self.entry[i:], self.ret[i:], self.kind[i:], self.sym[i:]
+
+
+class _Thread:
+    def __init__(self, tid: int) -> None:
+        self.stats = StepStats(tid=tid)
+        self.pending = _Pending()
+        self.anchor: int | None = None
+        self.seen: dict[int, deque[int]] = {}  # symbol -> its last return times (until an anchor)
+        self.counts: dict[int, int] = {}  # symbol -> waits seen (until an anchor)
+        self.recent: deque[int] = deque(maxlen=RECENT)  # step durations, ns
+        self.boundary: int | None = None  # return time of the last boundary
+
+    def add(self, entry: np.ndarray, ret: np.ndarray, kind: np.ndarray, sym: np.ndarray) -> None:
+        self.pending.extend(entry, ret, kind, sym)
+        if self.anchor is None:
+            waits = np.flatnonzero(sym != _NOT_A_WAIT)
+            for s, r in zip(sym[waits].tolist(), ret[waits].tolist(), strict=True):
+                q = self.seen.get(s)
+                if q is None:
+                    q = self.seen[s] = deque(maxlen=RING)
+                q.append(r)
+                self.counts[s] = self.counts.get(s, 0) + 1
+            self.anchor = self._choose()
+            if self.anchor is None:
+                if len(self.pending.ret) > MAX_PENDING:
+                    self.pending.keep_from(len(self.pending.ret) - MAX_PENDING)
+                return
+            times = np.asarray(self.seen[self.anchor], np.int64)
+            self.recent.extend(np.diff(times).tolist())
+            self.seen.clear()
+            self.counts.clear()
+        self._close_steps()
+
+    def _choose(self) -> int | None:
+        best: tuple[int, float, int] | None = None
+        for s, q in self.seen.items():
+            if len(q) < MIN_OCCURRENCES:
+                continue
+            spread = _spread(np.diff(np.asarray(q, np.float64)))
+            if spread > MAX_SPREAD:
+                continue
+            cand = (self.counts[s], -spread, s)
+            if best is None or cand[:2] > best[:2]:
+                best = cand
+        return None if best is None else best[2]
+
+    def _close_steps(self) -> None:
+        p = self.pending
+        at = np.flatnonzero(p.sym == self.anchor)
+        start = 0  # events before `start` belong to closed steps
+        for i, b in zip(at.tolist(), p.ret[at].tolist(), strict=True):
+            if self.boundary is None:  # the first boundary: what came before is no step
+                self.boundary, start = b, i + 1
+                continue
+            d = b - self.boundary
+            if self.recent and d < MERGE_BELOW * _typical(np.asarray(self.recent, np.float64)):
+                continue  # an extra wait of the anchor's symbol: its time joins the next interval
+            self._step(self.boundary, b, start, i + 1)
+            self.recent.append(d)
+            self.boundary, start = b, i + 1
+        p.keep_from(start)
+        if len(p.ret) > MAX_PENDING:  # no boundary for a long time: keep the latest events
+            p.keep_from(len(p.ret) - MAX_PENDING)
+
+    def _step(self, lo: int, hi: int, i: int, j: int) -> None:
+        """Account the step (lo, hi] made of pending events i..j-1."""
+        p = self.pending
+        entry, ret, kind = p.entry[i:j], p.ret[i:j], p.kind[i:j]
+        inside = ret - np.maximum(entry, lo)  # time inside each call, within the step
+        st = self.stats
+        span = hi - lo
+        copy_ns = int(inside[kind == _COPY].sum())
+        sync_ns = int(inside[kind == _SYNC].sum())
+        coll_ns = int(inside[kind == _COLL].sum())
+        st.steps += 1
+        st.step_ns += span
+        st.copy_ns += copy_ns
+        st.sync_ns += sync_ns
+        st.collective_ns += coll_ns
+        st.host_ns += max(0, span - copy_ns - sync_ns - coll_ns)
+        # GPU idle: from each wait's return (and the step's start) to the next copy or wait entry.
+        work = np.sort(entry[(kind == _COPY) | (kind == _SYNC)])
+        waits_end = ret[(kind == _SYNC) & (ret < hi)]
+        starts = np.concatenate([np.array([lo], np.int64), waits_end])
+        k = np.searchsorted(work, starts, side="left")
+        has = k < len(work)
+        st.gpu_idle_ns += int((work[k[has]] - starts[has]).clip(min=0).sum())
+        st.durations.add(np.array([span * 1e-9]))
+
+
+def _typical(d: np.ndarray) -> float:
+    """A typical step: the median of the durations no longer than twice the
+    median, so that slow warm-up steps do not make real steps look short."""
+    m = float(np.median(d))
+    return float(np.median(d[d <= 2 * m]))
+
+
+def _spread(d: np.ndarray) -> float:
+    """Interquartile range over median: 0 for a metronome, about 1.6 for
+    waits at random (a Poisson stream), unmoved by a few warm-up steps."""
+    q25, q50, q75 = np.percentile(d, [25, 50, 75])
+    return float((q75 - q25) / q50) if q50 > 0 else math.inf
+
+
+class StepTracker:
+    """One process's steps, fed its events batch by batch (bounded state)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.threads: dict[int, _Thread] = {}
+
+    def add(self, batch: np.ndarray, collectives: np.ndarray | None = None) -> None:
+        """Fold a batch of this process's mt_event records (EVENT_DTYPE), and
+        optionally its collectives (an array with ts_ns, duration_ns and tid)."""
+        kind = _KIND[batch["api"]]
+        keep = kind != 255
+        b, kind = batch[keep], kind[keep]
+        entry = b["ts_ns"].astype(np.int64)
+        ret = entry + b["duration_ns"].astype(np.int64)
+        api = b["api"].astype(np.int64)
+        sym = np.full(len(b), _NOT_A_WAIT, np.int64)
+        is_sync = kind == _SYNC
+        sym[is_sync] = api[is_sync] << _SYM_API_SHIFT | (b["stream"][is_sync] & np.uint64(_SYM_LOW)).astype(np.int64)
+        wcopy = _WAIT_COPY[b["api"]]
+        sym[wcopy] = api[wcopy] << _SYM_API_SHIFT | b["direction"][wcopy].astype(np.int64)
+        tids = b["tid"]
+        if collectives is not None and len(collectives):
+            c = collectives
+            c_entry = c["ts_ns"].astype(np.int64)
+            entry = np.concatenate([entry, c_entry])
+            ret = np.concatenate([ret, c_entry + c["duration_ns"].astype(np.int64)])
+            kind = np.concatenate([kind, np.full(len(c), _COLL, np.uint8)])
+            sym = np.concatenate([sym, np.full(len(c), _NOT_A_WAIT, np.int64)])
+            tids = np.concatenate([tids, c["tid"]])
+        if len(tids) == 0:
+            return
+        order = np.argsort(tids, kind="stable")  # each thread's events stay in ring order
+        tids = tids[order]
+        uniq, starts = np.unique(tids, return_index=True)
+        ends = np.append(starts[1:], len(tids))
+        for tid, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            t = self.threads.get(tid)
+            if t is None:
+                if len(self.threads) >= MAX_THREADS:
+                    continue
+                t = self.threads[tid] = _Thread(tid)
+            o = order[s:e]
+            t.add(entry[o], ret[o], kind[o], sym[o])
+
+    def stats(self) -> StepStats | None:
+        """The process's steps: those of its stepping thread (the one with
+        the most steps), None while it has none."""
+        best = max((t.stats for t in self.threads.values()), key=lambda s: s.steps, default=None)
+        return best if best is not None and best.steps else None
+
+
+def feed(trackers: dict[int, StepTracker], batch: np.ndarray, collectives: np.ndarray | None = None) -> None:
+    """Split a batch (any processes) by pid and feed each process's tracker."""
+    if len(batch) == 0 and (collectives is None or len(collectives) == 0):
+        return
+    pids = np.union1d(batch["pid"], collectives["pid"] if collectives is not None else np.zeros(0, np.uint32))
+    for pid in pids.tolist():
+        t = trackers.get(pid)
+        if t is None:
+            t = trackers[pid] = StepTracker(pid)
+        b = batch if len(pids) == 1 else batch[batch["pid"] == pid]
+        c = None if collectives is None else collectives[collectives["pid"] == pid]
+        t.add(b, c)
+
+
+def quantiles(h: ExpHistogram) -> dict[str, float]:
+    return {
+        "p50": h.quantile(0.50),
+        "p95": h.quantile(0.95),
+        "p99": h.quantile(0.99),
+        "max": h.max if h.count and not math.isinf(h.max) else 0.0,
+    }
