@@ -191,3 +191,27 @@ def test_feed_splits_by_process() -> None:
     a, b = trackers[PID].stats(), trackers[7].stats()
     assert a is not None and b is not None
     assert (a.steps, b.steps) == (7, 8)
+
+
+def test_a_loop_on_a_loaded_machine_is_found_by_its_event_cadence() -> None:
+    # preemption makes host work random (exponential: a spread like waits at random),
+    # but each step still makes the same copies and wait
+    rng = np.random.default_rng(11)
+    host = [int(x) for x in rng.exponential(5 * MS, 80)]
+    rows = loop(80, host_ns=host)
+    st = tracked(rows, batches=10).stats()
+    assert st is not None
+    assert st.steps == 79
+    assert st.step_ns == sum(2400 * US + h for h in host[:79])
+
+
+def test_a_preempted_extra_wait_on_the_anchor_stream_is_still_no_step() -> None:
+    rows = loop(40)
+    period = 7400 * US
+    # every 10 steps a second sync of the step's stream right after its own,
+    # but the thread was preempted for 4.5 ms in between: longer than half a step
+    for i in range(5, 40, 10):
+        rows.append((10**12 + i * period + 6900 * US, 100 * US, STREAM_SYNC, STREAM, 0, TID))
+    st = tracked(rows, batches=6).stats()
+    assert st is not None
+    assert st.steps == 39

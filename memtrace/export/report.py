@@ -84,6 +84,7 @@ def summary(
         "device_memory": device_memory(model),
         "synchronization": synchronization(model),
         "launches": launches(model),
+        "steps": steps(model),
         "findings": [f.as_dict() for f in compute(model, thresholds)],
         "agent": {
             "events": stats.get(Stat.EVENTS, 0),
@@ -164,6 +165,15 @@ def synchronization(model: Model) -> list[dict[str, Any]]:
                 "share_of_wall_time": waited[pid] / wall if wall else None,
             }
         )
+    return out
+
+
+def steps(model: Model) -> list[dict[str, Any]]:
+    """Each process's inferred steps (memtrace/model/steps.py), with its name."""
+    out = []
+    for row in model.steps_view():
+        p = model.processes.get(row["pid"])
+        out.append({"pid": row["pid"], "process": p.name if p else "", **{k: v for k, v in row.items() if k != "pid"}})
     return out
 
 

@@ -12,11 +12,14 @@ one whose time we break down.
 
 Choosing the anchor. Every wait on a thread has a symbol: (api, stream) for
 a synchronisation, (api, direction) for a synchronous copy. For each symbol
-the tracker keeps the return times of its last RING occurrences. A symbol is
-*regular* once it recurred MIN_OCCURRENCES times and the spread of its
-intervals (interquartile range over median, robust to warm-up steps and to
-occasional extra waits) is at most MAX_SPREAD; waits at random times have a
-spread of about 1.6. Among regular symbols the most frequent is the anchor:
+the tracker keeps the return times and event numbers of its last RING
+occurrences. A symbol is *regular* once it recurred MIN_OCCURRENCES times
+and the spread (interquartile range over median, robust to warm-up steps
+and to occasional extra waits) of its intervals, in time or, where steps
+copy (more than two copies and waits between two of its waits), in events,
+is at most MAX_SPREAD; waits at random times have a spread of about 1.6.
+Event counts keep a loop regular on a loaded machine, where preemption
+makes its durations irregular. Among regular symbols the most frequent is the anchor:
 a checkpoint or eval sync every K steps is regular too but K times rarer,
 so it never wins; a sync made several times per step at uneven places is
 frequent but irregular (short, short, long intervals), so it never wins
@@ -26,13 +29,19 @@ event counts, but the sequence is dominated by copies and launches whose
 numbers vary per step (variable-length batches); the wait cadence is cheaper
 (only waits are looked at) and bounded.
 
-Extra waits on the anchor's own symbol (a checkpoint that syncs the same
-stream mid-step every K steps) would split one step in two. An interval
-shorter than MERGE_BELOW of a typical recent step (the median of the last
-RECENT, leaving out those over twice the median: warm-up) closes no step:
-its time joins the next interval. Of the two parts of a split step,
-one is shorter than half a step unless the extra wait falls exactly in the
-middle, so the count stays right; only where the boundary lies moves.
+Extra waits on the anchor's own symbol (a checkpoint or a logged
+`.item()` that syncs the same stream every K steps) would split one step in
+two. An interval too short to be a step closes none: its time joins the
+next interval. Short is counted in events where steps copy (more than two
+copies and waits in a typical step): an interval holding at most MERGE_BELOW
+of a typical step's copies and waits (the median of the last RECENT). Event
+counts do not stretch when the thread is preempted or the machine is
+loaded, where durations do. In loops that make no copies (launches and the
+wait only), short is in time: under MERGE_BELOW of a typical recent step
+(the median, leaving out steps over twice it: warm-up). Either way, of the
+two parts of a split step one is short (unless a checkpoint copies as much
+as a step, or falls mid-step in a copy-less loop), so the count stays
+right; only where the boundary lies moves.
 Data-loader jitter changes step lengths, not the count: a long step is a
 long step. Warm-up steps are steps (the first ones are slow; the median is
 not moved by a few of them). A process with no recurring wait (a one-shot
@@ -165,28 +174,33 @@ class _Thread:
         self.stats = StepStats(tid=tid)
         self.pending = _Pending()
         self.anchor: int | None = None
-        self.seen: dict[int, deque[int]] = {}  # symbol -> its last return times (until an anchor)
+        self.seen: dict[int, deque[tuple[int, int]]] = {}  # symbol -> its last (return time, event number)
+        self.events = 0  # events seen (until an anchor)
         self.counts: dict[int, int] = {}  # symbol -> waits seen (until an anchor)
         self.recent: deque[int] = deque(maxlen=RECENT)  # step durations, ns
+        self.recent_events: deque[int] = deque(maxlen=RECENT)  # copies and waits per step
         self.boundary: int | None = None  # return time of the last boundary
 
     def add(self, entry: np.ndarray, ret: np.ndarray, kind: np.ndarray, sym: np.ndarray) -> None:
         self.pending.extend(entry, ret, kind, sym)
         if self.anchor is None:
             waits = np.flatnonzero(sym != _NOT_A_WAIT)
-            for s, r in zip(sym[waits].tolist(), ret[waits].tolist(), strict=True):
+            at = (waits + self.events).tolist()
+            for s, r, k in zip(sym[waits].tolist(), ret[waits].tolist(), at, strict=True):
                 q = self.seen.get(s)
                 if q is None:
                     q = self.seen[s] = deque(maxlen=RING)
-                q.append(r)
+                q.append((r, k))
                 self.counts[s] = self.counts.get(s, 0) + 1
+            self.events += len(ret)
             self.anchor = self._choose()
             if self.anchor is None:
                 if len(self.pending.ret) > MAX_PENDING:
                     self.pending.keep_from(len(self.pending.ret) - MAX_PENDING)
                 return
-            times = np.asarray(self.seen[self.anchor], np.int64)
-            self.recent.extend(np.diff(times).tolist())
+            at = np.flatnonzero(self.pending.sym == self.anchor)
+            self.recent.extend(np.diff(self.pending.ret[at]).tolist())
+            self.recent_events.extend(np.diff(at).tolist())
             self.seen.clear()
             self.counts.clear()
         self._close_steps()
@@ -196,7 +210,11 @@ class _Thread:
         for s, q in self.seen.items():
             if len(q) < MIN_OCCURRENCES:
                 continue
-            spread = _spread(np.diff(np.asarray(q, np.float64)))
+            times, at = np.asarray(q, np.float64).T
+            spread = _spread(np.diff(times))
+            between = np.diff(at)  # copies and waits from one to the next
+            if float(np.median(between)) > 2:
+                spread = min(spread, _spread(between))
             if spread > MAX_SPREAD:
                 continue
             cand = (self.counts[s], -spread, s)
@@ -212,15 +230,24 @@ class _Thread:
             if self.boundary is None:  # the first boundary: what came before is no step
                 self.boundary, start = b, i + 1
                 continue
-            d = b - self.boundary
-            if self.recent and d < MERGE_BELOW * _typical(np.asarray(self.recent, np.float64)):
+            d, n = b - self.boundary, i + 1 - start
+            if self._short(d, n):
                 continue  # an extra wait of the anchor's symbol: its time joins the next interval
             self._step(self.boundary, b, start, i + 1)
             self.recent.append(d)
+            self.recent_events.append(n)
             self.boundary, start = b, i + 1
         p.keep_from(start)
         if len(p.ret) > MAX_PENDING:  # no boundary for a long time: keep the latest events
             p.keep_from(len(p.ret) - MAX_PENDING)
+
+    def _short(self, d: int, n: int) -> bool:
+        """Too short to be a step: d ns holding n copies and waits."""
+        if self.recent_events:
+            typical = float(np.median(np.asarray(self.recent_events)))
+            if typical > 2:  # steps that copy: count events, which a preempted thread does not stretch
+                return n <= MERGE_BELOW * typical
+        return bool(self.recent) and d < MERGE_BELOW * _typical(np.asarray(self.recent, np.float64))
 
     def _step(self, lo: int, hi: int, i: int, j: int) -> None:
         """Account the step (lo, hi] made of pending events i..j-1."""
