@@ -215,3 +215,12 @@ def test_a_preempted_extra_wait_on_the_anchor_stream_is_still_no_step() -> None:
     st = tracked(rows, batches=6).stats()
     assert st is not None
     assert st.steps == 39
+
+
+def test_the_most_frequent_regular_wait_is_the_step_not_a_rarer_checkpoint() -> None:
+    rows = loop(30)
+    # a device sync every 3 iterations: as regular as the step's wait, a third as frequent
+    rows += [(10**12 + i * 7400 * US + 3400 * US, 1 * MS, DEVICE_SYNC, 0, 0, TID) for i in range(2, 30, 3)]
+    st = tracked(rows).stats()  # one batch: both are candidates at once
+    assert st is not None
+    assert st.steps == 29

@@ -34,6 +34,8 @@ def traced(fakecuda: Path, tmp_path: Path, *args: str) -> tuple[dict[str, Any], 
     doc, lines, p = run_traced([str(fakecuda / "steploop"), *args], tmp_path)
     assert p.returncode == 0, p.stderr
     assert len(lines) == 1, lines
+    waits = sum(w["calls"] for w in doc["synchronization"] if w["api"] == "cudaStreamSynchronize")
+    assert waits >= lines[0]["steps"], f"memtrace missed the loop's waits (attach failed?): {p.stderr}"
     return doc, lines
 
 
