@@ -80,6 +80,7 @@ an ExpHistogram of step durations. At most MAX_THREADS threads per process.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,8 +94,8 @@ from memtrace.core.histogram import ExpHistogram
 RING = 64  # return times kept per candidate symbol
 MIN_OCCURRENCES = 6  # waits of one symbol before it can be an anchor (5 intervals)
 MAX_SPREAD = 0.75  # regular: interquartile range / median of the intervals at most this
-MERGE_BELOW = 0.5  # an interval shorter than this share of the median step closes no step
-RECENT = 31  # step durations kept for that median
+MERGE_BELOW = 0.5  # an interval with at most this share of a typical step's events (or time) closes no step
+RECENT = 31  # steps whose durations and event counts make a typical step
 MAX_PENDING = 16384  # events of the step in progress kept per thread
 MAX_THREADS = 256  # threads tracked per process
 
@@ -147,26 +148,41 @@ class StepStats:
         }
 
 
-@dataclass
 class _Pending:
-    """Events of the step in progress, in return order."""
+    """Events of the step in progress, in return order: chunks as they came
+    (appending costs nothing), joined into one when the step closes."""
 
-    entry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    ret: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    kind: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
-    sym: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    def __init__(self) -> None:
+        self.chunks: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self.count = 0
 
     def extend(self, entry: np.ndarray, ret: np.ndarray, kind: np.ndarray, sym: np.ndarray) -> None:
-        self.entry = np.concatenate([self.entry, entry])
-        self.ret = np.concatenate([self.ret, ret])
-        self.kind = np.concatenate([self.kind, kind])
-        self.sym = np.concatenate([self.sym, sym])
-        if len(ret) and bool((np.diff(self.ret[-len(ret) - 1 :]) < 0).any()):  # out of return order: sort
-            o = np.argsort(self.ret, kind="stable")
-            self.entry, self.ret, self.kind, self.sym = self.entry[o], self.ret[o], self.kind[o], self.sym[o]
+        if len(ret):
+            self.chunks.append((entry, ret, kind, sym))
+            self.count += len(ret)
+
+    def bound(self, most: int) -> None:
+        """Forget the oldest chunks beyond `most` events."""
+        while self.chunks and self.count - len(self.chunks[0][1]) >= most:
+            self.count -= len(self.chunks.popleft()[1])
+
+    def joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(entry, ret, kind, sym) of every pending event, sorted by return."""
+        if len(self.chunks) != 1:
+            parts = list(zip(*self.chunks, strict=True)) if self.chunks else [[np.zeros(0, np.int64)]] * 4
+            e, r, k, y = (np.concatenate(x) for x in parts)
+            self.chunks = deque([(e, r, k.astype(np.uint8), y)])
+        e, r, k, y = self.chunks[0]
+        if len(r) > 1 and bool((np.diff(r) < 0).any()):  # a late sensor's events: sort by return
+            o = np.argsort(r, kind="stable")
+            e, r, k, y = e[o], r[o], k[o], y[o]
+            self.chunks[0] = (e, r, k, y)
+        return e, r, k, y
 
     def keep_from(self, i: int) -> None:
-        self.entry, self.ret, self.kind, self.sym = self.entry[i:], self.ret[i:], self.kind[i:], self.sym[i:]
+        e, r, k, y = self.joined()
+        self.chunks = deque([(e[i:], r[i:], k[i:], y[i:])])
+        self.count = len(r) - i
 
 
 class _Thread:
@@ -195,11 +211,11 @@ class _Thread:
             self.events += len(ret)
             self.anchor = self._choose()
             if self.anchor is None:
-                if len(self.pending.ret) > MAX_PENDING:
-                    self.pending.keep_from(len(self.pending.ret) - MAX_PENDING)
+                self.pending.bound(MAX_PENDING)
                 return
-            at = np.flatnonzero(self.pending.sym == self.anchor)
-            self.recent.extend(np.diff(self.pending.ret[at]).tolist())
+            _e, p_ret, _k, p_sym = self.pending.joined()
+            at = np.flatnonzero(p_sym == self.anchor)
+            self.recent.extend(np.diff(p_ret[at]).tolist())
             self.recent_events.extend(np.diff(at).tolist())
             self.seen.clear()
             self.counts.clear()
@@ -224,62 +240,80 @@ class _Thread:
 
     def _close_steps(self) -> None:
         p = self.pending
-        at = np.flatnonzero(p.sym == self.anchor)
+        entry, ret, kind, sym = p.joined()
+        at = np.flatnonzero(sym == self.anchor)
         start = 0  # events before `start` belong to closed steps
-        for i, b in zip(at.tolist(), p.ret[at].tolist(), strict=True):
+        bounds: list[int] = []  # boundaries closed by this batch, after self.boundary
+        ends: list[int] = []  # their event index + 1
+        lo, first = self.boundary, 0  # where the first step closed here starts: time, event index
+        for i, b in zip(at.tolist(), ret[at].tolist(), strict=True):
             if self.boundary is None:  # the first boundary: what came before is no step
-                self.boundary, start = b, i + 1
+                self.boundary, start, lo, first = b, i + 1, b, i + 1
                 continue
             d, n = b - self.boundary, i + 1 - start
             if self._short(d, n):
                 continue  # an extra wait of the anchor's symbol: its time joins the next interval
-            self._step(self.boundary, b, start, i + 1)
+            bounds.append(b)
+            ends.append(i + 1)
             self.recent.append(d)
             self.recent_events.append(n)
             self.boundary, start = b, i + 1
+        if bounds:
+            assert lo is not None
+            e = ends[-1]
+            self._steps(lo, bounds, [x - first for x in ends], entry[first:e], ret[first:e], kind[first:e])
         p.keep_from(start)
-        if len(p.ret) > MAX_PENDING:  # no boundary for a long time: keep the latest events
-            p.keep_from(len(p.ret) - MAX_PENDING)
+        if p.count > MAX_PENDING:  # no boundary for a long time: keep the latest events
+            p.keep_from(p.count - MAX_PENDING)
 
     def _short(self, d: int, n: int) -> bool:
         """Too short to be a step: d ns holding n copies and waits."""
         if self.recent_events:
-            typical = float(np.median(np.asarray(self.recent_events)))
+            typical = statistics.median(self.recent_events)
             if typical > 2:  # steps that copy: count events, which a preempted thread does not stretch
                 return n <= MERGE_BELOW * typical
-        return bool(self.recent) and d < MERGE_BELOW * _typical(np.asarray(self.recent, np.float64))
+        return bool(self.recent) and d < MERGE_BELOW * _typical(self.recent)
 
-    def _step(self, lo: int, hi: int, i: int, j: int) -> None:
-        """Account the step (lo, hi] made of pending events i..j-1."""
-        p = self.pending
-        entry, ret, kind = p.entry[i:j], p.ret[i:j], p.kind[i:j]
-        inside = ret - np.maximum(entry, lo)  # time inside each call, within the step
-        st = self.stats
-        span = hi - lo
-        copy_ns = int(inside[kind == _COPY].sum())
-        sync_ns = int(inside[kind == _SYNC].sum())
-        coll_ns = int(inside[kind == _COLL].sum())
-        st.steps += 1
-        st.step_ns += span
-        st.copy_ns += copy_ns
-        st.sync_ns += sync_ns
-        st.collective_ns += coll_ns
-        st.host_ns += max(0, span - copy_ns - sync_ns - coll_ns)
-        # GPU idle: from each wait's return (and the step's start) to the next copy or wait entry.
+    def _steps(
+        self, lo: int, bounds: list[int], ends: list[int], entry: np.ndarray, ret: np.ndarray, kind: np.ndarray
+    ) -> None:
+        """Account the steps (lo, bounds[0]], (bounds[0], bounds[1]], ...: step k
+        is made of events ends[k-1]..ends[k]-1 (from 0 for the first), all at once."""
+        n = len(bounds)
+        hi = np.asarray(bounds, np.int64)
+        lows = np.concatenate([np.array([lo], np.int64), hi[:-1]])
+        sizes = np.diff(np.asarray([0, *ends]))
+        step = np.repeat(np.arange(n), sizes)  # each event's step
+        inside = (ret - np.maximum(entry, lows[step])).astype(np.float64)  # time in each call, within its step
+        copy = np.bincount(step, inside * (kind == _COPY), n)
+        sync = np.bincount(step, inside * (kind == _SYNC), n)
+        coll = np.bincount(step, inside * (kind == _COLL), n)
+        spans = hi - lows
+        # GPU idle: from each step's start and each wait's return in it to the next copy or wait entry.
         work = np.sort(entry[(kind == _COPY) | (kind == _SYNC)])
-        waits_end = ret[(kind == _SYNC) & (ret < hi)]
-        starts = np.concatenate([np.array([lo], np.int64), waits_end])
+        w = (kind == _SYNC) & (ret < hi[step])
+        starts = np.concatenate([lows, ret[w]])
+        owner = np.concatenate([np.arange(n), step[w]])
         k = np.searchsorted(work, starts, side="left")
         has = k < len(work)
-        st.gpu_idle_ns += int((work[k[has]] - starts[has]).clip(min=0).sum())
-        st.durations.add(np.array([span * 1e-9]))
+        gap = np.zeros(len(starts), np.float64)
+        gap[has] = np.minimum(work[k[has]], hi[owner[has]]) - starts[has]
+        st = self.stats
+        st.steps += n
+        st.step_ns += int(spans.sum())
+        st.copy_ns += int(copy.sum())
+        st.sync_ns += int(sync.sum())
+        st.collective_ns += int(coll.sum())
+        st.host_ns += int(np.maximum(spans - copy - sync - coll, 0).sum())
+        st.gpu_idle_ns += int(gap.clip(min=0).sum())
+        st.durations.add(spans * 1e-9)
 
 
-def _typical(d: np.ndarray) -> float:
+def _typical(d: deque[int]) -> float:
     """A typical step: the median of the durations no longer than twice the
     median, so that slow warm-up steps do not make real steps look short."""
-    m = float(np.median(d))
-    return float(np.median(d[d <= 2 * m]))
+    m = statistics.median(d)
+    return float(statistics.median([x for x in d if x <= 2 * m]))
 
 
 def _spread(d: np.ndarray) -> float:
