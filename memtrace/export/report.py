@@ -87,6 +87,7 @@ def summary(
         "device_memory": device_memory(model),
         "synchronization": synchronization(model),
         "launches": launches(model),
+        "steps": steps(model),
         "findings": [f.as_dict() for f in compute(model, thresholds)],
         "agent": {
             "events": stats.get(Stat.EVENTS, 0),
@@ -170,6 +171,11 @@ def synchronization(model: Model) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def steps(model: Model) -> list[dict[str, Any]]:
+    """Each process's inferred steps (memtrace/model/steps.py)."""
+    return model.steps_view()
 
 
 def launches(model: Model) -> list[dict[str, Any]]:

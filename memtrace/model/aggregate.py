@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from memtrace.model.process import (
     SyncStats,
     direction_of,
 )
+from memtrace.model.steps import StepTracker
 
 # Per-api lookup tables for vectorised decoding.
 _FAMILY = np.full(1 << 16, Family.COPY, np.uint8)  # an id this version does not know: kept as a copy
@@ -117,6 +119,7 @@ class Model:
         # Process start times are boot-clock ns: their wall-clock time is
         # taken with one offset, so a process's start never moves.
         self.boot_wall_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        self.step_trackers: dict[ProcessKey, StepTracker] = {}  # its steps (model/steps.py)
 
     def _process(self, key: ProcessKey) -> Process:
         p = self.processes.get(key)
@@ -185,6 +188,11 @@ class Model:
         syncs = fam == Family.SYNC
         if syncs.any():
             self._add_syncs(batch[syncs], proc[syncs], procs)
+        for i, key in enumerate(keys):
+            t = self.step_trackers.get(key)
+            if t is None:
+                t = self.step_trackers[key] = StepTracker(key.pid)
+            t.add(batch if len(keys) == 1 else batch[proc == i])
 
     def _what_copies_touch(
         self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None, proc: np.ndarray, procs: list[Process]
@@ -442,6 +450,19 @@ class Model:
             out.update(p.sync_view())
         return out
 
+    def steps_view(self) -> list[dict[str, Any]]:
+        """One row per process with steps (of its stepping thread): pid,
+        start_time_unix_nano, process, tid, steps, duration_seconds,
+        breakdown (shares of step time), gpu_idle_share."""
+        rows = []
+        for key, t in sorted(self.step_trackers.items()):
+            st = t.stats()
+            if st is not None:
+                p = self.processes.get(key)
+                who = {"pid": key.pid, "start_time_unix_nano": p.start_ns if p else 0, "process": p.name if p else ""}
+                rows.append({**who, **st.row()})
+        return rows
+
     def process_exited(self, key: ProcessKey) -> None:
         p = self.processes.get(key)
         if p is not None:
@@ -451,6 +472,7 @@ class Model:
     def forget(self, key: ProcessKey) -> None:
         """Drop a process and everything it did (its own state: no scan)."""
         self.processes.pop(key, None)
+        self.step_trackers.pop(key, None)
 
 
 def describe(key: CopyKey) -> tuple[str, str, str, bool, str | None]:

@@ -1,0 +1,398 @@
+"""Steps with no code change: each process's training or serving iteration,
+inferred from the CUDA call stream of its threads.
+
+Design
+------
+A training or serving loop ends each iteration by waiting for the GPU: a
+stream or device synchronisation (PyTorch's `loss.item()`, a D2H copy of the
+logits, an optimizer step that reads a scalar), or a synchronous copy. So,
+as Ingero does, a step boundary is the *return* of the loop's periodic wait
+(the "anchor"), per (process, thread): the thread that drives the GPU is the
+one whose time we break down.
+
+Choosing the anchor. Every wait on a thread has a symbol: (api, stream) for
+a synchronisation, (api, direction) for a synchronous copy. For each symbol
+the tracker keeps the return times and event numbers of its last RING
+occurrences. A symbol is *regular* once it recurred MIN_OCCURRENCES times
+and the spread (interquartile range over median, robust to warm-up steps
+and to occasional extra waits) of its intervals, in time or, where steps
+copy (more than two copies and waits between two of its waits), in events,
+is at most MAX_SPREAD; waits at random times have a spread of about 1.6.
+Event counts keep a loop regular on a loaded machine, where preemption
+makes its durations irregular. Among regular symbols the most frequent is the anchor:
+a checkpoint or eval sync every K steps is regular too but K times rarer,
+so it never wins; a sync made several times per step at uneven places is
+frequent but irregular (short, short, long intervals), so it never wins
+either. The choice is sticky: a loop does not change its wait symbol.
+Autocorrelation of the symbol sequence (Falcon) would also find periods in
+event counts, but the sequence is dominated by copies and launches whose
+numbers vary per step (variable-length batches); the wait cadence is cheaper
+(only waits are looked at) and bounded.
+
+Extra waits on the anchor's own symbol (a checkpoint or a logged
+`.item()` that syncs the same stream every K steps) would split one step in
+two. An interval too short to be a step closes none: its time joins the
+next interval. Short is counted in events where steps copy (more than two
+copies and waits in a typical step): an interval holding at most MERGE_BELOW
+of a typical step's copies and waits (the median of the last RECENT). Event
+counts do not stretch when the thread is preempted or the machine is
+loaded, where durations do. In loops that make no copies (launches and the
+wait only), short is in time: under MERGE_BELOW of a typical recent step
+(the median, leaving out steps over twice it: warm-up). Either way, of the
+two parts of a split step one is short (unless a checkpoint copies as much
+as a step, or falls mid-step in a copy-less loop), so the count stays
+right; only where the boundary lies moves.
+Data-loader jitter changes step lengths, not the count: a long step is a
+long step. Warm-up steps are steps (the first ones are slow; the median is
+not moved by a few of them). A process with no recurring wait (a one-shot
+script, fewer than MIN_OCCURRENCES waits of one symbol, or waits without
+regularity) reports no steps, never made-up ones.
+
+The first step: memtrace sees boundaries, so N waits make N - 1 steps; the
+time before the first boundary is not a step (it holds the process's setup).
+
+Breakdown of a step (the interval between two boundaries on the thread):
+- copy: time inside copy calls (their entry-to-return durations);
+- sync_wait: time inside synchronisation calls (the GPU was working, the
+  thread waited for it);
+- collective: time inside collectives (NCCL), from an optional array of
+  events with the same fields (a later sensor supplies it: `collectives=`);
+- host: the rest, the thread's own work: on CPU, waiting for a CPU, or off
+  CPU otherwise. A sched sensor (later) splits it: it will feed per-thread
+  (ts, on_cpu_ns, run_queue_ns) records into the same windows; the field
+  `host_ns` is the sum its three parts will make.
+
+GPU idle (the GPU waiting for the host): after a wait returns, the stream or
+device is empty until the thread enqueues work again. Launches are counted
+in the kernel without timestamps, so the next work is taken to be the next
+copy or wait entry on the same thread: an upper bound when kernels are
+launched before the next copy. A cheap way to make it exact: in the launch
+entry program, store the timestamp of the first launch since the thread's
+last wait return in a per-thread slot (one map update, no ring event), and
+send it with the next wait's event (a sync event's `src` field is unused).
+
+Bounded state: per thread, RING return times per candidate symbol (until
+the anchor is chosen), the events of the step in progress (at most
+MAX_PENDING), RECENT step durations for the merge median, running sums and
+an ExpHistogram of step durations. At most MAX_THREADS threads per process.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memtrace.core import apis
+from memtrace.core.abi import Family
+from memtrace.core.histogram import ExpHistogram
+
+RING = 64  # return times kept per candidate symbol
+MIN_OCCURRENCES = 6  # waits of one symbol before it can be an anchor (5 intervals)
+MAX_SPREAD = 0.75  # regular: interquartile range / median of the intervals at most this
+MERGE_BELOW = 0.5  # an interval with at most this share of a typical step's events (or time) closes no step
+RECENT = 31  # steps whose durations and event counts make a typical step
+MAX_PENDING = 16384  # events of the step in progress kept per thread
+MAX_THREADS = 256  # threads tracked per process
+
+_COPY, _SYNC, _COLL = 0, 1, 2
+_NOT_A_WAIT = -1
+_SYM_API_SHIFT = 48
+_SYM_LOW = (1 << _SYM_API_SHIFT) - 1
+
+# Per-api: what the event is to the tracker (copy, sync or ignored) and whether it is a wait.
+_KIND = np.full(1 << 16, 255, np.uint8)  # 255: not looked at (memory calls, launches)
+_WAIT_COPY = np.zeros(1 << 16, bool)  # a synchronous copy: the host waits for it
+for _a in apis.APIS:
+    if _a.family == Family.COPY:
+        _KIND[_a.id] = _COPY
+        _WAIT_COPY[_a.id] = _a.synchronous
+    elif _a.family == Family.SYNC:
+        _KIND[_a.id] = _SYNC
+
+
+@dataclass
+class StepStats:
+    """A thread's (or process's) steps so far."""
+
+    tid: int = 0
+    steps: int = 0
+    step_ns: int = 0
+    copy_ns: int = 0
+    sync_ns: int = 0
+    collective_ns: int = 0
+    host_ns: int = 0
+    gpu_idle_ns: int = 0
+    durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
+
+    def share(self, ns: int) -> float:
+        return ns / self.step_ns if self.step_ns else 0.0
+
+    def row(self) -> dict[str, Any]:
+        """The steps as the JSON summary reports them (README.md, `steps`)."""
+        return {
+            "tid": self.tid,
+            "steps": self.steps,
+            "duration_seconds": quantiles(self.durations),
+            "breakdown": {
+                "copy": self.share(self.copy_ns),
+                "sync_wait": self.share(self.sync_ns),
+                "collective": self.share(self.collective_ns),
+                "host": self.share(self.host_ns),
+            },
+            "gpu_idle_share": self.share(self.gpu_idle_ns),
+        }
+
+
+class _Pending:
+    """Events of the step in progress, in return order: chunks as they came
+    (appending costs nothing), joined into one when the step closes."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self.count = 0
+
+    def extend(self, entry: np.ndarray, ret: np.ndarray, kind: np.ndarray, sym: np.ndarray) -> None:
+        if len(ret):
+            self.chunks.append((entry, ret, kind, sym))
+            self.count += len(ret)
+
+    def bound(self, most: int) -> None:
+        """Forget the oldest chunks beyond `most` events."""
+        while self.chunks and self.count - len(self.chunks[0][1]) >= most:
+            self.count -= len(self.chunks.popleft()[1])
+
+    def joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(entry, ret, kind, sym) of every pending event, sorted by return."""
+        if len(self.chunks) != 1:
+            parts = list(zip(*self.chunks, strict=True)) if self.chunks else [[np.zeros(0, np.int64)]] * 4
+            e, r, k, y = (np.concatenate(x) for x in parts)
+            self.chunks = deque([(e, r, k.astype(np.uint8), y)])
+        e, r, k, y = self.chunks[0]
+        if len(r) > 1 and bool((np.diff(r) < 0).any()):  # a late sensor's events: sort by return
+            o = np.argsort(r, kind="stable")
+            e, r, k, y = e[o], r[o], k[o], y[o]
+            self.chunks[0] = (e, r, k, y)
+        return e, r, k, y
+
+    def keep_from(self, i: int) -> None:
+        e, r, k, y = self.joined()
+        self.chunks = deque([(e[i:], r[i:], k[i:], y[i:])])
+        self.count = len(r) - i
+
+
+class _Thread:
+    def __init__(self, tid: int) -> None:
+        self.stats = StepStats(tid=tid)
+        self.pending = _Pending()
+        self.anchor: int | None = None
+        self.seen: dict[int, deque[tuple[int, int]]] = {}  # symbol -> its last (return time, event number)
+        self.events = 0  # events seen (until an anchor)
+        self.counts: dict[int, int] = {}  # symbol -> waits seen (until an anchor)
+        self.recent: deque[int] = deque(maxlen=RECENT)  # step durations, ns
+        self.recent_events: deque[int] = deque(maxlen=RECENT)  # copies and waits per step
+        self.boundary: int | None = None  # return time of the last boundary
+
+    def add(self, entry: np.ndarray, ret: np.ndarray, kind: np.ndarray, sym: np.ndarray) -> None:
+        self.pending.extend(entry, ret, kind, sym)
+        if self.anchor is None:
+            waits = np.flatnonzero(sym != _NOT_A_WAIT)
+            at = (waits + self.events).tolist()
+            for s, r, k in zip(sym[waits].tolist(), ret[waits].tolist(), at, strict=True):
+                q = self.seen.get(s)
+                if q is None:
+                    q = self.seen[s] = deque(maxlen=RING)
+                q.append((r, k))
+                self.counts[s] = self.counts.get(s, 0) + 1
+            self.events += len(ret)
+            self.anchor = self._choose()
+            if self.anchor is None:
+                self.pending.bound(MAX_PENDING)
+                return
+            _e, p_ret, _k, p_sym = self.pending.joined()
+            at = np.flatnonzero(p_sym == self.anchor)
+            self.recent.extend(np.diff(p_ret[at]).tolist())
+            self.recent_events.extend(np.diff(at).tolist())
+            self.seen.clear()
+            self.counts.clear()
+        self._close_steps()
+
+    def _choose(self) -> int | None:
+        best: tuple[int, float, int] | None = None
+        for s, q in self.seen.items():
+            if len(q) < MIN_OCCURRENCES:
+                continue
+            times, at = np.asarray(q, np.float64).T
+            spread = _spread(np.diff(times))
+            between = np.diff(at)  # copies and waits from one to the next
+            if float(np.median(between)) > 2:
+                spread = min(spread, _spread(between))
+            if spread > MAX_SPREAD:
+                continue
+            cand = (self.counts[s], -spread, s)
+            if best is None or cand[:2] > best[:2]:
+                best = cand
+        return None if best is None else best[2]
+
+    def _close_steps(self) -> None:
+        p = self.pending
+        entry, ret, kind, sym = p.joined()
+        at = np.flatnonzero(sym == self.anchor)
+        start = 0  # events before `start` belong to closed steps
+        bounds: list[int] = []  # boundaries closed by this batch, after self.boundary
+        ends: list[int] = []  # their event index + 1
+        lo, first = self.boundary, 0  # where the first step closed here starts: time, event index
+        for i, b in zip(at.tolist(), ret[at].tolist(), strict=True):
+            if self.boundary is None:  # the first boundary: what came before is no step
+                self.boundary, start, lo, first = b, i + 1, b, i + 1
+                continue
+            d, n = b - self.boundary, i + 1 - start
+            if self._short(d, n):
+                continue  # an extra wait of the anchor's symbol: its time joins the next interval
+            bounds.append(b)
+            ends.append(i + 1)
+            self.recent.append(d)
+            self.recent_events.append(n)
+            self.boundary, start = b, i + 1
+        if bounds:
+            assert lo is not None
+            e = ends[-1]
+            self._steps(lo, bounds, [x - first for x in ends], entry[first:e], ret[first:e], kind[first:e])
+        p.keep_from(start)
+        if p.count > MAX_PENDING:  # no boundary for a long time: keep the latest events
+            p.keep_from(p.count - MAX_PENDING)
+
+    def _short(self, d: int, n: int) -> bool:
+        """Too short to be a step: d ns holding n copies and waits."""
+        if self.recent_events:
+            typical = statistics.median(self.recent_events)
+            if typical > 2:  # steps that copy: count events, which a preempted thread does not stretch
+                return n <= MERGE_BELOW * typical
+        return bool(self.recent) and d < MERGE_BELOW * _typical(self.recent)
+
+    def _steps(
+        self, lo: int, bounds: list[int], ends: list[int], entry: np.ndarray, ret: np.ndarray, kind: np.ndarray
+    ) -> None:
+        """Account the steps (lo, bounds[0]], (bounds[0], bounds[1]], ...: step k
+        is made of events ends[k-1]..ends[k]-1 (from 0 for the first), all at once."""
+        n = len(bounds)
+        hi = np.asarray(bounds, np.int64)
+        lows = np.concatenate([np.array([lo], np.int64), hi[:-1]])
+        sizes = np.diff(np.asarray([0, *ends]))
+        step = np.repeat(np.arange(n), sizes)  # each event's step
+        inside = (ret - np.maximum(entry, lows[step])).astype(np.float64)  # time in each call, within its step
+        copy = np.bincount(step, inside * (kind == _COPY), n)
+        sync = np.bincount(step, inside * (kind == _SYNC), n)
+        coll = np.bincount(step, inside * (kind == _COLL), n)
+        spans = hi - lows
+        # GPU idle: from each step's start and each wait's return in it to the next copy or wait entry.
+        work = np.sort(entry[(kind == _COPY) | (kind == _SYNC)])
+        w = (kind == _SYNC) & (ret < hi[step])
+        starts = np.concatenate([lows, ret[w]])
+        owner = np.concatenate([np.arange(n), step[w]])
+        k = np.searchsorted(work, starts, side="left")
+        has = k < len(work)
+        gap = np.zeros(len(starts), np.float64)
+        gap[has] = np.minimum(work[k[has]], hi[owner[has]]) - starts[has]
+        st = self.stats
+        st.steps += n
+        st.step_ns += int(spans.sum())
+        st.copy_ns += int(copy.sum())
+        st.sync_ns += int(sync.sum())
+        st.collective_ns += int(coll.sum())
+        st.host_ns += int(np.maximum(spans - copy - sync - coll, 0).sum())
+        st.gpu_idle_ns += int(gap.clip(min=0).sum())
+        st.durations.add(spans * 1e-9)
+
+
+def _typical(d: deque[int]) -> float:
+    """A typical step: the median of the durations no longer than twice the
+    median, so that slow warm-up steps do not make real steps look short."""
+    m = statistics.median(d)
+    return float(statistics.median([x for x in d if x <= 2 * m]))
+
+
+def _spread(d: np.ndarray) -> float:
+    """Interquartile range over median: 0 for a metronome, about 1.6 for
+    waits at random (a Poisson stream), unmoved by a few warm-up steps."""
+    q25, q50, q75 = np.percentile(d, [25, 50, 75])
+    return float((q75 - q25) / q50) if q50 > 0 else math.inf
+
+
+class StepTracker:
+    """One process's steps, fed its events batch by batch (bounded state)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.threads: dict[int, _Thread] = {}
+
+    def add(self, batch: np.ndarray, collectives: np.ndarray | None = None) -> None:
+        """Fold a batch of this process's mt_event records (EVENT_DTYPE), and
+        optionally its collectives (an array with ts_ns, duration_ns and tid)."""
+        kind = _KIND[batch["api"]]
+        keep = kind != 255
+        b, kind = batch[keep], kind[keep]
+        entry = b["ts_ns"].astype(np.int64)
+        ret = entry + b["duration_ns"].astype(np.int64)
+        api = b["api"].astype(np.int64)
+        sym = np.full(len(b), _NOT_A_WAIT, np.int64)
+        is_sync = kind == _SYNC
+        sym[is_sync] = api[is_sync] << _SYM_API_SHIFT | (b["stream"][is_sync] & np.uint64(_SYM_LOW)).astype(np.int64)
+        wcopy = _WAIT_COPY[b["api"]]
+        sym[wcopy] = api[wcopy] << _SYM_API_SHIFT | b["direction"][wcopy].astype(np.int64)
+        tids = b["tid"]
+        if collectives is not None and len(collectives):
+            c = collectives
+            c_entry = c["ts_ns"].astype(np.int64)
+            entry = np.concatenate([entry, c_entry])
+            ret = np.concatenate([ret, c_entry + c["duration_ns"].astype(np.int64)])
+            kind = np.concatenate([kind, np.full(len(c), _COLL, np.uint8)])
+            sym = np.concatenate([sym, np.full(len(c), _NOT_A_WAIT, np.int64)])
+            tids = np.concatenate([tids, c["tid"]])
+        if len(tids) == 0:
+            return
+        order = np.argsort(tids, kind="stable")  # each thread's events stay in ring order
+        tids = tids[order]
+        uniq, starts = np.unique(tids, return_index=True)
+        ends = np.append(starts[1:], len(tids))
+        for tid, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            t = self.threads.get(tid)
+            if t is None:
+                if len(self.threads) >= MAX_THREADS:
+                    continue
+                t = self.threads[tid] = _Thread(tid)
+            o = order[s:e]
+            t.add(entry[o], ret[o], kind[o], sym[o])
+
+    def stats(self) -> StepStats | None:
+        """The process's steps: those of its stepping thread (the one with
+        the most steps), None while it has none."""
+        best = max((t.stats for t in self.threads.values()), key=lambda s: s.steps, default=None)
+        return best if best is not None and best.steps else None
+
+
+def feed(trackers: dict[int, StepTracker], batch: np.ndarray, collectives: np.ndarray | None = None) -> None:
+    """Split a batch (any processes) by pid and feed each process's tracker."""
+    if len(batch) == 0 and (collectives is None or len(collectives) == 0):
+        return
+    pids = np.union1d(batch["pid"], collectives["pid"] if collectives is not None else np.zeros(0, np.uint32))
+    for pid in pids.tolist():
+        t = trackers.get(pid)
+        if t is None:
+            t = trackers[pid] = StepTracker(pid)
+        b = batch if len(pids) == 1 else batch[batch["pid"] == pid]
+        c = None if collectives is None else collectives[collectives["pid"] == pid]
+        t.add(b, c)
+
+
+def quantiles(h: ExpHistogram) -> dict[str, float]:
+    return {
+        "p50": h.quantile(0.50),
+        "p95": h.quantile(0.95),
+        "p99": h.quantile(0.99),
+        "max": h.max if h.count and not math.isinf(h.max) else 0.0,
+    }

@@ -1,0 +1,227 @@
+"""The step detector (memtrace/model/steps.py) on synthetic event streams
+with exact, known timelines: counts, durations and breakdowns are exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memtrace.core.abi import EVENT_DTYPE, Direction
+from memtrace.core.ids import ProcessKey
+from memtrace.model import Model
+from memtrace.model.steps import StepTracker, feed
+
+MEMCPY_ASYNC, STREAM_SYNC, DEVICE_SYNC, MALLOC = 2, 80, 81, 40
+US = 1000
+MS = 1000 * US
+PID, TID = 4242, 4243
+STREAM = 0x7F00DEAD0000
+
+Ev = tuple[int, int, int, int, int, int]  # entry ns, duration ns, api, stream, direction, tid
+
+
+def events(rows: list[Ev], pid: int = PID) -> np.ndarray:
+    """An mt_event batch in ring (return) order."""
+    rows = sorted(rows, key=lambda r: r[0] + r[1])
+    a = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (ts, dur, api, stream, d, tid) in enumerate(rows):
+        a[i]["ts_ns"], a[i]["duration_ns"], a[i]["api"], a[i]["stream"] = ts, dur, api, stream
+        a[i]["direction"], a[i]["tid"], a[i]["pid"], a[i]["bytes"] = d, tid, pid, 4096
+    return a
+
+
+def step(t0: int, host_ns: int, sync_ns: int = 2 * MS, tid: int = TID) -> tuple[list[Ev], int]:
+    """One iteration from t0: three 100 us H2D copies, a 100 us D2H copy, a
+    stream sync of sync_ns, then host work; returns (events, the next t0)."""
+    rows: list[Ev] = [(t0 + k * 100 * US, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, tid) for k in range(3)]
+    rows.append((t0 + 300 * US, 100 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, tid))
+    rows.append((t0 + 400 * US, sync_ns, STREAM_SYNC, STREAM, 0, tid))
+    return rows, t0 + 400 * US + sync_ns + host_ns
+
+
+def loop(n: int, host_ns: list[int] | int = 5 * MS, sync_ns: int = 2 * MS, t0: int = 10**12) -> list[Ev]:
+    rows: list[Ev] = []
+    for i in range(n):
+        ev, t0 = step(t0, host_ns if isinstance(host_ns, int) else host_ns[i], sync_ns)
+        rows += ev
+    return rows
+
+
+def tracked(rows: list[Ev], batches: int = 1, collectives: np.ndarray | None = None) -> StepTracker:
+    t = StepTracker(PID)
+    b = events(rows)
+    for part in np.array_split(b, batches):
+        t.add(part, collectives)
+    return t
+
+
+def test_n_iterations_make_n_minus_one_steps_with_exact_breakdown() -> None:
+    t = tracked(loop(20))
+    st = t.stats()
+    assert st is not None and st.tid == TID
+    # 20 waits are 20 boundaries: 19 steps (the time before the first is setup).
+    assert st.steps == 19
+    assert st.step_ns == 19 * 7400 * US
+    assert st.copy_ns == 19 * 400 * US
+    assert st.sync_ns == 19 * 2 * MS
+    assert st.host_ns == 19 * 5 * MS
+    assert st.collective_ns == 0
+    # from each wait's return to the next copy's entry: the host work
+    assert st.gpu_idle_ns == 19 * 5 * MS
+    assert st.durations.count == 19
+    assert st.durations.min == st.durations.max == pytest.approx(7.4e-3)
+
+
+@pytest.mark.parametrize("batches", [2, 7, 95])
+def test_batches_of_any_size_give_the_same_steps(batches: int) -> None:
+    whole = tracked(loop(20)).stats()
+    parts = tracked(loop(20), batches=batches).stats()
+    assert whole is not None and parts is not None
+    assert (parts.steps, parts.step_ns, parts.copy_ns, parts.sync_ns, parts.host_ns, parts.gpu_idle_ns) == (
+        whole.steps,
+        whole.step_ns,
+        whole.copy_ns,
+        whole.sync_ns,
+        whole.host_ns,
+        whole.gpu_idle_ns,
+    )
+
+
+def test_a_device_sync_every_k_steps_is_no_step_but_waiting() -> None:
+    rows = loop(30)
+    # a checkpoint every 5 iterations: a 1 ms device sync 1 ms into the host work
+    rows += [(10**12 + i * 7400 * US + 3400 * US, 1 * MS, DEVICE_SYNC, 0, 0, TID) for i in range(4, 30, 5)]
+    st = tracked(rows, batches=4).stats()
+    assert st is not None
+    assert st.steps == 29
+    # iteration i's host work is in step i + 1: the sync of iteration 29 is after the last boundary
+    assert st.sync_ns == 29 * 2 * MS + 5 * MS
+    assert st.host_ns == 29 * 5 * MS - 5 * MS
+
+
+@pytest.mark.parametrize("at", [0.1, 0.9])
+def test_an_extra_wait_on_the_anchor_stream_every_k_steps_keeps_the_count(at: float) -> None:
+    rows = loop(40)
+    period = 7400 * US
+    # a checkpoint every 10 steps: an extra 200 us stream sync `at` of the way into the host work
+    for i in range(40):
+        if i % 10 == 5:
+            ts = 10**12 + i * period + 2400 * US + int(at * 5 * MS)
+            rows.append((ts, 200 * US, STREAM_SYNC, STREAM, 0, TID))
+    st = tracked(rows, batches=9).stats()
+    assert st is not None
+    assert st.steps == 39
+    assert st.step_ns == 39 * period
+    assert st.sync_ns == 39 * 2 * MS + 4 * 200 * US
+
+
+def test_jitter_and_warm_up_keep_the_count_and_the_median() -> None:
+    rng = np.random.default_rng(7)
+    host = [int(x) for x in rng.uniform(2 * MS, 8 * MS, 60)]  # data-loader jitter: +-60%
+    host[:3] = [80 * MS, 40 * MS, 20 * MS]  # warm-up
+    rows = loop(60, host_ns=host)
+    st = tracked(rows, batches=13).stats()
+    assert st is not None
+    assert st.steps == 59
+    truth = np.array([2400 * US + h for h in host[:59]], np.float64) * 1e-9  # step i ends at wait i + 1
+    true_median = float(np.median(truth))
+    # the histogram's buckets are 2.2% wide (scale 5): the median is within one bucket
+    assert st.durations.quantile(0.5) == pytest.approx(true_median, rel=0.03)
+    assert st.durations.max == pytest.approx(truth.max())
+    assert st.step_ns == round(truth.sum() * 1e9)
+
+
+def test_a_one_shot_script_has_no_steps() -> None:
+    t0 = 10**12
+    rows: list[Ev] = [(t0 + k * MS, 500 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID) for k in range(50)]
+    rows += [(t0 + 60 * MS, 3 * MS, STREAM_SYNC, STREAM, 0, TID), (t0 + 70 * MS, 1 * MS, DEVICE_SYNC, 0, 0, TID)]
+    rows += [(t0 + 80 * MS + k * MS, 100 * US, MALLOC, 0, 0, TID) for k in range(20)]
+    t = tracked(rows)
+    assert t.stats() is None
+
+
+def test_irregular_waits_make_no_steps() -> None:
+    rng = np.random.default_rng(3)
+    gaps = rng.exponential(5 * MS, 200).astype(np.int64)  # a Poisson stream of waits: CV about 1
+    starts = 10**12 + np.cumsum(gaps + 200 * US)
+    rows: list[Ev] = [(int(s), 100 * US, STREAM_SYNC, STREAM, 0, TID) for s in starts]
+    assert tracked(rows, batches=5).stats() is None
+
+
+def test_collectives_count_as_collective_time() -> None:
+    rows = loop(10)
+    coll = np.zeros(10, EVENT_DTYPE)
+    for i in range(10):  # a 1 ms all-reduce in each step's host work
+        coll[i]["ts_ns"] = 10**12 + i * 7400 * US + 3 * MS
+        coll[i]["duration_ns"], coll[i]["tid"], coll[i]["pid"] = 1 * MS, TID, PID
+    st = tracked(rows, collectives=coll).stats()
+    assert st is not None
+    assert st.steps == 9
+    # iteration i's host work is in step i + 1: the last all-reduce is after the last boundary
+    assert st.collective_ns == 9 * MS
+    assert st.host_ns == 9 * 4 * MS
+
+
+def test_the_stepping_thread_is_reported_and_other_threads_do_not_mix_in() -> None:
+    rows = loop(12)
+    loader = TID + 1
+    rows += [(10**12 + k * 3 * MS, 1 * MS, MEMCPY_ASYNC, STREAM + 1, Direction.H2D, loader) for k in range(30)]
+    st = tracked(rows).stats()
+    assert st is not None
+    assert (st.tid, st.steps, st.copy_ns) == (TID, 11, 11 * 400 * US)
+
+
+def test_model_feeds_steps_and_views_them_per_process() -> None:
+    m = Model()
+    b = events(loop(8)), events(loop(3), pid=PID + 1)
+    m.add_events(np.concatenate(b))
+    rows = m.steps_view()
+    assert [r["pid"] for r in rows] == [PID]  # three waits are no steps yet
+    r = rows[0]
+    assert r["steps"] == 7
+    assert r["duration_seconds"]["max"] == pytest.approx(7.4e-3)
+    assert r["breakdown"] == pytest.approx({"copy": 4 / 74, "sync_wait": 20 / 74, "collective": 0.0, "host": 50 / 74})
+    assert r["gpu_idle_share"] == pytest.approx(50 / 74)
+    m.forget(ProcessKey(PID, 0))
+    assert m.steps_view() == []
+
+
+def test_feed_splits_by_process() -> None:
+    trackers: dict[int, StepTracker] = {}
+    feed(trackers, np.concatenate([events(loop(8)), events(loop(9), pid=7)]))
+    a, b = trackers[PID].stats(), trackers[7].stats()
+    assert a is not None and b is not None
+    assert (a.steps, b.steps) == (7, 8)
+
+
+def test_a_loop_on_a_loaded_machine_is_found_by_its_event_cadence() -> None:
+    # preemption makes host work random (exponential: a spread like waits at random),
+    # but each step still makes the same copies and wait
+    rng = np.random.default_rng(11)
+    host = [int(x) for x in rng.exponential(5 * MS, 80)]
+    rows = loop(80, host_ns=host)
+    st = tracked(rows, batches=10).stats()
+    assert st is not None
+    assert st.steps == 79
+    assert st.step_ns == sum(2400 * US + h for h in host[:79])
+
+
+def test_a_preempted_extra_wait_on_the_anchor_stream_is_still_no_step() -> None:
+    rows = loop(40)
+    period = 7400 * US
+    # every 10 steps a second sync of the step's stream right after its own,
+    # but the thread was preempted for 4.5 ms in between: longer than half a step
+    for i in range(5, 40, 10):
+        rows.append((10**12 + i * period + 6900 * US, 100 * US, STREAM_SYNC, STREAM, 0, TID))
+    st = tracked(rows, batches=6).stats()
+    assert st is not None
+    assert st.steps == 39
+
+
+def test_the_most_frequent_regular_wait_is_the_step_not_a_rarer_checkpoint() -> None:
+    rows = loop(30)
+    # a device sync every 3 iterations: as regular as the step's wait, a third as frequent
+    rows += [(10**12 + i * 7400 * US + 3400 * US, 1 * MS, DEVICE_SYNC, 0, 0, TID) for i in range(2, 30, 3)]
+    st = tracked(rows).stats()  # one batch: both are candidates at once
+    assert st is not None
+    assert st.steps == 29
