@@ -45,6 +45,8 @@ struct inflight {
 	__u64 dst;    /* or the pointer/handle argument (mem) */
 	__u64 src;    /* or the output pointer's address (mem) */
 	__u8 direction;
+	__u64 sp;    /* stack pointer at entry: tells a nested call from a stale entry */
+	__u64 sizes; /* batch copies: the sizes array (bytes holds the count) */
 };
 
 /*
@@ -326,24 +328,32 @@ static __always_inline void load_args(struct pt_regs *ctx, struct args *a)
 	a->r[5] = ((struct user_pt_regs *)ctx)->regs[5];
 	a->r[6] = ((struct user_pt_regs *)ctx)->regs[6];
 	a->r[7] = ((struct user_pt_regs *)ctx)->regs[7];
+	a->sp = ((struct user_pt_regs *)ctx)->sp;
 #else
 #error "memtrace supports __TARGET_ARCH_x86 and __TARGET_ARCH_arm64"
 #endif
 }
 
+/* Arguments passed in registers: past them, on the stack at entry. */
+#if defined(__TARGET_ARCH_x86)
+#define REG_ARGS 6
+#define STACK_ARG(sp, n) ((sp) + 8 * ((n) - 6)) /* above the return address */
+#else
+#define REG_ARGS 8
+#define STACK_ARG(sp, n) ((sp) + 8 * ((n) - 9)) /* x8 is not an argument register */
+#endif
+
 /* The n-th (1-based) argument; 0 when n is 0 or out of range. */
 static __always_inline __u64 arg_at(const struct args *a, __u32 n)
 {
-	if (n == 0 || n > 8)
-		return 0;
-#if defined(__TARGET_ARCH_x86)
-	if (n > 6) {
-		__u64 v = 0;
+	__u64 v = 0;
 
-		bpf_probe_read_user(&v, sizeof(v), (void *)(a->sp + 8 * (n - 6)));
+	if (n == 0 || n > 15)
+		return 0;
+	if (n > REG_ARGS) {
+		bpf_probe_read_user(&v, sizeof(v), (void *)STACK_ARG(a->sp, n));
 		return v;
 	}
-#endif
 	return a->r[(n - 1) & 7];
 }
 
@@ -444,6 +454,12 @@ static __always_inline void copy_args(struct inflight *f, const struct args *a, 
 		f->src = W(&d, MT_P3D_SRC_PTR_OFF);
 		f->dst = W(&d, MT_P3D_DST_PTR_OFF);
 		return;
+	case MT_DIRSRC_BATCH:
+		/* dst and src are the arrays; BYTES named the sizes array. */
+		f->sizes = f->bytes;
+		f->bytes = arg_at(a, n); /* the count */
+		f->direction = MT_DIR_DEFAULT;
+		return;
 	}
 	f->direction = MT_DIR_UNKNOWN;
 }
@@ -460,9 +476,10 @@ int BPF_KPROBE(mt_enter)
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 layer = ck(cookie, MT_CK_LAYER_SHIFT) & 1;
 	__u32 family = ck(cookie, MT_CK_FAMILY_SHIFT) & 7;
+	__u64 sp = PT_REGS_SP(ctx);
 	__u32 n;
 	__u64 key, rkey;
-	struct inflight f = {};
+	struct inflight f = {}, *outer;
 	struct args a = {};
 
 	if (!is_traced(id >> 32))
@@ -473,6 +490,20 @@ int BPF_KPROBE(mt_enter)
 			stat_inc(MT_STAT_NESTED);
 			return 0;
 		}
+	}
+	/* A call of this layer already in flight on this thread: if its frame
+	 * is above ours (the stack grows down) we run inside it, as its own
+	 * work (a cudaMemcpy made of cudaMemcpyAsync and a wait): count the
+	 * outer call once and leave its entry alone. Otherwise its return was
+	 * never seen (probes attached while it ran): replace it, counted. */
+	key = ((__u64)(__u32)id << 1) | layer;
+	outer = find_inflight(key);
+	if (outer) {
+		if (sp < outer->sp) {
+			stat_inc(MT_STAT_NESTED_SAME);
+			return 0;
+		}
+		stat_inc(MT_STAT_UNRETURNED);
 	}
 
 	load_args(ctx, &a);
@@ -491,8 +522,8 @@ int BPF_KPROBE(mt_enter)
 		f.src = arg_at(&a, ck(cookie, MT_CK_DIRARG_SHIFT)); /* output pointer */
 	}
 
+	f.sp = sp;
 	f.ts_ns = bpf_ktime_get_ns();
-	key = ((__u64)(__u32)id << 1) | layer;
 	if (!put_inflight(key, &f))
 		stat_inc(MT_STAT_INFLIGHT_FULL);
 	return 0;
@@ -500,7 +531,7 @@ int BPF_KPROBE(mt_enter)
 
 /* The ring could not take an event: count the call where user space
  * will add it to what it saw, so no call and no byte goes missing. */
-static __always_inline void count_lost(struct mt_totals_key *tk, __u64 bytes, __s32 ret, __u64 dur)
+static __always_inline void count_lost(struct mt_totals_key *tk, __u64 bytes, __s32 ret, __u64 dur, bool call)
 {
 	struct mt_totals zero = {}, *t;
 
@@ -514,12 +545,108 @@ static __always_inline void count_lost(struct mt_totals_key *tk, __u64 bytes, __
 		stat_inc(MT_STAT_TOTALS_FULL);
 		return;
 	}
-	__sync_fetch_and_add(&t->calls, 1);
 	if (ret == 0)
 		__sync_fetch_and_add(&t->bytes, bytes);
-	else
+	if (!call)
+		return; /* a further copy of a batch call: its bytes only */
+	__sync_fetch_and_add(&t->calls, 1);
+	if (ret != 0)
 		__sync_fetch_and_add(&t->errors, 1);
 	__sync_fetch_and_add(&t->duration_ns, dur);
+}
+
+/* Queue one copy record of a call; false if the ring had no room. */
+static __always_inline bool queue_copy(__u64 id, __u64 start, __u64 cookie, __u64 ts, __u64 dur, __u64 bytes,
+				       __u64 stream, __u64 dst, __u64 src, __s32 ret, __u8 direction, __u8 more)
+{
+	struct mt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e)
+		return false;
+	e->ts_ns = ts;
+	e->duration_ns = dur;
+	e->bytes = bytes;
+	e->stream = stream;
+	e->dst = dst;
+	e->src = src;
+	e->start_ns = start;
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->ret = ret;
+	e->api = cookie & 0xffff;
+	e->direction = direction;
+	e->layer = (ck(cookie, MT_CK_LAYER_SHIFT) & 1) | more;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return true;
+}
+
+#define BATCH_CHUNK 16
+
+/*
+ * The return of a batch copy: one record per copy for the first
+ * MT_BATCH_EACH, then one with the summed sizes of the copies up to
+ * MT_BATCH_MAX (memtrace.h). The arrays are the caller's, unchanged
+ * during the call; read here, once the call has succeeded.
+ */
+static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, const struct inflight *f, __s32 ret,
+					 __u64 dur)
+{
+	struct mt_totals_key tk = {};
+	__u64 n = f->bytes, dsts = f->dst, srcs = f->src, sizes = f->sizes, ts = f->ts_ns, stream = f->stream;
+	__u64 d, s, sz, rest = 0, chunk[BATCH_CHUNK];
+	__u32 i, j, base;
+
+	tk.start_ns = start;
+	tk.pid = id >> 32;
+	tk.api = cookie & 0xffff;
+	tk.direction = MT_DIR_DEFAULT;
+	if (ret != 0 || n == 0) {
+		if (queue_copy(id, start, cookie, ts, dur, 0, stream, 0, 0, ret, MT_DIR_DEFAULT, 0))
+			stat_inc(MT_STAT_EVENTS);
+		else
+			count_lost(&tk, 0, ret, dur, true);
+		return;
+	}
+	for (i = 0; i < MT_BATCH_EACH; i++) {
+		if (i >= n)
+			break;
+		d = s = sz = 0;
+		bpf_probe_read_user(&d, sizeof(d), (void *)(dsts + 8 * i));
+		bpf_probe_read_user(&s, sizeof(s), (void *)(srcs + 8 * i));
+		bpf_probe_read_user(&sz, sizeof(sz), (void *)(sizes + 8 * i));
+		if (queue_copy(id, start, cookie, ts, i ? 0 : dur, sz, stream, d, s, ret, MT_DIR_DEFAULT, i ? MT_EV_MORE : 0)) {
+			if (i == 0)
+				stat_inc(MT_STAT_EVENTS); /* calls queued: the further copies are not calls */
+		} else {
+			count_lost(&tk, sz, ret, i ? 0 : dur, i == 0);
+		}
+	}
+	if (n <= MT_BATCH_EACH)
+		return;
+	/* The rest, summed: whole chunks with one read, the tail one by one. */
+	for (i = 0; i < (MT_BATCH_MAX - MT_BATCH_EACH) / BATCH_CHUNK; i++) {
+		base = MT_BATCH_EACH + i * BATCH_CHUNK;
+		if (base >= n)
+			break;
+		if (base + BATCH_CHUNK <= n) {
+			if (bpf_probe_read_user(chunk, sizeof(chunk), (void *)(sizes + 8 * base)) == 0) {
+				for (j = 0; j < BATCH_CHUNK; j++)
+					rest += chunk[j];
+			}
+			continue;
+		}
+		for (j = 0; j < BATCH_CHUNK; j++) {
+			if (base + j >= n)
+				break;
+			sz = 0;
+			bpf_probe_read_user(&sz, sizeof(sz), (void *)(sizes + 8 * (base + j)));
+			rest += sz;
+		}
+	}
+	if (n > MT_BATCH_MAX)
+		stat_inc(MT_STAT_BATCH_TRUNCATED);
+	if (!queue_copy(id, start, cookie, ts, 0, rest, stream, 0, 0, ret, MT_DIR_DEFAULT, MT_EV_MORE | MT_EV_SUM))
+		count_lost(&tk, rest, ret, 0, false);
 }
 
 SEC("uretprobe")
@@ -538,10 +665,15 @@ int BPF_KRETPROBE(mt_return)
 	f = find_inflight(key);
 	if (!f)
 		return 0; /* nested driver call, or entry not seen */
-	if (f->cookie != cookie)
-		return 0; /* entry of another symbol on this thread and layer: leave it */
+	if (f->cookie != cookie || PT_REGS_SP(ctx) < f->sp)
+		return 0; /* a call nested in the one in flight (below its frame): leave it */
 	start = current_start();
 	introduce(id, start);
+	if (ck(cookie, MT_CK_DIRSRC_SHIFT) == MT_DIRSRC_BATCH && (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY) {
+		batch_return(id, start, cookie, f, ret, now - f->ts_ns);
+		drop_inflight(key);
+		return 0;
+	}
 	dst = f->dst;
 	aux = f->stream;
 	if ((ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_MEM && ret == 0) {
@@ -575,7 +707,7 @@ int BPF_KRETPROBE(mt_return)
 		tk.pid = id >> 32;
 		tk.api = cookie & 0xffff;
 		tk.direction = f->direction;
-		count_lost(&tk, f->bytes, ret, now - f->ts_ns);
+		count_lost(&tk, f->bytes, ret, now - f->ts_ns, true);
 	}
 	drop_inflight(key);
 	return 0;

@@ -36,6 +36,9 @@ enum mt_dirsrc {
 	MT_DIRSRC_DESC2D = 2, /* a CUDA_MEMCPY2D pointer: its index in DIRARG */
 	MT_DIRSRC_DESC3D = 3, /* a CUDA_MEMCPY3D pointer: its index in DIRARG */
 	MT_DIRSRC_PARMS3D = 4, /* a cudaMemcpy3DParms pointer: its index in DIRARG */
+	MT_DIRSRC_BATCH = 5,   /* arrays of copies: DST, SRC and BYTES index the dsts, srcs and
+				* sizes arrays, DIRARG the count; each copy's direction comes
+				* from its pointers (MT_DIR_DEFAULT), as for a unified copy */
 };
 
 /* What a probed symbol does; the generic programs branch on it. */
@@ -64,6 +67,9 @@ enum mt_family {
  *   bits 37..39  enum mt_family
  *   bits 40..43  index of the destination pointer argument
  *   bits 44..47  index of the source pointer argument
+ *
+ * Argument indices go up to 15: past the registers (6 on x86-64, 8 on
+ * arm64) arguments are read from the caller's stack at entry.
  *
  * MT_FAM_MEM reuses the copy nibbles: BYTES is the size, DIRSRC holds
  * MT_MEM_* flags, DIRARG the index of an output pointer argument (the call
@@ -120,6 +126,24 @@ enum mt_family {
 #define MT_P3D_KIND_OFF 152
 #define MT_P3D_SIZE 160
 
+/*
+ * Batch copies (cudaMemcpyBatchAsync, cuMemcpyBatchAsync): one call, many
+ * copies. The return program reads the arrays (bounded loops) and queues
+ * one record per copy for the first MT_BATCH_EACH copies, so each copy's
+ * direction and host memory are resolved from its own pointers; then one
+ * record with the summed sizes of copies MT_BATCH_EACH..MT_BATCH_MAX-1 and
+ * no pointers (direction left default, host memory unknown). Copies past
+ * MT_BATCH_MAX are not counted: the call is counted in
+ * MT_STAT_BATCH_TRUNCATED. The first record of a call carries the call
+ * (its duration, its result); the others have MT_EV_MORE in `layer` and
+ * carry bytes only, the summed one MT_EV_SUM as well. A failed call queues one record, with no bytes.
+ */
+#define MT_BATCH_EACH 32
+#define MT_BATCH_MAX 1024
+#define MT_EV_MORE 0x80 /* mt_event.layer: a further copy of a batch call, not a call */
+#define MT_EV_SUM 0x40  /* mt_event.layer: the summed sizes of many copies, no pointers */
+#define MT_EV_LAYER 0x01 /* mt_event.layer: the layer bit */
+
 /* CUmemorytype */
 #define MT_CU_MEMORYTYPE_HOST 1
 #define MT_CU_MEMORYTYPE_DEVICE 2
@@ -138,7 +162,13 @@ enum mt_stat {
 	MT_STAT_HOLD_MISSED = 7,   /* could not hold: control ring full */
 	MT_STAT_CTL_DROPPED = 8,   /* control events lost (exit notices) */
 	MT_STAT_COUNTS_FULL = 9,   /* launches not counted: `counts` map full */
-	MT_STAT_COUNT = 10,
+	MT_STAT_NESTED_SAME = 10,  /* calls inside a call of the same layer on the same thread
+				    * (the outer call's own work: counted once, as the outer call) */
+	MT_STAT_UNRETURNED = 11,   /* entries replaced whose return never came (probes attached
+				    * mid-call): the call is not counted */
+	MT_STAT_BATCH_TRUNCATED = 12, /* batch calls with more than MT_BATCH_MAX copies: the
+				       * bytes of copies past the bound are not counted */
+	MT_STAT_COUNT = 13,
 };
 
 /* Control events: what user space must act on. */

@@ -40,6 +40,8 @@ int main(void) {
   C(MT_MEM_AUX_DEREF); C(MT_STAT_COUNTS_FULL);
   C(MT_STAT_EVENTS); C(MT_STAT_DROPPED); C(MT_STAT_TOTALS_FULL); C(MT_STAT_INFLIGHT_FULL); C(MT_STAT_NESTED);
   C(MT_STAT_ABANDONED); C(MT_STAT_HOLDS); C(MT_STAT_HOLD_MISSED); C(MT_STAT_CTL_DROPPED); C(MT_STAT_COUNT);
+  C(MT_STAT_NESTED_SAME); C(MT_STAT_UNRETURNED); C(MT_STAT_BATCH_TRUNCATED); C(MT_DIRSRC_BATCH);
+  C(MT_BATCH_EACH); C(MT_BATCH_MAX); C(MT_EV_MORE); C(MT_EV_SUM); C(MT_EV_LAYER);
   C(MT_CTL_MAP); C(MT_CTL_EXIT); C(MT_CTL_PROC);
   C(MT_CK_API_SHIFT); C(MT_CK_BYTES_SHIFT); C(MT_CK_MUL_SHIFT); C(MT_CK_DIRSRC_SHIFT); C(MT_CK_DIRARG_SHIFT);
   C(MT_CK_STREAM_SHIFT); C(MT_CK_LAYER_SHIFT); C(MT_CK_FAMILY_SHIFT); C(MT_CK_DST_SHIFT); C(MT_CK_SRC_SHIFT);
@@ -135,6 +137,8 @@ def test_enums_match(header: dict[str, int]) -> None:
     for fam in abi.Family:
         assert header[f"MT_FAM_{fam.name}"] == fam.value
     assert header["MT_MEM_AUX_DEREF"] == abi.MEM_AUX_DEREF
+    for name in ("BATCH_EACH", "BATCH_MAX", "EV_MORE", "EV_SUM", "EV_LAYER"):
+        assert header[f"MT_{name}"] == getattr(abi, name), name
 
 
 def test_cookie_and_descriptor_constants_match(header: dict[str, int]) -> None:

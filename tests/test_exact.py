@@ -3,7 +3,9 @@ byte for byte: real BPF programs, real uprobes, real test libraries."""
 
 from __future__ import annotations
 
+import json
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,49 @@ def test_untraced_processes_are_not_counted(fakecuda: Path, tmp_path: Path) -> N
     assert p.returncode == 0
     assert {r["pid"] for r in doc["memcpy"]} == {lines[0]["pid"]}
     assert_exact(doc, lines)
+
+
+def test_batch_copies_one_by_one_then_summed_then_counted_past_the_bound(fakecuda: Path, tmp_path: Path) -> None:
+    from memtrace.core.abi import BATCH_EACH, BATCH_MAX
+
+    argv = [sys.executable, str(FIXTURES / "batch_workload.py"), str(fakecuda / "lib")]
+    doc, _, p = run_traced(argv, tmp_path)
+    assert p.returncode == 0, p.stderr
+    calls = json.loads(p.stdout.splitlines()[-1])["calls"]
+    pid = {r["pid"] for r in doc["memcpy"]}.pop()
+    # The first BATCH_EACH copies of a call are resolved from their own
+    # pointers (host memory no CUDA call made: h2h, pageable); the call is
+    # counted there (a call of no copies names no pointer: default). The
+    # copies up to BATCH_MAX are summed, with no pointers: default. Past
+    # that, the call is counted as truncated.
+    want: dict = defaultdict(lambda: [0, 0, 0])
+    truncated = 0
+    for c in calls:
+        sizes = c["sizes"]
+        want[(pid, c["api"], "h2h" if sizes else "default")][0] += 1
+        want[(pid, c["api"], "h2h")][1] += sum(sizes[:BATCH_EACH])
+        if len(sizes) > BATCH_EACH:
+            want[(pid, c["api"], "default")][1] += sum(sizes[BATCH_EACH:BATCH_MAX])
+        truncated += len(sizes) > BATCH_MAX
+    want = {k: tuple(v) for k, v in want.items() if any(v)}
+    assert observed_totals(doc) == want
+    agent = doc["agent"]
+    assert agent["batch_truncated_calls"] == truncated == 4
+    assert agent["events"] == len(calls) and agent["dropped"] == 0 and agent["calls_without_event"] == 0
+    host = {(r["api"], r["direction"]): r["host_memory"] for r in doc["memcpy"]}
+    assert host[("cuMemcpyBatchAsync_v2", "h2h")] == "pageable"
+    assert host[("cuMemcpyBatchAsync_v2", "default")] == "unknown"
+
+
+def test_call_made_of_probed_calls_of_its_own_layer_counted_once(fakecuda: Path, tmp_path: Path) -> None:
+    # `-a 1`: cudaMemcpy only; half of them (cudaMemcpy_ptds in the test
+    # runtime) are a cudaMemcpyAsync and a cudaStreamSynchronize of the same
+    # library on the same thread. They are the outer call's work: counted
+    # once, as the cudaMemcpy the program made, never as what it is made of.
+    doc, lines, p = run_traced([str(fakecuda / "workload"), "-n", "400", "-s", "21", "-a", "1"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_exact(doc, lines)
+    assert {r["api"] for r in doc["memcpy"]} == {"cudaMemcpy"}
+    assert doc["synchronization"] == []
+    assert doc["agent"]["nested_same_layer_calls"] > 0
+    assert doc["agent"]["unreturned_calls"] == 0

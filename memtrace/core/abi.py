@@ -41,6 +41,7 @@ class DirSrc(enum.IntEnum):
     DESC2D = 2
     DESC3D = 3
     PARMS3D = 4
+    BATCH = 5
 
 
 class Family(enum.IntEnum):
@@ -64,9 +65,21 @@ class Stat(enum.IntEnum):
     HOLD_MISSED = 7
     CTL_DROPPED = 8
     COUNTS_FULL = 9
+    NESTED_SAME = 10
+    UNRETURNED = 11
+    BATCH_TRUNCATED = 12
 
 
-STAT_COUNT = 10
+STAT_COUNT = 13
+
+# Batch copies (memtrace.h): the first BATCH_EACH copies one record each,
+# the rest up to BATCH_MAX summed in one record; EV_MORE in an event's
+# `layer` marks a further copy of a batch call (bytes, not a call).
+BATCH_EACH = 32
+BATCH_MAX = 1024
+EV_MORE = 0x80
+EV_SUM = 0x40
+EV_LAYER = 0x01
 
 
 class CtlType(enum.IntEnum):

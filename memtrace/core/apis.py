@@ -125,6 +125,7 @@ class Api:
 R, D = Layer.RUNTIME, Layer.DRIVER
 COPY, MEM, SYNC, LAUNCH = Family.COPY, Family.MEM, Family.SYNC, Family.LAUNCH
 KIND, FIXED, DESC, DESC3, PARMS3 = DirSrc.KIND, DirSrc.FIXED, DirSrc.DESC2D, DirSrc.DESC3D, DirSrc.PARMS3D
+BATCH = DirSrc.BATCH
 H2D, D2H, D2D, PEER, DEFAULT = Direction.H2D, Direction.D2H, Direction.D2D, Direction.PEER, Direction.DEFAULT
 
 
@@ -159,6 +160,11 @@ APIS: tuple[Api, ...] = (
     # cudaMemcpy3D(const cudaMemcpy3DParms *): extent, kind and pointers from the parameters
     _copy(7, "cudaMemcpy3D", R, 0, PARMS3, 1, 0, 0, variants=("cudaMemcpy3D" + PT,)),
     _copy(8, "cudaMemcpy3DAsync", R, 0, PARMS3, 1, 0, 0, stream_arg=2, variants=("cudaMemcpy3DAsync" + PZ,)),
+    # Batch copies (CUDA 12.8+): arrays of dsts (1), srcs (2) and sizes (3), the count (4); each copy's
+    # direction from its pointers. cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrsIdxs,
+    # numAttrs, stream) as in CUDA 13 (libcudart.so.13); 12.8's had size_t *failIdx before the stream,
+    # so with a libcudart.so.12 the event's stream field holds failIdx (bytes and pointers are the same).
+    _copy(9, "cudaMemcpyBatchAsync", R, 3, BATCH, 4, 1, 2, stream_arg=8, variants=("cudaMemcpyBatchAsync" + PZ,)),
     # ---- copies: libcuda ----
     # cuMemcpy(dst, src, ByteCount): unified addressing, direction from the pointers
     _copy(20, "cuMemcpy", D, 3, FIXED, DEFAULT, 1, 2, variants=("cuMemcpy" + PT,)),
@@ -178,6 +184,11 @@ APIS: tuple[Api, ...] = (
     _copy(32, "cuMemcpy2DUnaligned_v2", D, 0, DESC, 1, 0, 0, variants=("cuMemcpy2DUnaligned_v2" + PT,)),
     _copy(33, "cuMemcpy3D_v2", D, 0, DESC3, 1, 0, 0, variants=("cuMemcpy3D_v2" + PT,)),
     _copy(34, "cuMemcpy3DAsync_v2", D, 0, DESC3, 1, 0, 0, stream_arg=2, variants=("cuMemcpy3DAsync_v2" + PZ,)),
+    # cuMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, size_t *failIdx, hStream):
+    # CUDA 12.8's, the stream 9th (on the stack on x86-64 and arm64)
+    _copy(35, "cuMemcpyBatchAsync", D, 3, BATCH, 4, 1, 2, stream_arg=9, variants=("cuMemcpyBatchAsync" + PZ,)),
+    # cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream): CUDA 13's
+    _copy(36, "cuMemcpyBatchAsync_v2", D, 3, BATCH, 4, 1, 2, stream_arg=8, variants=("cuMemcpyBatchAsync_v2" + PZ,)),
     # ---- memory: libcudart ----
     _mem(40, "cudaMalloc", R, MemOp.DEVICE_ALLOC, out_arg=1, bytes_arg=2),  # (void **devPtr, size)
     _mem(41, "cudaFree", R, MemOp.DEVICE_FREE, dst_arg=1),

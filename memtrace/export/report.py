@@ -13,7 +13,7 @@ from rich.table import Table
 
 from memtrace.analysis.findings import DEFAULT, Thresholds, compute
 from memtrace.core import apis
-from memtrace.core.abi import Direction, Layer, Stat
+from memtrace.core.abi import BATCH_MAX, Direction, Layer, Stat
 from memtrace.core.ids import ProcessKey
 from memtrace.core.units import human_bytes, human_seconds
 from memtrace.model import Model, describe
@@ -98,6 +98,12 @@ def summary(
             + stats.get(Stat.TOTALS_FULL, 0)
             + stats.get(Stat.COUNTS_FULL, 0),
             "nested_driver_calls": stats.get(Stat.NESTED, 0),
+            # Calls made inside a probed call of the same layer: the outer call's work, counted once as it.
+            "nested_same_layer_calls": stats.get(Stat.NESTED_SAME, 0),
+            # Calls whose return was never seen (probes attached mid-call): not counted.
+            "unreturned_calls": stats.get(Stat.UNRETURNED, 0),
+            # Batch copies with more copies than BPF reads: the bytes past the bound are missing.
+            "batch_truncated_calls": stats.get(Stat.BATCH_TRUNCATED, 0),
             "holds": stats.get(Stat.HOLDS, 0),
             "hold_missed": stats.get(Stat.HOLD_MISSED, 0),
             "malformed_records": malformed,
@@ -334,7 +340,14 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
     line = f"events {a['events']:,}, dropped {a['dropped']:,}"
     if a["abandoned_calls"] or a["untracked_calls"]:
         line += f", abandoned {a['abandoned_calls']}, untracked {a['untracked_calls']}"
+    if a.get("unreturned_calls"):
+        line += f", unreturned {a['unreturned_calls']}"
     console.print(f"[bold]agent[/bold]: {line}", highlight=False)
+    if a.get("batch_truncated_calls"):
+        console.print(
+            f"[yellow]{a['batch_truncated_calls']:,} batch copy calls had more than {BATCH_MAX} copies: "
+            f"the bytes of the copies past the first {BATCH_MAX} are not counted.[/yellow]"
+        )
     if any(not r["synchronous"] for r in doc["memcpy"]):
         console.print(
             "[dim]* includes asynchronous calls: bytes ÷ call time; a call may return before its transfer ends[/dim]"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from memtrace.core import apis
-from memtrace.core.abi import Direction, Family, Layer
+from memtrace.core.abi import EV_MORE, EV_SUM, Direction, Family, Layer
 from memtrace.core.apis import MemOp
 from memtrace.core.enums import Allocation, HostMemory
 from memtrace.core.histogram import add_grouped
@@ -316,31 +316,42 @@ class Model:
         dur_ns = b["duration_ns"][order]
         durations = dur_ns.astype(np.float64) * 1e-9
         ok = b["ret"][order] == 0
+        flags = b["layer"][order]
+        # A batch copy call's further copies (EV_MORE) add bytes, not calls: the
+        # call, its result and its duration are on its first record. A summed
+        # record (EV_SUM) is many copies' bytes, not one copy's size.
+        call = (flags & EV_MORE) == 0
+        one_copy = ok & ((flags & EV_SUM) == 0)
         nbytes = b["bytes"][order]
         sizes = nbytes.astype(np.float64)
         uniq, starts = np.unique(keys, return_index=True)
         counts = np.diff(np.append(starts, len(keys)))
-        oks = np.add.reduceat(ok.astype(np.int64), starts)
+        ncalls = np.add.reduceat(call.astype(np.int64), starts)
+        nerrors = np.add.reduceat((call & ~ok).astype(np.int64), starts)
         nbytes_ok = np.where(ok, nbytes, np.uint64(0))
         byte_sums = _exact_sums(nbytes_ok, starts)
         dur_sums = _exact_sums(dur_ns, starts)
         stats = []
-        for k, n, nok, nb, dsum in zip(uniq.tolist(), counts.tolist(), oks.tolist(), byte_sums, dur_sums, strict=True):
+        rows = zip(uniq.tolist(), counts.tolist(), ncalls.tolist(), nerrors.tolist(), byte_sums, dur_sums, strict=True)
+        for k, n, nc, ne, nb, dsum in rows:
             p = procs[k >> 32]
             key = CopyKey(p.key, (k >> 16) & 0xFFFF, direction_of((k >> 8) & 0xFF), HostMemory(k & 0xFF))
             st = p.copies.get(key)
             if st is None:
                 st = p.copies[key] = CopyStats()
-            st.calls += n
+            st.calls += nc
             st.events += n
-            st.errors += n - nok
+            st.errors += ne
             st.bytes += nb
             st.duration_ns += dsum
             stats.append(st)
-        add_grouped([st.durations for st in stats], starts, durations)
-        # sizes of the successful copies only: the same groups, over the ok events
-        group = np.repeat(np.arange(len(stats)), counts)[ok]
-        add_grouped([st.sizes for st in stats], np.searchsorted(group, np.arange(len(stats))), sizes[ok])
+        group = np.repeat(np.arange(len(stats)), counts)
+        # durations of calls: the same groups, over the calls' records
+        at = np.searchsorted(group[call], np.arange(len(stats)))
+        add_grouped([st.durations for st in stats], at, durations[call])
+        # sizes of the successful copies only: over the ok events of one copy each
+        at = np.searchsorted(group[one_copy], np.arange(len(stats)))
+        add_grouped([st.sizes for st in stats], at, sizes[one_copy])
 
     def _add_syncs(self, b: np.ndarray, proc: np.ndarray, procs: list[Process]) -> None:
         keys = proc.astype(np.uint64) << np.uint64(16) | b["api"].astype(np.uint64)

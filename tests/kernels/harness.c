@@ -52,14 +52,16 @@ static int on_event(void *ctx, void *data, size_t size)
 	(void)ctx;
 	if (size < sizeof(*e))
 		return 0;
-	events++;
 	if (e->api >= 40)
-		return 0; /* not a copy */
+		return (events++, 0); /* not a copy */
 	t = slot(e->pid, e->api, e->direction);
-	t->calls++;
 	if (e->ret == 0)
 		t->bytes += e->bytes;
-	else
+	if (e->layer & MT_EV_MORE)
+		return 0; /* a further copy of a batch call: its bytes, not a call */
+	events++;
+	t->calls++;
+	if (e->ret != 0)
 		t->errors++;
 	return 0;
 }
