@@ -101,6 +101,10 @@ class Model:
         """The process was held before its CUDA library ran: nothing was missed."""
         self._process(pid).complete = True
 
+    def mark_incomplete(self, pid: int) -> None:
+        """The process ran CUDA code before its probes were in: its host memory may be unknown."""
+        self._process(pid).complete = False
+
     # ---- events ----
 
     def add_events(self, batch: np.ndarray) -> None:

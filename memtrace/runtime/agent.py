@@ -26,7 +26,12 @@ class Agent:
         self.model = Model(complete_after_ticks=None if opts.only_traced else 2**63, identify=read_process)
         self.libraries: list[Attachment] = []
         self.source = BpfSource(
-            opts, self._on_events, self._on_exit, self.libraries.append, on_held=self.model.mark_complete
+            opts,
+            self._on_events,
+            self._on_exit,
+            self.libraries.append,
+            on_held=self.model.mark_complete,
+            on_missed=self.model.mark_incomplete,
         )
 
     def _on_events(self, batch: np.ndarray) -> None:
