@@ -238,17 +238,22 @@ class BpfObject:
             raise KeyError(f"no map {name} in {self.path}")
         return int(m)
 
-    def set_rodata(self, offsets: dict[str, int], values: dict[str, int | bool]) -> None:
-        """Write `const volatile` options into .rodata before load."""
+    def set_rodata(self, offsets: dict[str, int], values: dict[str, int | bool | ctypes.c_uint64]) -> None:
+        """Write `const volatile` options into .rodata before load: a bool or
+        int as one byte, a ctypes value at its own size."""
         size = ctypes.c_size_t()
         ptr = self.lib.lib.bpf_map__initial_value(self._map_ptr(".rodata"), ctypes.byref(size))
         if not ptr:
             raise KeyError(".rodata has no initial value")
         for name, value in values.items():
             off = offsets[name]
-            if off >= size.value:
+            width = ctypes.sizeof(value) if isinstance(value, ctypes.c_uint64) else 1
+            if off + width > size.value:
                 raise KeyError(f"{name} lies outside .rodata")
-            ctypes.c_uint8.from_address(ptr + off).value = int(value)
+            if isinstance(value, ctypes.c_uint64):
+                ctypes.memmove(ptr + off, ctypes.byref(value), width)
+            else:
+                ctypes.c_uint8.from_address(ptr + off).value = int(value)
 
     def set_max_entries(self, map_name: str, n: int) -> None:
         if self.lib.lib.bpf_map__set_max_entries(self._map_ptr(map_name), n) < 0:

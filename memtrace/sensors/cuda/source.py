@@ -211,8 +211,8 @@ class BpfSource:
             {
                 "filter_pids": self.opts.only_traced,
                 "hold_libraries": self.opts.hold_libraries,
-                "pidns_dev": ns_dev,
-                "pidns_ino": ns_ino,
+                "pidns_dev": ctypes.c_uint64(ns_dev),
+                "pidns_ino": ctypes.c_uint64(ns_ino),
             },
         )
         obj.set_max_entries("events", self.opts.ring_bytes)
