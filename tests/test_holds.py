@@ -19,10 +19,6 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, memtrace_cmd, observed_totals, truth_totals
 
-from memtrace.export.report import summary
-from memtrace.runtime.agent import Agent
-from memtrace.sensors.cuda.source import Options
-
 pytestmark = pytest.mark.bpf
 
 # A host-wide agent in its own process; argv[1] is the hold limit.
@@ -59,37 +55,54 @@ def truth_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+# A host-wide agent that prints its summary (JSON) when sent SIGTERM.
+AGENT_REPORT = textwrap.dedent(
+    """
+    import json, signal, sys, time
+    from memtrace.export.report import summary
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
+    done = []
+    signal.signal(signal.SIGTERM, lambda *a: done.append(1))
+    with Agent(Options(hold_limit_s=float(sys.argv[1]))) as agent:
+        print("ready", flush=True)
+        while not done:
+            agent.poll()
+            time.sleep(0.005)
+        agent.poll()
+        agent.sync_totals()
+        print(json.dumps(summary(agent.model, agent.stats(), agent.libraries)), flush=True)
+    """
+)
+
+
 def test_two_agents_on_one_process_both_count_every_call(fakecuda: Path, tmp_path: Path) -> None:
     """A host-wide agent and `memtrace run` both hold the process when it
-    dlopens the runtime; it runs on only once both have their probes in."""
-    with Agent(Options()) as host:
-        out = tmp_path / "run.json"
-        truth = tmp_path / "truth.jsonl"
+    dlopens the runtime; it runs on only once both have their probes in,
+    even when one of them is slow (here: stopped for 3 s, within its hold
+    limit), not when the first lets go."""
+    host = subprocess.Popen([sys.executable, "-c", AGENT_REPORT, "60"], stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None and host.stdout.readline().strip() == "ready"
+    out = tmp_path / "run.json"
+    truth = tmp_path / "truth.jsonl"
+    try:
+        os.kill(host.pid, signal.SIGSTOP)
         run = subprocess.Popen(
-            [
-                *memtrace_cmd(),
-                "run",
-                "--format",
-                "json",
-                "-o",
-                str(out),
-                "--",
-                sys.executable,
-                str(FIXTURES / "ctypes_workload.py"),
-                str(fakecuda / "lib"),
-                "--calls",
-                "300",
-            ],
+            [*memtrace_cmd(), "run", "--format", "json", "-o", str(out), "--", sys.executable]
+            + [str(FIXTURES / "ctypes_workload.py"), str(fakecuda / "lib"), "--calls", "300"],
             env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
         )
-        deadline = time.monotonic() + 180
-        while run.poll() is None and time.monotonic() < deadline:
-            host.poll()
-            time.sleep(0.005)
-        assert run.returncode == 0
-        host.poll()
-        host.sync_totals()
-        host_doc = summary(host.model, host.stats(), host.libraries)
+        try:
+            run.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            pass
+        os.kill(host.pid, signal.SIGCONT)
+        assert run.wait(timeout=180) == 0
+        host.terminate()
+        host_doc = json.loads(host.stdout.read())
+    finally:
+        host.kill()
+        host.wait()
     want = truth_totals(truth_of(truth))
     (pid,) = {k[0] for k in want}
     assert observed_totals(json.loads(out.read_text())) == want
