@@ -44,6 +44,9 @@ def start_agent(limit_s: float = 2.0, stderr: int | None = None) -> subprocess.P
     return agent
 
 
+WIDE = dict(os.environ, COLUMNS="200")  # doctor's lines unwrapped
+
+
 def state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -224,3 +227,20 @@ def test_agent_killed_at_random_moments_never_leaves_a_process_stopped(fakecuda:
                 if w.poll() is None:
                     w.kill()
                     w.wait()
+
+
+def test_doctor_names_the_pid_namespace_problem() -> None:
+    bad = subprocess.run(
+        ["unshare", "-fp", *memtrace_cmd(), "doctor"], capture_output=True, text=True, timeout=120, env=WIDE
+    )
+    assert bad.returncode != 0
+    assert "FAIL  pid namespace: /proc belongs to another pid namespace" in bad.stdout, bad.stdout
+    assert "cannot run here" in bad.stdout
+    ns = subprocess.run(
+        ["unshare", "-fp", "--mount-proc", *memtrace_cmd(), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=WIDE,
+    )
+    assert "warn  pid namespace: not the host's" in ns.stdout, ns.stdout
