@@ -42,7 +42,7 @@ HELD_MAP = "mt_held"
 # The longest a process stays held without the agent making progress on it
 # (each probe attached restarts the clock), whether the agent is stopped,
 # stuck or gone.
-HOLD_LIMIT_S = 2.0
+HOLD_LIMIT_S = 5.0
 SWEEP_S = 0.02  # how often the guardian checks the ages of holds
 _INIT_PIDNS_INO = 0xEFFFFFFC  # PROC_PID_INIT_INO: the host's pid namespace
 

@@ -180,7 +180,6 @@ class BpfSource:
         self._ctl_stop = threading.Event()
         self._ctl_thread: threading.Thread | None = None
 
-        self._holding: int | None = None  # host pid held for the attachment under way (control thread)
         self.holds_expired = 0  # holds the guardian ended at the limit before the probes were in
         self.not_held = 0  # processes that mapped a new CUDA library and were not held
         self.attachments: dict[discovery.FileId, Attachment] = {}
@@ -269,11 +268,9 @@ class BpfSource:
         self.maps["traced"].update(ctypes.c_uint32(pid), one)
 
     def scan(self, pids: list[int] | None = None) -> None:
-        """Attach to the CUDA libraries already mapped by running processes."""
-        with self._attach_lock:
-            self._scan(pids)
-
-    def _scan(self, pids: list[int] | None) -> None:
+        """Attach to the CUDA libraries already mapped by running processes.
+        (One attachment at a time holds the lock, so a held process's
+        attachment on the control thread waits for one, not for the scan.)"""
         for pid in pids if pids is not None else list(discovery.pids()):
             found_driver = False
             for cand in discovery.mapped_libraries(pid):
@@ -416,12 +413,13 @@ class BpfSource:
                         release(self.maps[HELD_MAP], ev.host_pid, self.opts.hold_limit_s)
 
     def _progress(self) -> None:
-        """Attaching goes on: the process we hold for it stays held. (An
-        attachment can wait seconds behind other tools' uprobe removals in
-        the kernel; the limit bounds a stopped or stuck agent, not a slow
-        kernel.)"""
-        if self._holding is not None:
-            refresh(self.maps[HELD_MAP], self._holding)
+        """Attaching goes on: every process this agent holds stays held (the
+        limit runs from the agent's last progress). An attachment can wait seconds behind other
+        tools' uprobe removals in the kernel; the limit bounds a stopped or
+        stuck agent, not a slow kernel."""
+        held = self.maps[HELD_MAP]
+        for host_pid in list(held.keys(ctypes.c_uint32)):  # queued holds wait behind this one
+            refresh(held, host_pid.value)
 
     def _notice(self, kind: str, pid: int) -> None:
         with self._notices_lock:
@@ -431,13 +429,11 @@ class BpfSource:
         if ev.type == CtlType.EXIT:
             self._notice("exit", ev.pid)
             return
-        self._holding = ev.host_pid if ev.held == HoldState.HELD else None
         try:
             self._attach_mapped(ev.pid, ev.fd)
         except MemtraceError as e:
             log.warning("pid %d: %s", ev.pid, e)
         finally:
-            self._holding = None
             if ev.held == HoldState.HELD:
                 self._notice("held", ev.pid)  # nothing of it ran before its probes
                 rel = release(self.maps[HELD_MAP], ev.host_pid, self.opts.hold_limit_s)
