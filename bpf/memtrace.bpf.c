@@ -14,8 +14,10 @@
  * A tracepoint on mmap holds a process (SIGSTOP) that maps the code of a
  * CUDA library whose inode has no probes yet (or whose executable was not
  * yet checked for a statically linked runtime), so user space can attach
- * before the library's first instruction runs; user space then continues it,
- * and a guardian process continues every held process if the agent dies.
+ * before the library's first instruction runs; user space then continues it
+ * (once no other agent holds it), and a guardian process continues every
+ * hold older than the limit, and all of them if the agent dies. A
+ * terminal's foreground job is never held (a shell would report it stopped).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
