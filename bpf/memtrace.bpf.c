@@ -14,8 +14,10 @@
  * A tracepoint on mmap holds a process (SIGSTOP) that maps the code of a
  * CUDA library whose inode has no probes yet (or whose executable was not
  * yet checked for a statically linked runtime), so user space can attach
- * before the library's first instruction runs; user space then continues it,
- * and a guardian process continues every held process if the agent dies.
+ * before the library's first instruction runs; user space then continues it
+ * (once no other agent holds it), and a guardian process continues every
+ * hold older than the limit, and all of them if the agent dies. A
+ * terminal's foreground job is never held (a shell would report it stopped).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -33,6 +35,11 @@ const volatile bool hold_libraries = true;
 /* The agent's own tgid: never held, since a stopped agent could not
  * continue itself (it may map a CUDA library, e.g. through NVML). */
 const volatile __u32 agent_tgid = 0;
+/* The agent's pid namespace (nsfs dev, inode); 0: the host's. Processes are
+ * named by their pids there, and a process it cannot name is not traced
+ * (nor held: the agent could not continue it). */
+const volatile __u64 pidns_dev = 0;
+const volatile __u64 pidns_ino = 0;
 
 #define MAX_PROCESSES 10240
 #define MAX_INFLIGHT 65536
@@ -216,13 +223,17 @@ struct {
 	__type(value, __u8);
 } attached SEC(".maps");
 
-/* Processes stopped by us and not yet continued: the guardian's list. */
+/* Processes stopped by this agent and not yet continued, by host tgid (the
+ * same key in every agent's map, so agents see each other's holds): when
+ * held and the pid to continue it by. The agent continues a process once
+ * its probes are in and no other agent's live hold remains; the guardian
+ * continues any hold older than the limit, and all of them if the agent dies. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_PROCESSES);
 	__type(key, __u32);
-	__type(value, __u64);
-} held SEC(".maps");
+	__type(value, struct mt_hold);
+} mt_held SEC(".maps");
 
 /* Processes whose identity notice (MT_CTL_PROC) is on the control ring:
  * one notice per (pid, start), the first time either is seen. LRU: bounded;
@@ -243,8 +254,23 @@ static __always_inline void stat_inc(__u32 idx)
 		*v += 1;
 }
 
+/* tgid << 32 | tid of the current thread as the agent's pid namespace
+ * names them; 0 if the thread has no pid there. */
+static __always_inline __u64 current_id(void)
+{
+	struct bpf_pidns_info ns = {};
+
+	if (!pidns_ino)
+		return bpf_get_current_pid_tgid();
+	if (bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)))
+		return 0;
+	return ((__u64)ns.tgid << 32) | ns.pid;
+}
+
 static __always_inline bool is_traced(__u32 tgid)
 {
+	if (!tgid)
+		return false; /* outside the agent's pid namespace */
 	if (!filter_pids)
 		return true;
 	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
@@ -295,8 +321,8 @@ static __always_inline void introduce(__u64 id, __u64 start)
 	e->pid = id >> 32;
 	e->tid = (__u32)id;
 	e->fd = -1;
-	e->held = 0;
-	e->pad = 0;
+	e->held = MT_HOLD_NONE;
+	e->host_pid = bpf_get_current_pid_tgid() >> 32;
 	e->start_ns = start;
 	e->cgroup_id = bpf_get_current_cgroup_id();
 	/* The process's name is its leader's: threads may rename themselves. */
@@ -472,7 +498,7 @@ static __always_inline void copy_args(struct inflight *f, const struct args *a, 
 SEC("uprobe")
 int BPF_KPROBE(mt_enter)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 layer = ck(cookie, MT_CK_LAYER_SHIFT) & 1;
 	__u32 family = ck(cookie, MT_CK_FAMILY_SHIFT) & 7;
@@ -653,7 +679,7 @@ SEC("uretprobe")
 int BPF_KRETPROBE(mt_return)
 {
 	__u64 now = bpf_ktime_get_ns();
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u64 key = ((__u64)(__u32)id << 1) | (ck(cookie, MT_CK_LAYER_SHIFT) & 1);
 	__s32 ret = (__s32)PT_REGS_RC(ctx);
@@ -723,7 +749,7 @@ int BPF_KRETPROBE(mt_return)
 SEC("uprobe")
 int BPF_KPROBE(mt_launch)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	struct mt_totals_key tk = {};
 	__u64 one = 1, *c;
 
@@ -761,37 +787,64 @@ static __always_inline bool has_prefix(const char *buf, const char *lit, __u32 l
 	return true;
 }
 
-static __always_inline void hold(__u32 type, __u64 id, __s32 fd, bool stop)
+/* Is the task in its terminal's foreground job? A job-control shell takes
+ * a stopped foreground job for ^Z: it reports it `Stopped` and moves it to
+ * the background, so such a process is never held. */
+struct tty_struct___old {
+	struct pid *pgrp;
+};
+
+static __always_inline bool in_foreground(struct task_struct *task)
+{
+	struct tty_struct *tty = BPF_CORE_READ(task, signal, tty);
+	struct pid *fg;
+
+	if (!tty)
+		return false;
+	if (bpf_core_field_exists(tty->ctrl))
+		fg = BPF_CORE_READ(tty, ctrl.pgrp);
+	else
+		fg = BPF_CORE_READ((struct tty_struct___old *)tty, pgrp);
+	return fg && fg == BPF_CORE_READ(task, signal, pids[PIDTYPE_PGID]);
+}
+
+static __always_inline void hold(__u32 type, __u64 id, __s32 fd, __u32 stop)
 {
 	struct mt_ctl_event *e;
-	__u32 pid = id >> 32;
-	__u64 now = bpf_ktime_get_ns();
+	__u32 host_tgid = bpf_get_current_pid_tgid() >> 32;
+	struct mt_hold h = {};
 
+	h.ts_ns = bpf_ktime_get_ns();
+	h.pid = id >> 32;
 	e = bpf_ringbuf_reserve(&ctl_events, sizeof(*e), 0);
 	if (!e) {
 		/* Never stop a process user space will not hear about. */
-		stat_inc(stop ? MT_STAT_HOLD_MISSED : MT_STAT_CTL_DROPPED);
+		stat_inc(stop == MT_HOLD_HELD ? MT_STAT_HOLD_MISSED : MT_STAT_CTL_DROPPED);
 		return;
 	}
-	e->ts_ns = now;
+	e->ts_ns = h.ts_ns;
 	e->type = type;
-	e->pid = pid;
+	e->pid = h.pid;
 	e->tid = (__u32)id;
 	e->fd = fd;
-	e->held = 0;
-	e->pad = 0;
 	e->start_ns = current_start();
 	e->cgroup_id = 0;
 	__builtin_memset(e->comm, 0, sizeof(e->comm));
-	if (stop && bpf_map_update_elem(&held, &pid, &now, BPF_ANY) == 0) {
-		if (bpf_send_signal(SIGSTOP) == 0) {
-			e->held = 1;
-			stat_inc(MT_STAT_HOLDS);
-		} else {
-			bpf_map_delete_elem(&held, &pid);
+	e->held = stop;
+	e->host_pid = host_tgid;
+	if (stop == MT_HOLD_HELD) {
+		e->held = MT_HOLD_NOT_HELD;
+		if (bpf_map_update_elem(&mt_held, &host_tgid, &h, BPF_ANY) == 0) {
+			if (bpf_send_signal(SIGSTOP) == 0) {
+				e->held = MT_HOLD_HELD;
+				stat_inc(MT_STAT_HOLDS);
+			} else {
+				bpf_map_delete_elem(&mt_held, &host_tgid);
+			}
 		}
 	}
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	/* Wake the control reader: these are rare, and a held process waits on it. */
+	bpf_ringbuf_submit(e, 0);
 }
 
 static __always_inline bool known(struct file *file)
@@ -813,7 +866,7 @@ static __always_inline bool known(struct file *file)
 SEC("tracepoint/syscalls/sys_enter_mmap")
 int mt_mmap(struct trace_event_raw_sys_enter *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	long prot = ctx->args[2], fd = ctx->args[4];
 	struct task_struct *task;
 	struct file **fds, *file = NULL;
@@ -835,19 +888,48 @@ int mt_mmap(struct trace_event_raw_sys_enter *ctx)
 		return 0;
 	if (known(file) && known(BPF_CORE_READ(task, mm, exe_file)))
 		return 0;
-	hold(MT_CTL_MAP, id, fd, true);
+	/* `memtrace run` waits for its command without job control, so its
+	 * own processes are held even in the foreground. */
+	hold(MT_CTL_MAP, id, fd, !filter_pids && in_foreground(task) ? MT_HOLD_FOREGROUND : MT_HOLD_HELD);
+	return 0;
+}
+
+/* A task's tgid as the agent's pid namespace names it; 0 if it has none there. */
+static __always_inline __u32 ns_tgid_of(struct task_struct *t)
+{
+	struct pid *p;
+	struct upid u;
+	__u32 level;
+
+	if (!pidns_ino)
+		return BPF_CORE_READ(t, tgid);
+	p = BPF_CORE_READ(t, group_leader, thread_pid);
+	if (!p)
+		return 0;
+	level = BPF_CORE_READ(p, level);
+	for (__u32 i = 0; i < 8; i++) {
+		if (i > level)
+			break;
+		if (bpf_core_read(&u, sizeof(u), &p->numbers[i]))
+			return 0;
+		if (BPF_CORE_READ(u.ns, ns.inum) == pidns_ino)
+			return u.nr;
+	}
 	return 0;
 }
 
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(mt_fork, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 ptgid = BPF_CORE_READ(parent, tgid);
-	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	__u32 ptgid, ctgid;
 	__u8 one = 1;
 
-	if (ptgid == ctgid)
+	if (BPF_CORE_READ(parent, tgid) == BPF_CORE_READ(child, tgid))
 		return 0; /* a thread */
+	ptgid = ns_tgid_of(parent);
+	ctgid = ns_tgid_of(child);
+	if (!ctgid)
+		return 0; /* outside the agent's pid namespace */
 	bpf_map_update_elem(&fresh, &ctgid, &one, BPF_ANY);
 	if (!filter_pids)
 		return 0;
@@ -859,9 +941,9 @@ int BPF_PROG(mt_fork, struct task_struct *parent, struct task_struct *child)
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(mt_exit, struct task_struct *p)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u32 tgid = id >> 32, tid = (__u32)id;
+	__u32 tgid = id >> 32, tid = (__u32)id, host_tgid;
 	struct mt_proc_key pk = {};
 	__u64 key;
 
@@ -878,11 +960,12 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 		return 0; /* other threads of the process live on */
 	if (!is_traced(tgid))
 		return 0;
-	hold(MT_CTL_EXIT, id, -1, false);
+	hold(MT_CTL_EXIT, id, -1, MT_HOLD_NONE);
 	pk.start_ns = current_start();
 	pk.pid = tgid;
 	bpf_map_delete_elem(&seen, &pk); /* its notice is out: keep the room for the living */
-	bpf_map_delete_elem(&held, &tgid);
+	host_tgid = bpf_get_current_pid_tgid() >> 32;
+	bpf_map_delete_elem(&mt_held, &host_tgid);
 	if (filter_pids)
 		bpf_map_delete_elem(&traced, &tgid);
 	return 0;

@@ -229,11 +229,27 @@ struct mt_ctl_event {
 	__u32 pid;
 	__u32 tid;
 	__s32 fd; /* MT_CTL_MAP: the descriptor of the library being mapped */
-	__u32 held;
-	__u32 pad;
+	__u32 held;     /* enum mt_hold_state */
+	__u32 host_pid; /* the tgid in the host's pid namespace: the key of `mt_held` */
 	__u64 start_ns;  /* the process's start (struct mt_proc_key) */
 	__u64 cgroup_id; /* MT_CTL_PROC: bpf_get_current_cgroup_id() at the event */
 	char comm[MT_COMM_LEN]; /* MT_CTL_PROC: the command name at the event */
+};
+
+/* Whether a MT_CTL_MAP event's process was stopped. */
+enum mt_hold_state {
+	MT_HOLD_NONE = 0,       /* not a hold (exit notices) */
+	MT_HOLD_HELD = 1,       /* stopped: continue it once attached */
+	MT_HOLD_NOT_HELD = 2,   /* could not stop it (kernel refused): calls before attaching may be missed */
+	MT_HOLD_FOREGROUND = 3, /* a terminal's foreground job, never stopped: calls before attaching may be missed */
+};
+
+/* A `mt_held` value: when the process was stopped, and its pid as the
+ * agent's pid namespace names it. */
+struct mt_hold {
+	__u64 ts_ns; /* CLOCK_MONOTONIC */
+	__u32 pid;
+	__u32 pad;
 };
 
 /* Inode of an attached library, as the kernel names it (s_dev, i_ino). */

@@ -32,6 +32,8 @@ int main(void) {
   O(mt_totals_key, api); O(mt_totals_key, direction);
   S(mt_totals); O(mt_totals, calls); O(mt_totals, bytes); O(mt_totals, errors); O(mt_totals, duration_ns);
   S(mt_ctl_event); O(mt_ctl_event, type); O(mt_ctl_event, pid); O(mt_ctl_event, fd); O(mt_ctl_event, held);
+  O(mt_ctl_event, host_pid);
+  S(mt_hold); O(mt_hold, ts_ns); O(mt_hold, pid);
   O(mt_ctl_event, start_ns); O(mt_ctl_event, cgroup_id); O(mt_ctl_event, comm); C(MT_COMM_LEN);
   S(mt_inode_key);
   C(MT_DIR_H2H); C(MT_DIR_H2D); C(MT_DIR_D2H); C(MT_DIR_D2D); C(MT_DIR_DEFAULT); C(MT_DIR_PEER); C(MT_DIR_UNKNOWN);
@@ -42,6 +44,7 @@ int main(void) {
   C(MT_STAT_ABANDONED); C(MT_STAT_HOLDS); C(MT_STAT_HOLD_MISSED); C(MT_STAT_CTL_DROPPED); C(MT_STAT_COUNT);
   C(MT_STAT_NESTED_SAME); C(MT_STAT_UNRETURNED); C(MT_STAT_BATCH_TRUNCATED); C(MT_DIRSRC_BATCH);
   C(MT_BATCH_EACH); C(MT_BATCH_MAX); C(MT_EV_MORE); C(MT_EV_SUM); C(MT_EV_LAYER);
+  C(MT_HOLD_NONE); C(MT_HOLD_HELD); C(MT_HOLD_NOT_HELD); C(MT_HOLD_FOREGROUND);
   C(MT_CTL_MAP); C(MT_CTL_EXIT); C(MT_CTL_PROC);
   C(MT_CK_API_SHIFT); C(MT_CK_BYTES_SHIFT); C(MT_CK_MUL_SHIFT); C(MT_CK_DIRSRC_SHIFT); C(MT_CK_DIRARG_SHIFT);
   C(MT_CK_STREAM_SHIFT); C(MT_CK_LAYER_SHIFT); C(MT_CK_FAMILY_SHIFT); C(MT_CK_DST_SHIFT); C(MT_CK_SRC_SHIFT);
@@ -108,6 +111,7 @@ def test_map_structs_match(header: dict[str, int]) -> None:
         (abi.TotalsKey, "mt_totals_key"),
         (abi.Totals, "mt_totals"),
         (abi.CtlEvent, "mt_ctl_event"),
+        (abi.Hold, "mt_hold"),
     ):
         assert ctypes.sizeof(cls) == header[f"sizeof {cname}"], cname
         for f, _ in cls._fields_:
@@ -130,6 +134,8 @@ def test_enums_match(header: dict[str, int]) -> None:
     for s in Stat:
         assert header[f"MT_STAT_{s.name}"] == s.value
     assert header["MT_STAT_COUNT"] == abi.STAT_COUNT == len(Stat)
+    for h in abi.HoldState:
+        assert header[f"MT_HOLD_{h.name}"] == h.value
     for c in CtlType:
         assert header[f"MT_CTL_{c.name}"] == c.value
     for src in abi.DirSrc:

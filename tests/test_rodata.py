@@ -17,7 +17,9 @@ import pytest
 
 from memtrace.bpf.host import ensure_tracefs, object_path, rodata_options
 from memtrace.bpf.libbpf import BpfObject
+from memtrace.core.abi import Hold
 from memtrace.core.errors import BadOption
+from memtrace.sensors.cuda.holds import HELD_MAP
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loads BPF: needs root")
 
@@ -106,11 +108,11 @@ def _map_code_of_a_cuda_library(tmp_path: Path, agent_tgid: int | None) -> bool:
         o.map("traced").update(ctypes.c_uint32(child.pid), ctypes.c_uint8(1))
         child.stdin.write("go\n")
         child.stdin.flush()
-        held = o.map("held")
+        held = o.map(HELD_MAP)
         was_held = False
         deadline = time.monotonic() + 30
         while child.poll() is None and time.monotonic() < deadline:
-            if held.lookup(ctypes.c_uint32(child.pid), ctypes.c_uint64()):
+            if held.lookup(ctypes.c_uint32(child.pid), Hold()):
                 # Our program stopped it (another agent on this host may
                 # hold and continue it too: only our map says what ours did).
                 was_held = True
@@ -118,7 +120,7 @@ def _map_code_of_a_cuda_library(tmp_path: Path, agent_tgid: int | None) -> bool:
             time.sleep(0.01)
         assert child.poll() == 0, "the child did not finish"
         assert child.stdout.read() == "mapped\n"
-        return was_held or held.lookup(ctypes.c_uint32(child.pid), ctypes.c_uint64())
+        return was_held or held.lookup(ctypes.c_uint32(child.pid), Hold())
     finally:
         if link is not None:
             link.destroy()

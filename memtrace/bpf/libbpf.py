@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from memtrace.core.errors import AttachError, BadOption, LibbpfMissing, LibbpfTooOld, LoadError, NotPrivileged
 
@@ -154,6 +155,10 @@ class Libbpf:
             "ring_buffer__new": (_c_void_p, [ctypes.c_int, RING_SAMPLE_FN, _c_void_p, _c_void_p]),
             "ring_buffer__add": (ctypes.c_int, [_c_void_p, ctypes.c_int, RING_SAMPLE_FN, _c_void_p]),
             "ring_buffer__consume": (ctypes.c_int, [_c_void_p]),
+            "ring_buffer__poll": (ctypes.c_int, [_c_void_p, ctypes.c_int]),
+            "bpf_map_get_next_id": (ctypes.c_int, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]),
+            "bpf_map_get_fd_by_id": (ctypes.c_int, [ctypes.c_uint32]),
+            "bpf_obj_get_info_by_fd": (ctypes.c_int, [ctypes.c_int, _c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
             "ring_buffer__free": (None, [_c_void_p]),
             "libbpf_num_possible_cpus": (ctypes.c_int, []),
             "bpf_object__btf": (_c_void_p, [_c_void_p]),
@@ -188,6 +193,9 @@ def _errno(ret: int | None = None) -> int:
     return ctypes.get_errno() or errno.EINVAL
 
 
+_Key = TypeVar("_Key", bound="ctypes._CData")
+
+
 class Map:
     """A loaded map, by file descriptor, with fixed key and value types."""
 
@@ -207,7 +215,7 @@ class Map:
     def delete(self, key: ctypes._CData) -> bool:
         return bool(self.lib.bpf_map_delete_elem(self.fd, ctypes.byref(key)) == 0)
 
-    def keys(self, key_type: type[ctypes._CData]) -> Iterator[ctypes._CData]:
+    def keys(self, key_type: type[_Key]) -> Iterator[_Key]:
         """All keys present now (a snapshot walk; entries may come and go)."""
         prev = None
         while True:
@@ -219,6 +227,41 @@ class Map:
                 return
             yield nxt
             prev = nxt
+
+
+class MapInfo(ctypes.Structure):
+    """The head of struct bpf_map_info (uapi): enough to know a map by name and shape."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32),
+        ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("name", ctypes.c_char * 16),
+    ]
+
+
+def map_info(lib: Libbpf, fd: int) -> MapInfo | None:
+    info = MapInfo()
+    n = ctypes.c_uint32(ctypes.sizeof(info))
+    return info if lib.lib.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(n)) == 0 else None
+
+
+def maps_named(lib: Libbpf, name: str) -> Iterator[tuple[Map, MapInfo]]:
+    """Every BPF map on the host with this name (any program's, any agent's).
+    The caller closes each map's fd."""
+    cur = ctypes.c_uint32(0)
+    while lib.lib.bpf_map_get_next_id(cur.value, ctypes.byref(cur)) == 0:
+        fd = lib.lib.bpf_map_get_fd_by_id(cur.value)
+        if fd < 0:
+            continue  # gone since
+        info = map_info(lib, fd)
+        if info is None or info.name.decode(errors="replace") != name:
+            os.close(fd)
+            continue
+        yield Map(lib, fd, name), info
 
 
 class Link:
@@ -430,6 +473,15 @@ class RingBuffer:
         if n < 0:
             raise OSError(-n, "ring_buffer__consume")
         return int(n)
+
+    def poll(self, timeout_ms: int) -> int:
+        """Wait up to timeout_ms for a record (epoll), then drain. Only for
+        rings whose programs submit with a wakeup (the control ring)."""
+        assert self.rb is not None
+        n = self.lib.lib.ring_buffer__poll(self.rb, timeout_ms)
+        if n < 0 and n != -errno.EINTR:
+            raise OSError(-n, "ring_buffer__poll")
+        return max(int(n), 0)
 
     def close(self) -> None:
         if self.rb:

@@ -95,7 +95,8 @@ class EventRing:
         out = raw[:k, HDR : HDR + self.dtype.itemsize][keep].copy().view(self.dtype).reshape(-1)
         _fence()  # release: the copies are done before the kernel may reuse the space
         self._cons[0] = cons + k * self.record
-        return out
+        batch: np.ndarray = out
+        return batch
 
     def _read_slow(self, cons: int, prod: int) -> np.ndarray:
         """Record by record, for a backlog holding a record of another size."""

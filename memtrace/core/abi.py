@@ -91,6 +91,15 @@ class CtlType(enum.IntEnum):
 COMM_LEN = 16
 
 
+class HoldState(enum.IntEnum):
+    """enum mt_hold_state: whether a MAP notice's process was stopped."""
+
+    NONE = 0
+    HELD = 1
+    NOT_HELD = 2  # the kernel refused the stop
+    FOREGROUND = 3  # a terminal's foreground job: never stopped
+
+
 CK_API_SHIFT = 0
 CK_BYTES_SHIFT = 16
 CK_MUL_SHIFT = 20
@@ -165,11 +174,17 @@ class CtlEvent(ctypes.Structure):
         ("tid", ctypes.c_uint32),
         ("fd", ctypes.c_int32),
         ("held", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("host_pid", ctypes.c_uint32),
         ("start_ns", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
         ("comm", ctypes.c_char * COMM_LEN),
     ]
+
+
+class Hold(ctypes.Structure):
+    """struct mt_hold: a `mt_held` value (the key is the host tgid)."""
+
+    _fields_ = [("ts_ns", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 class InodeKey(ctypes.Structure):

@@ -85,3 +85,13 @@ class CommandNotFound(MemtraceError):
 
 class BadOption(MemtraceError):
     pass
+
+
+class ProcMismatch(MemtraceError):
+    def __init__(self, pid: int, proc_pid: int) -> None:
+        super().__init__(
+            f"/proc belongs to another pid namespace (this process is pid {pid} here, /proc names it "
+            f"{proc_pid if proc_pid >= 0 else 'nothing'}): memtrace could not find or continue processes",
+            "mount a /proc for this pid namespace (unshare --pid --fork --mount-proc, or the container's own "
+            "/proc), or run memtrace in the host's pid namespace (hostPID: true for the DaemonSet)",
+        )

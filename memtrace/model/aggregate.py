@@ -165,6 +165,10 @@ class Model:
     def lost(self) -> dict[LostKey, LostTotals]:
         return {k: v for p in self.processes.values() for k, v in p.lost.items()}
 
+    def mark_incomplete(self, key: ProcessKey) -> None:
+        """The process ran CUDA code before its probes were in: its host memory may be unknown."""
+        self._process(key).complete = False
+
     # ---- events ----
 
     def add_events(self, batch: np.ndarray) -> None:

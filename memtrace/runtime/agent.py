@@ -60,6 +60,7 @@ class _Update(Enum):
     EXITED = 2
     HELD = 3
     INTRODUCED = 4  # a process's first event: who BPF saw
+    MISSED = 5  # not held (a foreground job, or its hold expired): calls may have been missed
 
 
 _Value = np.ndarray | ProcessKey | tuple[ProcessKey, str, int]
@@ -93,6 +94,7 @@ class Agent:
             self._on_exit,
             self.libraries.append,
             on_held=self._on_held,
+            on_missed=self._on_missed,
             on_process=self._on_process,
         )
 
@@ -112,6 +114,9 @@ class Agent:
 
     def _on_held(self, key: ProcessKey) -> None:
         self._queue(_Update.HELD, key)
+
+    def _on_missed(self, key: ProcessKey) -> None:
+        self._queue(_Update.MISSED, key)
 
     def _on_process(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
         self._queue(_Update.INTRODUCED, (key, name, cgroup_id))
@@ -143,6 +148,8 @@ class Agent:
             assert isinstance(value, ProcessKey)
             if kind is _Update.EXITED:
                 self.model.process_exited(value)
+            elif kind is _Update.MISSED:
+                self.model.mark_incomplete(value)
             else:
                 self.model.mark_complete(value)  # held before its CUDA library ran: nothing was missed
         flush()

@@ -103,8 +103,9 @@ def run_command(agent: Agent, argv: list[str], drain_interval: float = DRAIN_INT
         with agent.draining(drain_interval):
             child.release()
             done = child.wait()
-        # Every event of the finished process is already in the ring; with
-        # the drain thread stopped, the model stays as reported.
+        # Every event and notice of the finished process is already in the
+        # rings; with the drain thread stopped, the model stays as reported.
+        agent.source.read_control_now()
         agent.poll()
         agent.sync_totals()
         return done

@@ -143,6 +143,25 @@ def check_load() -> Check:
         return Check("BPF programs", False, e.message, e.fix)
 
 
+def check_pid_namespace() -> Check:
+    """memtrace names processes as its own pid namespace does; /proc must agree."""
+    from memtrace.sensors.cuda.source import pid_namespace
+
+    try:
+        _, ino = pid_namespace()
+    except MemtraceError as e:
+        return Check("pid namespace", False, e.message, e.fix)
+    if not ino:
+        return Check("pid namespace", True, "the host's: every process on the host is seen")
+    return Check(
+        "pid namespace",
+        True,
+        f"not the host's (pid:[{ino}]): memtrace sees and holds only the processes of this namespace",
+        "to trace the whole host, run memtrace in the host's pid namespace (hostPID: true for the DaemonSet)",
+        warn=True,
+    )
+
+
 def find_cuda_libraries() -> list[str]:
     found: set[str] = set()
     try:
@@ -224,6 +243,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_privileges,
     check_libbpf,
     check_tracefs,
+    check_pid_namespace,
     check_load,
     check_cuda,
     check_nvml,

@@ -56,6 +56,15 @@ def pids() -> Iterator[int]:
             yield int(d.name)
 
 
+def alive(pid: int) -> bool:
+    """Is the process there and not a zombie?"""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
 def mapped_libraries(pid: int) -> Iterator[Candidate]:
     """CUDA libraries mapped by a process, reached through its own root."""
     try:

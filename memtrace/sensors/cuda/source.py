@@ -10,11 +10,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 
@@ -22,11 +21,22 @@ from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core import apis
-from memtrace.core.abi import EVENT_DTYPE, STAT_COUNT, CtlEvent, CtlType, InodeKey, Layer, Stat, Totals, TotalsKey
-from memtrace.core.errors import AttachError, MemtraceError
+from memtrace.core.abi import (
+    EVENT_DTYPE,
+    STAT_COUNT,
+    CtlEvent,
+    CtlType,
+    HoldState,
+    InodeKey,
+    Layer,
+    Stat,
+    Totals,
+    TotalsKey,
+)
+from memtrace.core.errors import AttachError, MemtraceError, ProcMismatch
 from memtrace.core.ids import ProcessKey
 from memtrace.sensors.cuda import discovery, elf
-from memtrace.sensors.cuda.holds import Guardian, release_all
+from memtrace.sensors.cuda.holds import HELD_MAP, HOLD_LIMIT_S, Guardian, refresh, release, release_all
 
 log = logging.getLogger("memtrace")
 
@@ -141,6 +151,26 @@ class Options:
     only_traced: bool = False  # `memtrace run`: only processes added with trace_pid and their children
     ring_bytes: int = DEFAULT_RING_BYTES
     hold_libraries: bool = True
+    hold_limit_s: float = HOLD_LIMIT_S  # the longest a process is held, whatever the agent does
+
+
+_INIT_PIDNS_INO = 0xEFFFFFFC  # PROC_PID_INIT_INO
+
+
+def pid_namespace() -> tuple[int, int]:
+    """(nsfs dev in the kernel's encoding, inode) of this process's pid
+    namespace, or (0, 0) for the host's. Raises ProcMismatch when /proc
+    belongs to another pid namespace (pids read there would be wrong)."""
+    st = os.stat("/proc/self/ns/pid")
+    try:
+        proc_self = int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        proc_self = -1
+    if proc_self != os.getpid():
+        raise ProcMismatch(os.getpid(), proc_self)
+    if st.st_ino == _INIT_PIDNS_INO:
+        return 0, 0
+    return (os.major(st.st_dev) << 20) | os.minor(st.st_dev), st.st_ino
 
 
 class BpfSource:
@@ -153,13 +183,26 @@ class BpfSource:
         on_exit: Callable[[ProcessKey], None] = lambda key: None,
         on_library: Callable[[Attachment], None] = lambda a: None,
         on_held: Callable[[ProcessKey], None] = lambda key: None,
+        on_missed: Callable[[ProcessKey], None] = lambda key: None,
         on_process: Callable[[ProcessKey, str, int], None] = lambda key, comm, cgroup_id: None,
     ) -> None:
         self.opts = opts
         self.on_events = on_events
         self.on_exit = on_exit
         self.on_library = on_library
-        self.on_held = on_held
+        self.on_held = on_held  # held before its new library ran: nothing missed
+        self.on_missed = on_missed  # not held (foreground job, hold expired): calls may have been missed
+        # Attaching runs on the control thread and in scan(): one at a time.
+        self._attach_lock = threading.RLock()
+        # Process notices from the control thread, applied by poll() in order
+        # with the events: (kind, process, comm, cgroup id), kind "held", "missed", "exit" or "proc".
+        self._notices: list[tuple[str, ProcessKey, str, int]] = []
+        self._notices_lock = threading.Lock()
+        self._ctl_stop = threading.Event()
+        self._ctl_thread: threading.Thread | None = None
+
+        self.holds_expired = 0  # holds the guardian ended at the limit before the probes were in
+        self.not_held = 0  # processes that mapped a new CUDA library and were not held
         self.on_process = on_process  # a process's first event: (key, comm, cgroup id), from BPF
         # The kernel's `lost` and `counts` keys of each process, as read by
         # lost() and counts(): forgetting a process deletes these alone.
@@ -186,23 +229,25 @@ class BpfSource:
             ensure_tracefs()
         obj = BpfObject(path, lib)
         self.obj = obj
+        ns_dev, ns_ino = pid_namespace()
         obj.set_rodata(
             {
                 "filter_pids": self.opts.only_traced,
                 "hold_libraries": self.opts.hold_libraries,
                 "agent_tgid": os.getpid(),
-            }
+                "pidns_dev": ns_dev,
+                "pidns_ino": ns_ino,
+            },
         )
         obj.set_max_entries("events", self.opts.ring_bytes)
         if not self.opts.hold_libraries:
             obj.set_autoload("mt_mmap", False)
         obj.load()
         self.maps = {
-            n: obj.map(n) for n in ("lost", "counts", "stats", "traced", "attached", "held", "inflight", "fresh")
+            n: obj.map(n) for n in ("lost", "counts", "stats", "traced", "attached", HELD_MAP, "inflight", "fresh")
         }
-        # Fork the guardian before any link exists, so it never keeps a
-        # probe alive after the agent is gone.
-        self.guardian = Guardian(self.maps["held"])
+        # Fork the guardian before any link exists, so it never inherits one.
+        self.guardian = Guardian(self.maps[HELD_MAP], self.opts.hold_limit_s)
         progs = ["mt_fork", "mt_exit"]
         if self.opts.hold_libraries:
             progs.append("mt_mmap")
@@ -210,6 +255,7 @@ class BpfSource:
             self._links.append(obj.attach(p))
         self.events = EventRing(obj.map("events").fd, self.opts.ring_bytes, EVENT_DTYPE)
         self.ring = RingBuffer(lib, [(obj.map("ctl_events"), self._on_ctl)])
+        self._start_control()
 
     def close(self) -> None:
         # The tracepoints first (three, removed here and now): once mt_mmap is
@@ -217,8 +263,9 @@ class BpfSource:
         for link in self._links:
             link.destroy()
         self._links.clear()
+        self._stop_control()
         if self.obj is not None and self.obj.loaded:
-            release_all(self.maps["held"])
+            release_all(self.maps[HELD_MAP], self.opts.hold_limit_s)
         destroy_links([link for a in self.attachments.values() for link in a.links])
         for a in self.attachments.values():
             a.links.clear()
@@ -242,7 +289,9 @@ class BpfSource:
         self.maps["traced"].update(ctypes.c_uint32(pid), one)
 
     def scan(self, pids: list[int] | None = None) -> None:
-        """Attach to the CUDA libraries already mapped by running processes."""
+        """Attach to the CUDA libraries already mapped by running processes.
+        (One attachment at a time holds the lock, so a held process's
+        attachment on the control thread waits for one, not for the scan.)"""
         for pid in pids if pids is not None else list(discovery.pids()):
             found_driver = False
             for cand in discovery.mapped_libraries(pid):
@@ -255,13 +304,14 @@ class BpfSource:
 
     def check_executable(self, exe: discovery.Candidate) -> None:
         """Attach runtime probes to an executable with a statically linked cudart."""
-        if exe.fid in self._checked_executables or exe.fid in self.attachments:
-            return
-        try:
-            self.attach(exe)
-        finally:
-            self._checked_executables.add(exe.fid)
-            self._mark(exe.fid, _CHECKED_EXECUTABLE)
+        with self._attach_lock:
+            if exe.fid in self._checked_executables or exe.fid in self.attachments:
+                return
+            try:
+                self.attach(exe)
+            finally:
+                self._checked_executables.add(exe.fid)
+                self._mark(exe.fid, _CHECKED_EXECUTABLE)
 
     def _mark(self, fid: discovery.FileId, value: int) -> None:
         try:
@@ -270,6 +320,10 @@ class BpfSource:
             log.debug("attached map: %s", e)
 
     def attach(self, cand: discovery.Candidate) -> Attachment | None:
+        with self._attach_lock:
+            return self._attach(cand)
+
+    def _attach(self, cand: discovery.Candidate) -> Attachment | None:
         if cand.fid in self.attachments:
             return self.attachments[cand.fid]
         layer = cand.layer if cand.layer is not None else Layer.RUNTIME
@@ -288,6 +342,7 @@ class BpfSource:
             for p in plan:
                 for prog, ret in p.programs:
                     att.links.append(self.obj.attach_uprobe(prog, cand.path, p.offset, p.cookie, ret))
+                    self._progress()
         except AttachError as e:
             att.close()
             log.warning("%s (pid %d) vanished while attaching: %s", cand.name, cand.pid, e.message)
@@ -328,25 +383,30 @@ class BpfSource:
             self._batches.append(batch)
 
     def poll(self, events: bool = True) -> int:
-        """Drain both rings and act on control events. Returns events seen.
+        """Drain the events ring and apply the control thread's notices in
+        order with it. Returns events seen. (Control events themselves are
+        handled on the control thread, as they arrive: see _control_loop.)
         With `events` False the events ring is left unread (its reader is
-        behind): control events are still handled, holds still released."""
-        assert self.ring is not None
+        behind): notices are still applied."""
+        with self._notices_lock:
+            notices, self._notices = self._notices, []
+        # Who a process is, and held/missed, first: the process's events are
+        # in the ring behind the notice. Exits last: every event of the
+        # process is in the ring before its exit notice.
+        for kind, key, comm, cgroup_id in notices:
+            if kind == "proc":
+                self.on_process(key, comm, cgroup_id)
+            elif kind == "held":
+                self.on_held(key)
+            elif kind == "missed":
+                self.on_missed(key)
         if events:
             self._read_events()
-        self.ring.consume()
-        ctl, self._ctl = self._ctl, []
-        for ev in ctl:
-            self._handle_ctl(ev)
-        if ctl:
-            # Events queued while a library was being attached.
-            if events:
-                self._read_events()
-            self.ring.consume()
-            for ev in self._ctl:
-                self._handle_ctl(ev)
-            self._ctl = []
-        return self.decode_pending()
+        n = self.decode_pending()
+        for kind, key, _comm, _cgroup in notices:
+            if kind == "exit":
+                self.on_exit(key)
+        return n
 
     def decode_pending(self) -> int:
         """Hand the records drained so far to the model as one batch."""
@@ -357,34 +417,119 @@ class BpfSource:
         self.on_events(batch)
         return len(batch)
 
-    def _handle_ctl(self, ev: CtlEvent) -> None:
-        if ev.type == CtlType.MAP:
+    def _control_loop(self) -> None:
+        """The control thread: sleeps in epoll on the control ring (whose
+        records, rare, are submitted with a wakeup) and acts on each at
+        once, so a held process waits for its attachment only, not for a
+        drain period or the drain thread."""
+        assert self.ring is not None
+        while not self._ctl_stop.is_set():
             try:
-                cand = discovery.opened_file(ev.pid, ev.fd)
-                if cand is not None and cand.layer is not None:
-                    self.attach(cand)
-                exe = discovery.executable(ev.pid)
-                if exe is not None:
-                    self.check_executable(exe)
-            except MemtraceError as e:
-                log.warning("pid %d: %s", ev.pid, e)
-            finally:
-                if ev.held:
-                    self.on_held(ProcessKey(ev.pid, ev.start_ns))  # nothing of it ran before its probes
-                    self._release(ev.pid)
-        elif ev.type == CtlType.EXIT:
-            self.on_exit(ProcessKey(ev.pid, ev.start_ns))
-        elif ev.type == CtlType.PROC:
-            self.on_process(ProcessKey(ev.pid, ev.start_ns), ev.comm.decode(errors="replace"), ev.cgroup_id)
+                self.ring.poll(100)
+                # Process notices come from uprobes, submitted without a
+                # wakeup (a wakeup there loses later hits: field notes): read
+                # them too, at least every 100 ms.
+                self.ring.consume()
+            except OSError as e:  # pragma: no cover
+                log.error("control ring: %s", e)
+                time.sleep(0.1)
+            self._act_on_control()
 
-    def _release(self, pid: int) -> None:
+    def _act_on_control(self) -> None:
+        ctl, self._ctl = self._ctl, []
+        for ev in ctl:
+            try:
+                self._handle_ctl(ev)
+            except Exception:  # pragma: no cover - never leave a hold to the limit for a bug
+                log.exception("control event for pid %d", ev.pid)
+                if ev.type == CtlType.MAP and ev.held == HoldState.HELD:
+                    release(self.maps[HELD_MAP], ev.host_pid, self.opts.hold_limit_s)
+
+    def read_control_now(self) -> None:
+        """Act on every control record in the ring now, for a last drain
+        before a report: process notices come without a wakeup and the
+        control thread may not have read the last ones yet. The thread is
+        paused meanwhile (libbpf's ring reader is not for two threads)."""
+        if self.ring is None:
+            return
+        running = self._ctl_thread is not None
+        if running:
+            self._stop_control()
+        self.ring.consume()
+        self._act_on_control()
+        if running:
+            self._start_control()
+
+    def _start_control(self) -> None:
+        self._ctl_stop.clear()
+        self._ctl_thread = threading.Thread(target=self._control_loop, name="memtrace-ctl", daemon=True)
+        self._ctl_thread.start()
+
+    def _stop_control(self) -> None:
+        if self._ctl_thread is not None:
+            self._ctl_stop.set()
+            self._ctl_thread.join()
+            self._ctl_thread = None
+
+    def _progress(self) -> None:
+        """Attaching goes on: every process this agent holds stays held (the
+        limit runs from the agent's last progress). An attachment can wait seconds behind other
+        tools' uprobe removals in the kernel; the limit bounds a stopped or
+        stuck agent, not a slow kernel."""
+        held = self.maps[HELD_MAP]
+        for host_pid in list(held.keys(ctypes.c_uint32)):  # queued holds wait behind this one
+            refresh(held, host_pid.value)
+
+    def _notice(self, kind: str, ev: CtlEvent, comm: str = "", cgroup_id: int = 0) -> None:
+        with self._notices_lock:
+            self._notices.append((kind, ProcessKey(ev.pid, ev.start_ns), comm, cgroup_id))
+
+    def _handle_ctl(self, ev: CtlEvent) -> None:
+        if ev.type == CtlType.EXIT:
+            self._notice("exit", ev)
+            return
+        if ev.type == CtlType.PROC:
+            self._notice("proc", ev, ev.comm.decode(errors="replace"), ev.cgroup_id)
+            return
         try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-        except PermissionError as e:  # pragma: no cover
-            log.error("cannot continue pid %d: %s", pid, e)
-        self.maps["held"].delete(ctypes.c_uint32(pid))
+            self._attach_mapped(ev.pid, ev.fd)
+        except MemtraceError as e:
+            log.warning("pid %d: %s", ev.pid, e)
+        finally:
+            if ev.held == HoldState.HELD:
+                self._notice("held", ev)  # nothing of it ran before its probes
+                rel = release(self.maps[HELD_MAP], ev.host_pid, self.opts.hold_limit_s)
+                if rel.expired and discovery.alive(ev.pid):
+                    self.holds_expired += 1
+                    self._notice("missed", ev)
+                    log.warning(
+                        "pid %d ran on before its CUDA library was attached (hold limit %g s): "
+                        "its first calls may be missing",
+                        ev.pid,
+                        self.opts.hold_limit_s,
+                    )
+            else:
+                self.not_held += 1
+                self._notice("missed", ev)
+
+    def _attach_mapped(self, pid: int, fd: int) -> None:
+        """Attach the library a MAP notice names, and check the executable.
+
+        Through the process's descriptor while it is still open; when it is
+        gone (the loader closes it once mapped, and a process not held runs
+        on) through the mapping itself (/proc/PID/map_files), which we open
+        ourselves."""
+        with self._attach_lock:
+            cand = discovery.opened_file(pid, fd)
+            if cand is not None and cand.layer is not None:
+                if self.attach(cand) is None:
+                    cand = None
+            if cand is None or cand.layer is None:
+                for c in discovery.mapped_libraries(pid):
+                    self.attach(c)
+            exe = discovery.executable(pid)
+            if exe is not None:
+                self.check_executable(exe)
 
     # ---- maps ----
 
@@ -395,8 +540,7 @@ class BpfSource:
         """Calls the events ring could not take, counted by the kernel."""
         m = self.maps["lost"]
         out = []
-        for raw in m.keys(TotalsKey):
-            k = cast(TotalsKey, raw)
+        for k in m.keys(TotalsKey):
             v = Totals()
             if m.lookup(k, v):
                 out.append((k, v))
@@ -407,8 +551,7 @@ class BpfSource:
         """Launches per (process, api), counted by the kernel."""
         m = self.maps["counts"]
         out = []
-        for raw in m.keys(TotalsKey):
-            k = cast(TotalsKey, raw)
+        for k in m.keys(TotalsKey):
             v = ctypes.c_uint64()
             if m.lookup(k, v):
                 out.append((k, v.value))
@@ -441,7 +584,7 @@ class BpfSource:
         slots = self.obj.map("slots") if self.obj else None
         owner = (ctypes.c_uint64 * 8)()  # the slot's owner word, then its call (56 bytes)
         busy = 0
-        for i in range(65536 if slots else 0):
-            if slots.lookup(ctypes.c_uint32(i), owner) and owner[0]:
+        for i in range(65536 if slots is not None else 0):
+            if slots is not None and slots.lookup(ctypes.c_uint32(i), owner) and owner[0]:
                 busy += 1
         return busy + sum(1 for _ in self.maps["inflight"].keys(ctypes.c_uint64))
