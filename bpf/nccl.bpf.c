@@ -23,6 +23,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "nccl.h"
+#include "uargs.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -105,49 +106,6 @@ static __always_inline bool is_traced(__u32 tgid)
 	if (!filter_pids)
 		return true;
 	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
-}
-
-/* The integer arguments at entry, read at constant ctx offsets. Arguments
- * past the sixth are on the stack on x86-64 (above the return address);
- * arm64 passes the first eight in x0..x7. As bpf/memtrace.bpf.c does. */
-struct args {
-	__u64 r[8];
-	__u64 sp;
-};
-
-static __always_inline void load_args(struct pt_regs *ctx, struct args *a)
-{
-	a->r[0] = PT_REGS_PARM1(ctx);
-	a->r[1] = PT_REGS_PARM2(ctx);
-	a->r[2] = PT_REGS_PARM3(ctx);
-	a->r[3] = PT_REGS_PARM4(ctx);
-	a->r[4] = PT_REGS_PARM5(ctx);
-#if defined(__TARGET_ARCH_x86)
-	a->r[5] = ctx->r9;
-	a->sp = ctx->sp;
-#elif defined(__TARGET_ARCH_arm64)
-	a->r[5] = ((struct user_pt_regs *)ctx)->regs[5];
-	a->r[6] = ((struct user_pt_regs *)ctx)->regs[6];
-	a->r[7] = ((struct user_pt_regs *)ctx)->regs[7];
-#else
-#error "memtrace supports __TARGET_ARCH_x86 and __TARGET_ARCH_arm64"
-#endif
-}
-
-/* The n-th (1-based) argument; 0 when n is 0 or out of range. */
-static __always_inline __u64 arg_at(const struct args *a, __u32 n)
-{
-	if (n == 0 || n > 8)
-		return 0;
-#if defined(__TARGET_ARCH_x86)
-	if (n > 6) {
-		__u64 v = 0;
-
-		bpf_probe_read_user(&v, sizeof(v), (void *)(a->sp + 8 * (n - 6)));
-		return v;
-	}
-#endif
-	return a->r[(n - 1) & 7];
 }
 
 static __always_inline __u32 ck(__u64 cookie, __u32 shift)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -92,3 +93,19 @@ def observed_totals(doc: dict) -> dict[Key, tuple[int, int, int]]:
         t[1] += r["bytes"]
         t[2] += r["errors"]
     return {k: tuple(v) for k, v in out.items()}  # type: ignore[misc]
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def python_for_nobody() -> list[str]:
+    """An interpreter of this Python's version that the nobody user can run
+    (the venv's may live under root's 0700 home); give it this environment's
+    packages through PYTHONPATH (site.getsitepackages())."""
+    if subprocess.run([*NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
+        return [sys.executable]
+    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"  # the same minor: compiled packages load
+    for cand in (shutil.which(ver), f"/usr/bin/{ver}"):
+        if cand and subprocess.run([*NOBODY, cand, "-c", "pass"], capture_output=True).returncode == 0:
+            return [cand]
+    pytest.skip(f"no {ver} that the nobody user can run (this one is under a private home)")

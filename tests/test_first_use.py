@@ -7,16 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, memtrace_cmd
-
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+from conftest import NOBODY, REPO, memtrace_cmd, python_for_nobody
 
 
 def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
@@ -45,23 +42,9 @@ def test_ring_size_not_a_number_is_a_clear_error(size: str) -> None:
     assert "Traceback" not in p.stderr
 
 
-def _python_for_nobody() -> list[str]:
-    """An interpreter the nobody user can run, seeing this project's packages.
-    The venv's interpreter may live under root's 0700 home."""
-    probe = subprocess.run([*NOBODY, sys.executable, "-c", "pass"], capture_output=True)
-    if probe.returncode == 0:
-        return [sys.executable]
-    # Same minor version, so the venv's compiled packages still load.
-    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    for cand in (shutil.which(ver), f"/usr/bin/{ver}", "/usr/bin/python3"):
-        if cand and subprocess.run([*NOBODY, cand, "-c", "pass"], capture_output=True).returncode == 0:
-            return [cand]
-    pytest.skip("no Python interpreter that the nobody user can run")
-
-
 @pytest.mark.bpf
 def test_doctor_as_non_root_reports_instead_of_crashing(tmp_path: Path) -> None:
-    py = _python_for_nobody()
+    py = python_for_nobody()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *site.getsitepackages()]))
     p = subprocess.run(
         [*NOBODY, *py, "-m", "memtrace", "doctor"], capture_output=True, text=True, env=env, cwd="/", timeout=120

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from conftest import NOBODY, python_for_nobody
 
 from memtrace.core.netdev import IFACE_COUNTERS, InterfaceSample, NetSnapshot, net_rates
 from memtrace.sources.netdev import NetdevSource
@@ -353,8 +355,8 @@ def test_source_opens_without_privileges_to_enter_namespaces(tmp_path: Path) -> 
         "print(len(snap.interfaces) > 0, snap.errors)\n"
     )
     p = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-        env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent)),
+        [*NOBODY, *python_for_nobody(), "-c", code],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent), *site.getsitepackages()])),
         capture_output=True,
         text=True,
         timeout=60,
