@@ -109,3 +109,22 @@ def python_for_nobody() -> list[str]:
         if cand and subprocess.run([*NOBODY, cand, "-c", "pass"], capture_output=True).returncode == 0:
             return [cand]
     pytest.skip(f"no {ver} that the nobody user can run (this one is under a private home)")
+
+
+def top_once_attached(fakecuda: Path, columns: int, refreshes: int = 3) -> subprocess.Popen[str]:
+    """`memtrace top` started and past attaching the test runtime library
+    (its `-v` log says so): a workload released now is traced from its
+    first call, however long the agent took to start."""
+    top = subprocess.Popen(
+        [*memtrace_cmd(), "top", "-v", "-n", str(refreshes), "-i", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, COLUMNS=str(columns)),
+    )
+    assert top.stderr is not None
+    lib = str(fakecuda / "lib" / "libcudart")
+    for line in top.stderr:
+        if "attached" in line and lib in line:
+            return top
+    raise AssertionError(f"memtrace top exited ({top.wait()}) without attaching {lib}")

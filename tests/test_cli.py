@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import memtrace_cmd
+from conftest import memtrace_cmd, top_once_attached
 
 import memtrace.bpf.host as bpfhost
 from memtrace.core.errors import BTFMissing, LibbpfMissing, LibbpfTooOld
@@ -99,13 +98,7 @@ def test_top_shows_a_process_started_before_it(fakecuda: Path) -> None:
         env={"WORKLOAD_TRUTH": "/dev/null"},
     )
     assert w.stdout is not None and w.stdout.readline().strip() == "ready"
-    top = subprocess.Popen(
-        [*memtrace_cmd(), "top", "-n", "3", "-i", "1"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, COLUMNS="200"),
-    )
-    time.sleep(1.5)
+    top = top_once_attached(fakecuda, 200)
     assert w.stdin is not None
     w.stdin.write("go\n")
     w.stdin.flush()

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NOBODY, REPO, memtrace_cmd, python_for_nobody
+from conftest import NOBODY, REPO, memtrace_cmd, python_for_nobody, top_once_attached
 
 
 def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
@@ -283,7 +283,6 @@ def test_q_quits_top_on_a_terminal() -> None:
 
 @pytest.mark.bpf
 def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
-    import time
 
     w = subprocess.Popen(
         [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
@@ -293,13 +292,7 @@ def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
         env={"WORKLOAD_TRUTH": "/dev/null"},
     )
     assert w.stdout is not None and w.stdout.readline().strip() == "ready"
-    top = subprocess.Popen(
-        [*memtrace_cmd(), "top", "-n", "3", "-i", "1"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, COLUMNS="80"),
-    )
-    time.sleep(1.5)
+    top = top_once_attached(fakecuda, 80)
     assert w.stdin is not None
     w.stdin.write("go\n")
     w.stdin.flush()
