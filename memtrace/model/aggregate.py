@@ -117,7 +117,8 @@ class Model:
         # the model does no I/O).
         self.identify = identify
         # Process start times are boot-clock ns: their wall-clock time is
-        # taken with one offset, so a process's start never moves.
+        # taken with one offset, so a process's start never moves. The
+        # runtime sets the host's own boot time, the same in every agent.
         self.boot_wall_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         self.step_trackers: dict[ProcessKey, StepTracker] = {}  # its steps (model/steps.py)
 

@@ -46,7 +46,7 @@ from memtrace.core.ids import ProcessKey
 from memtrace.model import Model
 from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.sensors.cuda.source import Attachment, BpfSource, Options
-from memtrace.sources.procfs import read_process
+from memtrace.sources.procfs import boot_wall_ns, read_process
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
 
@@ -72,6 +72,7 @@ class Agent:
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
         self.model = Model(complete_after_ns=None if opts.only_traced else 2**63, identify=read_process)
+        self.model.boot_wall_ns = boot_wall_ns()
         self.lock = threading.RLock()  # the model's
         self._drain_lock = threading.Lock()  # the rings'
         self._pending_lock = threading.Lock()  # the queue's, held for an append or a swap only

@@ -24,6 +24,7 @@ def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
     return float(min(interval * 2 ** min(failures, 10), max(cap, interval)))
 
 
+TRIM_INTERVAL_S = 0.5  # the bound on exited processes is kept at least this often
 MAX_UNSENT_EXITED = 2048
 SETTLE_POLL_S = 0.02  # how often a push in flight is looked at
 
@@ -67,6 +68,25 @@ def push_forever(
     next_at = time.monotonic() + cfg.interval
     log.warning("pushing to %s", cfg.redacted())
 
+    def trim_exited() -> None:
+        """At most `max_unsent_exited` exited processes wait for a push: the
+        oldest beyond are dropped and counted. Under the model lock."""
+        with agent.lock:
+            model = agent.model
+            exited = sorted((p.first_seen_ns, key) for key, p in model.processes.items() if p.exited)
+            if len(exited) <= max_unsent_exited:
+                return
+            drop = [key for _, key in exited[: len(exited) - max_unsent_exited]]
+            if not builder.unsent_processes:
+                log.warning(
+                    "more than %d exited processes are waiting for a push: the oldest are dropped "
+                    "unsent (counted in memtrace.agent.unsent_processes)",
+                    max_unsent_exited,
+                )
+            for key in drop:
+                agent.forget(key)
+            builder.unsent_processes += len(drop)
+
     def build() -> Batch:
         with agent.lock:
             # A process already gone has queued all its events: look first, then
@@ -77,18 +97,7 @@ def push_forever(
             agent.sync_totals()
             for key in gone:
                 model.process_exited(key)  # its exit notice was lost: never keep its series forever
-            exited = sorted((p.first_seen_ns, key) for key, p in model.processes.items() if p.exited)
-            if len(exited) > max_unsent_exited:
-                drop = [key for _, key in exited[: len(exited) - max_unsent_exited]]
-                if not builder.unsent_processes:
-                    log.warning(
-                        "more than %d exited processes are waiting for a push: the oldest are dropped "
-                        "unsent (counted in memtrace.agent.unsent_processes)",
-                        max_unsent_exited,
-                    )
-                for key in drop:
-                    agent.forget(key)
-                builder.unsent_processes += len(drop)
+            trim_exited()
             return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=agent.take_drain_gap_window())
 
     def settle(ok: bool, reason: str, delivered: int, batch: Batch) -> None:
@@ -138,8 +147,12 @@ def push_forever(
                     batch = build()
                     inflight = (pool.submit(exporter.export, batch.data), batch)
                     next_at = time.monotonic() + backoff(cfg.interval, failures)
-                # Wake for a finished push, the next one, or the stop, whichever comes first.
-                stop.wait(SETTLE_POLL_S if inflight is not None else max(next_at - time.monotonic(), 0.0))
+                # Exits are folded by the drain thread between pushes, and a push
+                # may be backed off for long: keep the bound meanwhile too.
+                trim_exited()
+                # Wake for a finished push, the next one, the stop, or the next trim.
+                wait = SETTLE_POLL_S if inflight is not None else max(next_at - time.monotonic(), 0.0)
+                stop.wait(min(wait, TRIM_INTERVAL_S))
             # Flush: whatever was in flight, then one last push with everything.
             deadline = time.monotonic() + final_timeout
             if inflight is not None:

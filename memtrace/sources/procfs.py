@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from pathlib import Path
 
 from memtrace.core.ids import ProcessInfo, ProcessKey
@@ -80,6 +81,20 @@ def is_running(key: ProcessKey, proc: Path = Path("/proc")) -> bool:
     """Is this process (not merely its pid, which may be reused) still there?"""
     ticks = process_start_ticks(key.pid, proc)
     return ticks != 0 and (key.start_ns == 0 or ticks == start_ticks_of(key))
+
+
+def boot_wall_ns(proc: Path = Path("/proc")) -> int:
+    """When the host booted, as wall-clock ns: the kernel's own `btime`
+    (/proc/stat), the same for every agent on the host, so a process's
+    start (boot-clock ns + this) names it alike in all of them. Sampling
+    the two clocks instead jitters by microseconds between agents."""
+    try:
+        for line in (proc / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1]) * 1_000_000_000
+    except (OSError, ValueError, IndexError):
+        pass
+    return time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
 def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
