@@ -22,7 +22,7 @@ OBJS := $(foreach s,$(SENSORS),$(foreach a,$(ARCHES),$(OUT)/$(s).$(a).bpf.o))
 all: $(OBJS)
 
 define sensor_rule
-$$(OUT)/$(1).%.bpf.o: bpf/$(1).bpf.c bpf/$(1).h bpf/uargs.h vmlinux/%/vmlinux.h
+$$(OUT)/$(1).%.bpf.o: bpf/$(1).bpf.c bpf/$(1).h bpf/uargs.h bpf/maps.bpf.h vmlinux/%/vmlinux.h
 	@mkdir -p $$(OUT)
 	$$(CLANG) $$(BPF_CFLAGS) -D__TARGET_ARCH_$$* -I vmlinux/$$* -c $$< -o $$@
 	llvm-strip -g $$@

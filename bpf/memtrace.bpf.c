@@ -25,6 +25,7 @@
 #include <bpf/bpf_core_read.h>
 #include "memtrace.h"
 #include "uargs.h"
+#include "maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -511,11 +512,7 @@ static __always_inline void count_lost(struct mt_totals_key *tk, __u64 bytes, __
 	struct mt_totals zero = {}, *t;
 
 	stat_inc(MT_STAT_DROPPED);
-	t = bpf_map_lookup_elem(&lost, tk);
-	if (!t) {
-		bpf_map_update_elem(&lost, tk, &zero, BPF_NOEXIST);
-		t = bpf_map_lookup_elem(&lost, tk);
-	}
+	t = lookup_or_try_init(&lost, tk, &zero);
 	if (!t) {
 		stat_inc(MT_STAT_TOTALS_FULL);
 		return;

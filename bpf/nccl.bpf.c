@@ -24,6 +24,7 @@
 #include <bpf/bpf_core_read.h>
 #include "nccl.h"
 #include "uargs.h"
+#include "maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -204,11 +205,7 @@ static __always_inline void count_lost(struct nc_totals_key *tk, const struct in
 	struct nc_totals zero = {}, *t;
 
 	stat_inc(NC_STAT_DROPPED);
-	t = bpf_map_lookup_elem(&lost, tk);
-	if (!t) {
-		bpf_map_update_elem(&lost, tk, &zero, BPF_NOEXIST);
-		t = bpf_map_lookup_elem(&lost, tk);
-	}
+	t = lookup_or_try_init(&lost, tk, &zero);
 	if (!t) {
 		stat_inc(NC_STAT_LOST_FULL);
 		return;
