@@ -63,6 +63,12 @@ def run(
     ring_size: float = typer.Option(
         16, "--ring-size", metavar="MIB", help="Event ring size in MiB (rounded up to a power of two)."
     ),
+    host: bool = typer.Option(
+        True, "--host/--no-host", help="Also measure CPU waits, NICs, GPUs (NVML) and NCCL collectives."
+    ),
+    host_interval: float = typer.Option(
+        0.1, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """Trace CMD (a program and its arguments, after --) and its children from
@@ -75,12 +81,15 @@ def run(
     from memtrace.export.report import print_table, summary
     from memtrace.runtime.agent import Agent, Options
     from memtrace.runtime.command import run_command
+    from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
     out: IO[str] | None = None
     created = False
     json_fd: int | None = None
     try:
         opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size))
+        if not 0.001 <= host_interval <= 60:
+            raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
         if output:
             out, created = open_output(output)
         elif fmt == Format.json:
@@ -90,7 +99,8 @@ def run(
             json_fd = os.dup(1)
             os.dup2(2, 1)
         with Agent(opts) as agent:
-            done = run_command(agent, cmd)
+            signals = HostSignals(HostOptions(interval_s=host_interval), agent.pids) if host else None
+            done = run_command(agent, cmd, host=signals)
             doc = summary(
                 agent.model,
                 agent.stats(),
@@ -98,6 +108,8 @@ def run(
                 {"argv": cmd, "exit_code": done.exit_code, "wall_seconds": done.wall_seconds},
                 agent.source.malformed,
                 drain=agent.drain_stats().as_dict(),
+                host=signals.view(agent.names()) if signals else None,
+                collectives=signals.collectives_view() if signals else None,
             )
     except MemtraceError as e:
         if out is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -157,3 +158,14 @@ def cookie(coll: Collective, count: int = 0, dtype: int = 0, peer: int = 0, comm
         | comm << CK_COMM_SHIFT
         | stream << CK_STREAM_SHIFT
     )
+
+
+@dataclass
+class CallTotals:
+    """Calls of one collective by one process, as the sensor counted them."""
+
+    calls: int = 0
+    bytes: int = 0  # successful calls with a known datatype
+    errors: int = 0
+    bytes_unknown: int = 0  # calls whose datatype NCCL did not define: bytes not known
+    duration_ns: int = 0

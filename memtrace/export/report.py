@@ -40,8 +40,11 @@ def summary(
     malformed: int = 0,
     thresholds: Thresholds = DEFAULT,
     drain: dict[str, Any] | None = None,
+    host: dict[str, Any] | None = None,
+    collectives: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them."""
+    """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them;
+    `host` and `collectives`: the host signals' views (runtime/hostsignals.py), None when they were off."""
     rows = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0, "errors": 0})
     copies = model.copy_view()
@@ -49,7 +52,7 @@ def summary(
         st = copies[key]
         if st.calls == 0:
             continue
-        layer, api, direction, sync, host = describe(key)
+        layer, api, direction, sync, host_memory = describe(key)
         proc = model.processes.get(key.process)
         h = st.durations
         seconds = st.duration_ns / 1e9
@@ -61,7 +64,7 @@ def summary(
                 "layer": layer,
                 "api": api,
                 "direction": direction,
-                "host_memory": host,
+                "host_memory": host_memory,
                 "synchronous": sync,
                 "calls": st.calls,
                 "bytes": st.bytes,
@@ -88,6 +91,8 @@ def summary(
         "synchronization": synchronization(model),
         "launches": launches(model),
         "steps": steps(model),
+        "collectives": collectives or [],
+        "host": host,
         "findings": [f.as_dict() for f in compute(model, thresholds)],
         "agent": {
             "events": stats.get(Stat.EVENTS, 0),
@@ -336,6 +341,7 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
             tt.add_row(d, f"{v['calls']:,}", f"{v['bytes']:,}", human_bytes(v["bytes"]), f"{v['errors']:,}")
         fit(console, tt)
     print_sections(doc, console)
+    print_host(doc, console)
     console.print(f"[bold]libraries[/bold]: {_libraries(a['libraries']) or 'none'}", highlight=False)
     line = f"events {a['events']:,}, dropped {a['dropped']:,}"
     if a["abandoned_calls"] or a["untracked_calls"]:
@@ -412,3 +418,74 @@ def print_sections(doc: dict[str, Any], console: Console) -> None:
             f"[bold yellow]finding[/bold yellow] ({f['process'] or f['pid']}): {f['summary']}.\n"
             f"  [bold]fix[/bold]: {f['fix']}"
         )
+
+
+def _pct(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0%}"
+
+
+def print_host(doc: dict[str, Any], console: Console) -> None:
+    """The host signals in a few lines: CPU waits, collectives, GPUs, busy links, sensors that were off."""
+    host = doc.get("host")
+    for c in doc.get("collectives") or []:
+        since = "" if c.get("counted_from", "start") == "start" else " (since NCCL was attached)"
+        console.print(
+            f"[bold]collective[/bold] pid {c['pid']} {c['collective']}: {c['calls']:,} calls, "
+            f"{human_bytes(c['bytes'])}, {c['seconds']:.3g} s in the calls{since}",
+            highlight=False,
+        )
+    if not host:
+        return
+    for r in host["cpu"]:
+        lat = r["run_queue_latency_us"]
+        p99 = "" if lat is None else f", run-queue p99 {lat['p99'] / 1e3:.3g} ms"
+        line = (
+            f"[bold]cpu[/bold] pid {r['pid']} {r['process'] or ''}: on CPU {r['on_cpu_seconds']:.3g} s, "
+            f"waited for a CPU {_pct(r['run_queue_share'])} of its time{p99}"
+        )
+        top = [p for p in r["preempted_by"] if p["switches"]]
+        if top:
+            who = top[0]["cgroup"] or f"cgroup {top[0]['cgroup_id']}"
+            line += f"; preempted most by {who} ({top[0]['last_process']})"
+        q = r["cpu_quota"]
+        if q and q["throttled_periods"]:
+            line += f"; its CPU quota throttled it {q['throttled_seconds']:.3g} s"
+        console.print(line, highlight=False)
+    for g in host["gpus"]:
+        sm, temp, power = g["sm_utilization_percent"], g["temperature_celsius"], g["power_watts"]
+        parts = [f"[bold]gpu {g['index']}[/bold] {g['name']}:"]
+        if g["lost_samples"]:
+            parts.append(f"[red]lost in {g['lost_samples']} of {g['samples']} samples[/red]")
+        if sm:
+            parts.append(f"SM {sm['mean']:.0f}% mean")
+        if temp:
+            parts.append(f"{temp['max']:.0f} C max")
+        if power:
+            parts.append(f"{power['max']:.0f} W max")
+        link = g["pcie_link"]
+        if link and link["width"] is not None:
+            can = f"gen{link['max_generation']} x{link['max_width']}"
+            parts.append(f"PCIe gen{link['generation']} x{link['width']} (can do {can})")
+        if g["throttled_share"]:
+            parts.append(
+                f"[yellow]throttled {_pct(g['throttled_share'])} ({', '.join(g['clock_event_reasons'])})[/yellow]"
+            )
+        if g["pcie_replays"]:
+            parts.append(f"[yellow]{g['pcie_replays']:,} PCIe replays[/yellow]")
+        if g["xids"]:
+            parts.append(f"[red]XID {', '.join(map(str, g['xids']))}[/red]")
+        console.print(" ".join(parts), highlight=False)
+    for i in host["network"]["interfaces"]:
+        moved = i["rx_bytes"] + i["tx_bytes"]
+        if not moved or i["interface"] == "lo":
+            continue
+        line = f"[bold]net[/bold] {i['interface']}: rx {human_bytes(i['rx_bytes'])}, tx {human_bytes(i['tx_bytes'])}"
+        if i["peak_utilization"] is not None:
+            line += f", busiest {_pct(i['peak_utilization'])} of the link"
+        drops = i["rx_dropped"] + i["tx_dropped"]
+        if drops:
+            line += f", [yellow]{drops:,} dropped[/yellow]"
+        console.print(line, highlight=False)
+    off = [f"{k} ({v['reason'].split(':')[0]})" for k, v in host["sensors"].items() if v["state"] == "off"]
+    if off:
+        console.print(f"[dim]host signals off: {'; '.join(off)}[/dim]", highlight=False)

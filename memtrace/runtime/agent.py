@@ -302,6 +302,15 @@ class Agent:
     def stats(self) -> dict[Stat, int]:
         return self.source.stats()
 
+    def pids(self) -> set[int]:
+        """The processes the model has met (for the host signals; no lock:
+        a copy of the keys is taken at once)."""
+        return {k.pid for k in list(self.model.processes)}
+
+    def names(self) -> dict[int, str]:
+        """Each process's command name, as the model knows it."""
+        return {k.pid: p.name for k, p in list(self.model.processes.items()) if p.name}
+
     def close(self) -> None:
         try:
             self.stop_draining()

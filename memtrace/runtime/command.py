@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from memtrace.core.errors import CommandNotFound
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
+from memtrace.runtime.hostsignals import HostSignals
 
 
 @dataclass
@@ -83,13 +85,20 @@ class GatedChild:
         return Finished(code if code >= 0 else 128 - code, time.monotonic() - self.started)
 
 
-def run_command(agent: Agent, argv: list[str], drain_interval: float = DRAIN_INTERVAL_S) -> Finished:
-    """Trace argv and its descendants until it exits."""
+def run_command(
+    agent: Agent, argv: list[str], drain_interval: float = DRAIN_INTERVAL_S, host: HostSignals | None = None
+) -> Finished:
+    """Trace argv and its descendants until it exits; with `host`, sample
+    the host signals of the same processes meanwhile (closed on return)."""
     child = GatedChild(argv)
     try:
         agent.source.trace_pid(child.pid)
+        if host is not None:
+            host.start([child.pid])
     except BaseException:
         child.abort()
+        if host is not None:
+            host.close()
         raise
     # The terminal's ^C reaches the child too; we wait for it and report.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -100,7 +109,7 @@ def run_command(agent: Agent, argv: list[str], drain_interval: float = DRAIN_INT
     old_term = signal.signal(signal.SIGTERM, forward)
     try:
         # The agent drains on its own thread while this one waits for the command.
-        with agent.draining(drain_interval):
+        with agent.draining(drain_interval), host.sampling() if host is not None else contextlib.nullcontext():
             child.release()
             done = child.wait()
         # Every event and notice of the finished process is already in the
@@ -110,5 +119,7 @@ def run_command(agent: Agent, argv: list[str], drain_interval: float = DRAIN_INT
         agent.sync_totals()
         return done
     finally:
+        if host is not None:
+            host.close()  # its last sample sees the command's end
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)

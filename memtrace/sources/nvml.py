@@ -207,18 +207,20 @@ class NvmlSource:
     def gpu_count(self) -> int:
         return len(self._gpus)
 
-    def sample(self) -> list[GpuSample]:
+    def sample(self, detail: bool | None = None) -> list[GpuSample]:
         """One reading of every GPU, with the XIDs raised since the previous call.
 
         Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
         temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
         NVML itself refreshes those at about 1 Hz or slower, and reading PCIe throughput samples a
         counter over 20 ms (NVML's documentation). Between, `detail` is False and they are None.
+        `detail` True or False overrides the cadence for this call (a run's last sample reads all).
         """
         with self._lock:
             if self._closed:
                 return []
-            detail = self._count % self.detail_every == 0
+            if detail is None:
+                detail = self._count % self.detail_every == 0
             self._count += 1
             now = time.monotonic_ns()
             xids = self._drain_xids()

@@ -23,7 +23,16 @@ from memtrace.bpf.host import bpf_arch, check_kernel
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core.errors import AttachError
-from memtrace.core.nccl import EVENT_DTYPE, F_BYTES_UNKNOWN, STAT_COUNT, Collective, Stat, Totals, TotalsKey
+from memtrace.core.nccl import (
+    EVENT_DTYPE,
+    F_BYTES_UNKNOWN,
+    STAT_COUNT,
+    CallTotals,
+    Collective,
+    Stat,
+    Totals,
+    TotalsKey,
+)
 from memtrace.sensors.cuda.discovery import FileId, pids
 from memtrace.sensors.cuda.source import destroy_links
 from memtrace.sensors.nccl.discovery import mapped_nccl
@@ -36,17 +45,6 @@ DEFAULT_RING_BYTES = 4 << 20
 
 def object_path(arch: str | None = None) -> Path:
     return Path(str(resources.files("memtrace") / "bpf" / f"nccl.{arch or bpf_arch()}.bpf.o"))
-
-
-@dataclass
-class CallTotals:
-    """Calls of one collective by one process, as the sensor counted them."""
-
-    calls: int = 0
-    bytes: int = 0  # successful calls with a known datatype
-    errors: int = 0
-    bytes_unknown: int = 0  # calls whose datatype NCCL did not define: bytes not known
-    duration_ns: int = 0
 
 
 @dataclass

@@ -9,15 +9,17 @@ on its sampling timer and ``close()`` at the end.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from memtrace.bpf.host import bpf_arch, check_kernel
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map
+from memtrace.core.cpu import CpuStats, Preemptor, quantile_us, slot_bounds_us
 from memtrace.sensors.sched.abi import FILTER_BITS, SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, SchedStat
 
 PROGRAMS = ("sc_switch", "sc_wakeup", "sc_wakeup_new")
+
+__all__ = ["PROGRAMS", "CpuStats", "Preemptor", "SchedSensor", "object_path", "quantile_us", "slot_bounds_us"]
 
 
 def object_path(arch: str | None = None) -> Path:
@@ -27,83 +29,6 @@ def object_path(arch: str | None = None) -> Path:
 def _u32(key: ctypes._CData) -> int:
     assert isinstance(key, ctypes.c_uint32)
     return int(key.value)
-
-
-def slot_bounds_us(slot: int) -> tuple[int, int]:
-    """[low, high) in microseconds of a histogram slot (the last one is open)."""
-    return (0 if slot == 0 else 1 << slot), (1 << (slot + 1))
-
-
-def quantile_us(hist: tuple[int, ...], q: float) -> float | None:
-    """The q-quantile of a log2 histogram, interpolated inside its slot; None if empty."""
-    total = sum(hist)
-    if total == 0:
-        return None
-    rank = q * total
-    seen = 0
-    for slot, n in enumerate(hist):
-        if n and seen + n >= rank:
-            lo, hi = slot_bounds_us(slot)
-            return lo + (hi - lo) * (rank - seen) / n
-        seen += n
-    lo, hi = slot_bounds_us(len(hist) - 1)
-    return float(hi)
-
-
-@dataclass(frozen=True)
-class Preemptor:
-    """Who took the CPU from a traced process: one cgroup (v2 id = its kernfs inode)."""
-
-    cgroup_id: int  # 0: nobody, the CPU went idle (the process's own quota throttled it)
-    count: int  # involuntary switches of the traced process in its favour
-    wait_ns: int  # run-queue wait of the traced threads that followed
-    last_pid: int  # the last preempting process seen (0: the CPU's idle task)
-    last_comm: str
-
-
-@dataclass(frozen=True)
-class CpuStats:
-    """Where one traced process's threads spent their time since tracing began."""
-
-    pid: int
-    runq_hist: tuple[int, ...]  # run-queue latency, log2 slots of microseconds
-    offcpu_hist: tuple[int, ...]  # blocked time, log2 slots of microseconds
-    runq_ns: int
-    offcpu_ns: int
-    oncpu_ns: int
-    voluntary: int
-    involuntary: int
-    cgroup_id: int  # the process's own cgroup (v2), as last seen at a switch
-    preemptors: tuple[Preemptor, ...] = field(default=())
-
-    def runq_quantile_us(self, q: float) -> float | None:
-        return quantile_us(self.runq_hist, q)
-
-    def offcpu_quantile_us(self, q: float) -> float | None:
-        return quantile_us(self.offcpu_hist, q)
-
-    def since(self, before: CpuStats) -> CpuStats:
-        """What happened between an earlier reading and this one (a sampling window)."""
-        old = {p.cgroup_id: p for p in before.preemptors}
-        pre = []
-        for p in self.preemptors:
-            o = old.get(p.cgroup_id)
-            count = p.count - (o.count if o else 0)
-            wait = p.wait_ns - (o.wait_ns if o else 0)
-            if count or wait:
-                pre.append(Preemptor(p.cgroup_id, count, wait, p.last_pid, p.last_comm))
-        return CpuStats(
-            pid=self.pid,
-            runq_hist=tuple(a - b for a, b in zip(self.runq_hist, before.runq_hist, strict=True)),
-            offcpu_hist=tuple(a - b for a, b in zip(self.offcpu_hist, before.offcpu_hist, strict=True)),
-            runq_ns=self.runq_ns - before.runq_ns,
-            offcpu_ns=self.offcpu_ns - before.offcpu_ns,
-            oncpu_ns=self.oncpu_ns - before.oncpu_ns,
-            voluntary=self.voluntary - before.voluntary,
-            involuntary=self.involuntary - before.involuntary,
-            cgroup_id=self.cgroup_id,
-            preemptors=tuple(sorted(pre, key=lambda p: -p.count)),
-        )
 
 
 class SchedSensor:

@@ -1,0 +1,417 @@
+"""What the host did around the traced processes, over a run: the CPU each
+process got (the CPU sensor), the GPUs (NVML), the network interfaces of the
+namespaces the processes live in (rtnetlink) and their collectives (the
+NCCL sensor). Pure folding of readings the runtime takes on its sampling
+timer; the report turns `view()` into the summary's `host` and
+`collectives` (README, "JSON summary").
+
+Every figure is the sensor's own, or a delta of two of its cumulative
+counters: nothing is estimated. A sensor that is off says so and why
+(`sensors`), and its section is empty rather than zero. GPU readings that
+NVML could not give are left out of the means and maxima, and counted
+(`samples`) so a reader can tell a quiet GPU from one never read.
+
+Bounded: per GPU a fixed set of running sums; per interface and qdisc the
+first and last sample and a few maxima; per process one CpuStats and one
+row per collective, at most `max_processes` processes (the oldest first
+seen are folded out and counted in `processes_dropped`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.core.cpu import CpuStats
+from memtrace.core.gpu import GpuSample
+from memtrace.core.nccl import CallTotals, Collective
+from memtrace.core.netdev import IFACE_COUNTERS, QDISC_COUNTERS, NetSnapshot, net_rates
+
+MAX_PROCESSES = 4096
+TOP_PREEMPTORS = 5
+
+
+@dataclass
+class SensorState:
+    """One host sensor: on, or off with the reason and the fix."""
+
+    on: bool
+    reason: str = ""
+    fix: str = ""
+
+    def row(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": "on" if self.on else "off"}
+        if not self.on:
+            out.update(reason=self.reason, fix=self.fix)
+        return out
+
+
+@dataclass
+class _Series:
+    """Mean and maximum of one reading over the samples that had it."""
+
+    n: int = 0
+    total: float = 0.0
+    most: float | None = None
+
+    def add(self, v: float | None) -> None:
+        if v is None:
+            return
+        self.n += 1
+        self.total += v
+        self.most = v if self.most is None else max(self.most, v)
+
+    def row(self, scale: float = 1.0) -> dict[str, float] | None:
+        if not self.n or self.most is None:
+            return None
+        return {"mean": self.total / self.n * scale, "max": self.most * scale}
+
+
+@dataclass
+class _Gpu:
+    index: int
+    uuid: str
+    name: str
+    bus_id: str
+    first: GpuSample | None = None  # the first and last detailed samples: cumulative counters
+    last: GpuSample | None = None
+    samples: int = 0
+    lost_samples: int = 0
+    sm: _Series = field(default_factory=_Series)
+    mem_util: _Series = field(default_factory=_Series)
+    memory_used: _Series = field(default_factory=_Series)
+    temperature: _Series = field(default_factory=_Series)
+    power: _Series = field(default_factory=_Series)
+    pcie_tx: _Series = field(default_factory=_Series)
+    pcie_rx: _Series = field(default_factory=_Series)
+    throttled_samples: int = 0
+    clock_samples: int = 0
+    reasons: set[str] = field(default_factory=set)
+    degraded_samples: int = 0
+    link_samples: int = 0
+    narrowest: tuple[int, int] | None = None  # (generation, width) at the lowest width seen
+    xids: list[int] = field(default_factory=list)
+    processes: dict[int, int | None] = field(default_factory=dict)  # pid -> GPU memory at its last sample
+
+    def add(self, s: GpuSample) -> None:
+        self.samples += 1
+        if s.lost:
+            self.lost_samples += 1
+            self.xids.extend(s.xids)
+            return
+        self.sm.add(s.sm_utilization_percent)
+        self.mem_util.add(s.memory_utilization_percent)
+        self.xids.extend(s.xids)
+        if s.clock_event_mask is not None:
+            self.clock_samples += 1
+            self.reasons.update(s.clock_event_reasons or ())
+            self.throttled_samples += bool(s.throttled)
+        if not s.detail:
+            return
+        if self.first is None:
+            self.first = s
+        self.last = s
+        self.memory_used.add(s.memory_used_bytes)
+        self.temperature.add(s.temperature_celsius)
+        self.power.add(s.power_milliwatts)
+        self.pcie_tx.add(s.pcie_tx_bytes_per_s)
+        self.pcie_rx.add(s.pcie_rx_bytes_per_s)
+        degraded = s.link_degraded
+        if degraded is not None:
+            self.link_samples += 1
+            self.degraded_samples += degraded
+        if s.link_width is not None and s.link_generation is not None:
+            if self.narrowest is None or (s.link_width, s.link_generation) < (self.narrowest[1], self.narrowest[0]):
+                self.narrowest = (s.link_generation, s.link_width)
+        for p in s.processes:
+            self.processes[p.pid] = p.used_memory_bytes
+
+    def _delta(self, name: str) -> int | None:
+        if self.first is None or self.last is None:
+            return None
+        a: int | None = getattr(self.first, name)
+        b: int | None = getattr(self.last, name)
+        if a is None or b is None:
+            return None
+        return b if b < a else b - a  # a counter that went down was reset (driver reload)
+
+    def row(self, pids: set[int] | None) -> dict[str, Any]:
+        last = self.last
+        link = None
+        if last is not None and last.max_link_width is not None:
+            link = {
+                "generation": last.link_generation,
+                "width": last.link_width,
+                "max_generation": last.max_link_generation,
+                "max_width": last.max_link_width,
+                "lowest_seen": None
+                if self.narrowest is None
+                else {"generation": self.narrowest[0], "width": self.narrowest[1]},
+                "degraded_share": self.degraded_samples / self.link_samples if self.link_samples else None,
+            }
+        power = self.power.row(1e-3)
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "bus_id": self.bus_id,
+            "samples": self.samples,
+            "lost_samples": self.lost_samples,
+            "sm_utilization_percent": self.sm.row(),
+            "memory_utilization_percent": self.mem_util.row(),
+            "memory_used_bytes": self.memory_used.row(),
+            "memory_total_bytes": None if last is None else last.memory_total_bytes,
+            "temperature_celsius": self.temperature.row(),
+            "power_watts": power,
+            "pcie_tx_bytes_per_second": self.pcie_tx.row(),
+            "pcie_rx_bytes_per_second": self.pcie_rx.row(),
+            "pcie_link": link,
+            "pcie_replays": self._delta("pcie_replay_count"),
+            "ecc_corrected_errors": self._delta("ecc_corrected_volatile"),
+            "ecc_uncorrected_errors": self._delta("ecc_uncorrected_volatile"),
+            "clock_event_reasons": sorted(self.reasons),
+            "throttled_share": self.throttled_samples / self.clock_samples if self.clock_samples else None,
+            "xids": list(self.xids),
+            "processes": [
+                {"pid": pid, "used_memory_bytes": used}
+                for pid, used in sorted(self.processes.items())
+                if pids is None or pid in pids
+            ],
+        }
+
+
+@dataclass
+class _Link:
+    """One interface (or qdisc) between its first and last sample, with the busiest window."""
+
+    first: Any
+    last: Any
+    t_first: int  # CLOCK_MONOTONIC ns of the samples
+    t_last: int
+    windows: int = 0
+    peak_utilization: float | None = None
+    peak_backlog_bytes: int = 0
+    resets: int = 0
+
+
+class HostBook:
+    """The host readings of one run (or one push interval), folded."""
+
+    def __init__(self, max_processes: int = MAX_PROCESSES) -> None:
+        self.sensors: dict[str, SensorState] = {}
+        self.max_processes = max_processes
+        self.gpus: dict[str, _Gpu] = {}
+        self.driver_version: str | None = None
+        self.cpu: OrderedDict[int, CpuStats] = OrderedDict()
+        self.names: dict[int, str] = {}
+        self.quota_throttled_ns: dict[int, tuple[str, int, int]] = {}  # pid -> (cgroup, throttled ns, periods)
+        self.collectives: dict[tuple[int, Collective], CallTotals] = {}
+        self.nccl_libraries: list[str] = []
+        self.processes_dropped = 0
+        self._net_prev: NetSnapshot | None = None
+        self._ifaces: dict[tuple[int, int, str], _Link] = {}
+        self._qdiscs: dict[tuple[int, int, str, int, int], _Link] = {}
+        self._namespaces: dict[int, tuple[bool, set[int]]] = {}
+        self.net_errors: set[str] = set()
+        self.net_samples = 0
+
+    # ---- folding ----
+
+    def set_sensor(self, name: str, state: SensorState) -> None:
+        self.sensors[name] = state
+
+    def add_gpus(self, samples: list[GpuSample]) -> None:
+        for s in samples:
+            g = self.gpus.get(s.uuid)
+            if g is None:
+                g = self.gpus[s.uuid] = _Gpu(s.index, s.uuid, s.name, s.bus_id)
+            g.add(s)
+
+    def add_net(self, snap: NetSnapshot) -> None:
+        self.net_samples += 1
+        self.net_errors.update(snap.errors)
+        for ns in snap.namespaces:
+            host, pids = self._namespaces.setdefault(ns.inode, (ns.host, set()))
+            pids.update(ns.pids)
+        for i in snap.interfaces:
+            link = self._ifaces.get(i.key)
+            if link is None:
+                self._ifaces[i.key] = _Link(i, i, snap.time_ns, snap.time_ns)
+            else:
+                link.last, link.t_last = i, snap.time_ns
+        for q in snap.qdiscs or ():
+            ql = self._qdiscs.get(q.key)
+            if ql is None:
+                ql = self._qdiscs[q.key] = _Link(q, q, snap.time_ns, snap.time_ns)
+            elif ql.last.kind != q.kind:
+                ql.first, ql.t_first = q, snap.time_ns  # a new qdisc at the same handle: count from it
+            ql.last, ql.t_last = q, snap.time_ns
+            ql.peak_backlog_bytes = max(ql.peak_backlog_bytes, q.backlog_bytes)
+        if self._net_prev is not None:
+            rates = net_rates(self._net_prev, snap)
+            if rates is not None:
+                for r in rates.interfaces:
+                    link = self._ifaces[(r.netns, r.index, r.name)]
+                    link.windows += 1
+                    link.resets += r.counter_resets
+                    u = r.utilization
+                    if u is not None:
+                        link.peak_utilization = u if link.peak_utilization is None else max(link.peak_utilization, u)
+        if snap.qdiscs is not None or self._net_prev is None:
+            self._net_prev = snap
+        else:
+            # keep the last snapshot that read queues, with this one's interfaces
+            self._net_prev = NetSnapshot(
+                snap.time_ns, snap.namespaces, snap.interfaces, self._net_prev.qdiscs, snap.gone_namespaces
+            )
+
+    def set_cpu(self, stats: dict[int, CpuStats], names: dict[int, str] | None = None) -> None:
+        """The CPU sensor's cumulative readings (a later reading replaces an earlier one)."""
+        for pid, st in stats.items():
+            self.cpu[pid] = st
+            self.cpu.move_to_end(pid)
+        self.names.update(names or {})
+        while len(self.cpu) > self.max_processes:
+            pid, _ = self.cpu.popitem(last=False)
+            self.names.pop(pid, None)
+            self.processes_dropped += 1
+
+    def set_quota(self, pid: int, cgroup: str, throttled_ns: int, throttled_periods: int) -> None:
+        self.quota_throttled_ns[pid] = (cgroup, throttled_ns, throttled_periods)
+
+    def set_collectives(self, totals: dict[tuple[int, Collective], CallTotals], libraries: list[str]) -> None:
+        self.collectives = totals
+        self.nccl_libraries = libraries
+
+    # ---- views ----
+
+    def _cpu_rows(self, cgroup_name: dict[int, str]) -> list[dict[str, Any]]:
+        rows = []
+        for pid, st in self.cpu.items():
+            alive = st.oncpu_ns + st.offcpu_ns + st.runq_ns
+            q = self.quota_throttled_ns.get(pid)
+            rows.append(
+                {
+                    "pid": pid,
+                    "process": self.names.get(pid, ""),
+                    "on_cpu_seconds": st.oncpu_ns / 1e9,
+                    "off_cpu_seconds": st.offcpu_ns / 1e9,
+                    "run_queue_seconds": st.runq_ns / 1e9,
+                    "run_queue_share": st.runq_ns / alive if alive else 0.0,
+                    "run_queue_latency_us": _quantiles(st.runq_quantile_us, sum(st.runq_hist)),
+                    "off_cpu_us": _quantiles(st.offcpu_quantile_us, sum(st.offcpu_hist)),
+                    "voluntary_switches": st.voluntary,
+                    "involuntary_switches": st.involuntary,
+                    "cgroup_id": st.cgroup_id,
+                    "cgroup": cgroup_name.get(st.cgroup_id),
+                    "cpu_quota": None
+                    if q is None
+                    else {"cgroup": q[0], "throttled_seconds": q[1] / 1e9, "throttled_periods": q[2]},
+                    "preempted_by": [
+                        {
+                            "cgroup_id": p.cgroup_id,
+                            "cgroup": "(idle: own CPU quota)" if p.cgroup_id == 0 else cgroup_name.get(p.cgroup_id),
+                            "switches": p.count,
+                            "run_queue_seconds": p.wait_ns / 1e9,
+                            "last_pid": p.last_pid,
+                            "last_process": p.last_comm,
+                        }
+                        for p in st.preemptors[:TOP_PREEMPTORS]
+                    ],
+                }
+            )
+        return rows
+
+    def _net_view(self) -> dict[str, Any]:
+        ifaces = []
+        for (netns, _index, name), link in sorted(self._ifaces.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+            interval = (link.t_last - link.t_first) / 1e9
+            deltas = _deltas(link.first, link.last, IFACE_COUNTERS)
+            b = link.last
+            host, _ = self._namespaces.get(netns, (False, set()))
+            ifaces.append(
+                {
+                    "netns": netns,
+                    "host_namespace": host,
+                    "interface": name,
+                    "operstate": b.operstate,
+                    "speed_bits_per_second": b.speed_bits_per_s,
+                    **deltas,
+                    "seconds": interval,
+                    "rx_bytes_per_second": deltas["rx_bytes"] / interval if interval else None,
+                    "tx_bytes_per_second": deltas["tx_bytes"] / interval if interval else None,
+                    "peak_utilization": link.peak_utilization,
+                    "counter_resets": link.resets,
+                }
+            )
+        qdiscs = []
+        for (netns, _ifindex, ifname, handle, parent), ql in sorted(
+            self._qdiscs.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3])
+        ):
+            deltas = _deltas(ql.first, ql.last, QDISC_COUNTERS)
+            b = ql.last
+            qdiscs.append(
+                {
+                    "netns": netns,
+                    "interface": ifname,
+                    "kind": b.kind,
+                    "handle": f"{handle >> 16:x}:{handle & 0xFFFF:x}",
+                    "root": parent == 0xFFFFFFFF,
+                    **deltas,
+                    "backlog_bytes": b.backlog_bytes,
+                    "peak_backlog_bytes": ql.peak_backlog_bytes,
+                }
+            )
+        return {
+            "samples": self.net_samples,
+            "namespaces": [
+                {"netns": ino, "host_namespace": host, "pids": sorted(pids)}
+                for ino, (host, pids) in sorted(self._namespaces.items())
+            ],
+            "interfaces": ifaces,
+            "qdiscs": qdiscs,
+            "errors": sorted(self.net_errors),
+        }
+
+    def view(self, cgroup_name: dict[int, str] | None = None, pids: set[int] | None = None) -> dict[str, Any]:
+        """The summary's `host` section."""
+        names = cgroup_name or {}
+        return {
+            "sensors": {k: v.row() for k, v in sorted(self.sensors.items())},
+            "cpu": self._cpu_rows(names),
+            "gpus": [g.row(pids) for g in sorted(self.gpus.values(), key=lambda g: g.index)],
+            "nvidia_driver": self.driver_version,
+            "network": self._net_view(),
+            "processes_dropped": self.processes_dropped,
+        }
+
+    def collectives_view(self) -> list[dict[str, Any]]:
+        """The summary's `collectives`: per process and collective, calls and bytes."""
+        return [
+            {
+                "pid": pid,
+                "collective": coll.label,
+                "calls": t.calls,
+                "bytes": t.bytes,
+                "bytes_unknown_calls": t.bytes_unknown,
+                "errors": t.errors,
+                "seconds": t.duration_ns / 1e9,
+            }
+            for (pid, coll), t in sorted(self.collectives.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+        ]
+
+
+def _deltas(first: Any, last: Any, names: tuple[str, ...]) -> dict[str, int]:
+    """Increase of each cumulative counter; one that went down was reset, and counts from zero."""
+    out = {}
+    for c in names:
+        a, b = getattr(first, c), getattr(last, c)
+        out[c] = b - a if b >= a else b
+    return out
+
+
+def _quantiles(fn: Any, n: int) -> dict[str, float] | None:
+    if not n:
+        return None
+    return {"count": n, "p50": fn(0.5), "p99": fn(0.99)}

@@ -1,0 +1,271 @@
+"""The host signals beside the CUDA sensor: the CPU each traced process gets
+(sensors/sched, BPF), its collectives (sensors/nccl, BPF), the GPUs (NVML)
+and the network interfaces of the namespaces the processes live in
+(rtnetlink). One sampling thread reads them on a timer and folds the
+readings into a HostBook (model/host.py).
+
+Each sensor is optional: one that cannot start here (no NVIDIA driver, no
+BTF for the sched tracepoints, no netlink socket) is off, with the reason
+and the fix in the summary's `host.sensors` and a warning in the log; the
+CUDA tracing and the other sensors go on. A sensor that fails mid-run (a
+GPU falls off the bus, a namespace goes away) is reported in its section,
+never raised into the traced run.
+
+Which processes: those the caller names (`memtrace run`'s command, from
+its first instruction) and every process the CUDA model has met, polled at
+each sample. The sched sensor measures a process from the moment it is
+added; the NCCL sensor follows the traced processes' forks itself and
+attaches to a libnccl file when a sample finds one mapped, so collectives
+made between the library's load and that sample are not seen: the
+collectives rows of such a process say so (`counted_from`).
+
+Cost: one sample reads the sched maps (one lookup per traced process), the
+NCCL ring, NVML's fast readings (utilisation, clock events, XIDs; the slow
+ones every `gpu_detail_every`-th sample) and the interface counters
+(RTM_GETSTATS; names and speeds every `link_every`-th). bench/host_sampling.py
+measures it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from memtrace.core.errors import MemtraceError
+from memtrace.model.host import HostBook, SensorState
+from memtrace.sensors.nccl.discovery import mapped_nccl
+from memtrace.sources.cgroup import CgroupNames, cpu_quotas
+
+log = logging.getLogger("memtrace")
+
+DEFAULT_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    cpu: bool = True
+    nccl: bool = True
+    gpu: bool = True
+    network: bool = True
+    interval_s: float = DEFAULT_INTERVAL_S
+    gpu_detail_every: int = 10  # NVML refreshes its slow readings at about 1 Hz
+    link_every: int = 10
+    quota_every: int = 10  # cgroup cpu.stat, per process
+
+
+def _off(e: BaseException) -> SensorState:
+    if isinstance(e, MemtraceError):
+        return SensorState(False, e.message, e.fix)
+    return SensorState(False, str(e) or type(e).__name__, "run `memtrace doctor` to see what this host lacks")
+
+
+class HostSignals:
+    def __init__(self, opts: HostOptions, pids: Callable[[], set[int]] | None = None) -> None:
+        self.opts = opts
+        self.book = HostBook()
+        self.lock = threading.Lock()  # the book's
+        self._pids_fn = pids or set
+        self._pids: set[int] = set()
+        self._sched: Any = None
+        self._nccl: Any = None
+        self._nvml: Any = None
+        self._net: Any = None
+        self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
+        self._quota_first: dict[int, dict[str, tuple[int, int]]] = {}
+        self._count = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.sample_errors = 0
+
+    # ---- lifecycle ----
+
+    def start(self, pids: Iterable[int] = ()) -> None:
+        """Start every sensor asked for that can run here; trace `pids` from now on."""
+        first = set(pids)
+        o = self.opts
+        if o.cpu:
+            self._start("cpu", self._start_sched, first)
+        if o.nccl:
+            self._start("nccl", self._start_nccl, first)
+        if o.gpu:
+            self._start("gpu", self._start_nvml, first)
+        if o.network:
+            self._start("network", self._start_net, first)
+        self._pids = set(first)
+        self.sample()
+
+    def _start(self, name: str, fn: Callable[[set[int]], None], pids: set[int]) -> None:
+        try:
+            fn(pids)
+        except (MemtraceError, OSError) as e:
+            state = _off(e)
+            log.info("%s signals are off: %s", name, state.reason)
+            self.book.set_sensor(name, state)
+            return
+        self.book.set_sensor(name, SensorState(True))
+
+    def _start_sched(self, pids: set[int]) -> None:
+        from memtrace.sensors.sched import SchedSensor
+
+        s = SchedSensor()
+        s.start(sorted(pids))
+        self._sched = s
+
+    def _start_nccl(self, pids: set[int]) -> None:
+        from memtrace.sensors.nccl import NcclSensor
+
+        s = NcclSensor()
+        s.start(sorted(pids))
+        self._nccl = s
+
+    def _start_nvml(self, _pids: set[int]) -> None:
+        from memtrace.sources.nvml import NvmlSource
+
+        src = NvmlSource.connect(self.opts.gpu_detail_every)
+        self._nvml = src
+        self.book.driver_version = src.driver_version
+
+    def _start_net(self, _pids: set[int]) -> None:
+        from memtrace.sources.netdev import NetdevSource
+
+        self._net = NetdevSource(link_every=self.opts.link_every)
+
+    def close(self) -> None:
+        """A last sample, then every sensor closed."""
+        self.stop()
+        with contextlib.suppress(MemtraceError, OSError):
+            self.sample(final=True)
+        for s in (self._sched, self._nccl, self._nvml, self._net):
+            if s is not None:
+                with contextlib.suppress(MemtraceError, OSError):
+                    s.close()
+        self._sched = self._nccl = self._nvml = self._net = None
+
+    def __enter__(self) -> HostSignals:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- sampling ----
+
+    def _track(self, pids: set[int]) -> None:
+        new = pids - self._pids
+        for pid in sorted(new):
+            if self._sched is not None:
+                with contextlib.suppress(MemtraceError, OSError):
+                    self._sched.add_pid(pid)
+            if self._nccl is not None:
+                with contextlib.suppress(MemtraceError, OSError):
+                    self._nccl.trace_pid(pid)
+        self._pids |= new
+
+    def sample(self, final: bool = False) -> None:
+        """One reading of every sensor that is on, folded into the book."""
+        self._count += 1
+        self._track(self._pids_fn())
+        pids = set(self._pids)
+        if self._nccl is not None:
+            self._sample_nccl(pids)
+        if self._nvml is not None:
+            gpus = self._nvml.sample(detail=True if final else None)
+            with self.lock:
+                self.book.add_gpus(gpus)
+        if self._net is not None:
+            snap = self._net.sample(sorted(pids))
+            with self.lock:
+                self.book.add_net(snap)
+        if self._sched is not None:
+            stats = self._sched.read()
+            with self.lock:
+                self.book.set_cpu(stats)
+            if final or self._count % self.opts.quota_every == 1:
+                self._sample_quotas(stats)
+
+    def _sample_nccl(self, pids: set[int]) -> None:
+        s = self._nccl
+        before = len(s.attachments)
+        s.poll()
+        if s.scan(sorted(pids)):
+            # Attached now: what the processes that had it loaded called before is not seen.
+            now = time.time()
+            fids = set(s.attachments)
+            for pid in pids:
+                if any(c.fid in fids for c in mapped_nccl(pid)):
+                    self._nccl_since.setdefault(pid, now)
+            log.info("attached to %d new NCCL file(s) while sampling", len(s.attachments) - before)
+        s.poll()
+        with self.lock:
+            self.book.set_collectives(s.totals(), [a.name for a in s.attachments.values()])
+
+    def _sample_quotas(self, stats: dict[int, Any]) -> None:
+        for pid in stats:
+            qs = cpu_quotas(pid)
+            limited = [q for q in qs if q.quota_us is not None] or qs[:1]
+            if not limited:
+                continue
+            q = limited[0]
+            first = self._quota_first.setdefault(pid, {}).setdefault(q.path, (q.throttled_ns, q.nr_throttled))
+            with self.lock:
+                self.book.set_quota(pid, q.path, q.throttled_ns - first[0], q.nr_throttled - first[1])
+
+    def _loop(self) -> None:
+        interval = self.opts.interval_s
+        nxt = time.monotonic() + interval
+        while not self._stop.wait(max(0.0, nxt - time.monotonic())):
+            nxt += interval
+            try:
+                self.sample()
+            except (MemtraceError, OSError) as e:
+                self.sample_errors += 1
+                if self.sample_errors == 1:
+                    log.warning("a host-signal sample failed (%s); counted in host.sample_errors", e)
+            now = time.monotonic()
+            if nxt < now:  # fell behind (a stopped agent, a slow NVML call): skip, do not burst
+                nxt = now + interval
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[HostSignals]:
+        """Sample on a thread of its own for the duration of the block."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="memtrace-host", daemon=True)
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    # ---- views ----
+
+    def view(self, names: dict[int, str] | None = None) -> dict[str, Any]:
+        """The summary's `host` section."""
+        cg = CgroupNames()
+        with self.lock:
+            self.book.names.update(names or {})
+            ids = {st.cgroup_id for st in self.book.cpu.values()}
+            ids |= {p.cgroup_id for st in self.book.cpu.values() for p in st.preemptors}
+            doc = self.book.view({i: n for i in ids if i and (n := cg.path(i)) is not None}, self._pids)
+        doc["sample_interval_seconds"] = self.opts.interval_s
+        doc["sample_errors"] = self.sample_errors
+        return doc
+
+    def collectives_view(self) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = self.book.collectives_view()
+        for r in rows:
+            since = self._nccl_since.get(r["pid"])
+            r["counted_from"] = "start" if since is None else "attach"
+            if since is not None:
+                r["attached_time_unix_nano"] = int(since * 1e9)
+        return rows

@@ -1,0 +1,191 @@
+"""`memtrace run`'s host signals end to end: the summary's `host` section
+against what the traced command itself knows (its own context switches and
+CPU time), against the kernel's own counters of a veth pair between two
+network namespaces the test makes, and against the scripted test NVML
+(tests/fixtures/nvml.c) that the command changes mid-run."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import memtrace_cmd
+from test_netdev import CLIENT, SERVER, Pair, pair  # noqa: F401 - the fixture, used by name
+from test_nvml import HEALTHY, fakenvml, gpu, script  # noqa: F401 - the fixture, used by name
+
+pytestmark = pytest.mark.bpf
+
+GIB = 1 << 30
+
+
+def run(
+    argv: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, prefix: list[str] = ()
+) -> dict[str, Any]:
+    out = tmp_path / "summary.json"
+    p = subprocess.run(
+        [*prefix, *memtrace_cmd(), "run", "--format", "json", "-o", str(out), "--", *argv],
+        env=dict(os.environ, **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+SLEEPER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    for _ in range(int(sys.argv[1])):
+        time.sleep(0.01)
+    t = time.process_time_ns()
+    while time.process_time_ns() - t < 200_000_000:  # 200 ms on CPU
+        pass
+    st = dict(l.split(":\\t") for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)
+    print(json.dumps({"pid": os.getpid(), "voluntary": int(st["voluntary_ctxt_switches"]),
+                      "involuntary": int(st["nonvoluntary_ctxt_switches"]),
+                      "cpu_ns": time.process_time_ns()}), file=sys.stderr, flush=True)
+    """
+)
+
+
+def test_run_reports_the_cpu_its_command_got(tmp_path: Path) -> None:
+    truth_file = tmp_path / "truth.json"
+    doc = run(["sh", "-c", f'exec {sys.executable} -c "$0" 100 2>{truth_file}', SLEEPER], tmp_path)
+    truth = json.loads(truth_file.read_text())
+    host = doc["host"]
+    assert host["sensors"]["cpu"] == {"state": "on"}
+    (row,) = [r for r in host["cpu"] if r["pid"] == truth["pid"]]
+    report = {"row": row, "truth": truth}
+    # Traced from before its first instruction (the gate) to its exit: the
+    # kernel's own counts when the command read them, and after that read
+    # at most its exit (a last block flushing stderr; a preemption).
+    assert truth["voluntary"] <= row["voluntary_switches"] <= truth["voluntary"] + 1, report
+    assert truth["involuntary"] <= row["involuntary_switches"] <= truth["involuntary"] + 1, report
+    assert row["off_cpu_us"]["count"] >= 100, report  # the hundred sleeps at least
+    # 200 ms of spinning and the interpreter's start are on CPU; the
+    # process's CPU time as it measured it bounds the sensor's from below.
+    assert row["on_cpu_seconds"] * 1e9 >= truth["cpu_ns"] * 0.99, report
+    assert row["on_cpu_seconds"] >= 0.2, report
+    alive = row["on_cpu_seconds"] + row["off_cpu_seconds"] + row["run_queue_seconds"]
+    assert alive <= doc["command"]["wall_seconds"] + 0.05, report
+
+
+def test_run_reports_the_traffic_of_its_network_namespace_exactly(pair: Pair, tmp_path: Path) -> None:  # noqa: F811
+    """memtrace runs inside namespace a (its own namespace is always sampled,
+    from before the command starts until after it exits), the command sends
+    a known payload to a server in namespace b: the veth's counters over the
+    run are the kernel's, read by the test before and after."""
+    server = pair.run(pair.b, SERVER, "tcp", "5201")
+    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    try:
+        before = pair.sysfs(pair.a, pair.va)
+        payload = 3 << 20
+        doc = run(
+            [sys.executable, "-c", CLIENT, "tcp", pair.ip_b, "5201", str(payload), "65536"],
+            tmp_path,
+            prefix=["ip", "netns", "exec", pair.a],
+        )
+        after = pair.sysfs(pair.a, pair.va)
+        assert server.stdin is not None
+        server.stdin.close()
+        assert int(server.stdout.readline()) == payload
+    finally:
+        server.kill()
+        server.wait()
+    net = doc["host"]["network"]
+    assert doc["host"]["sensors"]["network"] == {"state": "on"}
+    (veth,) = [i for i in net["interfaces"] if i["interface"] == pair.va]
+    assert veth["host_namespace"] is True  # memtrace's own namespace: a
+    for counter in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets", "tx_dropped", "rx_dropped"):
+        assert veth[counter] == after[counter] - before[counter], (counter, veth, before, after)
+    assert veth["tx_bytes"] > payload  # the payload and its headers
+    (tbf,) = [q for q in net["qdiscs"] if q["interface"] == pair.va and q["kind"] == "tbf"]
+    assert tbf["bytes"] >= payload and tbf["overlimits"] > 0  # 3 MiB through a 50 Mbit/s bucket waits
+
+
+GPU_SCRIPT = """
+import os, sys, time
+time.sleep(0.6)
+tmp = sys.argv[1] + ".tmp"
+with open(tmp, "w") as f:
+    f.write(sys.argv[2].replace("PID", str(os.getpid())))
+os.rename(tmp, sys.argv[1])
+time.sleep(0.6)
+"""
+
+
+def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) -> None:  # noqa: F811
+    """Healthy, then (the command rewrites the test NVML's script) replays,
+    an x8 link, thermal and power throttling, XIDs and the command's own
+    GPU memory: every figure is the scripted one."""
+    nvml_script = tmp_path / "nvml.script"
+    nvml_script.write_text(script(count=1, driver="580.65.06", **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
+    faulty = script(
+        count=1,
+        driver="580.65.06",
+        **gpu(
+            0,
+            uuid="GPU-aaaa",
+            **{**HEALTHY, "replay": 7 + 130, "link_width": 8, "reasons": 0x20 | 0x4, "temp": 88},
+            xids="79,48",
+            procs=f"PID:{3 * GIB}",
+        ),
+    )
+    env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
+    doc = run([sys.executable, "-c", GPU_SCRIPT, str(nvml_script), faulty], tmp_path, env=env)
+    host = doc["host"]
+    assert host["sensors"]["gpu"] == {"state": "on"}
+    assert host["nvidia_driver"] == "580.65.06"
+    (g,) = host["gpus"]
+    assert (g["index"], g["uuid"], g["name"], g["bus_id"]) == (0, "GPU-aaaa", HEALTHY["name"], HEALTHY["bus"])
+    assert g["lost_samples"] == 0 and g["samples"] >= 10  # 1.2 s at 10 Hz, and a last one
+    assert g["sm_utilization_percent"] == {"mean": 97.0, "max": 97.0}
+    assert g["temperature_celsius"]["max"] == 88.0 and g["temperature_celsius"]["mean"] < 88
+    assert g["power_watts"]["max"] == pytest.approx(412.345)
+    assert g["memory_used_bytes"]["max"] == 20 * GIB and g["memory_total_bytes"] == 80 * GIB
+    assert g["pcie_replays"] == 130
+    assert g["pcie_link"]["width"] == 8 and g["pcie_link"]["max_width"] == 16
+    assert g["pcie_link"]["lowest_seen"] == {"generation": 5, "width": 8}
+    assert g["clock_event_reasons"] == ["sw_power_cap", "sw_thermal_slowdown"]
+    assert 0 < g["throttled_share"] < 1
+    assert g["xids"] == [79, 48]
+    (traced,) = [r["pid"] for r in host["cpu"]]
+    assert g["processes"] == [{"pid": traced, "used_memory_bytes": 3 * GIB}]
+
+
+@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this host has an NVIDIA driver")
+def test_no_driver_turns_the_gpu_signals_off_and_says_why(tmp_path: Path) -> None:
+    doc = run(["true"], tmp_path, env={"LD_LIBRARY_PATH": str(tmp_path)})
+    gpu_state = doc["host"]["sensors"]["gpu"]
+    assert gpu_state["state"] == "off" and "libnvidia-ml.so.1" in gpu_state["reason"] and gpu_state["fix"]
+    assert doc["host"]["gpus"] == [] and doc["host"]["sensors"]["cpu"] == {"state": "on"}
+
+
+def test_no_host_leaves_the_section_out(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--no-host", "--format", "json", "-o", str(out), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["host"] is None and doc["collectives"] == []
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "100"])
+def test_a_bad_host_interval_is_refused_with_the_range(value: str) -> None:
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--host-interval", value, "--", "true"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2 and "--host-interval" in p.stderr and "Traceback" not in p.stderr, p.stderr
