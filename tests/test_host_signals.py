@@ -189,3 +189,51 @@ def test_a_bad_host_interval_is_refused_with_the_range(value: str) -> None:
         [*memtrace_cmd(), "run", "--host-interval", value, "--", "true"], capture_output=True, text=True, timeout=60
     )
     assert p.returncode == 2 and "--host-interval" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:  # noqa: F811
+    """`memtrace push` (host-wide) with the test NVML: the GPU's readings on
+    the agent's resource, and each CUDA process's CPU time and context
+    switches on its own, through a real OTLP backend."""
+    from backends import VictoriaMetrics
+    from test_push import start_push, stop_push, wait_for
+
+    nvml_script = tmp_path / "nvml.script"
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
+    env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
+    vm = VictoriaMetrics(tmp_path)
+    push = start_push(["--endpoint", vm.otlp, "--interval", "0.5", "--host-interval", "0.1"], env=env)
+    try:
+        w = subprocess.run(
+            [str(fakecuda / "workload"), "-n", "400", "-p", "3000", "-t", "1"],
+            env={"WORKLOAD_TRUTH": str(tmp_path / "truth.jsonl")},
+        )
+        assert w.returncode == 0
+        (pid,) = {json.loads(l)["pid"] for l in (tmp_path / "truth.jsonl").read_text().splitlines()}
+        sel = f'process_pid="{pid}"'
+
+        def one(expr: str) -> float | None:
+            r = vm.query(expr)
+            return float(r[0]["value"][1]) if r else None
+
+        def types() -> list[str]:
+            r = vm.query(f'{{__name__=~"process_context_switches.*",{sel}}}')
+            return sorted(x["metric"]["process_context_switch_type"] for x in r)
+
+        assert wait_for(types, ["involuntary", "voluntary"]) == ["involuntary", "voluntary"]
+        on_cpu = one(f'{{__name__=~"memtrace_process_on_cpu_time.*",{sel}}}')
+        assert on_cpu is not None and on_cpu > 0
+        g = 'hw_id="GPU-aaaa"'
+        assert wait_for(lambda: one(f'{{__name__=~"hw_gpu_utilization.*",{g}}}'), 0.97) == 0.97
+        assert one(f'{{__name__=~"hw_gpu_memory_usage.*",{g}}}') == 20 * GIB
+        assert one(f'{{__name__=~"hw_gpu_memory_limit.*",{g}}}') == 80 * GIB
+        assert one(f'{{__name__=~"hw_power.*",{g}}}') == pytest.approx(412.345)
+        assert one(f'{{__name__=~"memtrace_gpu_pcie_link_width.*",{g}}}') == 16
+        assert one(f'{{__name__=~"memtrace_gpu_throttled.*",{g}}}') == 0
+        assert one(f'{{__name__=~"memtrace_gpu_pcie_replays.*",{g}}}') == 0
+        rc, _, err = stop_push(push)
+        assert rc == 0, err
+    finally:
+        if push.poll() is None:
+            push.kill()
+        vm.stop()

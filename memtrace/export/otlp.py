@@ -50,6 +50,7 @@ from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey, iso8601_ns
 from memtrace.export.config import HistogramKind, Protocol, PushConfig, Temporality
 from memtrace.model import Model, describe
+from memtrace.model.host import HostBook
 
 log = logging.getLogger("memtrace.otlp")
 
@@ -98,6 +99,35 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "gpu.memory.outstanding": ("gauge", "Device memory allocations not yet freed", "{allocation}"),
     "gpu.memory.pinned_host": ("gauge", "Page-locked host memory allocated or registered now", "By"),
     "memtrace.finding": ("gauge", "A finding about the process: its headline number, with summary and fix", "1"),
+    "memtrace.steps": ("sum", "Steps (iterations) inferred from the process's call stream", "{step}"),
+    "memtrace.step.duration": ("hist", "Duration of each inferred step", "s"),
+    "memtrace.step.gpu_idle_share": ("gauge", "Share of step time the GPU waited for the host (upper bound)", "1"),
+    "memtrace.process.run_queue.time": ("sum", "Time the process's threads were runnable, waiting for a CPU", "s"),
+    "memtrace.process.off_cpu.time": ("sum", "Time the process's threads were blocked (sleeping, I/O, locks)", "s"),
+    "memtrace.process.on_cpu.time": ("sum", "Time the process's threads ran", "s"),
+    "process.context_switches": ("sum", "Context switches of the process's threads", "{context_switch}"),
+    "memtrace.nccl.calls": ("sum", "NCCL collective calls", "{call}"),
+    "memtrace.nccl.bytes": ("sum", "Bytes of successful NCCL collective calls (count x datatype size)", "By"),
+    "memtrace.nccl.time": ("sum", "Time inside NCCL collective calls (the enqueue)", "s"),
+}
+
+CPU_COUNTERS = ("memtrace.process.run_queue.time", "memtrace.process.off_cpu.time", "memtrace.process.on_cpu.time")
+NCCL_COUNTERS = ("memtrace.nccl.calls", "memtrace.nccl.bytes", "memtrace.nccl.time")
+
+# Host-level readings (NVML), on the agent's resource, one series per GPU (hw.id: its UUID): the last sample.
+GPU_GAUGES: dict[str, tuple[str, str]] = {
+    "hw.gpu.utilization": ("Share of time a kernel ran on the GPU (NVML)", "1"),
+    "hw.gpu.memory.usage": ("GPU memory used (NVML)", "By"),
+    "hw.gpu.memory.limit": ("GPU memory size (NVML)", "By"),
+    "hw.power": ("Power drawn by the GPU (NVML)", "W"),
+    "memtrace.gpu.temperature": ("GPU temperature (NVML)", "Cel"),
+    "memtrace.gpu.pcie.link.width": ("PCIe link width now (lanes)", "{lane}"),
+    "memtrace.gpu.pcie.link.max_width": ("PCIe link width the GPU and slot can do", "{lane}"),
+    "memtrace.gpu.pcie.link.generation": ("PCIe link generation now", "1"),
+    "memtrace.gpu.pcie.link.max_generation": ("PCIe link generation the GPU and slot can do", "1"),
+    "memtrace.gpu.pcie.replays": ("PCIe replays since the agent started (NVML)", "{replay}"),
+    "memtrace.gpu.throttled": ("1 while power or thermal limits hold the clocks down", "1"),
+    "memtrace.gpu.lost": ("1 while the GPU is off the bus", "1"),
 }
 
 
@@ -312,6 +342,50 @@ class MetricsBuilder:
             data=Sum(data_points=points, aggregation_temporality=tmp, is_monotonic=True),
         )
 
+    def _host_process(self, host: HostBook, key: ProcessKey, pp: _Points) -> None:
+        """A process's CPU time and collectives, from the host signals (keyed by pid there)."""
+        cpu = host.cpu.get(key.pid)
+        if cpu is not None:
+            pp.sums(("cpu", key), {}, CPU_COUNTERS, (cpu.runq_ns / 1e9, cpu.offcpu_ns / 1e9, cpu.oncpu_ns / 1e9))
+            for kind, n in (("voluntary", cpu.voluntary), ("involuntary", cpu.involuntary)):
+                pp.sums(("ctx", key, kind), {"process.context_switch_type": kind}, ("process.context_switches",), (n,))
+        for (pid, coll), t in sorted(host.collectives.items()):
+            if pid == key.pid and t.calls:
+                cur = (t.calls, t.bytes, t.duration_ns / 1e9)
+                pp.sums(("nccl", key, int(coll)), {"collective": coll.label}, NCCL_COUNTERS, cur)
+
+    def _gpu_metrics(self, host: HostBook, start: int, now: int) -> list[Metric]:
+        points: dict[str, list[NumberDataPoint]] = {}
+        for g in sorted(host.gpus.values(), key=lambda g: g.index):
+            la = {"hw.id": g.uuid, "hw.name": g.name, "hw.type": "gpu", "gpu.index": g.index}
+            latest, last = g.latest, g.last
+            values: dict[str, float | None] = {"memtrace.gpu.lost": float(bool(latest and latest.lost))}
+            if latest is not None and not latest.lost:
+                sm = latest.sm_utilization_percent
+                values["hw.gpu.utilization"] = None if sm is None else sm / 100
+                values["memtrace.gpu.throttled"] = None if latest.throttled is None else float(latest.throttled)
+            if last is not None:
+                values.update(
+                    {
+                        "hw.gpu.memory.usage": last.memory_used_bytes,
+                        "hw.gpu.memory.limit": last.memory_total_bytes,
+                        "hw.power": None if last.power_milliwatts is None else last.power_milliwatts / 1000,
+                        "memtrace.gpu.temperature": last.temperature_celsius,
+                        "memtrace.gpu.pcie.link.width": last.link_width,
+                        "memtrace.gpu.pcie.link.max_width": last.max_link_width,
+                        "memtrace.gpu.pcie.link.generation": last.link_generation,
+                        "memtrace.gpu.pcie.link.max_generation": last.max_link_generation,
+                        "memtrace.gpu.pcie.replays": g.replays_since_start(),
+                    }
+                )
+            for name, v in values.items():
+                if v is not None:
+                    points.setdefault(name, []).append(_number(la, start, now, v))
+        return [
+            Metric(name=n, description=GPU_GAUGES[n][0], unit=GPU_GAUGES[n][1], data=Gauge(data_points=pts))
+            for n, pts in points.items()
+        ]
+
     def build(
         self,
         model: Model,
@@ -319,9 +393,12 @@ class MetricsBuilder:
         libraries: int,
         now_ns: int | None = None,
         drain_gap_s: float | None = None,
+        host: HostBook | None = None,
     ) -> Batch:
         """One export of the model. `drain_gap_s`: the worst interval between
-        the agent's drain starts since the last export (a gauge, when given)."""
+        the agent's drain starts since the last export (a gauge, when given).
+        `host`: the host signals' readings (per-process CPU and collectives,
+        the GPUs), taken under their lock by the caller."""
         now = now_ns or time.time_ns()
         tmp = self._temporality()
         found: dict[ProcessKey, list[Finding]] = {}
@@ -374,10 +451,10 @@ class MetricsBuilder:
                 st = copies[ck]
                 if not st.calls:
                     continue
-                layer, api, direction, sync, host = describe(ck)
+                layer, api, direction, sync, host_memory = describe(ck)
                 la = {"direction": direction, "api": api, "layer": layer, "mode": "sync" if sync else "async"}
-                if host is not None:
-                    la["host_memory"] = host
+                if host_memory is not None:
+                    la["host_memory"] = host_memory
                 start = sums(("copy", *ck), la, COPY_COUNTERS, (st.calls, st.bytes, st.errors))
                 hist(("copy.d", *ck), "gpu.memcpy.duration", la, st.durations, start, "s")
                 hist(("copy.s", *ck), "gpu.memcpy.size", la, st.sizes, start, "By")
@@ -409,6 +486,14 @@ class MetricsBuilder:
                 gauge("gpu.memory.pinned_host", {}, proc.book.pinned_bytes)
             for f in found.get(key, []):
                 gauge("memtrace.finding", {"finding": f.code, "summary": f.summary, "fix": f.fix}, f.value)
+            steps = model.step_trackers.get(key)
+            st_steps = steps.stats() if steps is not None else None
+            if st_steps is not None:
+                start = sums(("steps", key), {}, ("memtrace.steps",), (st_steps.steps,))
+                hist(("steps.d", key), "memtrace.step.duration", {}, st_steps.durations, start, "s")
+                gauge("memtrace.step.gpu_idle_share", {}, st_steps.share(st_steps.gpu_idle_ns))
+            if host is not None:
+                self._host_process(host, key, pp)
             metrics = [self._metric(name, pts, tmp) for name, pts in points.items()]
             resource_metrics.append(_resource_metrics(Resource(attributes=attrs), metrics))
 
@@ -482,6 +567,8 @@ class MetricsBuilder:
                     data=Gauge(data_points=[_number({}, hstart, now, float(drain_gap_s))]),
                 )
             )
+        if host is not None:
+            health.extend(self._gpu_metrics(host, hstart, now))
         resource_metrics.append(_resource_metrics(self.agent_resource, health))
 
         def commit() -> None:

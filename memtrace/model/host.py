@@ -69,13 +69,14 @@ class _Series:
 
 
 @dataclass
-class _Gpu:
+class GpuSeries:
     index: int
     uuid: str
     name: str
     bus_id: str
     first: GpuSample | None = None  # the first and last detailed samples: cumulative counters
     last: GpuSample | None = None
+    latest: GpuSample | None = None  # the last sample, detailed or not
     samples: int = 0
     lost_samples: int = 0
     sm: _Series = field(default_factory=_Series)
@@ -96,6 +97,7 @@ class _Gpu:
 
     def add(self, s: GpuSample) -> None:
         self.samples += 1
+        self.latest = s
         if s.lost:
             self.lost_samples += 1
             self.xids.extend(s.xids)
@@ -135,6 +137,9 @@ class _Gpu:
         if a is None or b is None:
             return None
         return b if b < a else b - a  # a counter that went down was reset (driver reload)
+
+    def replays_since_start(self) -> int | None:
+        return self._delta("pcie_replay_count")
 
     def row(self, pids: set[int] | None) -> dict[str, Any]:
         last = self.last
@@ -201,7 +206,7 @@ class HostBook:
     def __init__(self, max_processes: int = MAX_PROCESSES) -> None:
         self.sensors: dict[str, SensorState] = {}
         self.max_processes = max_processes
-        self.gpus: dict[str, _Gpu] = {}
+        self.gpus: dict[str, GpuSeries] = {}
         self.driver_version: str | None = None
         self.cpu: OrderedDict[int, CpuStats] = OrderedDict()
         self.names: dict[int, str] = {}
@@ -225,7 +230,7 @@ class HostBook:
         for s in samples:
             g = self.gpus.get(s.uuid)
             if g is None:
-                g = self.gpus[s.uuid] = _Gpu(s.index, s.uuid, s.name, s.bus_id)
+                g = self.gpus[s.uuid] = GpuSeries(s.index, s.uuid, s.name, s.bus_id)
             g.add(s)
 
     def add_net(self, snap: NetSnapshot) -> None:
@@ -276,6 +281,14 @@ class HostBook:
             pid, _ = self.cpu.popitem(last=False)
             self.names.pop(pid, None)
             self.processes_dropped += 1
+
+    def forget(self, pid: int) -> None:
+        """A process the agent no longer traces: its CPU and collectives rows go."""
+        self.cpu.pop(pid, None)
+        self.names.pop(pid, None)
+        self.quota_throttled_ns.pop(pid, None)
+        for k in [k for k in self.collectives if k[0] == pid]:
+            del self.collectives[k]
 
     def set_quota(self, pid: int, cgroup: str, throttled_ns: int, throttled_periods: int) -> None:
         self.quota_throttled_ns[pid] = (cgroup, throttled_ns, throttled_periods)

@@ -71,6 +71,7 @@ class HostSignals:
         self.lock = threading.Lock()  # the book's
         self._pids_fn = pids or set
         self._pids: set[int] = set()
+        self._pinned: set[int] = set()  # named at start: traced until the end
         self._sched: Any = None
         self._nccl: Any = None
         self._nvml: Any = None
@@ -97,6 +98,7 @@ class HostSignals:
         if o.network:
             self._start("network", self._start_net, first)
         self._pids = set(first)
+        self._pinned = set(first)
         self.sample()
 
     def _start(self, name: str, fn: Callable[[set[int]], None], pids: set[int]) -> None:
@@ -155,6 +157,16 @@ class HostSignals:
     # ---- sampling ----
 
     def _track(self, pids: set[int]) -> None:
+        """Trace the processes the agent knows now; forget those it forgot
+        (an exited process, once pushed), the ones named at start excepted."""
+        gone = self._pids - pids - self._pinned
+        for pid in sorted(gone):
+            if self._sched is not None:
+                with contextlib.suppress(MemtraceError, OSError):
+                    self._sched.remove_pid(pid)
+            with self.lock:
+                self.book.forget(pid)
+        self._pids -= gone
         new = pids - self._pids
         for pid in sorted(new):
             if self._sched is not None:
@@ -201,7 +213,8 @@ class HostSignals:
             log.info("attached to %d new NCCL file(s) while sampling", len(s.attachments) - before)
         s.poll()
         with self.lock:
-            self.book.set_collectives(s.totals(), [a.name for a in s.attachments.values()])
+            totals = {k: v for k, v in s.totals().items() if k[0] in self._pids}
+            self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
 
     def _sample_quotas(self, stats: dict[int, Any]) -> None:
         for pid in stats:

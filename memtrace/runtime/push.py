@@ -12,6 +12,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.otlp import Batch, Exporter, MetricsBuilder
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
+from memtrace.runtime.hostsignals import HostSignals
 from memtrace.sources.procfs import host_attributes, is_running
 
 log = logging.getLogger("memtrace")
@@ -49,6 +50,7 @@ def push_forever(
     max_unsent_exited: int = MAX_UNSENT_EXITED,
     builder: MetricsBuilder | None = None,
     drain_interval: float = DRAIN_INTERVAL_S,
+    host: HostSignals | None = None,
 ) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
@@ -98,7 +100,11 @@ def push_forever(
             for key in gone:
                 model.process_exited(key)  # its exit notice was lost: never keep its series forever
             trim_exited()
-            return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=agent.take_drain_gap_window())
+            gap = agent.take_drain_gap_window()
+            if host is None:
+                return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=gap)
+            with host.lock:
+                return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=gap, host=host.book)
 
     def settle(ok: bool, reason: str, delivered: int, batch: Batch) -> None:
         nonlocal failures
