@@ -45,6 +45,14 @@ def victoria_metrics() -> Path:
     return dest / "victoria-metrics"
 
 
+def promtool() -> Path:
+    """Prometheus's rule checker, from Debian's prometheus package (unpacked, not installed)."""
+    dest = CACHE / "promtool"
+    if not (dest / "promtool").exists():
+        subprocess.run([str(REPO / "tests" / "backends" / "fetch-promtool.sh"), str(dest)], check=True)
+    return dest / "promtool"
+
+
 def otelcol() -> Path:
     """The collector of deploy/otelcol/builder.yaml, built once per manifest."""
     text = BUILDER.read_text()

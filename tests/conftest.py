@@ -111,12 +111,14 @@ def python_for_nobody() -> list[str]:
     pytest.skip(f"no {ver} that the nobody user can run (this one is under a private home)")
 
 
-def top_once_attached(fakecuda: Path, columns: int, refreshes: int = 3) -> subprocess.Popen[str]:
+def top_once_attached(
+    fakecuda: Path, columns: int, refreshes: int = 3, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
     """`memtrace top` started and past attaching the test runtime library
     (its `-v` log says so): a workload released now is traced from its
     first call, however long the agent took to start."""
     top = subprocess.Popen(
-        [*memtrace_cmd(), "top", "-v", "-n", str(refreshes), "-i", "1"],
+        [*memtrace_cmd(), "top", "-v", "-n", str(refreshes), "-i", "1", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -103,13 +103,33 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
         "gpu_sync_wait_time_seconds_total",
         "gpu_launches_total",
         "memtrace_finding_ratio",
+        "memtrace_gpu_lost_ratio",
+        "memtrace_gpu_throttled_ratio",
+        "memtrace_gpu_pcie_link_width",
+        "memtrace_gpu_pcie_link_max_width",
+        "hw_gpu_utilization_ratio",
+        "hw_power_watts",
+        "hw_gpu_memory_usage_bytes",
+        "memtrace_process_run_queue_time_seconds_total",
+        "memtrace_process_on_cpu_time_seconds_total",
+        "memtrace_process_off_cpu_time_seconds_total",
+        "memtrace_step_gpu_idle_share_ratio",
+        "memtrace_step_duration_seconds_sum",
+        "memtrace_step_duration_seconds_count",
     }
     import re
 
+    # Rows by failure mode, each holding its panels.
+    rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+    assert rows == ["Health", "Throughput and utilisation", "Bottlenecks", "Stragglers"]
     for p in d["panels"]:
+        if p["type"] == "row":
+            continue
         assert p["targets"]
         for t in p["targets"]:
-            names = set(re.findall(r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+)", t["expr"]))
+            names = set(
+                re.findall(r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+|hw_(?!id\b)\w+)", t["expr"])
+            )
             assert names and names <= exported, t["expr"]
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -194,9 +196,11 @@ def test_a_bad_host_interval_is_refused_with_the_range(value: str) -> None:
 def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:  # noqa: F811
     """`memtrace push` (host-wide) with the test NVML: the GPU's readings on
     the agent's resource, and each CUDA process's CPU time and context
-    switches on its own, through a real OTLP backend."""
+    switches on its own, through a real OTLP backend; and every metric the
+    shipped Prometheus rules read is one the backend has."""
     from backends import VictoriaMetrics
     from test_push import start_push, stop_push, wait_for
+    from test_rules import rule_metrics
 
     nvml_script = tmp_path / "nvml.script"
     nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
@@ -231,9 +235,42 @@ def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tm
         assert one(f'{{__name__=~"memtrace_gpu_pcie_link_width.*",{g}}}') == 16
         assert one(f'{{__name__=~"memtrace_gpu_throttled.*",{g}}}') == 0
         assert one(f'{{__name__=~"memtrace_gpu_pcie_replays.*",{g}}}') == 0
+        # A stepping loop and a job with a finding, so that every rule has its input.
+        loop = [str(fakecuda / "steploop"), "-n", "200", "-k", "1000", "-w", "1000"]
+        subprocess.run(loop, env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+        subprocess.run([str(fakecuda / "memwork_driver"), "-r", "5"], env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+        for name in sorted(rule_metrics()):
+            assert wait_for(lambda n=name: bool(vm.query(n)), True), f"the rules read {name}; the backend has none"
         rc, _, err = stop_push(push)
         assert rc == 0, err
     finally:
         if push.poll() is None:
             push.kill()
         vm.stop()
+
+
+def test_top_detail_shows_step_time_gpu_idle_and_run_queue(fakecuda: Path, tmp_path: Path) -> None:
+    """`memtrace top --detail`: a stepping loop's row carries its median step
+    time, the GPU's idle share and its run-queue p99 since the last refresh."""
+    from conftest import top_once_attached
+
+    top = top_once_attached(fakecuda, 250, refreshes=4, extra=("--detail",))
+    loop = subprocess.Popen(
+        [str(fakecuda / "steploop"), "-n", "400", "-k", "2000", "-w", "1000"],
+        env={"WORKLOAD_TRUTH": str(tmp_path / "truth.jsonl")},
+    )
+    try:
+        out, err = top.communicate(timeout=90)
+    finally:
+        loop.wait(timeout=90)
+    assert top.returncode == 0, err
+    assert loop.returncode == 0
+    last = out.split("memtrace top:")[-1]
+    assert "step p50" in last and "gpu idle" in last and "runq p99" in last, last
+    (line,) = [l for l in last.splitlines() if l.strip().startswith(f"{loop.pid} ")]
+    m = re.search(r"(\S+)ms\s+(\d+)%\s+(\S+)ms\s*$", line)
+    assert m is not None, line
+    truth = json.loads((tmp_path / "truth.jsonl").read_text())
+    median_ms = statistics.median(truth["step_ns"]) / 1e6
+    assert float(m.group(1)) == pytest.approx(median_ms, rel=0.1), (line, median_ms)
+    assert 0 <= int(m.group(2)) <= 100 and float(m.group(3)) > 0

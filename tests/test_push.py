@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from backends import Collector, VictoriaMetrics, free_port
 from conftest import REPO, memtrace_cmd, truth_totals
+from test_nvml import HEALTHY, fakenvml, gpu, script  # noqa: F401 - the fixture, used by name
 
 from memtrace.core.ids import ProcessKey
 
@@ -107,23 +108,36 @@ def listening_sockets(pid: int) -> list[str]:
 
 def dashboard_queries() -> list[str]:
     d = json.loads(DASHBOARD.read_text())
-    return [t["expr"] for p in d["panels"] for t in p["targets"]]
+    return [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_workload_to_collector_to_victoriametrics_exactly(protocol: str, fakecuda: Path, tmp_path: Path) -> None:
+def test_workload_to_collector_to_victoriametrics_exactly(
+    protocol: str, fakecuda: Path, fakenvml: Path, tmp_path: Path
+) -> None:
     vm = VictoriaMetrics(tmp_path)
     col = Collector(tmp_path, REPO / "deploy" / "otelcol" / "agent.yaml", {"MEMTRACE_EXPORT_ENDPOINT": vm.otlp})
     port = col.http_port if protocol == "http/protobuf" else col.grpc_port
+    # A GPU for the health and utilisation panels: the test NVML.
+    nvml_script = tmp_path / "nvml.script"
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
     push = start_push(
         ["--endpoint", f"http://127.0.0.1:{port}", "--protocol", protocol, "--interval", "1"],
-        env={"NODE_NAME": "node-a", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"},
+        env={
+            "NODE_NAME": "node-a",
+            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test",
+            "LD_LIBRARY_PATH": str(fakenvml),
+            "FAKE_NVML_SCRIPT": str(nvml_script),
+        },
     )
     try:
         lines = run_workloads(fakecuda, tmp_path, pace_us=6000)
         # And a job the memory panels have something to say about: pinned and
-        # pageable host memory, device memory, waits, launches, a finding.
+        # pageable host memory, device memory, waits, launches, a finding;
+        # and a stepping loop for the bottleneck and straggler panels.
         subprocess.run([str(fakecuda / "memwork_driver"), "-r", "40"], env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+        loop = [str(fakecuda / "steploop"), "-n", "300", "-k", "2000", "-w", "1000"]
+        subprocess.run(loop, env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
         time.sleep(2.5)
         assert listening_sockets(push.pid) == [], "memtrace push must not listen"
         rc, took, err = stop_push(push)

@@ -54,27 +54,37 @@ def top(
     iterations: int = typer.Option(
         0, "--iterations", "-n", min=0, metavar="N", help="Stop after N refreshes (0: run until ^C)."
     ),
-    detail: bool = typer.Option(False, "--detail", "-d", help="Also show bytes per direction, errors, launches."),
+    detail: bool = typer.Option(
+        False,
+        "--detail",
+        "-d",
+        help="Also show bytes per direction, errors, launches, step time, GPU idle share and run-queue p99.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """A live view of every CUDA process on the host: copies, bytes and rates."""
     setup_logging(verbose)
     from memtrace.export.top import TopView
     from memtrace.runtime.agent import Agent, Options
+    from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
     view = TopView(interval, detail)
     try:
         with Agent(Options()) as agent:
             agent.scan()
             n = 0
+            # The CPU sensor only: what --detail shows of the host (run-queue p99).
+            only_cpu = HostOptions(interval_s=interval, nccl=False, gpu=False, network=False, cpu=detail)
             with (
+                HostSignals(only_cpu, agent.pids) as signals,
                 keys() as wait,
                 Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live,
             ):
                 last = time.monotonic()
                 # The agent drains on its own thread; this one waits for keys
                 # and renders, under the model lock.
-                with agent.draining():
+                signals.start()
+                with agent.draining(), signals.sampling():
                     while iterations == 0 or n < iterations:
                         if "q" in wait(max(last + interval - time.monotonic(), 0.0)).lower():
                             return
@@ -83,7 +93,8 @@ def top(
                         with agent.locked() as model:
                             agent.sync_totals()
                             now = time.monotonic()
-                            table = view.render(model, now - last)
+                            with signals.lock:
+                                table = view.render(model, now - last, signals.book)
                         live.update(table, refresh=True)
                         last = now
                         n += 1

@@ -9,10 +9,12 @@ from rich.table import Table
 
 from memtrace.analysis.findings import compute
 from memtrace.core.abi import Direction
+from memtrace.core.cpu import CpuStats
 from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
 from memtrace.core.units import human_bytes
 from memtrace.model import Model
+from memtrace.model.host import HostBook
 
 
 @dataclass
@@ -34,14 +36,28 @@ class TopView:
 
     # Eight columns fit 80: the rest with --detail.
     COLUMNS = ("pid", "process", "copies/s", "bytes/s", "bytes", "pageable", "dev mem", "sync")
-    DETAIL = ("h2d", "d2h", "d2d", "errors", "launches/s")
+    DETAIL = ("h2d", "d2h", "d2d", "errors", "launches/s", "step p50", "gpu idle", "runq p99")
 
     def __init__(self, interval: float, detail: bool = False) -> None:
         self.interval = interval
         self.detail = detail
         self._prev: dict[ProcessKey, tuple[int, int, int]] = {}
+        self._prev_cpu: dict[int, CpuStats] = {}
 
-    def render(self, model: Model, dt: float) -> Group:
+    def _runq_p99(self, host: HostBook | None, pid: int) -> str:
+        """Run-queue latency p99 since the previous refresh (the host signals' CPU sensor)."""
+        cur = host.cpu.get(pid) if host is not None else None
+        if cur is None:
+            return ""
+        prev = self._prev_cpu.get(pid)
+        self._prev_cpu[pid] = cur
+        window = cur.since(prev) if prev is not None else cur
+        p99 = window.runq_quantile_us(0.99)
+        return "" if p99 is None else f"{p99 / 1e3:.2g}ms"
+
+    def render(self, model: Model, dt: float, host: HostBook | None = None) -> Group:
+        """The table; `host`: the host signals' readings (CPU waits), taken
+        under their lock by the caller."""
         t = Table(
             title=f"memtrace top: CUDA processes (every {self.interval:g}s; q quits)",
             title_justify="left",
@@ -52,7 +68,7 @@ class TopView:
         for c in (*self.COLUMNS, *(self.DETAIL if self.detail else ())):
             t.add_column(c, justify="left" if c == "process" else "right", overflow="fold")
         per: dict[ProcessKey, _Row] = {}
-        for (key, _api, d, host), st in model.copy_view().items():
+        for (key, _api, d, memory), st in model.copy_view().items():
             p = per.setdefault(key, _Row())
             p.calls += st.calls
             p.bytes += st.bytes
@@ -60,7 +76,7 @@ class TopView:
             field = _BY_DIRECTION.get(d)
             if field is not None:
                 setattr(p, field, getattr(p, field) + st.bytes)
-            if d == Direction.H2D and host == HostMemory.PAGEABLE:
+            if d == Direction.H2D and memory == HostMemory.PAGEABLE:
                 p.pageable_h2d += st.bytes
         waits: dict[ProcessKey, int] = {}
         for (key, _api), sst in model.sync_view().items():
@@ -94,6 +110,14 @@ class TopView:
                     human_bytes(p.d2d),
                     str(p.errors) if p.errors else "",
                     f"{(launches.get(key, 0) - pl) / dt:,.0f}" if key in launches else "",
+                ]
+                tracker = model.step_trackers.get(key)
+                steps = tracker.stats() if tracker is not None else None
+                p50 = steps.durations.quantile(0.5) if steps is not None else None
+                cells += [
+                    "" if p50 is None else f"{p50 * 1e3:.3g}ms",
+                    "" if steps is None else f"{steps.share(steps.gpu_idle_ns):.0%}",
+                    self._runq_p99(host, key.pid),
                 ]
             t.add_row(*cells)
             self._prev[key] = (p.calls, p.bytes, launches.get(key, 0))

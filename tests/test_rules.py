@@ -1,0 +1,45 @@
+"""The Prometheus rules shipped in deploy/prometheus, through Prometheus's
+own rule checker: `promtool check rules` (syntax, templates) and `promtool
+test rules` (tests/rules/: scripted series in, the alerts that fire out,
+healthy controls included). That every metric the rules read is one memtrace
+really pushes is checked against a real backend in
+tests/test_host_signals.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from backends import promtool
+from conftest import REPO
+
+RULES = REPO / "deploy" / "prometheus" / "memtrace-rules.yaml"
+TESTS = REPO / "tests" / "rules" / "memtrace-rules.test.yaml"
+
+
+def rule_metrics() -> set[str]:
+    """The metric names the rules read (recording rules' own names left out)."""
+    text = RULES.read_text()
+    exprs = " ".join(re.findall(r"expr: >?\n?((?:.*\n)*?)\s+(?:for|labels|- record|- alert):", text))
+    exprs += " ".join(re.findall(r"expr: (.+)", text))
+    return set(re.findall(r"\b((?:memtrace|hw)_[a-z0-9_]+)\b", exprs))
+
+
+def test_rules_pass_promtools_checker() -> None:
+    p = subprocess.run([str(promtool()), "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "SUCCESS: 12 rules found" in p.stdout
+
+
+def test_rules_fire_on_the_faults_and_stay_silent_on_healthy_peers() -> None:
+    p = subprocess.run([str(promtool()), "test", "rules", TESTS.name], capture_output=True, text=True, cwd=TESTS.parent)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_rules_read_the_metrics_memtrace_pushes() -> None:
+    names = rule_metrics()
+    assert {"memtrace_step_duration_seconds_sum", "memtrace_gpu_pcie_link_width", "memtrace_finding_ratio"} <= names
+    readme = (REPO / "README.md").read_text()
+    for n in names:
+        base = re.sub(r"_(sum|count|bucket)$", "", n)
+        assert base in readme, f"{n}: not in the README's metric reference"
