@@ -51,6 +51,18 @@ def fakecuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def fakenvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory holding the test libnvidia-ml.so.1, and nothing else."""
+    out = tmp_path_factory.mktemp("fakenvml")
+    subprocess.run(
+        ["make", "-s", "-C", str(FIXTURES), f"OUT={out}", f"{out}/nvml/libnvidia-ml.so.1"],
+        check=True,
+        capture_output=True,
+    )
+    return out / "nvml"
+
+
 def memtrace_cmd() -> list[str]:
     return [sys.executable, "-m", "memtrace"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import memtrace_cmd
 from test_netdev import CLIENT, SERVER, Pair, pair  # noqa: F401 - the fixture, used by name
-from test_nvml import HEALTHY, fakenvml, gpu, script  # noqa: F401 - the fixture, used by name
+from test_nvml import HEALTHY, gpu, script
 
 pytestmark = pytest.mark.bpf
 
@@ -125,7 +125,7 @@ time.sleep(0.6)
 """
 
 
-def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) -> None:  # noqa: F811
+def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) -> None:
     """Healthy, then (the command rewrites the test NVML's script) replays,
     an x8 link, thermal and power throttling, XIDs and the command's own
     GPU memory: every figure is the scripted one."""
@@ -193,7 +193,7 @@ def test_a_bad_host_interval_is_refused_with_the_range(value: str) -> None:
     assert p.returncode == 2 and "--host-interval" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:
     """`memtrace push` (host-wide) with the test NVML: the GPU's readings on
     the agent's resource, and each CUDA process's CPU time and context
     switches on its own, through a real OTLP backend; and every metric the

@@ -21,18 +21,6 @@ from conftest import FIXTURES, REPO
 GIB = 1 << 30
 
 
-@pytest.fixture(scope="session")
-def fakenvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The directory holding the test libnvidia-ml.so.1, and nothing else."""
-    out = tmp_path_factory.mktemp("fakenvml")
-    subprocess.run(
-        ["make", "-s", "-C", str(FIXTURES), f"OUT={out}", f"{out}/nvml/libnvidia-ml.so.1"],
-        check=True,
-        capture_output=True,
-    )
-    return out / "nvml"
-
-
 def script(**values: Any) -> str:
     return "".join(f"{k.replace('__', '.')}={v}\n" for k, v in values.items())
 

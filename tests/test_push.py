@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from backends import Collector, VictoriaMetrics, free_port
 from conftest import REPO, memtrace_cmd, truth_totals
-from test_nvml import HEALTHY, fakenvml, gpu, script  # noqa: F401 - the fixture, used by name
+from test_nvml import HEALTHY, gpu, script
 
 from memtrace.core.ids import ProcessKey
 
