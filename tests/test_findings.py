@@ -4,9 +4,9 @@ and stays quiet below its threshold."""
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
+import pytest
 
 from memtrace.analysis.findings import Thresholds, compute
 from memtrace.core.abi import EVENT_DTYPE, Direction
@@ -28,31 +28,93 @@ def events(rows: list[dict]) -> np.ndarray:
     return b
 
 
-def test_time_blocked_in_waits_is_a_finding_with_its_share() -> None:
+def stepping(host_ns: int, sync_ns: int, n: int = 200) -> tuple[Model, int]:
+    """A model fed a stepping loop (tests/test_steps.py's: four 100 us copies,
+    a wait of sync_ns, then host_ns of host work per step) by this process;
+    returns it and a `now` that makes the wall time the loop's span."""
+    from test_steps import events as step_events
+    from test_steps import loop
+
     m = Model()
-    m.add_events(events([{"api": SYNC, "duration_ns": 700_000_000}] * 10))  # 7 s blocked
+    rows = loop(n, host_ns, sync_ns)
+    m.add_events(step_events(rows, pid=PID))
     proc = m.processes[KEY]
-    now = proc.start_ns + 10_000_000_000  # watched for 10 s
+    span = rows[-1][0] + rows[-1][1] - rows[0][0]
     proc.first_seen_ns = proc.start_ns
+    return m, proc.start_ns + span
+
+
+def test_waiting_while_the_gpu_idles_for_the_host_is_a_finding() -> None:
+    # 10 ms waits, then 5 ms of host work in which the GPU has nothing to do.
+    m, now = stepping(host_ns=5_000_000, sync_ns=10_000_000)
     (f,) = [f for f in compute(m, Thresholds(), now) if f.code == "sync_wait"]
-    assert abs(f.value - 0.7) < 1e-9 and "70%" in f.summary and "stream" in f.summary
-    assert f.evidence["by_kind"] == {"stream": 10} and "non_blocking" in f.fix
-    assert not [f for f in compute(m, Thresholds(sync_share=0.8), now) if f.code == "sync_wait"]
+    assert f.value == pytest.approx(10 / 15.4, rel=0.01)  # the waits' share of the wall time
+    assert f.evidence["gpu_idle_share"] == pytest.approx(5 / 15.4, abs=0.01)
+    assert "idle" in f.summary and "stream" in f.summary and "non_blocking" in f.fix
+    assert f.evidence["by_kind"] == {"stream": 200}
+    assert not [f for f in compute(m, Thresholds(sync_gpu_idle_share=0.5), now) if f.code == "sync_wait"]
 
 
-def test_device_memory_growing_without_frees_is_a_finding() -> None:
+def test_a_gpu_bound_loop_waiting_for_its_busy_gpu_has_no_finding() -> None:
+    # Negative control: 20 ms waits for the GPU, 0.2 ms of host work: the GPU is never idle long.
+    m, now = stepping(host_ns=200_000, sync_ns=20_000_000)
+    assert m.processes[KEY].memory.allocations == 0
+    share = sum(w.duration_ns for w in m.sync_view().values()) / m.processes[KEY].wall_ns(now)
+    assert share > 0.9  # it does wait, nearly all the time
+    assert not compute(m, Thresholds(), now)
+
+
+def test_waits_without_steps_are_no_evidence() -> None:
+    # A one-shot script: five long waits, too few to recur as steps; nothing says the GPU idles.
     m = Model()
-    allocs = [{"api": ALLOC, "dst": 0x7000_0000_0000 + i * GiB, "bytes": GiB} for i in range(3)]
-    m.add_events(events(allocs))
+    m.add_events(events([{"api": SYNC, "duration_ns": 1_400_000_000, "ts_ns": i * 2 * 10**9} for i in range(5)]))
     proc = m.processes[KEY]
-    proc.complete, proc.start_ns = True, time.time_ns() - 600 * 10**9  # ten minutes ago
+    proc.first_seen_ns = proc.start_ns
+    assert not [f for f in compute(m, Thresholds(), proc.start_ns + 10**10) if f.code == "sync_wait"]
+
+
+S = 10**9
+W = 30 * S  # a growth window
+
+
+def allocations(m: Model, times_sizes: list[tuple[int, int]], base: int = 0x7000_0000_0000) -> list[int]:
+    rows = [
+        {"api": ALLOC, "dst": base + i * (1 << 32), "bytes": size, "ts_ns": t}
+        for i, (t, size) in enumerate(times_sizes)
+    ]
+    m.add_events(events(rows))
+    return [r["dst"] for r in rows]
+
+
+def test_device_memory_rising_after_warm_up_is_a_finding() -> None:
+    m = Model()
+    # Warm-up: 4 GiB in the first seconds; then 256 MiB more every 30 s for 10 minutes.
+    allocations(m, [(k * S, GiB) for k in range(4)])
+    allocations(m, [(2 * W + k * W, 256 << 20) for k in range(20)], base=0x7100_0000_0000)
     (f,) = [f for f in compute(m) if f.code == "device_memory_growth"]
-    assert f.value == 3 * GiB and "3.0 GiB" in f.summary and "10 min" in f.summary
-    assert f.evidence["in_use_bytes"] == 3 * GiB
-    # A free resets the clock: growth is measured from the last time memory went back.
-    m.add_events(events([{"api": FREE, "dst": allocs[0]["dst"]}]))
+    assert f.value == 20 * (256 << 20) - 0 and f.evidence["rising_share"] == 1.0
+    assert "5.0 GiB" in f.summary and "10 min" in f.summary and "after warm-up" in f.summary
+    assert f.evidence["in_use_bytes"] == 4 * GiB + 5 * GiB
+
+
+def test_a_caching_allocator_that_fills_up_then_holds_has_no_finding() -> None:
+    # Negative control: PyTorch's caching allocator grabs 12 GiB while warming up and never frees
+    # it; for the next hour it reuses its blocks, asking the driver for a new one only three times
+    # (fragmentation). Memory held with no frees for an hour, yet no growth.
+    m = Model()
+    allocations(m, [(k * 2 * S, GiB) for k in range(12)])
+    allocations(m, [(t * W, 512 << 20) for t in (17, 55, 98)], base=0x7200_0000_0000)
+    mem = m.processes[KEY].memory
+    assert mem.in_use_bytes == 13.5 * GiB and mem.frees == 0
     assert not [f for f in compute(m) if f.code == "device_memory_growth"]
-    assert m.processes[KEY].memory.in_use_bytes == 2 * GiB
+
+
+def test_a_one_off_step_after_warm_up_is_not_growth() -> None:
+    # An evaluation allocates 3 GiB once, 5 minutes in, and keeps it: a step, not a trend.
+    m = Model()
+    allocations(m, [(0, GiB), (10 * W, 3 * GiB)])
+    allocations(m, [(W * (11 + k), 0) for k in range(10)], base=0x7300_0000_0000)  # calls go on, flat
+    assert not [f for f in compute(m) if f.code == "device_memory_growth"]
 
 
 def test_pageable_copies_are_a_finding_only_past_the_threshold() -> None:

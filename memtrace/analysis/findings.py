@@ -2,6 +2,20 @@
 
 Each finding is computed from the model alone, so `memtrace run`, `memtrace
 top`, the JSON summary and the OTLP export all say the same thing.
+
+A finding is a standing condition worth fixing, and must never cry wolf on
+a healthy job:
+- pageable_h2d: a share of the H2D bytes came from pageable memory;
+- sync_wait: the process spends most of its time waiting for the GPU *and*
+  the GPU sits idle waiting for the host between those waits (the step
+  breakdown's gpu_idle_share). Waiting for a busy GPU is what a GPU-bound
+  loop should do; a process without steps gives no such evidence and has
+  no finding;
+- device_memory_growth: the bytes in use keep rising after warm-up (most
+  30-second windows higher than the one before, at least 1 GiB above the
+  end of warm-up). A caching allocator that fills up and then holds its
+  memory (PyTorch's never frees) is flat after warm-up, and a one-off step
+  (an evaluation's buffers) is not sustained.
 """
 
 from __future__ import annotations
@@ -16,6 +30,7 @@ from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
 from memtrace.core.units import human_bytes
 from memtrace.model import Model, Process
+from memtrace.model.process import TREND_WINDOW_NS
 
 GiB = 1 << 30
 
@@ -25,12 +40,15 @@ class Thresholds:
     # pageable host-to-device copies
     pageable_share: float = 0.20  # of H2D bytes whose host memory is known
     pageable_min_bytes: int = 64 << 20
-    # synchronisation waits
+    # synchronisation waits: a problem only while the GPU idles for the host
     sync_share: float = 0.50  # of the wall time memtrace watched the process
     sync_min_wall_s: float = 1.0
-    # device memory growth with no frees
+    sync_gpu_idle_share: float = 0.25  # of the step time, the GPU waiting for the host
+    # device memory growth: sustained, after warm-up
     growth_bytes: int = 1 * GiB
-    growth_min_s: float = 300.0
+    growth_warmup_windows: int = 2  # the first minute after the first allocation: caches fill
+    growth_min_windows: int = 6  # three minutes of windows after warm-up
+    growth_rising_share: float = 0.6  # of the window-to-window changes after warm-up, rises
 
 
 @dataclass
@@ -128,6 +146,11 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
         waited = sum(v[1] for v in wait_kinds.values())
         if wall < th.sync_min_wall_s * 1e9 or waited < th.sync_share * wall:
             continue
+        tracker = model.step_trackers.get(key)
+        steps = tracker.stats() if tracker is not None else None
+        idle = steps.share(steps.gpu_idle_ns) if steps is not None else None
+        if idle is None or idle < th.sync_gpu_idle_share:
+            continue  # waiting for a busy GPU (or no evidence it idles): healthy
         share = waited / wall
         top = max(wait_kinds.items(), key=lambda kv: kv[1][1])
         out.append(
@@ -137,39 +160,68 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
                 proc.name,
                 share,
                 f"the process spent {share:.0%} of its wall time ({waited / 1e9:.1f} s of {wall / 1e9:.1f} s) "
-                f"waiting for the GPU, most in {top[0]} synchronisation ({top[1][0]:,} waits)",
+                f"waiting for the GPU, most in {top[0]} synchronisation ({top[1][0]:,} waits), "
+                f"and the GPU then sat idle {idle:.0%} of each step waiting for the host",
                 "let the CPU run ahead: drop per-step .item()/.cpu()/print of GPU values, copy with "
                 "non_blocking=True, and synchronise once per step (or on an event) instead of per operation",
                 {
                     "wait_seconds": waited / 1e9,
                     "wall_seconds": wall / 1e9,
+                    "gpu_idle_share": idle,
                     "by_kind": {k: v[0] for k, v in wait_kinds.items()},
                 },
                 _start(proc),
             )
         )
     for key, proc in sorted(model.processes.items()):
-        mem = proc.memory
-        if mem.frees:
-            since = mem.last_free_ns
-        else:
-            since = proc.start_ns if proc.complete and proc.start_ns else proc.first_seen_ns
-        grew = mem.in_use_bytes - mem.in_use_at_last_free
-        span = ((proc.exited_ns or now_ns) - since) / 1e9
-        if grew < th.growth_bytes or span < th.growth_min_s:
+        g = _growth(proc, th)
+        if g is None:
             continue
+        grew, span, rising = g
+        mem = proc.memory
         out.append(
             Finding(
                 "device_memory_growth",
                 key,
                 proc.name,
                 float(grew),
-                f"device memory grew by {human_bytes(grew)} over {_duration(span)} with no frees "
-                f"({mem.outstanding:,} allocations outstanding, {human_bytes(mem.in_use_bytes)} in use)",
+                f"device memory grew by {human_bytes(grew)} over {_duration(span)} after warm-up, "
+                f"rising in {rising:.0%} of its 30 s windows ({mem.outstanding:,} allocations outstanding, "
+                f"{human_bytes(mem.in_use_bytes)} in use)",
                 "look for GPU tensors kept alive across steps (a list of losses without .item(), "
                 "a growing cache); torch.cuda.memory_snapshot() shows where they were allocated",
-                {"grew_bytes": grew, "seconds": span, "in_use_bytes": mem.in_use_bytes},
+                {"grew_bytes": grew, "seconds": span, "rising_share": rising, "in_use_bytes": mem.in_use_bytes},
                 _start(proc),
             )
         )
     return out
+
+
+def _growth(proc: Process, th: Thresholds) -> tuple[int, float, float] | None:
+    """(bytes grown, seconds, share of rising windows) after warm-up, if the
+    growth is sustained; None otherwise."""
+    trend = list(proc.memory.trend)
+    if not trend:
+        return None
+    first = trend[0][0]
+    after = [(w, v) for w, v in trend if w >= first + th.growth_warmup_windows]
+    # The level at the end of warm-up: the last window before it (or its first after).
+    before = [v for w, v in trend if w < first + th.growth_warmup_windows]
+    base = before[-1] if before else after[0][1] if after else 0
+    if not after or after[-1][0] - (first + th.growth_warmup_windows) + 1 < th.growth_min_windows:
+        return None
+    grew = after[-1][1] - base
+    if grew < th.growth_bytes:
+        return None
+    # Window-to-window changes over the windows spanned (one without calls is flat).
+    steps = after[-1][0] - (first + th.growth_warmup_windows) + 1
+    rises = 0
+    prev = base
+    for _, v in after:
+        rises += v > prev
+        prev = v
+    rising = rises / steps
+    if rising < th.growth_rising_share:
+        return None
+    span = steps * TREND_WINDOW_NS / 1e9
+    return grew, span, rising

@@ -247,11 +247,12 @@ class Model:
             allocated: dict[ProcessKey, list[int]] = {}  # sizes, into its histogram once per batch
             rows = zip(
                 proc[other].tolist(),
-                *(m[f][other].tolist() for f in ("api", "ret", "dst", "bytes", "stream")),
+                *(m[f][other].tolist() for f in ("api", "ret", "dst", "bytes", "stream", "ts_ns")),
                 strict=True,
             )
-            for k, (i, api_id, r, addr, nbytes, aux) in zip(other.tolist(), rows, strict=True):
+            for k, (i, api_id, r, addr, nbytes, aux, ts) in zip(other.tolist(), rows, strict=True):
                 e = self._memory_call(procs[i], api_id, r, addr, nbytes, aux, allocated)
+                procs[i].memory.note(ts)
                 if e is None:
                     effect[k] = _NOTHING
                 else:

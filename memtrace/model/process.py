@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -69,6 +70,10 @@ class SyncStats:
     durations: ExpHistogram = field(default_factory=ExpHistogram)  # seconds
 
 
+TREND_WINDOW_NS = 30 * 10**9
+TREND_WINDOWS = 128  # an hour of windows
+
+
 @dataclass
 class DeviceMemory:
     """Device memory a process allocated through the calls memtrace sees:
@@ -88,10 +93,21 @@ class DeviceMemory:
     # For the leak signal: when memory was last given back, and how much was in use then.
     last_free_ns: int = 0
     in_use_at_last_free: int = 0
+    # For the growth signal: the bytes in use at the end of each TREND_WINDOW_NS window
+    # (CLOCK_MONOTONIC, from the calls' own times) that had an allocation or a free.
+    trend: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=TREND_WINDOWS))
 
     @property
     def outstanding(self) -> int:
         return len(self.live)
+
+    def note(self, ts_ns: int) -> None:
+        """After an allocation or a free at ts_ns: the window's in-use bytes."""
+        w = ts_ns // TREND_WINDOW_NS
+        if self.trend and self.trend[-1][0] >= w:
+            self.trend[-1] = (self.trend[-1][0], self.in_use_bytes)
+        else:
+            self.trend.append((w, self.in_use_bytes))
 
 
 @dataclass
