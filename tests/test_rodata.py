@@ -152,3 +152,30 @@ def test_the_cuda_sensor_names_its_own_process_as_the_agent() -> None:
         assert int.from_bytes(data[tgid.offset : tgid.offset + tgid.size], "little") == os.getpid()
     finally:
         src.close()
+
+
+def test_a_map_buffer_smaller_than_the_maps_values_is_refused_not_overrun() -> None:
+    """The kernel writes a map's whole value into the buffer it is given: a
+    buffer sized from a stale mirror of a struct that grew (struct inflight
+    did, for batch copies) overran the heap, and the agent crashed later in
+    unrelated code. Every map access checks the sizes the kernel reports."""
+    import ctypes
+
+    import pytest
+
+    from memtrace.sensors.cuda.source import BpfSource, Options
+
+    src = BpfSource(Options(only_traced=True, hold_libraries=False), on_events=lambda batch: None)
+    src.start()
+    try:
+        assert src.obj is not None
+        slots = src.obj.map("slots")
+        assert slots.value_size > 64  # struct mt_slot: the owner word and a call in flight
+        with pytest.raises(TypeError, match="64-byte buffer"):
+            slots.lookup(ctypes.c_uint32(0), (ctypes.c_uint64 * 8)())
+        with pytest.raises(TypeError, match="key"):
+            slots.lookup(ctypes.c_uint64(0), (ctypes.c_uint8 * slots.value_size)())
+        assert slots.lookup(ctypes.c_uint32(0), (ctypes.c_uint8 * slots.value_size)())
+        assert src.inflight_count() == 0  # sized from the map: reads every slot without overrun
+    finally:
+        src.close()

@@ -196,23 +196,43 @@ def _errno(ret: int | None = None) -> int:
 _Key = TypeVar("_Key", bound="ctypes._CData")
 
 
+_PERCPU_TYPES = {5, 6, 10}  # BPF_MAP_TYPE_PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH
+
+
 class Map:
-    """A loaded map, by file descriptor, with fixed key and value types."""
+    """A loaded map, by file descriptor. Every key and value buffer handed to
+    the kernel is checked against the map's own sizes first: the kernel
+    writes key_size (and value_size, times the CPUs for a per-CPU map) bytes
+    into them, and a buffer one byte short would corrupt the heap silently."""
 
     def __init__(self, lib: Libbpf, fd: int, name: str) -> None:
         self.lib = lib.lib
         self.fd = fd
         self.name = name
+        info = map_info(lib, fd)
+        self.key_size = info.key_size if info else 0
+        self.value_size = info.value_size if info else 0
+        if info is not None and info.type in _PERCPU_TYPES:
+            self.value_size = (info.value_size + 7) // 8 * 8 * int(lib.lib.libbpf_num_possible_cpus())
+
+    def _check(self, key: ctypes._CData, value: ctypes._CData | None = None) -> None:
+        if self.key_size and ctypes.sizeof(key) != self.key_size:
+            raise TypeError(f"map {self.name}: a {ctypes.sizeof(key)}-byte key for {self.key_size}-byte keys")
+        if value is not None and self.value_size and ctypes.sizeof(value) < self.value_size:
+            raise TypeError(f"map {self.name}: a {ctypes.sizeof(value)}-byte buffer for {self.value_size}-byte values")
 
     def lookup(self, key: ctypes._CData, value: ctypes._CData) -> bool:
+        self._check(key, value)
         return bool(self.lib.bpf_map_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(value)) == 0)
 
     def update(self, key: ctypes._CData, value: ctypes._CData, flags: int = 0) -> None:
+        self._check(key, value)
         ret = self.lib.bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), flags)
         if ret < 0:
             raise OSError(_errno(ret), f"update of map {self.name}: {os.strerror(_errno(ret))}")
 
     def delete(self, key: ctypes._CData) -> bool:
+        self._check(key)
         return bool(self.lib.bpf_map_delete_elem(self.fd, ctypes.byref(key)) == 0)
 
     def keys(self, key_type: type[_Key]) -> Iterator[_Key]:
@@ -220,6 +240,7 @@ class Map:
         prev = None
         while True:
             nxt = key_type()
+            self._check(nxt)
             if (
                 self.lib.bpf_map_get_next_key(self.fd, None if prev is None else ctypes.byref(prev), ctypes.byref(nxt))
                 < 0

@@ -582,9 +582,11 @@ class BpfSource:
     def inflight_count(self) -> int:
         """Calls in flight now: claimed slots, plus entries in the overflow hash."""
         slots = self.obj.map("slots") if self.obj else None
-        owner = (ctypes.c_uint64 * 8)()  # the slot's owner word, then its call (56 bytes)
         busy = 0
-        for i in range(65536 if slots is not None else 0):
-            if slots is not None and slots.lookup(ctypes.c_uint32(i), owner) and owner[0]:
-                busy += 1
+        if slots is not None:
+            # The slot's owner word, then its call: sized by the map itself (struct mt_slot).
+            value = (ctypes.c_uint64 * (slots.value_size // 8))()
+            for i in range(65536):
+                if slots.lookup(ctypes.c_uint32(i), value) and value[0]:
+                    busy += 1
         return busy + sum(1 for _ in self.maps["inflight"].keys(ctypes.c_uint64))
