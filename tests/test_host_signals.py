@@ -254,11 +254,12 @@ def test_top_detail_shows_step_time_gpu_idle_and_run_queue(fakecuda: Path, tmp_p
     time, the GPU's idle share and its run-queue p99 since the last refresh."""
     from conftest import top_once_attached
 
-    top = top_once_attached(fakecuda, 250, refreshes=4, extra=("--detail",))
+    # The loop first: top attaches the library it has mapped (its steps from then on count).
     loop = subprocess.Popen(
-        [str(fakecuda / "steploop"), "-n", "400", "-k", "2000", "-w", "1000"],
+        [str(fakecuda / "steploop"), "-n", "800", "-k", "2000", "-w", "1000"],
         env={"WORKLOAD_TRUTH": str(tmp_path / "truth.jsonl")},
     )
+    top = top_once_attached(fakecuda, 250, refreshes=4, extra=("--detail",))
     try:
         out, err = top.communicate(timeout=90)
     finally:
