@@ -81,6 +81,7 @@ def run(
     from memtrace.export.report import print_table, summary
     from memtrace.runtime.agent import Agent, Options
     from memtrace.runtime.command import run_command
+    from memtrace.runtime.diagnose import LiveDiagnosis
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
     out: IO[str] | None = None
@@ -100,6 +101,9 @@ def run(
             os.dup2(2, 1)
         with Agent(opts) as agent:
             signals = HostSignals(HostOptions(interval_s=host_interval), agent.pids) if host else None
+            diagnosis = LiveDiagnosis(agent, signals) if signals is not None else None
+            if signals is not None and diagnosis is not None:
+                signals.on_tick = diagnosis.tick
             done = run_command(agent, cmd, host=signals)
             doc = summary(
                 agent.model,
@@ -110,6 +114,7 @@ def run(
                 drain=agent.drain_stats().as_dict(),
                 host=signals.view(agent.names()) if signals else None,
                 collectives=signals.collectives_view() if signals else None,
+                diagnoses=[d.as_dict() for d in diagnosis.diagnoses] if diagnosis else None,
             )
     except MemtraceError as e:
         if out is not None:

@@ -66,6 +66,7 @@ def top(
     setup_logging(verbose)
     from memtrace.export.top import TopView
     from memtrace.runtime.agent import Agent, Options
+    from memtrace.runtime.diagnose import LiveDiagnosis
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
     view = TopView(interval, detail)
@@ -73,16 +74,18 @@ def top(
         with Agent(Options()) as agent:
             agent.scan()
             n = 0
-            # The CPU sensor only: what --detail shows of the host (run-queue p99).
-            only_cpu = HostOptions(interval_s=interval, nccl=False, gpu=False, network=False, cpu=detail)
+            # The host signals for the live diagnosis and --detail's run-queue p99 (NCCL: `memtrace run`).
+            opts = HostOptions(interval_s=min(interval, 0.1), nccl=False)
             with (
-                HostSignals(only_cpu, agent.pids) as signals,
+                HostSignals(opts, agent.pids) as signals,
                 keys() as wait,
                 Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live,
             ):
                 last = time.monotonic()
                 # The agent drains on its own thread; this one waits for keys
                 # and renders, under the model lock.
+                diagnosis = LiveDiagnosis(agent, signals)
+                signals.on_tick = diagnosis.tick
                 signals.start()
                 with agent.draining(), signals.sampling():
                     while iterations == 0 or n < iterations:
@@ -94,7 +97,7 @@ def top(
                             agent.sync_totals()
                             now = time.monotonic()
                             with signals.lock:
-                                table = view.render(model, now - last, signals.book)
+                                table = view.render(model, now - last, signals.book, diagnosis.diagnoses)
                         live.update(table, refresh=True)
                         last = now
                         n += 1

@@ -42,6 +42,7 @@ def summary(
     drain: dict[str, Any] | None = None,
     host: dict[str, Any] | None = None,
     collectives: list[dict[str, Any]] | None = None,
+    diagnoses: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them;
     `host` and `collectives`: the host signals' views (runtime/hostsignals.py), None when they were off."""
@@ -94,6 +95,7 @@ def summary(
         "collectives": collectives or [],
         "host": host,
         "findings": [f.as_dict() for f in compute(model, thresholds)],
+        "diagnoses": diagnoses if diagnoses is not None else [],
         "agent": {
             "events": stats.get(Stat.EVENTS, 0),
             "dropped": stats.get(Stat.DROPPED, 0),
@@ -342,6 +344,12 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
         fit(console, tt)
     print_sections(doc, console)
     print_host(doc, console)
+    for d in doc.get("diagnoses") or []:
+        console.print(
+            f"[bold red]diagnosis[/bold red] ({d['process'] or d['pid']}): {d['symptom']}; "
+            f"cause: [bold]{d['cause']}[/bold]. [bold]fix[/bold]: {d['fix']}",
+            highlight=False,
+        )
     console.print(f"[bold]libraries[/bold]: {_libraries(a['libraries']) or 'none'}", highlight=False)
     line = f"events {a['events']:,}, dropped {a['dropped']:,}"
     if a["abandoned_calls"] or a["untracked_calls"]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Group
 from rich.table import Table
 
+from memtrace.analysis.diagnosis import Diagnosis
 from memtrace.analysis.findings import compute
 from memtrace.core.abi import Direction
 from memtrace.core.cpu import CpuStats
@@ -55,9 +57,12 @@ class TopView:
         p99 = window.runq_quantile_us(0.99)
         return "" if p99 is None else f"{p99 / 1e3:.2g}ms"
 
-    def render(self, model: Model, dt: float, host: HostBook | None = None) -> Group:
+    def render(
+        self, model: Model, dt: float, host: HostBook | None = None, diagnoses: Sequence[Diagnosis] = ()
+    ) -> Group:
         """The table; `host`: the host signals' readings (CPU waits), taken
-        under their lock by the caller."""
+        under their lock by the caller; `diagnoses`: the live diagnosis's
+        (the last few are shown under the table)."""
         t = Table(
             title=f"memtrace top: CUDA processes (every {self.interval:g}s; q quits)",
             title_justify="left",
@@ -122,6 +127,11 @@ class TopView:
             t.add_row(*cells)
             self._prev[key] = (p.calls, p.bytes, launches.get(key, 0))
         notes = [
+            f"[bold red]diagnosis[/bold red] ({d.process or d.key.pid} {d.key.pid}): {d.symptom}; "
+            f"cause [bold]{d.cause}[/bold]. [bold]fix[/bold]: {d.fix}"
+            for d in list(diagnoses)[-3:]
+        ]
+        notes += [
             f"[bold yellow]finding[/bold yellow] ({f.process or f.pid}): {f.summary}. [bold]fix[/bold]: {f.fix}"
             for f in compute(model)
         ]

@@ -297,6 +297,21 @@ class HostBook:
         self.collectives = totals
         self.nccl_libraries = libraries
 
+    # ---- what the diagnosis reads (live) ----
+
+    def latest_interfaces(self) -> list[Any]:
+        """The last sample of each interface (InterfaceSample), cumulative counters."""
+        return [link.last for link in self._ifaces.values()]
+
+    def latest_qdiscs(self) -> list[Any]:
+        return [q.last for q in self._qdiscs.values()]
+
+    def netns_of(self, pid: int) -> int | None:
+        for ino, (_host, pids) in self._namespaces.items():
+            if pid in pids:
+                return ino
+        return None
+
     # ---- views ----
 
     def _cpu_rows(self, cgroup_name: dict[int, str]) -> list[dict[str, Any]]:

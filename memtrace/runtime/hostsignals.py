@@ -82,6 +82,10 @@ class HostSignals:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.sample_errors = 0
+        # Called after a sample every `tick_s` seconds, on the sampling thread (the live diagnosis).
+        self.on_tick: Callable[[], object] | None = None
+        self.tick_s = 0.5
+        self._last_tick = 0.0
 
     # ---- lifecycle ----
 
@@ -239,6 +243,10 @@ class HostSignals:
                 if self.sample_errors == 1:
                     log.warning("a host-signal sample failed (%s); counted in host.sample_errors", e)
             now = time.monotonic()
+            if self.on_tick is not None and now - self._last_tick >= self.tick_s * 0.999:
+                self._last_tick = now
+                self.on_tick()
+                now = time.monotonic()
             if nxt < now:  # fell behind (a stopped agent, a slow NVML call): skip, do not burst
                 nxt = now + interval
 

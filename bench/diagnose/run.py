@@ -1,0 +1,373 @@
+"""Diagnosis accuracy (issue 16): faults injected into a simulated training
+job at random times, against healthy runs; a confusion matrix, precision
+and recall per cause, detection and naming latency, false diagnoses per
+hour of healthy running, and the agent's CPU.
+
+    sudo .venv/bin/python bench/diagnose/run.py [--trials-per-fault N] [--seconds S] [--seed N]
+
+The job is tests/fixtures/trainjob.c through the test CUDA libraries: a
+fixed amount of real CPU work per step (data loading and host work),
+host-to-device copies over an emulated PCIe link shared between processes
+(the test driver's FAKE_PCIE token bucket: a copy waits for its bytes to
+go through), and kernels on the fake GPU. Each trial runs it under
+`memtrace run` (pinned to one CPU) for S seconds; a fault starts at a
+random time between 35% and 65% of the run and lasts to the end:
+
+  cpu_hog           a busy loop on the job's CPU             -> cpu_interference
+  cpu_quota         the job moved into a cgroup at 30% of a CPU -> cpu_interference
+  gpu_thermal       the test NVML reports thermal throttling and the
+                    fake GPU's kernels take 2x as long        -> gpu_throttling
+  pcie_degraded     the test NVML reports the link at x8 of x16 and the
+                    emulated link's rate halves               -> pcie_contention
+  competing_copier  another process (in the job's tree) floods the
+                    emulated link with copies                 -> pcie_contention
+  slow_loader       the job's data loading does 4x the work   -> input_starvation
+  none              nothing (healthy control)                 -> no diagnosis
+
+The faults are simulations of what the hardware and neighbours do, driven
+through the same interfaces memtrace reads in production (the scheduler,
+cgroups, NVML through nvidia-ml-py, the copy calls' own times). Faults not
+injected here (no harness yet): NIC contention, host memory pressure, a
+straggler rank; their causes are tested on scripted windows in
+tests/test_diagnosis.py.
+
+A trial's prediction is the first diagnosis of the job's process at or
+after the fault's onset ("none" if there is none); a diagnosis before the
+onset, or any in a healthy run, is a false diagnosis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from memtrace.sources.cgroup import cgroup2_root, cgroup_v1_root  # noqa: E402
+
+EXPECTED = {
+    "cpu_hog": "cpu_interference",
+    "cpu_quota": "cpu_interference",
+    "gpu_thermal": "gpu_throttling",
+    "pcie_degraded": "pcie_contention",
+    "competing_copier": "pcie_contention",
+    "slow_loader": "input_starvation",
+    "none": "none",
+}
+LINK_RATE = 4 << 30  # the emulated link, bytes per second
+CPU = str((os.cpu_count() or 1) - 1)
+
+HEALTHY_GPU = dict(
+    name="Bench GPU",
+    uuid="GPU-bench",
+    bus="00000000:17:00.0",
+    pcie_tx=1000,
+    pcie_rx=1000,
+    replay=0,
+    link_gen=5,
+    link_width=16,
+    max_link_gen=5,
+    max_link_width=16,
+    util_gpu=90,
+    util_mem=30,
+    mem_total=80 << 30,
+    mem_free=60 << 30,
+    mem_used=20 << 30,
+    temp=60,
+    power=400000,
+    reasons=0,
+    ecc_corrected=0,
+    ecc_uncorrected=0,
+)
+
+
+def nvml_script(**over: object) -> str:
+    g = {**HEALTHY_GPU, **over}
+    return "count=1\ndriver=580.0\n" + "".join(f"gpu0.{k}={v}\n" for k, v in g.items())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def set_link(path: Path, rate: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(rate.to_bytes(8, "little"))
+
+
+@dataclass
+class Trial:
+    fault: str
+    onset_ns: int = 0
+    predicted: str = "none"
+    detect_s: float | None = None
+    name_s: float | None = None
+    false: list[str] = field(default_factory=list)
+    agent_cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+
+class QuotaCgroup:
+    """A cpu cgroup at 30% of one CPU, v2 or v1."""
+
+    def __init__(self) -> None:
+        name = f"memtrace-bench-quota-{os.getpid()}"
+        v2 = cgroup2_root()
+        if v2 is not None and "cpu" in (v2 / "cgroup.controllers").read_text().split():
+            (v2 / "cgroup.subtree_control").write_text("+cpu")
+            self.dir = v2 / name
+            self.dir.mkdir()
+            (self.dir / "cpu.max").write_text("30000 100000")
+        else:
+            v1 = cgroup_v1_root("cpu")
+            if v1 is None:
+                raise SystemExit("no cpu cgroup controller: cannot inject cpu_quota")
+            self.dir = v1 / name
+            self.dir.mkdir()
+            (self.dir / "cpu.cfs_period_us").write_text("100000")
+            (self.dir / "cpu.cfs_quota_us").write_text("30000")
+
+    def add(self, pid: int) -> None:
+        (self.dir / "cgroup.procs").write_text(str(pid))  # the whole process, every thread
+
+    def close(self) -> None:
+        procs = (self.dir / "cgroup.procs").read_text().split()
+        parent = self.dir.parent / "cgroup.procs"
+        for p in procs:
+            try:
+                parent.write_text(p)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                self.dir.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def job_pid() -> int | None:
+    """The trainjob process under `memtrace run` (one trial runs at a time)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() == "trainjob":
+                return int(d.name)
+        except OSError:
+            continue
+    return None
+
+
+def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: random.Random) -> Trial:
+    t = Trial(fault)
+    link = tmp / "pcie"
+    link.write_bytes((0).to_bytes(8, "little") + LINK_RATE.to_bytes(8, "little"))
+    control = tmp / "control"
+    control.write_text("gpu=1 loader=1\n")
+    script = tmp / "nvml.script"
+    write_atomic(script, nvml_script())
+    out = tmp / "summary.json"
+    at = rnd.uniform(0.35, 0.65) * seconds
+    job = [
+        "taskset",
+        "-c",
+        CPU,
+        str(fc / "trainjob"),
+        "-t",
+        str(seconds),
+        "-L",
+        "3000000",
+        "-w",
+        "1500000",
+        "-k",
+        "1500",
+    ]
+    if fault == "competing_copier":
+        copier = f"{fc / 'trainjob'} -t {seconds} -L 0 -w 0 -k 0 -c 16 -b 8388608"
+        argv = ["sh", "-c", f'"$@" & (sleep {at:.3f}; exec {copier}) & wait', "sh", *job]
+    else:
+        argv = job
+    env = dict(
+        os.environ,
+        FAKE_PCIE=str(link),
+        TRAINJOB_CONTROL=str(control),
+        LD_LIBRARY_PATH=str(nvml),
+        FAKE_NVML_SCRIPT=str(script),
+        WORKLOAD_TRUTH=str(tmp / "truth.jsonl"),
+    )
+    cmd = [sys.executable, "-m", "memtrace", "run", "--format", "json", "-o", str(out), "--", *argv]
+    start = time.monotonic()
+    agent = subprocess.Popen(["taskset", "-c", "0", *cmd], env=env, stderr=subprocess.DEVNULL, cwd=REPO)
+    hog: subprocess.Popen[bytes] | None = None
+    quota: QuotaCgroup | None = None
+    last_cpu = [0.0]
+
+    def watch() -> None:
+        while agent.poll() is None:
+            c = cpu_seconds(agent.pid)
+            if c is not None:
+                last_cpu[0] = c
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        time.sleep(max(0.0, start + at - time.monotonic()))
+        t.onset_ns = time.time_ns()
+        if fault == "cpu_hog":
+            hog = subprocess.Popen(["taskset", "-c", CPU, "sh", "-c", "while :; do :; done"])
+        elif fault == "cpu_quota":
+            pid = job_pid()
+            if pid is not None:
+                quota = QuotaCgroup()
+                quota.add(pid)
+        elif fault == "gpu_thermal":
+            write_atomic(script, nvml_script(reasons=0x20 | 0x40, temp=92))
+            control.write_text("gpu=2 loader=1\n")
+        elif fault == "pcie_degraded":
+            write_atomic(script, nvml_script(link_width=8))
+            set_link(link, LINK_RATE // 2)
+        elif fault == "slow_loader":
+            control.write_text("gpu=1 loader=4\n")
+        agent.wait(timeout=seconds * 3 + 60)
+    finally:
+        if hog is not None:
+            hog.send_signal(signal.SIGKILL)
+            hog.wait()
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if quota is not None:
+            quota.close()
+    watcher.join()
+    t.wall_s = time.monotonic() - start
+    t.agent_cpu_s = last_cpu[0]
+    doc = json.loads(out.read_text())
+    truth = [json.loads(line) for line in (tmp / "truth.jsonl").read_text().splitlines()]
+    (tmp / "truth.jsonl").unlink()
+    pids = {x["pid"] for x in truth}
+    job_pids = set(pids)
+    if fault == "competing_copier":
+        # the job is the one with CPU work per step: the longer steps
+        def step(x: dict) -> float:
+            e = x["step_end_ns"]
+            return statistics.median(b - a for a, b in zip(e, e[1:], strict=False)) if len(e) > 2 else 0.0
+
+        job_pids = {max(truth, key=step)["pid"]}
+    for d in doc.get("diagnoses", []):
+        if d["pid"] not in pids:
+            continue
+        if fault == "none" or d["detected_time_unix_nano"] < t.onset_ns or d["pid"] not in job_pids:
+            t.false.append(d["cause"])
+            continue
+        if t.predicted == "none":
+            t.predicted = d["cause"]
+            t.detect_s = (d["detected_time_unix_nano"] - t.onset_ns) / 1e9
+            t.name_s = (d["named_time_unix_nano"] - d["detected_time_unix_nano"]) / 1e9
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials-per-fault", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--faults", default=",".join(EXPECTED))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: memtrace loads BPF programs")
+    rnd = random.Random(args.seed)
+    faults = [f for f in args.faults.split(",") for _ in range(args.trials_per_fault)]
+    rnd.shuffle(faults)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        fc = tmp / "fc"
+        subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fc}"], check=True)
+        trials = []
+        for i, fault in enumerate(faults):
+            t = trial(fault, fc, fc / "nvml", tmp, args.seconds, rnd)
+            trials.append(t)
+            print(
+                f"[{i + 1}/{len(faults)}] {fault:17s} -> {t.predicted:20s}"
+                + (f" detected {t.detect_s:.2f} s after onset" if t.detect_s is not None else "")
+                + (f"; false: {t.false}" if t.false else ""),
+                flush=True,
+            )
+    report(trials, args)
+
+
+def report(trials: list[Trial], args: argparse.Namespace) -> None:
+    causes = sorted({EXPECTED[t.fault] for t in trials} - {"none"})
+    cols = [*causes, *sorted({t.predicted for t in trials} - set(causes) - {"none"}), "none"]
+    rows = [*causes, "none"]
+    m = {r: dict.fromkeys(cols, 0) for r in rows}
+    for t in trials:
+        m[EXPECTED[t.fault]][t.predicted if t.predicted in cols else "none"] += 1
+    print()
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; "
+        f"{len(trials)} trials of {args.seconds:g} s, seed {args.seed}"
+    )
+    w = max(len(c) for c in cols) + 2
+    print("confusion matrix (rows: injected, columns: diagnosed)")
+    print(" " * 20 + "".join(f"{c[: w - 1]:>{w}}" for c in cols))
+    for r in rows:
+        print(f"{r:20s}" + "".join(f"{m[r][c]:>{w}}" for c in cols))
+    print()
+    correct = sum(m[r][r] for r in rows)
+    print(f"accuracy: {correct}/{len(trials)} = {correct / len(trials):.0%}")
+    for c in causes:
+        tp = m[c][c]
+        fp = sum(m[r][c] for r in rows if r != c)
+        fn = sum(v for k, v in m[c].items() if k != c)
+        prec = tp / (tp + fp) if tp + fp else float("nan")
+        rec = tp / (tp + fn) if tp + fn else float("nan")
+        print(f"  {c:20s} precision {prec:.2f}  recall {rec:.2f}")
+    det = sorted(t.detect_s for t in trials if t.detect_s is not None and t.predicted == EXPECTED[t.fault])
+    name = sorted(t.name_s for t in trials if t.name_s is not None and t.predicted == EXPECTED[t.fault])
+    if det:
+        p95 = det[min(len(det) - 1, int(0.95 * len(det)))]
+        print(f"detection after onset: p50 {statistics.median(det):.2f} s, p95 {p95:.2f} s")
+        print(f"cause named after detection: p50 {statistics.median(name):.2f} s, max {max(name):.2f} s")
+    healthy = [t for t in trials if t.fault == "none"]
+    healthy_s = sum(t.wall_s for t in healthy)
+    false = sum(len(t.false) for t in trials)
+    false_healthy = sum(len(t.false) for t in healthy)
+    if healthy_s:
+        print(
+            f"false diagnoses: {false} in all trials; {false_healthy} in {healthy_s / 60:.1f} min of healthy runs "
+            f"({false_healthy / (healthy_s / 3600):.1f} per hour)"
+        )
+    cpu = sum(t.agent_cpu_s for t in trials) / sum(t.wall_s for t in trials)
+    print(f"agent CPU (memtrace run, host sampling at 10 Hz, diagnosis every 0.5 s): {cpu:.1%} of one core")
+
+
+if __name__ == "__main__":
+    main()

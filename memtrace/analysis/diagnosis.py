@@ -1,0 +1,519 @@
+"""Diagnosis: notice that a process slowed down, within seconds, and name
+why, with the numbers that show it and a fix.
+
+A diagnosis is a change: a slowdown that starts. Standing conditions
+(pageable copies, growth) are findings (analysis/findings.py).
+
+Input: windows. Every WINDOW_S the runtime hands `observe()` one
+ProcWindow per traced process (what changed in it during the window: its
+steps, its copies, its CPU time from the sched sensor, its time in
+collectives) and one HostWindow (the GPUs, the memory pressure, the
+network interfaces). Everything here is a difference of counters the
+sensors keep exactly; the engine keeps a bounded history per process.
+
+Symptom: the process's mean step time in a window against its baseline,
+the median of its last BASELINE normal windows (robust to the odd slow
+step, a checkpoint, a GC pause). A window is slow past SLOW_RATIO times the
+baseline; DETECT_AFTER slow windows in a row are a slowdown, whose onset is
+the first of them (so a single slow window, which any job has, never is).
+While a slowdown lasts, the baseline is frozen; it ends after CLEAR_AFTER
+windows back under CLEAR_RATIO times the baseline (hysteresis: no
+flapping). Processes without steps have no symptom (no made-up one).
+
+Cause: each cause compares its signal over the slow windows with the same
+signal over the baseline windows, and scores how far it moved against a
+margin. The highest score at or above 1 names the cause; hardware faults
+NVML reports (thermal or power throttling, a link trained narrower) are
+categorical and score high. If none scores, the cause is `unknown`, and
+the evidence still says what was looked at. A diagnosis made with one
+cause may be re-named within REFINE_WINDOWS windows if the evidence for
+another grows stronger (its first name is kept in `evidence`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.core.ids import ProcessKey
+
+WINDOW_S = 0.5
+BASELINE = 20  # normal windows in a baseline
+MIN_BASELINE = 6  # before this many, no judgement
+SLOW_RATIO = 1.3
+DETECT_AFTER = 2
+CLEAR_RATIO = 1.15
+CLEAR_AFTER = 4
+REFINE_WINDOWS = 2
+
+CAUSES = (
+    "cpu_interference",
+    "nic_contention",
+    "pcie_contention",
+    "gpu_throttling",
+    "host_memory_pressure",
+    "input_starvation",
+    "straggler",
+)
+
+FIXES = {
+    "cpu_interference": "give the job CPUs of its own (Kubernetes: Guaranteed QoS with the static CPU "
+    "manager; elsewhere taskset/cpusets), or move the noisy neighbour; if its own CPU quota throttles it, "
+    "raise the quota (cpu.max, resources.limits.cpu)",
+    "cpu_quota": "raise the job's CPU limit (cgroup cpu.max, Kubernetes resources.limits.cpu): the quota, "
+    "not another process, is what stops it",
+    "nic_contention": "move the bulk flow off the job's link, give the job a link or traffic class of its "
+    "own, or rate-limit the other traffic",
+    "pcie_contention": "keep other copiers off this GPU's PCIe link (or schedule them apart); a link trained "
+    "below its width or with replays is a hardware fault: reseat the GPU or riser",
+    "gpu_throttling": "check the GPU's cooling and power limit (nvidia-smi -q -d PERFORMANCE,POWER,"
+    "TEMPERATURE); the clocks come back when the cause goes",
+    "host_memory_pressure": "give the job's cgroup more memory (memory.high/max, resources.limits.memory) "
+    "or stop what fills the host's memory: the job stalls in reclaim",
+    "input_starvation": "feed the GPU faster: more DataLoader workers, prefetching, pinned memory; the GPU "
+    "idles while the host prepares the next batch",
+    "straggler": "every rank waits for the slowest: look at that rank's host (CPU, NIC, GPU health); "
+    "the others are healthy",
+    "unknown": "no host signal moved with the slowdown: look at the job itself (a data change, a new "
+    "code path) or at what memtrace cannot see",
+}
+
+
+@dataclass
+class ProcWindow:
+    """What changed in one process during one window (deltas of its counters)."""
+
+    key: ProcessKey
+    name: str = ""
+    exe: str = ""
+    start_ns: int = 0  # the process's start, wall clock
+    steps: int = 0
+    step_ns: int = 0
+    gpu_idle_ns: int = 0
+    host_ns: int = 0  # the step's own work (on CPU, run queue, off CPU)
+    copy_bytes: int = 0
+    copy_ns: int = 0
+    runq_ns: int | None = None  # None: no CPU sensor reading for it
+    on_cpu_ns: int = 0
+    off_cpu_ns: int = 0
+    preemptors: dict[int, tuple[int, str, str]] = field(default_factory=dict)  # cgroup -> (wait ns, path, comm)
+    quota_throttled_ns: int = 0
+    collective_ns: int = 0  # time inside NCCL calls
+    netns: int | None = None
+
+
+@dataclass
+class GpuWindow:
+    index: int
+    uuid: str
+    throttled: bool | None
+    reasons: tuple[str, ...]
+    replays: int | None  # PCIe replays during the window
+    link_width: int | None
+    max_link_width: int | None
+    link_generation: int | None = None
+    max_link_generation: int | None = None
+
+
+@dataclass
+class LinkWindow:
+    netns: int
+    interface: str
+    utilization: float | None  # busier direction over link speed
+    drops: int  # interface and qdisc drops in the window
+    overlimits: int  # qdisc overlimits (the shaper held packets back)
+    backlog_bytes: int
+
+
+@dataclass
+class HostWindow:
+    end_ns: int  # CLOCK_MONOTONIC
+    wall_offset_ns: int  # wall clock - monotonic
+    gpus: list[GpuWindow] = field(default_factory=list)
+    memory_stall_ns: int | None = None  # PSI memory "some" stall time in the window (None: no PSI)
+    links: list[LinkWindow] = field(default_factory=list)
+    copy_bytes: dict[ProcessKey, int] = field(default_factory=dict)  # every traced process's, this window
+    seconds: float = WINDOW_S
+
+
+@dataclass
+class Diagnosis:
+    cause: str
+    key: ProcessKey
+    process: str
+    symptom: str
+    ratio: float  # the symptom's size: step time over its baseline
+    onset_ns: int  # wall clock
+    detected_ns: int
+    evidence: dict[str, Any]
+    fix: str
+    named_ns: int = 0  # when the cause was named (wall clock)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "pid": self.key.pid,
+            "start_time_unix_nano": self.key.start_ns,
+            "process": self.process,
+            "symptom": self.symptom,
+            "ratio": self.ratio,
+            "onset_time_unix_nano": self.onset_ns,
+            "detected_time_unix_nano": self.detected_ns,
+            "named_time_unix_nano": self.named_ns,
+            "evidence": self.evidence,
+            "fix": self.fix,
+        }
+
+
+@dataclass
+class _Seen:
+    """One process's history: its windows, baseline, and the slowdown in progress."""
+
+    windows: deque[tuple[ProcWindow, HostWindow]] = field(default_factory=lambda: deque(maxlen=BASELINE + 16))
+    normal: deque[float] = field(default_factory=lambda: deque(maxlen=BASELINE))  # step means of normal windows
+    normal_windows: deque[tuple[ProcWindow, HostWindow]] = field(default_factory=lambda: deque(maxlen=BASELINE))
+    slow: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)
+    active: Diagnosis | None = None
+    since_detect: int = 0
+    calm: int = 0
+
+
+def _step_mean(w: ProcWindow) -> float | None:
+    return w.step_ns / w.steps if w.steps else None
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
+def _cpu_share(ws: list[ProcWindow]) -> float | None:
+    known = [w for w in ws if w.runq_ns is not None]
+    if not known:
+        return None
+    runq = sum(w.runq_ns or 0 for w in known)
+    return _share(runq, runq + sum(w.on_cpu_ns + w.off_cpu_ns for w in known))
+
+
+class Diagnoser:
+    def __init__(self) -> None:
+        self.seen: dict[ProcessKey, _Seen] = {}
+        self.diagnoses: list[Diagnosis] = []
+        self.windows = 0
+
+    def forget(self, key: ProcessKey) -> None:
+        self.seen.pop(key, None)
+
+    def observe(self, procs: list[ProcWindow], host: HostWindow) -> list[Diagnosis]:
+        """Fold one window; returns the diagnoses made (or re-named) in it."""
+        self.windows += 1
+        out: list[Diagnosis] = []
+        by_exe: dict[str, list[ProcWindow]] = {}
+        for w in procs:
+            by_exe.setdefault(w.exe or w.name, []).append(w)
+        for w in procs:
+            s = self.seen.setdefault(w.key, _Seen())
+            s.windows.append((w, host))
+            d = self._symptom(s, w, host, by_exe.get(w.exe or w.name, []))
+            if d is not None:
+                out.append(d)
+        return out
+
+    # ---- the symptom ----
+
+    def _symptom(self, s: _Seen, w: ProcWindow, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis | None:
+        mean = _step_mean(w)
+        if mean is None:
+            return None
+        if len(s.normal) < MIN_BASELINE:
+            s.normal.append(mean)
+            s.normal_windows.append((w, host))
+            return None
+        base = statistics.median(s.normal)
+        if s.active is not None:
+            s.since_detect += 1
+            s.slow.append((w, host))
+            if mean <= CLEAR_RATIO * base:
+                s.calm += 1
+                if s.calm >= CLEAR_AFTER:
+                    s.active, s.slow, s.calm = None, [], 0
+                return None
+            s.calm = 0
+            if s.since_detect <= REFINE_WINDOWS:
+                return self._refine(s, base, host, peers)
+            return None
+        if mean > SLOW_RATIO * base:
+            s.slow.append((w, host))
+            if len(s.slow) >= DETECT_AFTER:
+                return self._detect(s, base, host, peers)
+            return None
+        s.slow = []
+        s.normal.append(mean)
+        s.normal_windows.append((w, host))
+        return None
+
+    def _detect(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis:
+        first, first_host = s.slow[0]
+        w = s.slow[-1][0]
+        slow_mean = statistics.median(m for m in (_step_mean(x) for x, _ in s.slow) if m is not None)
+        ratio = slow_mean / base
+        onset = first_host.end_ns - int(first_host.seconds * 1e9) + first_host.wall_offset_ns
+        now = host.end_ns + host.wall_offset_ns
+        cause, evidence = self._cause(s, peers)
+        d = Diagnosis(
+            cause=cause,
+            key=w.key,
+            process=w.name,
+            symptom=f"step time {ratio:.1f}x its baseline ({base * 1e-6:.3g} ms -> {slow_mean * 1e-6:.3g} ms)",
+            ratio=ratio,
+            onset_ns=onset,
+            detected_ns=now,
+            evidence={"baseline_step_seconds": base / 1e9, "step_seconds": slow_mean / 1e9, **evidence},
+            fix=FIXES.get(evidence.get("fix_key", cause), FIXES["unknown"]),
+            named_ns=now,
+        )
+        d.evidence.pop("fix_key", None)
+        s.active, s.since_detect, s.calm = d, 0, 0
+        self.diagnoses.append(d)
+        return d
+
+    def _refine(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis | None:
+        """A window or two later, with more evidence: re-name an unknown or weakly named cause."""
+        d = s.active
+        assert d is not None
+        cause, evidence = self._cause(s, peers)
+        if cause == d.cause or cause == "unknown":
+            return None
+        if d.cause != "unknown" and evidence.get("score", 0) < d.evidence.get("score", 0) * 1.5:
+            return None
+        first = d.cause
+        d.cause = cause
+        d.evidence = {**{k: v for k, v in d.evidence.items() if "step_seconds" in k}, **evidence}
+        d.evidence["first_named"] = first
+        d.fix = FIXES.get(d.evidence.pop("fix_key", cause), FIXES["unknown"])
+        d.named_ns = host.end_ns + host.wall_offset_ns
+        return d
+
+    # ---- the cause ----
+
+    def _cause(self, s: _Seen, peers: list[ProcWindow]) -> tuple[str, dict[str, Any]]:
+        before = list(s.normal_windows)
+        after = s.slow
+        scores: list[tuple[float, str, dict[str, Any]]] = []
+        for fn in (self._cpu, self._gpu, self._pcie, self._memory, self._input, self._nic, self._straggler):
+            r = fn(before, after, peers)
+            if r is not None:
+                scores.append(r)
+        if not scores:
+            return "unknown", {"score": 0.0}
+        score, cause, ev = max(scores, key=lambda t: t[0])
+        if score < 1.0:
+            return "unknown", {"score": 0.0, "closest": cause, "closest_score": round(score, 3)}
+        return cause, {"score": round(score, 3), **ev}
+
+    @staticmethod
+    def _cpu(
+        before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
+    ) -> tuple[float, str, dict[str, Any]] | None:
+        b, a = _cpu_share([w for w, _ in before]), _cpu_share([w for w, _ in after])
+        if a is None or b is None:
+            return None
+        rise = a - b
+        throttled = sum(w.quota_throttled_ns for w, _ in after)
+        waits: dict[int, list[Any]] = {}
+        for w, _ in after:
+            for cg, (ns, path, comm) in w.preemptors.items():
+                v = waits.setdefault(cg, [0, path, comm])
+                v[0] += ns
+        ev: dict[str, Any] = {"run_queue_share_before": round(b, 4), "run_queue_share": round(a, 4)}
+        fix_key = "cpu_interference"
+        if waits:
+            cg, (ns, path, comm) = max(waits.items(), key=lambda kv: kv[1][0])
+            if cg == 0:
+                ev["taken_by"] = "its own CPU quota (the CPU went idle while it waited)"
+                fix_key = "cpu_quota"
+            else:
+                ev["taken_by"] = {"cgroup_id": cg, "cgroup": path, "process": comm}
+        if throttled:
+            ev["quota_throttled_seconds"] = throttled / 1e9
+            ev["taken_by"] = "its own CPU quota"
+            fix_key = "cpu_quota"
+        ev["fix_key"] = fix_key
+        # 5 points of the process's time more in the run queue, and at least double.
+        score = rise / 0.05 if a >= 2 * b else 0.0
+        if throttled:
+            score = max(score, 2.0)
+        return score, "cpu_interference", ev
+
+    @staticmethod
+    def _gpu(
+        before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
+    ) -> tuple[float, str, dict[str, Any]] | None:
+        was = {g.uuid for _, h in before for g in h.gpus if g.throttled}
+        now: dict[str, set[str]] = {}
+        idx: dict[str, int] = {}
+        for _, h in after:
+            for g in h.gpus:
+                if g.throttled and g.uuid not in was:
+                    now.setdefault(g.uuid, set()).update(g.reasons)
+                    idx[g.uuid] = g.index
+        if not now:
+            return None
+        uuid, reasons = sorted(now.items())[0]
+        return 3.0, "gpu_throttling", {"gpu": idx[uuid], "uuid": uuid, "clock_event_reasons": sorted(reasons)}
+
+    @staticmethod
+    def _pcie(
+        before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
+    ) -> tuple[float, str, dict[str, Any]] | None:
+        narrow_before = {g.uuid for _, h in before for g in h.gpus if _narrow(g)}
+        for _, h in after:
+            for g in h.gpus:
+                if _narrow(g) and g.uuid not in narrow_before:
+                    return (
+                        3.0,
+                        "pcie_contention",
+                        {
+                            "gpu": g.index,
+                            "link": f"gen{g.link_generation} x{g.link_width}",
+                            "max_link": f"gen{g.max_link_generation} x{g.max_link_width}",
+                            "degraded": True,
+                        },
+                    )
+        replays_b = sum(g.replays or 0 for _, h in before for g in h.gpus)
+        replays_a = sum(g.replays or 0 for _, h in after for g in h.gpus)
+        if replays_a and not replays_b:
+            return 2.5, "pcie_contention", {"pcie_replays": replays_a}
+        # Copy bandwidth of this process fell while other processes' copies rose.
+        own_b = _rate([w for w, _ in before])
+        own_a = _rate([w for w, _ in after])
+        if own_b is None or own_a is None or own_b <= 0:
+            return None
+        others_b, others_a = _others(before), _others(after)
+        fell = 1 - own_a / own_b
+        ev = {
+            "copy_bytes_per_second_before": round(own_b),
+            "copy_bytes_per_second": round(own_a),
+            "other_processes_copy_bytes_per_second_before": round(others_b),
+            "other_processes_copy_bytes_per_second": round(others_a),
+        }
+        # A quarter of its copy bandwidth gone while the others copy half again as much (or start to).
+        if fell <= 0 or others_a < 1.5 * others_b or others_a <= 0:
+            return 0.0, "pcie_contention", ev
+        return fell / 0.25, "pcie_contention", ev
+
+    @staticmethod
+    def _memory(
+        before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
+    ) -> tuple[float, str, dict[str, Any]] | None:
+        sb = [h.memory_stall_ns for _, h in before if h.memory_stall_ns is not None]
+        sa = [h.memory_stall_ns for _, h in after if h.memory_stall_ns is not None]
+        if not sa or not sb:
+            return None
+        share_b = sum(sb) / (len(sb) * WINDOW_S * 1e9)
+        share_a = sum(sa) / (len(sa) * WINDOW_S * 1e9)
+        return (
+            (share_a - share_b) / 0.05,
+            "host_memory_pressure",
+            {"memory_stall_share_before": round(share_b, 4), "memory_stall_share": round(share_a, 4)},
+        )
+
+    @staticmethod
+    def _input(
+        before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
+    ) -> tuple[float, str, dict[str, Any]] | None:
+        def idle_host(ws: list[tuple[ProcWindow, HostWindow]]) -> tuple[float, float]:
+            steps = sum(w.step_ns for w, _ in ws)
+            return _share(sum(w.gpu_idle_ns for w, _ in ws), steps), _share(sum(w.host_ns for w, _ in ws), steps)
+
+        (ib, hb), (ia, ha) = idle_host(before), idle_host(after)
+        cpu_b, cpu_a = _cpu_share([w for w, _ in before]), _cpu_share([w for w, _ in after])
+        if cpu_a is not None and cpu_b is not None and cpu_a - cpu_b >= 0.05:
+            return 0.0, "input_starvation", {}  # the host work slowed for want of a CPU: not the input
+        ev = {
+            "gpu_idle_share_before": round(ib, 4),
+            "gpu_idle_share": round(ia, 4),
+            "host_share_before": round(hb, 4),
+            "host_share": round(ha, 4),
+        }
+        # The GPU idles 10 points more of each step while the host's own share of it grew.
+        return ((ia - ib) / 0.10 if ha > hb else 0.0), "input_starvation", ev
+
+    @staticmethod
+    def _nic(
+        before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
+    ) -> tuple[float, str, dict[str, Any]] | None:
+        ns = after[-1][0].netns
+        if ns is None:
+            return None
+
+        def links(ws: list[tuple[ProcWindow, HostWindow]]) -> dict[str, list[LinkWindow]]:
+            out: dict[str, list[LinkWindow]] = {}
+            for _, h in ws:
+                for link in h.links:
+                    if link.netns == ns and link.interface != "lo":
+                        out.setdefault(link.interface, []).append(link)
+            return out
+
+        lb, la = links(before), links(after)
+        best: tuple[float, str, dict[str, Any]] | None = None
+        for name, ws in la.items():
+            bs = lb.get(name, [])
+            held = sum(x.overlimits + x.drops for x in ws) / len(ws)
+            held_b = sum(x.overlimits + x.drops for x in bs) / len(bs) if bs else 0.0
+            util = max((x.utilization or 0.0) for x in ws)
+            util_b = max(((x.utilization or 0.0) for x in bs), default=0.0)
+            score = max((util - util_b) / 0.3 if util >= 0.8 else 0.0, (held - held_b) / 20.0)
+            ev = {
+                "interface": name,
+                "utilization": round(util, 3),
+                "utilization_before": round(util_b, 3),
+                "held_or_dropped_per_window": held,
+                "held_or_dropped_per_window_before": held_b,
+            }
+            if best is None or score > best[0]:
+                best = (score, "nic_contention", ev)
+        return best
+
+    @staticmethod
+    def _straggler(
+        before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], peers: list[ProcWindow]
+    ) -> tuple[float, str, dict[str, Any]] | None:
+        me = after[-1][0]
+        others = [p for p in peers if p.key != me.key and p.steps]
+        if len(others) < 2:
+            return None
+
+        def coll_share(w: ProcWindow) -> float:
+            return _share(w.collective_ns, w.step_ns)
+
+        mine = coll_share(me)
+        theirs = statistics.median(coll_share(p) for p in others)
+        mine_b = statistics.median(_share(w.collective_ns, w.step_ns) for w, _ in before)
+        # The straggler waits least in collectives while its peers wait for it.
+        if theirs - mine >= 0.15 and mine <= mine_b + 0.05:
+            return (theirs - mine) / 0.15, "straggler", {"collective_share": mine, "peers_collective_share": theirs}
+        if mine - mine_b >= 0.15:
+            slow = min(others, key=coll_share)
+            return (
+                (mine - mine_b) / 0.15,
+                "straggler",
+                {"collective_share": mine, "collective_share_before": mine_b, "waits_for_pid": slow.key.pid},
+            )
+        return 0.0, "straggler", {}
+
+
+def _narrow(g: GpuWindow) -> bool:
+    return g.link_width is not None and g.max_link_width is not None and g.link_width < g.max_link_width
+
+
+def _rate(ws: list[ProcWindow]) -> float | None:
+    ns = sum(w.copy_ns for w in ws)
+    return sum(w.copy_bytes for w in ws) / (ns / 1e9) if ns else None
+
+
+def _others(ws: list[tuple[ProcWindow, HostWindow]]) -> float:
+    """Bytes per second the other traced processes copied in these windows."""
+    total = sum(sum(h.copy_bytes.values()) - h.copy_bytes.get(w.key, 0) for w, h in ws)
+    return total / sum(h.seconds for _, h in ws) if ws else 0.0

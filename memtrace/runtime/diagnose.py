@@ -1,0 +1,181 @@
+"""Live diagnosis: every WINDOW_S, what changed in each traced process and
+on the host (from the model and the host signals' book) becomes one window
+for the diagnosis engine (analysis/diagnosis.py). Runs on the host-signal
+sampling thread; takes the model lock, then the book's, briefly each."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from memtrace.analysis.diagnosis import Diagnoser, Diagnosis, GpuWindow, HostWindow, LinkWindow, ProcWindow
+from memtrace.core.ids import ProcessKey
+from memtrace.runtime.agent import Agent
+from memtrace.runtime.hostsignals import HostSignals
+from memtrace.sources.cgroup import CgroupNames
+from memtrace.sources.psi import stall_us
+
+log = logging.getLogger("memtrace")
+
+
+class LiveDiagnosis:
+    def __init__(
+        self, agent: Agent, host: HostSignals, on_diagnosis: Callable[[Diagnosis], None] | None = None
+    ) -> None:
+        self.agent = agent
+        self.host = host
+        self.engine = Diagnoser()
+        self.on_diagnosis = on_diagnosis
+        self._prev: dict[Any, tuple[int, ...]] = {}
+        self._prev_cpu: dict[int, Any] = {}
+        self._prev_quota: dict[int, int] = {}
+        self._prev_t: int | None = None
+        self._prev_stall: int | None = None
+        self._prev_replays: dict[str, int] = {}
+        self._prev_links: dict[Any, tuple[int, ...]] = {}
+        self.failures = 0
+
+    @property
+    def diagnoses(self) -> list[Diagnosis]:
+        return self.engine.diagnoses
+
+    def _delta(self, key: Any, cur: tuple[int, ...]) -> tuple[int, ...] | None:
+        prev = self._prev.get(key)
+        self._prev[key] = cur
+        if prev is None:
+            return None
+        return tuple(c - p for c, p in zip(cur, prev, strict=True))
+
+    def tick(self) -> list[Diagnosis]:
+        """One window; returns the diagnoses it made. Never raises: a failure is counted and logged once."""
+        try:
+            return self._tick()
+        except Exception as e:  # noqa: BLE001 - the analysis must never stop the sampling or the traced run
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("diagnosis failed (%s: %s); counted in host.diagnosis_failures", type(e).__name__, e)
+            return []
+
+    def _tick(self) -> list[Diagnosis]:
+        mono = time.monotonic_ns()
+        offset = time.time_ns() - mono
+        seconds = (mono - self._prev_t) / 1e9 if self._prev_t is not None else 0.0
+        first = self._prev_t is None
+        self._prev_t = mono
+        procs: dict[ProcessKey, ProcWindow] = {}
+        copy_bytes: dict[ProcessKey, int] = {}
+        with self.agent.locked() as model:
+            live = [(k, p) for k, p in model.processes.items() if not p.exited]
+            for key, proc in live:
+                st = model.step_trackers.get(key)
+                steps = st.stats() if st is not None else None
+                nbytes = nsum = 0
+                for c in proc.copy_view().values():
+                    nbytes += c.bytes
+                    nsum += c.duration_ns
+                s = (
+                    (steps.steps, steps.step_ns, steps.gpu_idle_ns, steps.host_ns, steps.collective_ns)
+                    if steps is not None
+                    else (0, 0, 0, 0, 0)
+                )
+                d = self._delta(("p", key), (*s, nbytes, nsum))
+                if d is None:
+                    continue
+                copy_bytes[key] = d[5]
+                procs[key] = ProcWindow(
+                    key=key,
+                    name=proc.name,
+                    exe=proc.exe.rsplit("/", 1)[-1] if proc.exe else proc.name,
+                    start_ns=proc.start_ns,
+                    steps=d[0],
+                    step_ns=d[1],
+                    gpu_idle_ns=d[2],
+                    host_ns=d[3],
+                    collective_ns=d[4],
+                    copy_bytes=d[5],
+                    copy_ns=d[6],
+                )
+        hw = HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5, copy_bytes=copy_bytes)
+        stall = stall_us("memory")
+        if stall is not None and self._prev_stall is not None:
+            hw.memory_stall_ns = (stall - self._prev_stall) * 1000
+        self._prev_stall = stall
+        with self.host.lock:
+            book = self.host.book
+            for key, w in procs.items():
+                cpu = book.cpu.get(key.pid)
+                prev = self._prev_cpu.get(key.pid)
+                if cpu is not None:
+                    self._prev_cpu[key.pid] = cpu
+                if cpu is not None and prev is not None:
+                    win = cpu.since(prev)
+                    w.runq_ns, w.on_cpu_ns, w.off_cpu_ns = win.runq_ns, win.oncpu_ns, win.offcpu_ns
+                    w.preemptors = {p.cgroup_id: (p.wait_ns, "", p.last_comm) for p in win.preemptors}
+                q = book.quota_throttled_ns.get(key.pid)
+                if q is not None:
+                    w.quota_throttled_ns = q[1] - self._prev_quota.get(key.pid, q[1])
+                    self._prev_quota[key.pid] = q[1]
+                coll = sum(t.duration_ns for (pid, _c), t in book.collectives.items() if pid == key.pid)
+                dc = self._delta(("c", key), (coll,))
+                if dc is not None and dc[0]:
+                    w.collective_ns = dc[0]  # the NCCL sensor's, where the steps have none
+                w.netns = book.netns_of(key.pid)
+            for g in book.gpus.values():
+                latest, last = g.latest, g.last
+                replays = g.replays_since_start()
+                prev_r = self._prev_replays.get(g.uuid)
+                if replays is not None:
+                    self._prev_replays[g.uuid] = replays
+                hw.gpus.append(
+                    GpuWindow(
+                        index=g.index,
+                        uuid=g.uuid,
+                        throttled=None if latest is None or latest.lost else latest.throttled,
+                        reasons=tuple(latest.clock_event_reasons or ()) if latest is not None else (),
+                        replays=None if replays is None or prev_r is None else replays - prev_r,
+                        link_width=last.link_width if last else None,
+                        max_link_width=last.max_link_width if last else None,
+                        link_generation=last.link_generation if last else None,
+                        max_link_generation=last.max_link_generation if last else None,
+                    )
+                )
+            hw.links = self._links(book, seconds)
+        if first:
+            return []
+        made = self.engine.observe(list(procs.values()), hw)
+        names = CgroupNames() if made else None
+        for diag in made:
+            who = diag.evidence.get("taken_by")
+            if names is not None and isinstance(who, dict) and who.get("cgroup_id"):
+                who["cgroup"] = names.path(who["cgroup_id"])
+            log.warning("diagnosis: pid %d %s: %s (%s)", diag.key.pid, diag.process, diag.symptom, diag.cause)
+            if self.on_diagnosis is not None:
+                self.on_diagnosis(diag)
+        return made
+
+    def _links(self, book: Any, seconds: float) -> list[LinkWindow]:
+        out = []
+        qd: dict[tuple[int, str], list[int]] = {}
+        for q in book.latest_qdiscs():
+            qcur = (q.drops, q.overlimits)
+            qprev = self._prev_links.get(("q", q.key))
+            self._prev_links[("q", q.key)] = qcur
+            if qprev is not None:
+                v = qd.setdefault((q.netns, q.ifname), [0, 0, 0])
+                v[0] += max(qcur[0] - qprev[0], 0)
+                v[1] += max(qcur[1] - qprev[1], 0)
+                v[2] += q.backlog_bytes
+        for i in book.latest_interfaces():
+            cur = (i.rx_bytes, i.tx_bytes, i.rx_dropped + i.tx_dropped)
+            prev = self._prev_links.get(("i", i.key))
+            self._prev_links[("i", i.key)] = cur
+            if prev is None or not seconds:
+                continue
+            util = None
+            if i.speed_bits_per_s:
+                util = max(cur[0] - prev[0], cur[1] - prev[1]) * 8 / seconds / i.speed_bits_per_s
+            q = qd.get((i.netns, i.name), [0, 0, 0])
+            out.append(LinkWindow(i.netns, i.name, util, max(cur[2] - prev[2], 0) + q[0], q[1], q[2]))
+        return out

@@ -1,0 +1,240 @@
+"""The diagnosis engine (memtrace/analysis/diagnosis.py) on scripted windows:
+each cause named from its own evidence, the onset and the detection at the
+right windows, and healthy controls (noise, a lone slow window, a fault
+that comes and goes) that must stay silent or be reported once."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from memtrace.analysis.diagnosis import (
+    WINDOW_S,
+    Diagnoser,
+    GpuWindow,
+    HostWindow,
+    LinkWindow,
+    ProcWindow,
+)
+from memtrace.core.ids import ProcessKey
+
+MS = 1_000_000
+W_NS = int(WINDOW_S * 1e9)
+KEY = ProcessKey(4242, 77)
+HOG_CGROUP = 9120
+
+
+def proc(step_ms: float = 10.0, key: ProcessKey = KEY, **over: object) -> ProcWindow:
+    """A window of a training loop: steps of step_ms, 40% of each on the host
+    (of which the run queue takes 2%), the rest waiting for a busy GPU."""
+    steps = int(WINDOW_S * 1000 / step_ms)
+    step_ns = int(steps * step_ms * MS)
+    w = ProcWindow(
+        key=key,
+        name="train",
+        exe="train",
+        steps=steps,
+        step_ns=step_ns,
+        gpu_idle_ns=int(step_ns * 0.1),
+        host_ns=int(step_ns * 0.4),
+        copy_bytes=steps * (4 << 20),
+        copy_ns=steps * 400_000,
+        runq_ns=int(W_NS * 0.02),
+        on_cpu_ns=int(W_NS * 0.38),
+        off_cpu_ns=int(W_NS * 0.60),
+    )
+    for k, v in over.items():
+        setattr(w, k, v)
+    return w
+
+
+def host(i: int, **over: object) -> HostWindow:
+    h = HostWindow(end_ns=(i + 1) * W_NS, wall_offset_ns=10**18, memory_stall_ns=0)
+    h.gpus = [GpuWindow(0, "GPU-a", False, (), 0, 16, 16, 5, 5)]
+    for k, v in over.items():
+        setattr(h, k, v)
+    return h
+
+
+def run(windows: list[tuple[list[ProcWindow], HostWindow]]) -> tuple[Diagnoser, list[tuple[int, str]]]:
+    d = Diagnoser()
+    made = []
+    for i, (procs, h) in enumerate(windows):
+        for x in d.observe(procs, h):
+            made.append((i, x.cause))
+    return d, made
+
+
+def healthy(n: int, seed: int = 1) -> list[tuple[list[ProcWindow], HostWindow]]:
+    rnd = random.Random(seed)
+    return [([proc(10.0 * rnd.uniform(0.9, 1.1))], host(i)) for i in range(n)]
+
+
+def test_a_healthy_noisy_loop_is_never_diagnosed() -> None:
+    windows = healthy(400)
+    # A lone slow window now and then (a checkpoint, a GC pause) is not a slowdown.
+    for i in range(30, 400, 37):
+        windows[i] = ([proc(25.0)], host(i))
+    _, made = run(windows)
+    assert made == []
+
+
+def test_no_steps_no_symptom() -> None:
+    windows = [([replace(proc(), steps=0, step_ns=0)], host(i)) for i in range(40)]
+    _, made = run(windows)
+    assert made == []
+
+
+def test_a_cpu_hog_is_detected_in_two_windows_and_named_with_who_took_the_cpu() -> None:
+    windows = healthy(30)
+    for i in range(30, 40):
+        windows.append(
+            (
+                [
+                    proc(
+                        22.0,
+                        runq_ns=int(W_NS * 0.45),
+                        on_cpu_ns=int(W_NS * 0.35),
+                        off_cpu_ns=int(W_NS * 0.2),
+                        preemptors={HOG_CGROUP: (int(W_NS * 0.45), "", "stress")},
+                    )
+                ],
+                host(i),
+            )
+        )
+    d, made = run(windows)
+    assert made == [(31, "cpu_interference")]  # onset at window 30, detected at its second slow window
+    (x,) = d.diagnoses
+    assert x.onset_ns == 30 * W_NS + 10**18 and x.detected_ns == 32 * W_NS + 10**18
+    assert x.ratio == pytest.approx(2.2, rel=0.1) and "2.2x" in x.symptom
+    assert x.evidence["taken_by"] == {"cgroup_id": HOG_CGROUP, "cgroup": "", "process": "stress"}
+    assert x.evidence["run_queue_share"] == pytest.approx(0.45) and x.evidence["run_queue_share_before"] < 0.03
+    assert "CPUs of its own" in x.fix
+
+
+def test_a_cpu_quota_squeeze_is_named_as_the_quota() -> None:
+    windows = healthy(30)
+    for i in range(30, 36):
+        slow = proc(
+            18.0, runq_ns=int(W_NS * 0.3), quota_throttled_ns=int(W_NS * 0.3), preemptors={0: (W_NS // 4, "", "")}
+        )
+        windows.append(([slow], host(i)))
+    d, made = run(windows)
+    assert made == [(31, "cpu_interference")]
+    x = d.diagnoses[0]
+    assert "quota" in str(x.evidence["taken_by"]) and x.evidence["quota_throttled_seconds"] > 0
+    assert "CPU limit" in x.fix
+
+
+def test_gpu_throttling_is_named_from_nvml_clock_events() -> None:
+    windows = healthy(30)
+    hot = GpuWindow(0, "GPU-a", True, ("hw_thermal_slowdown", "sw_thermal_slowdown"), 0, 16, 16, 5, 5)
+    for i in range(30, 36):
+        windows.append(([proc(16.0)], host(i, gpus=[hot])))
+    d, made = run(windows)
+    assert made == [(31, "gpu_throttling")]
+    assert d.diagnoses[0].evidence["clock_event_reasons"] == ["hw_thermal_slowdown", "sw_thermal_slowdown"]
+
+
+def test_a_link_trained_narrower_is_pcie_contention_with_the_link() -> None:
+    windows = healthy(30)
+    narrow = GpuWindow(0, "GPU-a", False, (), 0, 8, 16, 5, 5)
+    for i in range(30, 36):
+        windows.append(([proc(15.0, copy_ns=4 * proc().copy_ns)], host(i, gpus=[narrow])))
+    d, made = run(windows)
+    assert made == [(31, "pcie_contention")]
+    assert d.diagnoses[0].evidence["link"] == "gen5 x8" and d.diagnoses[0].evidence["max_link"] == "gen5 x16"
+
+
+def test_pcie_replays_are_pcie_contention() -> None:
+    windows = healthy(30)
+    for i in range(30, 36):
+        windows.append(([proc(15.0)], host(i, gpus=[GpuWindow(0, "GPU-a", False, (), 40, 16, 16, 5, 5)])))
+    d, made = run(windows)
+    assert made == [(31, "pcie_contention")] and d.diagnoses[0].evidence["pcie_replays"] == 80
+
+
+def test_a_competing_copier_on_the_link_is_pcie_contention() -> None:
+    other = ProcessKey(5151, 1)
+    windows = [([w], replace(h, copy_bytes={KEY: w.copy_bytes, other: 0})) for (w,), h in healthy(30)]
+    for i in range(30, 36):
+        mine = proc(14.0, copy_ns=3 * proc(14.0).copy_ns)
+        windows.append(([mine], host(i, copy_bytes={KEY: mine.copy_bytes, other: 3 << 30})))
+    d, made = run(windows)
+    assert made == [(31, "pcie_contention")]
+    ev = d.diagnoses[0].evidence
+    assert ev["other_processes_copy_bytes_per_second"] == pytest.approx((3 << 30) / WINDOW_S, rel=1e-6)
+    assert ev["copy_bytes_per_second"] < ev["copy_bytes_per_second_before"] / 2
+
+
+def test_memory_stalls_are_host_memory_pressure() -> None:
+    windows = healthy(30)
+    for i in range(30, 36):
+        windows.append(([proc(17.0)], host(i, memory_stall_ns=int(W_NS * 0.3))))
+    d, made = run(windows)
+    assert made == [(31, "host_memory_pressure")]
+    assert d.diagnoses[0].evidence["memory_stall_share"] == pytest.approx(0.3)
+
+
+def test_a_gpu_idling_while_the_host_loads_data_is_input_starvation() -> None:
+    windows = healthy(30)
+    for i in range(30, 36):
+        w = proc(20.0)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i)))
+    d, made = run(windows)
+    assert made == [(31, "input_starvation")]
+    ev = d.diagnoses[0].evidence
+    assert ev["gpu_idle_share"] == pytest.approx(0.55, abs=0.01) and ev["gpu_idle_share_before"] == pytest.approx(0.1)
+
+
+def test_a_saturated_link_in_the_jobs_namespace_is_nic_contention() -> None:
+    ns = 4026532000
+    quiet = LinkWindow(ns, "eth0", 0.2, 0, 0, 0)
+    busy = LinkWindow(ns, "eth0", 0.98, 3, 450, 1 << 20)
+    windows = [([replace(w, netns=ns)], replace(h, links=[quiet])) for (w,), h in healthy(30)]
+    for i in range(30, 36):
+        windows.append(([proc(15.0, netns=ns)], host(i, links=[busy])))
+    d, made = run(windows)
+    assert made == [(31, "nic_contention")]
+    assert d.diagnoses[0].evidence["interface"] == "eth0" and d.diagnoses[0].evidence["utilization"] == 0.98
+
+
+def test_the_slow_rank_is_named_a_straggler_and_its_peers_wait_for_it() -> None:
+    ranks = [ProcessKey(100 + r, 1) for r in range(4)]
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for r, key in enumerate(ranks):
+            w = proc(18.0 if slow else 10.0, key=key)
+            w.collective_ns = int(w.step_ns * (0.05 if (slow and r == 2) else (0.5 if slow else 0.1)))
+            ws.append(w)
+        return ws, host(i)
+
+    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    d, made = run(windows)
+    assert {c for _, c in made} == {"straggler"} and len(made) == 4
+    by_pid = {x.key.pid: x for x in d.diagnoses}
+    assert "peers_collective_share" in by_pid[102].evidence  # the slow one: its peers wait in collectives
+    assert by_pid[100].evidence["waits_for_pid"] == 102
+
+
+def test_a_slowdown_nothing_explains_is_unknown_not_a_guess() -> None:
+    windows = healthy(30) + [([proc(20.0)], host(i)) for i in range(30, 36)]
+    d, made = run(windows)
+    assert made == [(31, "unknown")]
+    assert "no host signal moved" in d.diagnoses[0].fix
+
+
+def test_a_fault_is_reported_once_and_again_only_after_recovery() -> None:
+    hog = {"runq_ns": int(W_NS * 0.45), "preemptors": {HOG_CGROUP: (W_NS // 2, "", "stress")}}
+    windows = healthy(30)
+    windows += [([proc(22.0, **hog)], host(i)) for i in range(30, 40)]
+    windows += [([proc(10.0)], host(i)) for i in range(40, 42)]  # a breather: too short to end it
+    windows += [([proc(22.0, **hog)], host(i)) for i in range(42, 50)]
+    windows += [([proc(10.0)], host(i)) for i in range(50, 60)]  # recovered
+    windows += [([proc(22.0, **hog)], host(i)) for i in range(60, 64)]  # a new fault
+    _, made = run(windows)
+    assert made == [(31, "cpu_interference"), (61, "cpu_interference")]
