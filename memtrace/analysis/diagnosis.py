@@ -407,12 +407,12 @@ class Diagnoser:
     def _memory(
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
-        sb = [h.memory_stall_ns for _, h in before if h.memory_stall_ns is not None]
-        sa = [h.memory_stall_ns for _, h in after if h.memory_stall_ns is not None]
+        sb = [(h.memory_stall_ns, h.seconds) for _, h in before if h.memory_stall_ns is not None]
+        sa = [(h.memory_stall_ns, h.seconds) for _, h in after if h.memory_stall_ns is not None]
         if not sa or not sb:
             return None
-        share_b = sum(sb) / (len(sb) * WINDOW_S * 1e9)
-        share_a = sum(sa) / (len(sa) * WINDOW_S * 1e9)
+        share_b = sum(n for n, _ in sb) / (sum(t for _, t in sb) * 1e9)
+        share_a = sum(n for n, _ in sa) / (sum(t for _, t in sa) * 1e9)
         return (
             (share_a - share_b) / 0.05,
             "host_memory_pressure",

@@ -42,7 +42,7 @@ def push(
         True, "--host/--no-host", help="Also push CPU waits, GPU (NVML) readings and NCCL collectives."
     ),
     host_interval: float = typer.Option(
-        1.0, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
+        0.1, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
 ) -> None:
@@ -51,6 +51,7 @@ def push(
     setup_logging(verbose)
     from memtrace.export.config import resolve
     from memtrace.runtime.agent import Agent, Options
+    from memtrace.runtime.diagnose import LiveDiagnosis
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
     from memtrace.runtime.push import push_forever
 
@@ -80,10 +81,13 @@ def push(
             if not host:
                 push_forever(agent, cfg, stop)
                 return
-            # Network interfaces are not pushed yet (`memtrace run` reports them): not sampled here.
-            with HostSignals(HostOptions(interval_s=host_interval, network=False), agent.pids) as signals:
+            with HostSignals(HostOptions(interval_s=host_interval), agent.pids) as signals:
+                # The live diagnosis: its counts go out with each push (memtrace.diagnoses).
+                diagnosis = LiveDiagnosis(agent, signals)
+                signals.on_tick = diagnosis.tick
+                signals.tick_s = max(host_interval, 0.5)
                 signals.start()
                 with signals.sampling():
-                    push_forever(agent, cfg, stop, host=signals)
+                    push_forever(agent, cfg, stop, host=signals, diagnosis=diagnosis)
     except MemtraceError as e:
         fail(e)

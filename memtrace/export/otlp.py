@@ -106,6 +106,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "memtrace.process.off_cpu.time": ("sum", "Time the process's threads were blocked (sleeping, I/O, locks)", "s"),
     "memtrace.process.on_cpu.time": ("sum", "Time the process's threads ran", "s"),
     "process.context_switches": ("sum", "Context switches of the process's threads", "{context_switch}"),
+    "memtrace.diagnoses": ("sum", "Slowdowns diagnosed in the process, by cause", "{diagnosis}"),
     "memtrace.nccl.calls": ("sum", "NCCL collective calls", "{call}"),
     "memtrace.nccl.bytes": ("sum", "Bytes of successful NCCL collective calls (count x datatype size)", "By"),
     "memtrace.nccl.time": ("sum", "Time inside NCCL collective calls (the enqueue)", "s"),
@@ -394,6 +395,7 @@ class MetricsBuilder:
         now_ns: int | None = None,
         drain_gap_s: float | None = None,
         host: HostBook | None = None,
+        diagnoses: dict[ProcessKey, dict[str, int]] | None = None,
     ) -> Batch:
         """One export of the model. `drain_gap_s`: the worst interval between
         the agent's drain starts since the last export (a gauge, when given).
@@ -494,6 +496,8 @@ class MetricsBuilder:
                 gauge("memtrace.step.gpu_idle_share", {}, st_steps.share(st_steps.gpu_idle_ns))
             if host is not None:
                 self._host_process(host, key, pp)
+            for cause, n in sorted((diagnoses or {}).get(key, {}).items()):
+                sums(("diag", key, cause), {"cause": cause}, ("memtrace.diagnoses",), (n,))
             metrics = [self._metric(name, pts, tmp) for name, pts in points.items()]
             resource_metrics.append(_resource_metrics(Resource(attributes=attrs), metrics))
 

@@ -41,6 +41,14 @@ class LiveDiagnosis:
     def diagnoses(self) -> list[Diagnosis]:
         return self.engine.diagnoses
 
+    def counts(self) -> dict[ProcessKey, dict[str, int]]:
+        """Diagnoses so far per process and cause (for the OTLP counter)."""
+        out: dict[ProcessKey, dict[str, int]] = {}
+        for d in list(self.engine.diagnoses):
+            c = out.setdefault(d.key, {})
+            c[d.cause] = c.get(d.cause, 0) + 1
+        return out
+
     def _delta(self, key: Any, cur: tuple[int, ...]) -> tuple[int, ...] | None:
         prev = self._prev.get(key)
         self._prev[key] = cur

@@ -12,6 +12,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.otlp import Batch, Exporter, MetricsBuilder
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
+from memtrace.runtime.diagnose import LiveDiagnosis
 from memtrace.runtime.hostsignals import HostSignals
 from memtrace.sources.procfs import host_attributes, is_running
 
@@ -51,6 +52,7 @@ def push_forever(
     builder: MetricsBuilder | None = None,
     drain_interval: float = DRAIN_INTERVAL_S,
     host: HostSignals | None = None,
+    diagnosis: LiveDiagnosis | None = None,
 ) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
@@ -103,8 +105,11 @@ def push_forever(
             gap = agent.take_drain_gap_window()
             if host is None:
                 return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=gap)
+            counts = diagnosis.counts() if diagnosis is not None else None
             with host.lock:
-                return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=gap, host=host.book)
+                return builder.build(
+                    model, agent.stats(), len(agent.libraries), drain_gap_s=gap, host=host.book, diagnoses=counts
+                )
 
     def settle(ok: bool, reason: str, delivered: int, batch: Batch) -> None:
         nonlocal failures
