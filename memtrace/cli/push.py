@@ -42,7 +42,7 @@ def push(
         True, "--host/--no-host", help="Also push CPU waits, GPU (NVML) readings and NCCL collectives."
     ),
     host_interval: float = typer.Option(
-        0.1, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
+        0.5, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
 ) -> None:

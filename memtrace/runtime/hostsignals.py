@@ -56,6 +56,7 @@ class HostOptions:
     gpu_detail_every: int = 10  # NVML refreshes its slow readings at about 1 Hz
     link_every: int = 10
     quota_every: int = 10  # cgroup cpu.stat, per process
+    scan_every: int = 10  # /proc/PID/maps of the traced processes, for a libnccl loaded late
 
 
 def _off(e: BaseException) -> SensorState:
@@ -77,6 +78,7 @@ class HostSignals:
         self._nvml: Any = None
         self._net: Any = None
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
+        self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._quota_first: dict[int, dict[str, tuple[int, int]]] = {}
         self._count = 0
         self._thread: threading.Thread | None = None
@@ -171,6 +173,7 @@ class HostSignals:
             with self.lock:
                 self.book.forget(pid)
         self._pids -= gone
+        self._nccl_scanned -= gone
         new = pids - self._pids
         for pid in sorted(new):
             if self._sched is not None:
@@ -207,7 +210,12 @@ class HostSignals:
         s = self._nccl
         before = len(s.attachments)
         s.poll()
-        if s.scan(sorted(pids)):
+        # Look for a newly loaded libnccl in new processes at once, in the others every scan_every-th sample
+        # (a /proc/PID/maps read each).
+        new = pids - self._nccl_scanned
+        look = pids if self._count % self.opts.scan_every == 1 else new
+        self._nccl_scanned |= new
+        if look and s.scan(sorted(look)):
             # Attached now: what the processes that had it loaded called before is not seen.
             now = time.time()
             fids = set(s.attachments)
