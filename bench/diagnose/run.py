@@ -57,6 +57,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from test_nvml import HEALTHY, gpu, script  # noqa: E402
+
 from memtrace.sources.cgroup import cgroup2_root, cgroup_v1_root  # noqa: E402
 
 EXPECTED = {
@@ -71,33 +73,10 @@ EXPECTED = {
 LINK_RATE = 4 << 30  # the emulated link, bytes per second
 CPU = str((os.cpu_count() or 1) - 1)
 
-HEALTHY_GPU = dict(
-    name="Bench GPU",
-    uuid="GPU-bench",
-    bus="00000000:17:00.0",
-    pcie_tx=1000,
-    pcie_rx=1000,
-    replay=0,
-    link_gen=5,
-    link_width=16,
-    max_link_gen=5,
-    max_link_width=16,
-    util_gpu=90,
-    util_mem=30,
-    mem_total=80 << 30,
-    mem_free=60 << 30,
-    mem_used=20 << 30,
-    temp=60,
-    power=400000,
-    reasons=0,
-    ecc_corrected=0,
-    ecc_uncorrected=0,
-)
-
 
 def nvml_script(**over: object) -> str:
-    g = {**HEALTHY_GPU, **over}
-    return "count=1\ndriver=580.0\n" + "".join(f"gpu0.{k}={v}\n" for k, v in g.items())
+    """The test NVML's script: one healthy GPU (tests/test_nvml.py's), with `over` changed."""
+    return script(count=1, driver="580.0", **gpu(0, uuid="GPU-bench", **{**HEALTHY, **over}))
 
 
 def write_atomic(path: Path, text: str) -> None:
