@@ -276,3 +276,15 @@ def test_top_detail_shows_step_time_gpu_idle_and_run_queue(fakecuda: Path, tmp_p
     median_ms = statistics.median(truth["step_ns"]) / 1e6
     assert float(m.group(1)) == pytest.approx(median_ms, rel=0.1), (line, median_ms)
     assert 0 <= int(m.group(2)) <= 100 and float(m.group(3)) > 0
+
+
+def test_a_gpu_that_falls_off_the_bus_mid_run_is_reported_not_raised(tmp_path: Path, fakenvml: Path) -> None:
+    nvml_script = tmp_path / "nvml.script"
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
+    lost = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, lost=1), xids="79")
+    env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
+    doc = run([sys.executable, "-c", GPU_SCRIPT, str(nvml_script), lost], tmp_path, env=env)
+    (g,) = doc["host"]["gpus"]
+    assert 0 < g["lost_samples"] < g["samples"]  # healthy for 0.6 s, then lost to the end
+    assert doc["host"]["sample_errors"] == 0 and doc["host"]["sensors"]["gpu"] == {"state": "on"}
+    assert g["sm_utilization_percent"]["mean"] == 97.0  # the readings before it was lost, never zeros after

@@ -105,7 +105,7 @@ class HostSignals:
             self._start("network", self._start_net, first)
         self._pids = set(first)
         self._pinned = set(first)
-        self.sample()
+        self._safe_sample()
 
     def _start(self, name: str, fn: Callable[[set[int]], None], pids: set[int]) -> None:
         try:
@@ -146,8 +146,7 @@ class HostSignals:
     def close(self) -> None:
         """A last sample, then every sensor closed."""
         self.stop()
-        with contextlib.suppress(MemtraceError, OSError):
-            self.sample(final=True)
+        self._safe_sample(final=True)
         for s in (self._sched, self._nccl, self._nvml, self._net):
             if s is not None:
                 with contextlib.suppress(MemtraceError, OSError):
@@ -239,17 +238,21 @@ class HostSignals:
             with self.lock:
                 self.book.set_quota(pid, q.path, q.throttled_ns - first[0], q.nr_throttled - first[1])
 
+    def _safe_sample(self, final: bool = False) -> None:
+        """A sample whose failure is counted and logged once, never raised into the traced run."""
+        try:
+            self.sample(final=final)
+        except Exception as e:  # noqa: BLE001 - a sensor's failure must not stop the run or the agent
+            self.sample_errors += 1
+            if self.sample_errors == 1:
+                log.warning("a host-signal sample failed (%s: %s); counted in host.sample_errors", type(e).__name__, e)
+
     def _loop(self) -> None:
         interval = self.opts.interval_s
         nxt = time.monotonic() + interval
         while not self._stop.wait(max(0.0, nxt - time.monotonic())):
             nxt += interval
-            try:
-                self.sample()
-            except (MemtraceError, OSError) as e:
-                self.sample_errors += 1
-                if self.sample_errors == 1:
-                    log.warning("a host-signal sample failed (%s); counted in host.sample_errors", e)
+            self._safe_sample()
             now = time.monotonic()
             if self.on_tick is not None and now - self._last_tick >= self.tick_s * 0.999:
                 self._last_tick = now
