@@ -134,3 +134,69 @@ class Collector:
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.log.close()
+
+
+class OtlpLogSink:
+    """An OTLP/HTTP logs receiver (POST /v1/logs, protobuf, gzip or not):
+    the records it got, decoded with the OTLP protobuf definitions."""
+
+    def __init__(self) -> None:
+        import gzip
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+            ExportLogsServiceRequest,
+            ExportLogsServiceResponse,
+        )
+
+        self.records: list[dict] = []
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                req = ExportLogsServiceRequest()
+                req.ParseFromString(body)
+                for rl in req.resource_logs:
+                    res = {a.key: _any(a.value) for a in rl.resource.attributes}
+                    for sl in rl.scope_logs:
+                        for r in sl.log_records:
+                            sink.records.append(
+                                {
+                                    "resource": res,
+                                    "event_name": r.event_name,
+                                    "body": _any(r.body),
+                                    "severity": r.severity_text,
+                                    "time_unix_nano": r.time_unix_nano,
+                                    "attributes": {a.key: _any(a.value) for a in r.attributes},
+                                }
+                            )
+                out = ExportLogsServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.port = free_port()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _any(v: object) -> object:
+    kind = v.WhichOneof("value")  # type: ignore[attr-defined]
+    return getattr(v, kind) if kind else None

@@ -150,12 +150,13 @@ class Diagnosis:
     evidence: dict[str, Any]
     fix: str
     named_ns: int = 0  # when the cause was named (wall clock)
+    start_ns: int = 0  # the process's start, wall clock (0: unknown)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "cause": self.cause,
             "pid": self.key.pid,
-            "start_time_unix_nano": self.key.start_ns,
+            "start_time_unix_nano": self.start_ns,
             "process": self.process,
             "symptom": self.symptom,
             "ratio": self.ratio,
@@ -272,6 +273,7 @@ class Diagnoser:
             evidence={"baseline_step_seconds": base / 1e9, "step_seconds": slow_mean / 1e9, **evidence},
             fix=FIXES.get(evidence.get("fix_key", cause), FIXES["unknown"]),
             named_ns=now,
+            start_ns=w.start_ns,
         )
         d.evidence.pop("fix_key", None)
         s.active, s.since_detect, s.calm = d, 0, 0

@@ -51,9 +51,7 @@ def push(
     setup_logging(verbose)
     from memtrace.export.config import resolve
     from memtrace.runtime.agent import Agent, Options
-    from memtrace.runtime.diagnose import LiveDiagnosis
-    from memtrace.runtime.hostsignals import HostOptions, HostSignals
-    from memtrace.runtime.push import push_forever
+    from memtrace.runtime.push import push_forever, push_with_host_signals
 
     try:
         cfg = resolve(
@@ -78,16 +76,9 @@ def push(
     try:
         with Agent(opts) as agent:
             agent.scan()
-            if not host:
+            if host:
+                push_with_host_signals(agent, cfg, stop, host_interval)
+            else:
                 push_forever(agent, cfg, stop)
-                return
-            with HostSignals(HostOptions(interval_s=host_interval), agent.pids) as signals:
-                # The live diagnosis: its counts go out with each push (memtrace.diagnoses).
-                diagnosis = LiveDiagnosis(agent, signals)
-                signals.on_tick = diagnosis.tick
-                signals.tick_s = max(host_interval, 0.5)
-                signals.start()
-                with signals.sampling():
-                    push_forever(agent, cfg, stop, host=signals, diagnosis=diagnosis)
     except MemtraceError as e:
         fail(e)

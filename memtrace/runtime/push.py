@@ -186,3 +186,25 @@ def push_forever(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         exporter.shutdown()
+
+
+def push_with_host_signals(agent: Agent, cfg: PushConfig, stop: threading.Event, host_interval: float) -> int:
+    """push_forever with the host signals sampled beside it and the live
+    diagnosis on them: its counts go out with each push (memtrace.diagnoses),
+    and each diagnosis as an OTLP event (a log record) to the same collector."""
+    from memtrace.export.events import DiagnosisEvents
+    from memtrace.runtime.diagnose import LiveDiagnosis
+    from memtrace.runtime.hostsignals import HostOptions
+
+    resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
+    with HostSignals(HostOptions(interval_s=host_interval), agent.pids) as signals:
+        events = DiagnosisEvents(cfg, resource)
+        diagnosis = LiveDiagnosis(agent, signals, on_diagnosis=lambda d: events.emit(d, d.start_ns))
+        signals.on_tick = diagnosis.tick
+        signals.tick_s = max(host_interval, 0.5)
+        signals.start()
+        try:
+            with signals.sampling():
+                return push_forever(agent, cfg, stop, host=signals, diagnosis=diagnosis)
+        finally:
+            events.shutdown()
