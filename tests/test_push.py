@@ -327,6 +327,9 @@ def test_memory_intelligence_reaches_the_backend(fakecuda: Path, tmp_path: Path)
         assert wait_for(copies, dict(want)) == dict(want), col.log_path.read_text()[-2000:]
 
         def one(expr: str) -> int:
+            # Each new series becomes searchable on its own, within seconds of the push (CI once found
+            # gpu_memory_in_use but not yet gpu_memory_outstanding from the same request).
+            wait_for(lambda: bool(vm.query(expr)), True, timeout=30)
             r = vm.query(expr)
             return int(float(r[0]["value"][1])) if r else -1
 
