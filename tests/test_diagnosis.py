@@ -238,3 +238,13 @@ def test_a_fault_is_reported_once_and_again_only_after_recovery() -> None:
     windows += [([proc(22.0, **hog)], host(i)) for i in range(60, 64)]  # a new fault
     _, made = run(windows)
     assert made == [(31, "cpu_interference"), (61, "cpu_interference")]
+
+
+def test_a_fault_that_began_inside_a_normal_window_is_still_named() -> None:
+    # Throttling starts late in window 29: that window is still normal (step time barely moved),
+    # yet it saw the GPU throttled. The baseline is judged by shares, so the cause is not lost.
+    hot = GpuWindow(0, "GPU-a", True, ("hw_thermal_slowdown",), 0, 16, 16, 5, 5)
+    windows = healthy(29) + [([proc(11.0)], host(29, gpus=[hot]))]
+    windows += [([proc(16.0)], host(i, gpus=[hot])) for i in range(30, 36)]
+    _, made = run(windows)
+    assert made == [(31, "gpu_throttling")]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,7 @@ SLOW_RATIO = 1.3
 DETECT_AFTER = 2
 CLEAR_RATIO = 1.15
 CLEAR_AFTER = 4
-REFINE_WINDOWS = 2
+REFINE_WINDOWS = 4  # NVML's slow readings (link width) come every second or so
 
 CAUSES = (
     "cpu_interference",
@@ -352,14 +353,19 @@ class Diagnoser:
     def _gpu(
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
-        was = {g.uuid for _, h in before for g in h.gpus if g.throttled}
+        # Throttled in most slow windows and in few normal ones (the window the fault began in may
+        # have been normal still: a share, not any).
         now: dict[str, set[str]] = {}
         idx: dict[str, int] = {}
-        for _, h in after:
-            for g in h.gpus:
-                if g.throttled and g.uuid not in was:
-                    now.setdefault(g.uuid, set()).update(g.reasons)
-                    idx[g.uuid] = g.index
+        for uuid in {g.uuid for _, h in after for g in h.gpus}:
+            if _share_of(after, uuid, lambda g: bool(g.throttled)) >= 0.5 and (
+                _share_of(before, uuid, lambda g: bool(g.throttled)) <= 0.25
+            ):
+                for _, h in after:
+                    for g in h.gpus:
+                        if g.uuid == uuid and g.throttled:
+                            now.setdefault(uuid, set()).update(g.reasons)
+                            idx[uuid] = g.index
         if not now:
             return None
         uuid, reasons = sorted(now.items())[0]
@@ -369,10 +375,9 @@ class Diagnoser:
     def _pcie(
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
-        narrow_before = {g.uuid for _, h in before for g in h.gpus if _narrow(g)}
-        for _, h in after:
+        for _, h in after[-1:]:
             for g in h.gpus:
-                if _narrow(g) and g.uuid not in narrow_before:
+                if _share_of(after, g.uuid, _narrow) >= 0.5 and _share_of(before, g.uuid, _narrow) <= 0.25:
                     return (
                         3.0,
                         "pcie_contention",
@@ -383,10 +388,10 @@ class Diagnoser:
                             "degraded": True,
                         },
                     )
-        replays_b = sum(g.replays or 0 for _, h in before for g in h.gpus)
+        replays_b = sum(g.replays or 0 for _, h in before for g in h.gpus) / max(len(before), 1)
         replays_a = sum(g.replays or 0 for _, h in after for g in h.gpus)
-        if replays_a and not replays_b:
-            return 2.5, "pcie_contention", {"pcie_replays": replays_a}
+        if replays_a / len(after) > 4 * replays_b and replays_a >= 2 * len(after):
+            return 2.5, "pcie_contention", {"pcie_replays": replays_a, "pcie_replays_per_window_before": replays_b}
         # Copy bandwidth of this process fell while other processes' copies rose.
         own_b = _rate([w for w, _ in before])
         own_a = _rate([w for w, _ in after])
@@ -504,6 +509,12 @@ class Diagnoser:
                 {"collective_share": mine, "collective_share_before": mine_b, "waits_for_pid": slow.key.pid},
             )
         return 0.0, "straggler", {}
+
+
+def _share_of(ws: list[tuple[ProcWindow, HostWindow]], uuid: str, pred: Callable[[GpuWindow], bool]) -> float:
+    """The share of these windows in which this GPU met pred."""
+    seen = [pred(g) for _, h in ws for g in h.gpus if g.uuid == uuid]
+    return sum(seen) / len(seen) if seen else 0.0
 
 
 def _narrow(g: GpuWindow) -> bool:

@@ -1,0 +1,228 @@
+"""Diagnosis end to end: `memtrace run` around a training-like job
+(tests/fixtures/trainjob.c) into which a fault is scripted part-way, through
+the real kernel (uprobes, the sched sensor), the test NVML and the
+emulated PCIe link of the test driver. Each fault must be diagnosed with
+its cause after its onset; a healthy run must get no diagnosis and no
+finding. Not timed: bench/diagnose/run.py measures latency and accuracy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import memtrace_cmd
+from test_nvml import HEALTHY, gpu, script
+
+pytestmark = pytest.mark.bpf
+
+CPU = str((os.cpu_count() or 1) - 1)
+SECONDS = 9.0
+FAULT_AT = 4.5  # after the job started: a baseline of a few seconds first
+
+
+def nvml(**over: object) -> str:
+    """The test NVML's script: one healthy GPU (tests/test_nvml.py's), with `over` changed."""
+    return script(count=1, **gpu(0, uuid="GPU-diag", **{**HEALTHY, **over}))
+
+
+def scenario(
+    fakecuda: Path,
+    fakenvml: Path,
+    tmp_path: Path,
+    fault: Callable[[dict[str, Path]], object] | None,
+    *job_args: str,
+) -> tuple[dict[str, Any], int, int]:
+    """Run the job under memtrace for SECONDS, calling fault(paths) at FAULT_AT;
+    returns (summary, the job's pid, the fault's onset in wall-clock ns)."""
+    paths = {"link": tmp_path / "pcie", "control": tmp_path / "control", "nvml": tmp_path / "nvml.script"}
+    paths["link"].write_bytes((0).to_bytes(8, "little") + (4 << 30).to_bytes(8, "little"))
+    paths["control"].write_text("gpu=1 loader=1\n")
+    paths["nvml"].write_text(nvml())
+    out, truth = tmp_path / "summary.json", tmp_path / "truth.jsonl"
+    env = dict(
+        os.environ,
+        FAKE_PCIE=str(paths["link"]),
+        TRAINJOB_CONTROL=str(paths["control"]),
+        LD_LIBRARY_PATH=str(fakenvml),
+        FAKE_NVML_SCRIPT=str(paths["nvml"]),
+        WORKLOAD_TRUTH=str(truth),
+    )
+    job = ["taskset", "-c", CPU, str(fakecuda / "trainjob"), "-t", str(SECONDS), "-L", "3000000", "-w", "1500000"]
+    job += job_args
+    # The agent on another CPU than the job's, so that its own work is not a noisy neighbour.
+    agent_cpu = ["taskset", "-c", "0"] if CPU != "0" else []
+    p = subprocess.Popen(
+        [*agent_cpu, *memtrace_cmd(), "run", "--format", "json", "-o", str(out), "--", *job],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_job(p.pid)
+    time.sleep(FAULT_AT)
+    onset = time.time_ns()
+    undo = fault(paths) if fault is not None else None
+    try:
+        _, err = p.communicate(timeout=SECONDS * 4 + 60)
+    finally:
+        if isinstance(undo, subprocess.Popen):
+            undo.send_signal(signal.SIGKILL)
+            undo.wait()
+    assert p.returncode == 0, err
+    (line,) = truth.read_text().splitlines()
+    return json.loads(out.read_text()), json.loads(line)["pid"], onset
+
+
+def wait_for_job(parent: int, timeout: float = 60) -> int:
+    """The pid of the trainjob process once it runs (a child of `parent`, or `parent` itself)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in [parent, *_children(parent)]:
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "trainjob":
+                    return pid
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise AssertionError("the job never started")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def replace_file(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def diagnosed(doc: dict[str, Any], pid: int) -> list[dict[str, Any]]:
+    return [d for d in doc["diagnoses"] if d["pid"] == pid]
+
+
+def test_a_healthy_job_gets_no_diagnosis_and_no_finding(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:
+    doc, pid, _ = scenario(fakecuda, fakenvml, tmp_path, None)
+    assert [s for s in doc["steps"] if s["pid"] == pid][0]["steps"] > 100
+    assert doc["diagnoses"] == [] and doc["findings"] == [], (doc["diagnoses"], doc["findings"])
+
+
+def test_thermal_throttling_is_diagnosed_as_gpu_throttling(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:
+    def throttle(paths: dict[str, Path]) -> None:
+        replace_file(paths["nvml"], nvml(reasons=0x20 | 0x40, temp=92))
+        paths["control"].write_text("gpu=2.5 loader=1\n")  # what the clocks do to the kernels
+
+    doc, pid, onset = scenario(fakecuda, fakenvml, tmp_path, throttle)
+    (d, *_) = diagnosed(doc, pid)
+    assert d["cause"] == "gpu_throttling", doc["diagnoses"]
+    assert d["detected_time_unix_nano"] >= onset and d["ratio"] > 1.3
+    assert "hw_thermal_slowdown" in d["evidence"]["clock_event_reasons"]
+
+
+def test_a_cpu_hog_on_the_jobs_cpu_is_diagnosed_as_cpu_interference(
+    fakecuda: Path, fakenvml: Path, tmp_path: Path
+) -> None:
+    def hog(_paths: dict[str, Path]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["taskset", "-c", CPU, sys.executable, "-c", "while True: pass"])
+
+    # A CPU-bound step (short kernels): the hog takes half of what the job needs.
+    doc, pid, onset = scenario(fakecuda, fakenvml, tmp_path, hog, "-k", "300")
+    (d, *_) = diagnosed(doc, pid)
+    assert d["cause"] == "cpu_interference", doc["diagnoses"]
+    assert d["detected_time_unix_nano"] >= onset
+    assert d["evidence"]["run_queue_share"] > d["evidence"]["run_queue_share_before"]
+    assert "python" in d["evidence"]["taken_by"]["process"]  # the hog, by its command name
+
+
+def test_a_narrower_pcie_link_is_diagnosed_as_pcie_contention(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:
+    def degrade(paths: dict[str, Path]) -> None:
+        replace_file(paths["nvml"], nvml(link_width=4))
+        with open(paths["link"], "r+b") as f:
+            f.seek(8)
+            f.write((256 << 20).to_bytes(8, "little"))  # the link at a sixteenth of its rate
+
+    doc, pid, onset = scenario(fakecuda, fakenvml, tmp_path, degrade)
+    (d, *_) = diagnosed(doc, pid)
+    assert d["cause"] == "pcie_contention", doc["diagnoses"]
+    assert d["detected_time_unix_nano"] >= onset and d["evidence"]["link"] == "gen5 x4"
+
+
+def test_a_slower_data_pipeline_is_diagnosed_as_input_starvation(
+    fakecuda: Path, fakenvml: Path, tmp_path: Path
+) -> None:
+    def slow_loader(paths: dict[str, Path]) -> None:
+        paths["control"].write_text("gpu=1 loader=4\n")
+
+    doc, pid, onset = scenario(fakecuda, fakenvml, tmp_path, slow_loader)
+    (d, *_) = diagnosed(doc, pid)
+    assert d["cause"] == "input_starvation", doc["diagnoses"]
+    assert d["detected_time_unix_nano"] >= onset
+    assert d["evidence"]["gpu_idle_share"] > d["evidence"]["gpu_idle_share_before"]
+
+
+def test_push_sends_a_diagnosis_as_an_otlp_event_through_the_collector(
+    fakecuda: Path, fakenvml: Path, tmp_path: Path
+) -> None:
+    """`memtrace push` host-wide: the job throttles part-way; the diagnosis
+    goes out as a log record (event memtrace.diagnosis) through the real
+    collector's logs pipeline (deploy/otelcol/agent.yaml), and is counted in
+    memtrace.diagnoses{cause} in the metrics backend."""
+    from backends import Collector, OtlpLogSink, VictoriaMetrics
+    from conftest import REPO
+    from test_push import start_push, stop_push, wait_for
+
+    vm = VictoriaMetrics(tmp_path)
+    sink = OtlpLogSink()
+    col = Collector(
+        tmp_path,
+        REPO / "deploy" / "otelcol" / "agent.yaml",
+        {"MEMTRACE_EXPORT_ENDPOINT": vm.otlp, "MEMTRACE_LOGS_ENDPOINT": sink.endpoint},
+    )
+    script_path, control = tmp_path / "nvml.script", tmp_path / "control"
+    script_path.write_text(nvml())
+    control.write_text("gpu=1 loader=1\n")
+    push = start_push(
+        ["--endpoint", f"http://127.0.0.1:{col.http_port}", "--interval", "1"],
+        env={"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(script_path)},
+    )
+    try:
+        job = subprocess.Popen(
+            ["taskset", "-c", CPU, str(fakecuda / "trainjob"), "-t", str(SECONDS), "-L", "3000000", "-w", "1500000"],
+            env={"TRAINJOB_CONTROL": str(control), "WORKLOAD_TRUTH": "/dev/null"},
+        )
+        wait_for_job(job.pid)
+        time.sleep(FAULT_AT)
+        replace_file(script_path, nvml(reasons=0x20 | 0x40, temp=92))
+        control.write_text("gpu=2.5 loader=1\n")
+        assert job.wait(timeout=SECONDS * 4 + 60) == 0
+
+        def events() -> list[dict[str, Any]]:
+            return [r for r in sink.records if r["event_name"] == "memtrace.diagnosis"]
+
+        assert wait_for(lambda: bool(events()), True, timeout=30), col.log_path.read_text()[-2000:]
+        (e, *_) = [r for r in events() if r["attributes"]["process.pid"] == job.pid]
+        assert e["attributes"]["memtrace.cause"] == "gpu_throttling", events()
+        assert e["body"].startswith("step time") and e["severity"] == "WARN"
+        assert "hw_thermal_slowdown" in e["attributes"]["memtrace.evidence.clock_event_reasons"]
+        assert e["attributes"]["process.executable.name"] == "trainjob" and e["resource"]["service.name"] == "memtrace"
+        sel = f'process_pid="{job.pid}",cause="gpu_throttling"'
+        counted = lambda: bool(vm.query(f"memtrace_diagnoses_total{{{sel}}}"))  # noqa: E731
+        assert wait_for(counted, True, timeout=30)
+        rc, _, err = stop_push(push)
+        assert rc == 0, err
+    finally:
+        if push.poll() is None:
+            push.kill()
+        col.stop()
+        sink.stop()
+        vm.stop()
