@@ -70,7 +70,7 @@ EXPECTED = {
     "slow_loader": "input_starvation",
     "none": "none",
 }
-LINK_RATE = 4 << 30  # the emulated link, bytes per second
+LINK_RATE = 2 << 30  # the emulated link, bytes per second: the job's copies take about a third of a step
 CPU = str((os.cpu_count() or 1) - 1)
 
 
@@ -187,6 +187,10 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         "1500000",
         "-k",
         "1500",
+        "-c",
+        "8",
+        "-b",
+        str(4 << 20),
     ]
     if fault == "competing_copier":
         copier = f"{fc / 'trainjob'} -t {seconds} -L 0 -w 0 -k 0 -c 16 -b 8388608"
@@ -254,12 +258,7 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     pids = {x["pid"] for x in truth}
     job_pids = set(pids)
     if fault == "competing_copier":
-        # the job is the one with CPU work per step: the longer steps
-        def step(x: dict) -> float:
-            e = x["step_end_ns"]
-            return statistics.median(b - a for a, b in zip(e, e[1:], strict=False)) if len(e) > 2 else 0.0
-
-        job_pids = {max(truth, key=step)["pid"]}
+        job_pids = {min(truth, key=lambda x: x["start_ns"])["pid"]}  # the job started first; the copier at onset
     for d in doc.get("diagnoses", []):
         if d["pid"] not in pids:
             continue
