@@ -210,8 +210,23 @@ def test_push_sends_a_diagnosis_as_an_otlp_event_through_the_collector(
             return [r for r in sink.records if r["event_name"] == "memtrace.diagnosis"]
 
         assert wait_for(lambda: bool(events()), True, timeout=30), col.log_path.read_text()[-2000:]
-        (e, *_) = [r for r in events() if r["attributes"]["process.pid"] == job.pid]
-        assert e["attributes"]["memtrace.cause"] == "gpu_throttling", events()
+        # The job's events: the throttling must be among them. (On a loaded machine the agent has
+        # diagnosed an earlier wobble of the job as `unknown` too; a re-named diagnosis is sent again.)
+        mine = [r for r in events() if r["attributes"]["process.pid"] == job.pid]
+        named = [r for r in mine if r["attributes"]["memtrace.cause"] == "gpu_throttling"]
+        if not named:
+
+            def throttled() -> list[dict[str, Any]]:
+                return [
+                    r
+                    for r in events()
+                    if r["attributes"]["process.pid"] == job.pid
+                    and r["attributes"]["memtrace.cause"] == "gpu_throttling"
+                ]
+
+            assert wait_for(lambda: bool(throttled()), True, timeout=15), events()
+            named = throttled()
+        e = named[0]
         assert e["body"].startswith("step time") and e["severity"] == "WARN"
         assert "hw_thermal_slowdown" in e["attributes"]["memtrace.evidence.clock_event_reasons"]
         assert e["attributes"]["process.executable.name"] == "trainjob" and e["resource"]["service.name"] == "memtrace"
