@@ -105,7 +105,7 @@ class GpuSample:
         return False
 
 
-def _delta(before: int | None, after: int | None) -> tuple[int | None, bool]:
+def counter_delta(before: int | None, after: int | None) -> tuple[int | None, bool]:
     """Increase of a cumulative counter; a counter that went down was reset (driver reload), so it counts from 0."""
     if before is None or after is None:
         return None, False
@@ -134,9 +134,9 @@ def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
     if before.uuid != after.uuid or before.lost or after.lost or after.time_ns <= before.time_ns:
         return None
     interval = (after.time_ns - before.time_ns) / 1e9
-    replays, r1 = _delta(before.pcie_replay_count, after.pcie_replay_count)
-    corrected, r2 = _delta(before.ecc_corrected_volatile, after.ecc_corrected_volatile)
-    uncorrected, r3 = _delta(before.ecc_uncorrected_volatile, after.ecc_uncorrected_volatile)
+    replays, r1 = counter_delta(before.pcie_replay_count, after.pcie_replay_count)
+    corrected, r2 = counter_delta(before.ecc_corrected_volatile, after.ecc_corrected_volatile)
+    uncorrected, r3 = counter_delta(before.ecc_uncorrected_volatile, after.ecc_uncorrected_volatile)
     return GpuRates(
         index=after.index,
         uuid=after.uuid,

@@ -142,7 +142,8 @@ class NetRates:
     counter_resets: int
 
 
-def _deltas(before: object, after: object, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+def counter_deltas(before: object, after: object, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+    """Increase of each cumulative counter, and how many went down (a reset: counted from zero)."""
     out: dict[str, int] = {}
     resets = 0
     for n in names:
@@ -168,7 +169,7 @@ def net_rates(before: NetSnapshot, after: NetSnapshot) -> NetRates | None:
         b = prev.get(key)
         if b is None:
             continue
-        d, r = _deltas(b, a, IFACE_COUNTERS)
+        d, r = counter_deltas(b, a, IFACE_COUNTERS)
         resets += r
         ifaces.append(InterfaceRates(a.netns, a.index, a.name, interval, d, a.speed_bits_per_s, r))
     qdiscs = []
@@ -178,7 +179,7 @@ def net_rates(before: NetSnapshot, after: NetSnapshot) -> NetRates | None:
             qb = qprev.get(q.key)
             if qb is None or qb.kind != q.kind:
                 continue
-            d, r = _deltas(qb, q, QDISC_COUNTERS)
+            d, r = counter_deltas(qb, q, QDISC_COUNTERS)
             resets += r
             qdiscs.append(
                 QdiscRates(

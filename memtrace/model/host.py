@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace.core.cpu import CpuStats
-from memtrace.core.gpu import GpuSample
+from memtrace.core.gpu import GpuSample, counter_delta
 from memtrace.core.nccl import CallTotals, Collective
-from memtrace.core.netdev import IFACE_COUNTERS, QDISC_COUNTERS, NetSnapshot, net_rates
+from memtrace.core.netdev import IFACE_COUNTERS, QDISC_COUNTERS, NetSnapshot, counter_deltas, net_rates
 
 MAX_PROCESSES = 4096
 TOP_PREEMPTORS = 5
@@ -132,11 +132,7 @@ class GpuSeries:
     def _delta(self, name: str) -> int | None:
         if self.first is None or self.last is None:
             return None
-        a: int | None = getattr(self.first, name)
-        b: int | None = getattr(self.last, name)
-        if a is None or b is None:
-            return None
-        return b if b < a else b - a  # a counter that went down was reset (driver reload)
+        return counter_delta(getattr(self.first, name), getattr(self.last, name))[0]
 
     def replays_since_start(self) -> int | None:
         return self._delta("pcie_replay_count")
@@ -355,7 +351,7 @@ class HostBook:
         ifaces = []
         for (netns, _index, name), link in sorted(self._ifaces.items(), key=lambda kv: (kv[0][0], kv[0][2])):
             interval = (link.t_last - link.t_first) / 1e9
-            deltas = _deltas(link.first, link.last, IFACE_COUNTERS)
+            deltas, _ = counter_deltas(link.first, link.last, IFACE_COUNTERS)
             b = link.last
             host, _ = self._namespaces.get(netns, (False, set()))
             ifaces.append(
@@ -377,7 +373,7 @@ class HostBook:
         for (netns, _ifindex, ifname, handle, parent), ql in sorted(
             self._qdiscs.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3])
         ):
-            deltas = _deltas(ql.first, ql.last, QDISC_COUNTERS)
+            deltas, _ = counter_deltas(ql.first, ql.last, QDISC_COUNTERS)
             b = ql.last
             qdiscs.append(
                 {
@@ -428,15 +424,6 @@ class HostBook:
             }
             for (pid, coll), t in sorted(self.collectives.items(), key=lambda kv: (kv[0][0], kv[0][1]))
         ]
-
-
-def _deltas(first: Any, last: Any, names: tuple[str, ...]) -> dict[str, int]:
-    """Increase of each cumulative counter; one that went down was reset, and counts from zero."""
-    out = {}
-    for c in names:
-        a, b = getattr(first, c), getattr(last, c)
-        out[c] = b - a if b >= a else b
-    return out
 
 
 def _quantiles(fn: Any, n: int) -> dict[str, float] | None:
