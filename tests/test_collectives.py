@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from memtrace.model.collectives import (
     NOT_ISSUED,
     CollectiveStats,
     SyncScope,
+    WaitAttributor,
     attribute_waits,
     issue_times,
     sync_scopes,
@@ -120,6 +122,63 @@ def test_no_collectives_or_no_waits_attribute_nothing() -> None:
     assert w.wait_ns.tolist() == [0] and w.by_collective == {}
 
 
+def test_fed_as_the_sensors_deliver_the_waits_are_charged_as_all_at_once() -> None:
+    """The live attributor gets collectives a poll at a time (each call once
+    it returned, a group's calls before their group ends) and waits ahead of
+    them (the CUDA sensor drains more often): judged up to each poll, it
+    charges exactly what attribute_waits charges over the whole run."""
+    rng = np.random.default_rng(5)
+    charged = eager_wrong = 0
+    for trial in range(30):
+        rows: list[tuple[int, ...]] = []
+        t = 0
+        for _ in range(60):
+            t += int(rng.integers(5, 50))
+            if rng.random() < 0.2:  # a group of two or three calls
+                rows.append(group(C.GROUP_START, t, 1))
+                for _ in range(int(rng.integers(2, 4))):
+                    t += int(rng.integers(1, 20))
+                    rows.append(coll(C(int(rng.integers(1, 8))), t, int(rng.choice([A, B, S])), grouped=True))
+                t += int(rng.integers(1, 20))
+                rows.append(group(C.GROUP_END, t, 1))
+            else:
+                ret = 0 if rng.random() < 0.9 else 5
+                rows.append(coll(C(int(rng.integers(1, 8))), t, int(rng.choice([A, B, S])), ret=ret))
+        ev = nccl_events(*rows)
+        starts = np.sort(rng.integers(0, t + 100, 80))
+        sy = syncs(*[(int(x), int(rng.integers(1, 40)), int(rng.choice([A, B, S]))) for x in starts])
+        scopes = rng.choice([SyncScope.STREAM, SyncScope.DEVICE, SyncScope.EVENT], len(sy), p=[0.7, 0.2, 0.1])
+        want = attribute_waits(ev, sy, scopes.astype(np.uint8)).by_collective
+
+        live, eager = WaitAttributor(), WaitAttributor()  # eager: judges waits before their collectives are in
+        returned = (ev["ts_ns"] + ev["duration_ns"]).astype(np.int64)
+        fed_c = fed_s = 0
+        for poll in [*np.sort(rng.integers(0, t + 100, 12)).tolist(), t + 1000]:
+            upto = int(np.searchsorted(returned, poll, side="right"))  # in the ring once returned
+            live.add_collectives(ev[fed_c:upto])
+            eager.add_collectives(ev[fed_c:upto])
+            fed_c = max(fed_c, upto)
+            ahead = int(np.searchsorted(sy["ts_ns"], poll + int(rng.integers(0, 200)), side="right"))
+            if ahead > fed_s:
+                part = slice(fed_s, ahead)
+                for a in (live, eager):
+                    a.add_syncs(
+                        sy["ts_ns"][part].astype(np.int64),
+                        sy["duration_ns"][part].astype(np.int64),
+                        sy["stream"][part],
+                        scopes[part].astype(np.uint8),
+                    )
+                fed_s = ahead
+            live.advance(poll)
+            eager.advance(2**62)
+        assert fed_c == len(ev) and fed_s == len(sy)
+        assert live.by_collective == want, trial
+        assert live.dropped == 0
+        charged += sum(n for n, _ in want.values())
+        eager_wrong += eager.by_collective != want
+    assert charged > 300 and eager_wrong > 0  # waits were charged, and the watermark mattered
+
+
 def test_sync_scopes_follow_the_cuda_api_table() -> None:
     ids = np.array([80, 81, 82, 90, 91, 92], np.uint16)
     assert sync_scopes(ids).tolist() == [0, 1, 2, 0, 1, 2]
@@ -202,3 +261,65 @@ def test_end_to_end_waits_after_real_collectives(fakecuda: Path, tmp_path: Path)
     }
     charged = ev[w.sync_index >= 0]
     assert (charged["flags"] & F_GROUPED != 0).all()
+
+
+def test_memtrace_run_says_how_long_each_collective_was_waited_for(fakecuda: Path, tmp_path: Path) -> None:
+    """`memtrace run` on the NCCL workload: every round's stream wait goes to
+    its all_reduce and its device wait to its all_gather (see above), so the
+    JSON's waits per collective equal the command's own synchronisations,
+    call for call and to the nanosecond; the steps (one per round) carry the
+    time inside the collectives; the table says it in a line."""
+    from conftest import memtrace_cmd
+
+    rounds = 60
+    cudart = str(fakecuda / "lib" / "libcudart.so.13")
+    out = tmp_path / "summary.json"
+    env = dict(
+        os.environ,
+        WORKLOAD_TRUTH=str(tmp_path / "truth.json"),
+        NCCL_CUDART=cudart,
+        LD_LIBRARY_PATH=str(fakecuda / "lib"),
+        # The host signals look for a newly mapped libnccl every 10 samples (0.5 s here): wait that long.
+        NCCL_START_DELAY_MS="1500",
+    )
+    cmd = [str(fakecuda / "nccl_workload"), str(fakecuda / "nccl" / "libnccl.so.2"), str(rounds)]
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--host-interval", "0.05", "--format", "json", "-o", str(out), "--", *cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    truth = json.loads((tmp_path / "truth.json").read_text().splitlines()[0])
+    assert truth["syncs"] == 2 * rounds
+    rows = {r["collective"]: r for r in doc["collectives"] if r["pid"] == truth["pid"]}
+    for t in truth["collectives"]:  # every call seen: the library was attached before the first
+        if t["calls"] and t["collective"] in rows:
+            assert rows[t["collective"]]["calls"] == t["calls"], t
+    assert rows["all_reduce"]["calls"] == 4 * rounds  # three in a round, one more in the nested group
+    sync = {r["api"]: r for r in doc["synchronization"] if r["pid"] == truth["pid"]}
+    stream, device = sync["cudaStreamSynchronize"], sync["cudaDeviceSynchronize"]
+    assert stream["calls"] == device["calls"] == rounds
+    assert rows["all_reduce"]["waits_attributed"] == rounds
+    assert rows["all_reduce"]["wait_seconds"] == pytest.approx(stream["duration_seconds"]["sum"], abs=1e-9)
+    assert rows["all_gather"]["waits_attributed"] == rounds
+    assert rows["all_gather"]["wait_seconds"] == pytest.approx(device["duration_seconds"]["sum"], abs=1e-9)
+    for other in ("reduce_scatter", "broadcast", "reduce", "send", "recv", "all_to_all"):
+        assert rows[other]["waits_attributed"] == 0 and rows[other]["wait_seconds"] == 0
+    (st,) = [s for s in doc["steps"] if s["pid"] == truth["pid"]]
+    assert st["steps"] >= rounds - 2 and st["breakdown"]["collective"] > 0
+
+    table = subprocess.run(
+        [*memtrace_cmd(), "run", "--host-interval", "0.05", "--", *cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert table.returncode == 0, table.stderr
+    line = " ".join(
+        table.stderr.split()
+    )  # the summary goes to stderr (stdout is the command's); it folds at 80 columns
+    assert re.search(r"all_reduce: [^.]*calls, .* s in the calls, then [0-9.e-]+ s waiting for it", line), line

@@ -116,6 +116,9 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
         "memtrace_step_gpu_idle_share_ratio",
         "memtrace_step_duration_seconds_sum",
         "memtrace_step_duration_seconds_count",
+        "system_network_io_bytes_total",
+        "memtrace_qdisc_drops_total",
+        "memtrace_qdisc_overlimits_total",
     }
     import re
 
@@ -128,7 +131,10 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
         assert p["targets"]
         for t in p["targets"]:
             names = set(
-                re.findall(r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+|hw_(?!id\b)\w+)", t["expr"])
+                re.findall(
+                    r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+|hw_(?!id\b)\w+|system_network_\w+)",
+                    t["expr"],
+                )
             )
             assert names and names <= exported, t["expr"]
 

@@ -81,14 +81,21 @@ def scenario(
 
 
 def wait_for_job(parent: int, timeout: float = 60) -> int:
-    """The pid of the trainjob process once it runs (a child of `parent`, or `parent` itself)."""
+    """The pid of the trainjob process once it runs (a child of `parent`, or
+    `parent` itself): it has used CPU time, so it is past any hold while its
+    CUDA libraries were attached (which can last seconds while an earlier
+    agent's probes are still being removed), and the fault comes after a
+    baseline of the job really running."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in [parent, *_children(parent)]:
             try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "trainjob":
+                if Path(f"/proc/{pid}/comm").read_text().strip() != "trainjob":
+                    continue
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[11]) + int(fields[12]) >= 5:  # utime + stime, in clock ticks (50 ms)
                     return pid
-            except OSError:
+            except (OSError, IndexError, ValueError):
                 pass
         time.sleep(0.02)
     raise AssertionError("the job never started")
@@ -224,7 +231,8 @@ def test_push_sends_a_diagnosis_as_an_otlp_event_through_the_collector(
                     and r["attributes"]["memtrace.cause"] == "gpu_throttling"
                 ]
 
-            assert wait_for(lambda: bool(throttled()), True, timeout=15), events()
+            said = [(r["attributes"]["process.pid"], r["attributes"]["memtrace.cause"], r["body"]) for r in events()]
+            assert wait_for(lambda: bool(throttled()), True, timeout=15), (job.pid, said)
             named = throttled()
         e = named[0]
         assert e["body"].startswith("step time") and e["severity"] == "WARN"

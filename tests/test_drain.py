@@ -230,3 +230,40 @@ def test_a_collector_slower_than_the_final_timeout_ends_push_with_a_warning(
         col.stop()
     assert failures == 0
     assert "the last push did not finish within" in caplog.text
+
+
+def test_the_fold_thread_takes_shares_in_ring_order_and_splits_a_large_batch() -> None:
+    """What the drains queued is folded FOLD_SHARE_EVENTS at a time (the
+    model lock is held for one share, not for everything an export left
+    behind): a share ends inside a large batch, whose rest is folded first
+    next time, so ring order holds and every event arrives once."""
+    import numpy as np
+
+    from memtrace.core.abi import EVENT_DTYPE
+    from memtrace.runtime.agent import FOLD_SHARE_EVENTS
+
+    agent = Agent(Options())
+    sizes = [FOLD_SHARE_EVENTS - 100, 50, 3 * FOLD_SHARE_EVENTS]
+    seq = 0
+    for n in sizes:
+        b = np.zeros(n, dtype=EVENT_DTYPE)
+        b["pid"] = b["tid"] = 4_000_000
+        b["api"] = 2  # cudaMemcpyAsync
+        b["ts_ns"] = np.arange(seq, seq + n) + 1  # ring order, checked below
+        b["bytes"] = 1
+        seq += n
+        agent._on_events(b)
+    folded_order: list[np.ndarray] = []
+    add = agent.model.add_events
+    agent.model.add_events = lambda b: (folded_order.append(b["ts_ns"].copy()), add(b))  # type: ignore[method-assign]
+    with agent.lock:
+        assert agent._fold(FOLD_SHARE_EVENTS) == FOLD_SHARE_EVENTS
+    assert agent.model.events == FOLD_SHARE_EVENTS
+    assert agent._pending_events == sum(sizes) - FOLD_SHARE_EVENTS
+    with agent.lock:
+        while agent._pending:
+            agent._fold(FOLD_SHARE_EVENTS)
+    ts = np.concatenate(folded_order)
+    assert agent.model.events == sum(sizes) and agent._pending_events == 0
+    assert (ts == np.arange(1, sum(sizes) + 1)).all()  # each once, in ring order
+    assert max(len(x) for x in folded_order) <= FOLD_SHARE_EVENTS

@@ -97,6 +97,30 @@ def test_grouped_add_equals_one_add_per_group() -> None:
             assert abs(a.sum - b.sum) <= 1e-9 * max(1.0, abs(a.sum))
 
 
+def test_many_drains_of_a_few_values_each_count_as_one_add_would() -> None:
+    # At 1000 processes a drain brings each series one or two values: the
+    # histograms then count them one at a time (add_few), growing and
+    # downscaling as the values spread; the buckets must be add()'s.
+    from memtrace.core.histogram import add_grouped
+
+    rng = np.random.default_rng(11)
+    groups = 30
+    one = [ExpHistogram() for _ in range(groups)]
+    grouped = [ExpHistogram() for _ in range(groups)]
+    for r in range(400):
+        sizes = rng.integers(0, 3, groups)
+        n = int(sizes.sum())
+        # Values spread over more powers of two as the rounds go: growth, then downscaling.
+        values = rng.random(n) * 2.0 ** rng.integers(-(r // 10), r // 10 + 1, n)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        for h, s, k in zip(one, starts.tolist(), sizes.tolist(), strict=True):
+            h.add(values[s : s + k])
+        add_grouped(grouped, starts, values)
+    for a, b in zip(one, grouped, strict=True):
+        assert (a.scale, a.count, a.zero_count, a.counts) == (b.scale, b.count, b.zero_count, b.counts)
+    assert min(h.scale for h in one) < 3  # the spread did force downscaling
+
+
 def test_buckets_stay_bounded_whatever_the_values() -> None:
     from memtrace.core.histogram import MAX_BUCKETS, add_grouped
 

@@ -279,6 +279,80 @@ def test_saturated_tbf_shows_backlog_overlimits_and_drops(pair: Pair) -> None:
     assert backlog_seen > 0  # the queue stood while the bucket was empty
 
 
+def test_otlp_carries_each_interfaces_and_queues_counters_exactly(pair: Pair) -> None:
+    """`memtrace push`'s network metrics, from real traffic through a tbf
+    qdisc that drops: the veth's bytes and packets (system.network.*) and the
+    queue's drops and overlimits (memtrace.qdisc.*) over the samples equal the
+    kernel's own increase (sysfs and tc) exactly, and the queue's backlog is
+    the one it last had."""
+    from memtrace.export.config import resolve
+    from memtrace.export.otlp import MetricsBuilder
+    from memtrace.model import Model
+    from memtrace.model.host import HostBook
+
+    server = pair.run(pair.b, SERVER, "udp", "5003")
+    idle = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
+    source = NetdevSource()
+    book = HostBook()
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
+        pids = [server.pid, idle.pid]
+        first, (sys_first,) = quiet_sample(source, pair, pids, [(pair.a, pair.va)])
+        tc_first = pair.tc(pair.a, pair.va)
+        book.add_net(first)
+        client = pair.run(pair.a, CLIENT, "udp", pair.ip_b, "5003", "3000", "1400")
+        while client.poll() is None:
+            book.add_net(source.sample([*pids, client.pid]))
+        assert client.communicate(timeout=60)[0].strip() == "done"
+        for _ in range(50):  # the bucket drains
+            if pair.tc(pair.a, pair.va)["backlog"] == 0:
+                break
+            time.sleep(0.1)
+        last, (sys_last,) = quiet_sample(source, pair, pids, [(pair.a, pair.va)])
+        tc_last = pair.tc(pair.a, pair.va)
+        book.add_net(last)
+    finally:
+        source.close()
+        for p in (server, idle):
+            p.communicate(timeout=30)
+    batch = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"}).build(
+        Model(), {}, 0, host=book
+    )
+    (agent,) = [rm for rm in batch.data.resource_metrics if "process.pid" not in rm.resource.attributes]
+    metrics = {m.name: m for sm in agent.scope_metrics for m in sm.metrics}
+
+    def value(name: str, **attrs: object) -> float:
+        (v,) = [
+            p.value
+            for p in metrics[name].data.data_points
+            if p.time_unix_nano != p.start_time_unix_nano  # not the series' starting zero
+            and all(p.attributes.get(k) == a for k, a in attrs.items())
+        ]
+        return v
+
+    va = {"network.interface.name": pair.va, "memtrace.netns": first.namespace_of(idle.pid)}
+    assert value("system.network.io", **va, **{"network.io.direction": "transmit"}) == (
+        sys_last["tx_bytes"] - sys_first["tx_bytes"]
+    )
+    assert value("system.network.io", **va, **{"network.io.direction": "receive"}) == (
+        sys_last["rx_bytes"] - sys_first["rx_bytes"]
+    )
+    assert value("system.network.packet.count", **va, **{"network.io.direction": "transmit"}) == (
+        sys_last["tx_packets"] - sys_first["tx_packets"]
+    )
+    assert value("system.network.packet.dropped", **va, **{"network.io.direction": "transmit"}) == (
+        sys_last["tx_dropped"] - sys_first["tx_dropped"]
+    )
+    q = {"network.interface.name": pair.va, "memtrace.qdisc.kind": "tbf"}
+    drops = value("memtrace.qdisc.drops", **q)
+    assert drops == tc_last["drops"] - tc_first["drops"] and drops > 0
+    assert value("memtrace.qdisc.overlimits", **q) == tc_last["overlimits"] - tc_first["overlimits"]
+    assert value("memtrace.qdisc.bytes", **q) == tc_last["bytes"] - tc_first["bytes"]
+    assert value("memtrace.qdisc.backlog", **q) == tc_last["backlog"] == 0
+    assert sys_last["tx_bytes"] - sys_first["tx_bytes"] > 100 * 1400  # the traffic really went (the rest dropped)
+
+
 def test_a_vanished_interface_and_namespace_are_reported_not_raised(pair: Pair) -> None:
     proc = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
     source = NetdevSource()

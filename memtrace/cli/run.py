@@ -104,6 +104,7 @@ def run(
             diagnosis = LiveDiagnosis(agent, signals) if signals is not None else None
             if signals is not None and diagnosis is not None:
                 signals.on_tick = diagnosis.tick
+                signals.on_collectives = agent.add_collectives
             done = run_command(agent, cmd, host=signals)
             doc = summary(
                 agent.model,
@@ -113,7 +114,7 @@ def run(
                 agent.source.malformed,
                 drain=agent.drain_stats().as_dict(),
                 host=signals.view(agent.names()) if signals else None,
-                collectives=signals.collectives_view() if signals else None,
+                collectives=signals.collectives_view(agent.model.collective_wait_totals()) if signals else None,
                 diagnoses=[d.as_dict() for d in diagnosis.diagnoses] if diagnosis else None,
             )
     except MemtraceError as e:

@@ -81,6 +81,20 @@ class ExpHistogram:
         idx = idx >> self._cover(int(idx.min()), int(idx.max()))
         self.buckets += np.bincount(idx - self.offset, minlength=len(self.buckets))
 
+    def add_few(self, idx: list[int], scale: int) -> None:
+        """add_indices for a handful of indices: one at a time in Python, which
+        costs less than numpy's fixed cost per call below about four."""
+        shift = scale - self.scale
+        end = self.offset + len(self.buckets)
+        for i in idx:
+            j = i >> shift
+            if self.offset <= j < end:
+                self.buckets[j - self.offset] += 1
+            else:  # outside the array: grown (or downscaled) the general way
+                self.add_indices(np.array([i], np.int64), scale)
+                shift = scale - self.scale
+                end = self.offset + len(self.buckets)
+
     def _cover(self, lo: int, hi: int) -> int:
         """Make the array span buckets lo..hi (indices at this scale),
         downscaling first while the span would pass MAX_BUCKETS, as OTel's
@@ -234,6 +248,11 @@ def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarra
     idx = map_to_index(v[pos], top)  # each histogram shifts to its own scale
     group = np.repeat(np.arange(len(hs), dtype=np.int64), counts)[pos]
     bounds = np.searchsorted(group, np.arange(len(hs) + 1)).tolist()
+    few = idx.tolist() if len(idx) <= 4 * len(hs) else None  # mostly tiny groups (many processes, a drain each)
     for g, h in enumerate(hs):
-        if bounds[g + 1] > bounds[g]:
-            h.add_indices(idx[bounds[g] : bounds[g + 1]], top)
+        a, b = bounds[g], bounds[g + 1]
+        if b - a > 4 or (few is None and b > a):
+            h.add_indices(idx[a:b], top)
+        elif b > a:
+            assert few is not None
+            h.add_few(few[a:b], top)

@@ -110,10 +110,17 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "memtrace.nccl.calls": ("sum", "NCCL collective calls", "{call}"),
     "memtrace.nccl.bytes": ("sum", "Bytes of successful NCCL collective calls (count x datatype size)", "By"),
     "memtrace.nccl.time": ("sum", "Time inside NCCL collective calls (the enqueue)", "s"),
+    "memtrace.nccl.waits": ("sum", "Synchronisations that waited for a collective's work", "{wait}"),
+    "memtrace.nccl.wait_time": (
+        "sum",
+        "Time the process then waited for its collectives' work (long on the ranks that wait for a straggler)",
+        "s",
+    ),
 }
 
 CPU_COUNTERS = ("memtrace.process.run_queue.time", "memtrace.process.off_cpu.time", "memtrace.process.on_cpu.time")
 NCCL_COUNTERS = ("memtrace.nccl.calls", "memtrace.nccl.bytes", "memtrace.nccl.time")
+NCCL_WAIT_COUNTERS = ("memtrace.nccl.waits", "memtrace.nccl.wait_time")
 
 # Host-level readings (NVML), on the agent's resource, one series per GPU (hw.id: its UUID): the last sample.
 GPU_GAUGES: dict[str, tuple[str, str]] = {
@@ -130,6 +137,38 @@ GPU_GAUGES: dict[str, tuple[str, str]] = {
     "memtrace.gpu.throttled": ("1 while power or thermal limits hold the clocks down", "1"),
     "memtrace.gpu.lost": ("1 while the GPU is off the bus", "1"),
 }
+
+# Network interfaces of the namespaces the traced processes live in (rtnetlink), on the agent's
+# resource: counters since the agent's first sample (OTel semantic conventions' system.network.*),
+# one series per (namespace, interface, direction); queueing disciplines as memtrace.qdisc.*.
+NET_METRICS: dict[str, tuple[str, str, str]] = {
+    "system.network.io": ("sum", "Bytes received and sent by the interface", "By"),
+    "system.network.packet.count": ("sum", "Packets received and sent by the interface", "{packet}"),
+    "system.network.packet.dropped": ("sum", "Packets the interface dropped", "{packet}"),
+    "system.network.errors": ("sum", "Receive and transmit errors of the interface", "{error}"),
+    "memtrace.network.link.speed": ("gauge", "Link speed the driver reports (absent: it does not say)", "bit/s"),
+    "memtrace.network.utilization": (
+        "gauge",
+        "The busier direction's share of the link speed over the last sampling interval",
+        "1",
+    ),
+    "memtrace.qdisc.bytes": ("sum", "Bytes the queueing discipline sent", "By"),
+    "memtrace.qdisc.drops": ("sum", "Packets the queueing discipline dropped", "{packet}"),
+    "memtrace.qdisc.overlimits": (
+        "sum",
+        "Times the queueing discipline held a packet back for its rate (the link is saturated)",
+        "{event}",
+    ),
+    "memtrace.qdisc.backlog": ("gauge", "Bytes queued in the queueing discipline now", "By"),
+}
+_NET_DIRECTIONS = (("receive", "rx"), ("transmit", "tx"))
+_NET_SUMS = (
+    ("system.network.io", "bytes"),
+    ("system.network.packet.count", "packets"),
+    ("system.network.packet.dropped", "dropped"),
+    ("system.network.errors", "errors"),
+)
+AGENT_SERIES = "agent"  # the second item of the agent resource's series keys (never a process)
 
 
 def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: int) -> list[int]:
@@ -204,12 +243,12 @@ class _Points:
         self,
         builder: MetricsBuilder,
         new_base: _Base,
-        windows: list[tuple[ProcessKey, ExpHistogram, tuple[float, float]]],
+        windows: list[tuple[ProcessKey | None, ExpHistogram, tuple[float, float]]],
         starting: list[Any],
         now: int,
         first_seen_ns: int,
         series_start: int,
-        key: ProcessKey,
+        key: ProcessKey | None,
     ) -> None:
         self.b = builder
         self.key = key
@@ -387,6 +426,48 @@ class MetricsBuilder:
             for n, pts in points.items()
         ]
 
+    def _net_metrics(self, host: HostBook, pp: _Points) -> list[Metric]:
+        """Each interface's and queue's counters since the agent first sampled
+        it, and its speed, last utilisation and backlog, on the agent's resource."""
+        for link in host.interface_series():
+            i = link.last
+            la: dict[str, Any] = {
+                "network.interface.name": i.name,
+                "memtrace.netns": link.netns,
+                "memtrace.host_namespace": link.host_namespace,
+            }
+            for direction, pre in _NET_DIRECTIONS:
+                cur = tuple(link.deltas[f"{pre}_{c}"] for _, c in _NET_SUMS)
+                key = ("net", AGENT_SERIES, link.netns, i.index, i.name, direction)
+                pp.sums(key, {**la, "network.io.direction": direction}, tuple(n for n, _ in _NET_SUMS), cur)
+            if i.speed_bits_per_s:
+                pp.gauge("memtrace.network.link.speed", la, i.speed_bits_per_s)
+            if link.utilization is not None:
+                pp.gauge("memtrace.network.utilization", la, link.utilization)
+        for q in host.qdisc_series():
+            b = q.last
+            la = {
+                "network.interface.name": b.ifname,
+                "memtrace.netns": b.netns,
+                "memtrace.qdisc.kind": b.kind,
+                "memtrace.qdisc.handle": f"{b.handle >> 16:x}:{b.handle & 0xFFFF:x}",
+            }
+            key = ("qdisc", AGENT_SERIES, b.netns, b.ifindex, b.handle, b.parent)
+            names = ("memtrace.qdisc.bytes", "memtrace.qdisc.drops", "memtrace.qdisc.overlimits")
+            pp.sums(key, la, names, (q.deltas["bytes"], q.deltas["drops"], q.deltas["overlimits"]))
+            pp.gauge("memtrace.qdisc.backlog", la, b.backlog_bytes)
+        tmp = self._temporality()
+        out = []
+        for name, pts in pp.points.items():
+            kind, desc, unit = NET_METRICS[name]
+            data: Sum | Gauge
+            if kind == "gauge":
+                data = Gauge(data_points=pts)
+            else:
+                data = Sum(data_points=pts, aggregation_temporality=tmp, is_monotonic=True)
+            out.append(Metric(name=name, description=desc, unit=unit, data=data))
+        return out
+
     def build(
         self,
         model: Model,
@@ -410,7 +491,7 @@ class MetricsBuilder:
         new_base = _Base(
             dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes), dict(self.base.time_ns)
         )
-        windows: list[tuple[ProcessKey, ExpHistogram, tuple[float, float]]] = []
+        windows: list[tuple[ProcessKey | None, ExpHistogram, tuple[float, float]]] = []
         resource_metrics = []
         keys: list[ProcessKey] = []
         exited = []
@@ -496,6 +577,9 @@ class MetricsBuilder:
                 gauge("memtrace.step.gpu_idle_share", {}, st_steps.share(st_steps.gpu_idle_ns))
             if host is not None:
                 self._host_process(host, key, pp)
+            waits = model.collective_waits.get(key)
+            for coll, (n, ns) in sorted((waits.by_collective if waits is not None else {}).items()):
+                sums(("nccl.w", key, int(coll)), {"collective": coll.label}, NCCL_WAIT_COUNTERS, (n, ns / 1e9))
             for cause, n in sorted((diagnoses or {}).get(key, {}).items()):
                 sums(("diag", key, cause), {"cause": cause}, ("memtrace.diagnoses",), (n,))
             metrics = [self._metric(name, pts, tmp) for name, pts in points.items()]
@@ -573,6 +657,8 @@ class MetricsBuilder:
             )
         if host is not None:
             health.extend(self._gpu_metrics(host, hstart, now))
+            agent_points = _Points(self, new_base, windows, starting, now, self.start_ns, self.start_ns, None)
+            health.extend(self._net_metrics(host, agent_points))
         resource_metrics.append(_resource_metrics(self.agent_resource, health))
 
         def commit() -> None:

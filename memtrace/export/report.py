@@ -437,9 +437,10 @@ def print_host(doc: dict[str, Any], console: Console) -> None:
     host = doc.get("host")
     for c in doc.get("collectives") or []:
         since = "" if c.get("counted_from", "start") == "start" else " (since NCCL was attached)"
+        waited = f", then {c['wait_seconds']:.3g} s waiting for it" if c.get("waits_attributed") else ""
         console.print(
             f"[bold]collective[/bold] pid {c['pid']} {c['collective']}: {c['calls']:,} calls, "
-            f"{human_bytes(c['bytes'])}, {c['seconds']:.3g} s in the calls{since}",
+            f"{human_bytes(c['bytes'])}, {c['seconds']:.3g} s in the calls{waited}{since}",
             highlight=False,
         )
     if not host:

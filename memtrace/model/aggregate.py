@@ -20,12 +20,14 @@ from typing import Any
 import numpy as np
 
 from memtrace.core import apis
-from memtrace.core.abi import EV_MORE, EV_SUM, Direction, Family, Layer
+from memtrace.core.abi import EV_MORE, EV_SUM, EVENT_DTYPE, Direction, Family, Layer
 from memtrace.core.apis import MemOp
 from memtrace.core.enums import Allocation, HostMemory
 from memtrace.core.histogram import add_grouped
 from memtrace.core.ids import ProcessInfo, ProcessKey
+from memtrace.core.nccl import Collective
 from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, _UNTRACKED, BookChanges
+from memtrace.model.collectives import WaitAttributor, sync_scopes
 from memtrace.model.process import (
     CopyKey,
     CopyStats,
@@ -98,6 +100,9 @@ def _processes_of(batch: np.ndarray) -> tuple[list[ProcessKey], np.ndarray]:
     return keys, which
 
 
+_NO_EVENTS = np.zeros(0, EVENT_DTYPE)  # a CUDA batch of none (collectives alone for a step tracker)
+
+
 class Model:
     def __init__(
         self,
@@ -121,6 +126,10 @@ class Model:
         # runtime sets the host's own boot time, the same in every agent.
         self.boot_wall_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         self.step_trackers: dict[ProcessKey, StepTracker] = {}  # its steps (model/steps.py)
+        # Who waited for its collectives (model/collectives.py), for processes that made any.
+        self.collective_waits: dict[ProcessKey, WaitAttributor] = {}
+        self.collectives_unmatched = 0  # NCCL events of a pid the model has no live process for
+        self._by_pid: dict[int, ProcessKey] = {}  # the latest process of each pid
 
     def _process(self, key: ProcessKey) -> Process:
         p = self.processes.get(key)
@@ -136,6 +145,8 @@ class Model:
             after = self.complete_after_ns
             p.complete = after is None or key.start_ns > after or self.forked_since_start(key)
             self.processes[key] = p
+            if key.start_ns >= self._by_pid.get(key.pid, ProcessKey(0, 0)).start_ns:
+                self._by_pid[key.pid] = key
         return p
 
     def introduce(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
@@ -193,11 +204,14 @@ class Model:
         syncs = fam == Family.SYNC
         if syncs.any():
             self._add_syncs(batch[syncs], proc[syncs], procs)
+        # Each process's events, in ring order: one sort, not a pass per process.
+        order = np.argsort(proc, kind="stable")
+        bounds = np.searchsorted(proc[order], np.arange(len(keys) + 1)).tolist()
         for i, key in enumerate(keys):
             t = self.step_trackers.get(key)
             if t is None:
                 t = self.step_trackers[key] = StepTracker(key.pid)
-            t.add(batch if len(keys) == 1 else batch[proc == i])
+            t.add(batch if len(keys) == 1 else batch[order[bounds[i] : bounds[i + 1]]])
 
     def _what_copies_touch(
         self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None, proc: np.ndarray, procs: list[Process]
@@ -359,7 +373,47 @@ class Model:
         at = np.searchsorted(group[one_copy], np.arange(len(stats)))
         add_grouped([st.sizes for st in stats], at, sizes[one_copy])
 
+    def add_collectives(self, events: np.ndarray, complete_until_ns: int, users: frozenset[int] = frozenset()) -> None:
+        """The NCCL sensor's events (EVENT_DTYPE of memtrace.core.nccl), complete
+        up to `complete_until_ns`: each process's collectives join its steps
+        (the `collective` share) and the waits that followed are charged to them.
+        `users`: processes with libnccl mapped: their waits are kept from now on,
+        before their first collective is polled (a poll comes less often than a drain)."""
+        for pid in users:
+            key = self._by_pid.get(pid)
+            if key is not None and key in self.processes and key not in self.collective_waits:
+                self.collective_waits[key] = WaitAttributor()
+        if len(events):
+            pids, inv = np.unique(events["pid"], return_inverse=True)
+            for i, pid in enumerate(pids.tolist()):
+                key = self._by_pid.get(pid)
+                ev = events[inv == i]
+                if key is None or key not in self.processes:
+                    self.collectives_unmatched += len(ev)
+                    continue
+                att = self.collective_waits.get(key)
+                if att is None:
+                    att = self.collective_waits[key] = WaitAttributor()
+                att.add_collectives(ev)
+                t = self.step_trackers.get(key)
+                if t is None:
+                    t = self.step_trackers[key] = StepTracker(key.pid)
+                t.add(_NO_EVENTS, ev)
+        for att in self.collective_waits.values():
+            att.advance(complete_until_ns)
+
     def _add_syncs(self, b: np.ndarray, proc: np.ndarray, procs: list[Process]) -> None:
+        if self.collective_waits:  # the waits of processes that made collectives, for their attribution
+            for i in np.unique(proc).tolist():
+                att = self.collective_waits.get(procs[i].key)
+                if att is not None:
+                    mine = b[proc == i]
+                    att.add_syncs(
+                        mine["ts_ns"].astype(np.int64),
+                        mine["duration_ns"].astype(np.int64),
+                        mine["stream"],
+                        sync_scopes(mine["api"]),
+                    )
         keys = proc.astype(np.uint64) << np.uint64(16) | b["api"].astype(np.uint64)
         order = np.argsort(keys, kind="stable")
         keys, dur, ret = keys[order], b["duration_ns"][order], b["ret"][order]
@@ -490,6 +544,17 @@ class Model:
         """Drop a process and everything it did (its own state: no scan)."""
         self.processes.pop(key, None)
         self.step_trackers.pop(key, None)
+        self.collective_waits.pop(key, None)
+        if self._by_pid.get(key.pid) == key:
+            del self._by_pid[key.pid]
+
+    def collective_wait_totals(self) -> dict[tuple[int, Collective], tuple[int, int]]:
+        """Per (pid, collective) of the live processes: the waits charged to it, and their total ns."""
+        out: dict[tuple[int, Collective], tuple[int, int]] = {}
+        for key, att in self.collective_waits.items():
+            for c, v in att.by_collective.items():
+                out[(key.pid, c)] = v
+        return out
 
 
 def describe(key: CopyKey) -> tuple[str, str, str, bool, str | None]:

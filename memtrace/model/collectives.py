@@ -21,13 +21,14 @@ wire are not claimed.
 from __future__ import annotations
 
 import enum
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from memtrace.core import apis
 from memtrace.core.histogram import ExpHistogram
-from memtrace.core.nccl import F_BYTES_UNKNOWN, F_GROUPED, Collective
+from memtrace.core.nccl import EVENT_DTYPE, F_BYTES_UNKNOWN, F_GROUPED, Collective
 
 NOT_ISSUED = -1  # issue time of a call whose work was never issued (failed, or its group never ended)
 
@@ -144,6 +145,92 @@ class WaitAttribution:
         return self.by_collective.get(coll, (0, 0))[1]
 
 
+class WaitAttributor:
+    """attribute_waits for one process, fed as the events come: collectives
+    from the NCCL sensor (polled on the host-signal timer), waits from the
+    CUDA sensor (drained every few ms), in any interleaving.
+
+    A wait can be judged only once every collective issued before it began
+    is known: `advance(until_ns)` judges the waits that began by then (the
+    NCCL sensor's last poll, as CLOCK_MONOTONIC ns, the events' clock), in
+    the order they began; later ones wait. Grouped calls whose group has not
+    ended yet are kept until it does. Bounded: at most MAX_WAITING waits and
+    MAX_WAITING grouped calls wait; beyond that the oldest are dropped and
+    counted (`dropped`), never silently misjudged."""
+
+    MAX_WAITING = 65536
+
+    def __init__(self, record: bool = False) -> None:
+        self._issued: list[tuple[int, int, int, int]] = []  # heap: (issued, id, stream, coll) not yet live
+        self._pending: dict[int, tuple[int, int, int]] = {}  # stream -> (issued, id, coll): latest live, not waited for
+        self._syncs: list[tuple[int, int, int, int, int]] = []  # heap: (start, id, duration, stream, scope)
+        self._ungrouped = np.zeros(0, EVENT_DTYPE)  # grouped calls (and their ids) whose group has not ended
+        self._ungrouped_ids = np.zeros(0, np.int64)
+        self.by_collective: dict[Collective, tuple[int, int]] = {}  # waits attributed, total ns
+        self.charges: list[tuple[int, int, int]] = []  # (collective id, sync id, ns), with `record`
+        self._record = record
+        self._next_id = 0
+        self.dropped = 0
+
+    def add_collectives(self, events: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """NCCL sensor events (EVENT_DTYPE of memtrace.core.nccl), in ring order."""
+        if ids is None:
+            ids = np.arange(self._next_id, self._next_id + len(events), dtype=np.int64)
+            self._next_id += len(events)
+        ev = np.concatenate([self._ungrouped, events]) if len(self._ungrouped) else events
+        idx = np.concatenate([self._ungrouped_ids, ids]) if len(self._ungrouped_ids) else ids
+        issued = issue_times(ev)
+        live = issued != NOT_ISSUED
+        streams, colls = ev["stream"][live].tolist(), ev["coll"][live].tolist()
+        for t, i, st, c in zip(issued[live].tolist(), idx[live].tolist(), streams, colls, strict=True):
+            heapq.heappush(self._issued, (t, i, st, c))
+        # Grouped calls still waiting for their group's end (ok calls only: failed ones are never issued).
+        coll = ev["coll"]
+        wait = (
+            (issued == NOT_ISSUED)
+            & (ev["ret"] == 0)
+            & ((ev["flags"] & F_GROUPED) != 0)
+            & (coll != Collective.GROUP_START)
+            & (coll != Collective.GROUP_END)
+        )
+        self._ungrouped, self._ungrouped_ids = ev[wait], idx[wait]
+        if len(self._ungrouped) > self.MAX_WAITING:
+            self.dropped += len(self._ungrouped) - self.MAX_WAITING
+            self._ungrouped = self._ungrouped[-self.MAX_WAITING :]
+            self._ungrouped_ids = self._ungrouped_ids[-self.MAX_WAITING :]
+
+    def add_syncs(self, ts_ns: np.ndarray, duration_ns: np.ndarray, streams: np.ndarray, scopes: np.ndarray) -> None:
+        """The process's CUDA synchronisation events (their SyncScope each)."""
+        base = self._next_id
+        self._next_id += len(ts_ns)
+        for k, (t, d, st, sc) in enumerate(
+            zip(ts_ns.tolist(), duration_ns.tolist(), streams.tolist(), scopes.tolist(), strict=True)
+        ):
+            heapq.heappush(self._syncs, (t, base + k, d, st, sc))
+        while len(self._syncs) > self.MAX_WAITING:  # the oldest waits go first: they are judged least late
+            heapq.heappop(self._syncs)
+            self.dropped += 1
+
+    def advance(self, until_ns: int) -> None:
+        """Judge every wait that began at or before `until_ns`, in order."""
+        while self._syncs and self._syncs[0][0] <= until_ns:
+            start, sid, duration, stream, scope = heapq.heappop(self._syncs)
+            while self._issued and self._issued[0][0] <= start:
+                t, i, st, c = heapq.heappop(self._issued)
+                self._pending[st] = (t, i, c)
+            if scope == SyncScope.STREAM:
+                hit = self._pending.pop(stream, None)
+            else:
+                hit = max(self._pending.values()) if self._pending else None
+                self._pending.clear()
+            if hit is not None:
+                _t, i, c = hit
+                n, ns = self.by_collective.get(Collective(c), (0, 0))
+                self.by_collective[Collective(c)] = (n + 1, ns + duration)
+                if self._record:
+                    self.charges.append((i, sid, duration))
+
+
 def attribute_waits(collectives: np.ndarray, syncs: np.ndarray, scopes: np.ndarray | None = None) -> WaitAttribution:
     """Charge each synchronisation wait of one process to the collective it
     waited for: the last collective issued on the waited stream (any stream
@@ -156,37 +243,22 @@ def attribute_waits(collectives: np.ndarray, syncs: np.ndarray, scopes: np.ndarr
     `collectives`: NCCL sensor events (EVENT_DTYPE of memtrace.core.nccl).
     `syncs`: arrays with ts_ns, duration_ns, stream (the CUDA sensor's sync
     events of the same process); `scopes`: their SyncScope (all STREAM if None).
+    All at once: WaitAttributor over the whole of both.
     """
-    n = len(collectives)
+    n, m = len(collectives), len(syncs)
+    a = WaitAttributor(record=True)
+    a.add_collectives(collectives, np.arange(n, dtype=np.int64))
+    a._next_id = n
+    a.add_syncs(
+        np.asarray(syncs["ts_ns"], np.int64) if m else np.zeros(0, np.int64),
+        np.asarray(syncs["duration_ns"], np.int64) if m else np.zeros(0, np.int64),
+        np.asarray(syncs["stream"], np.uint64) if m else np.zeros(0, np.uint64),
+        np.zeros(m, np.uint8) if scopes is None else np.asarray(scopes, np.uint8),
+    )
+    a.advance(2**63 - 1)
     wait = np.zeros(n, np.int64)
     charged = np.full(n, -1, np.int64)
-    issued = issue_times(collectives)
-    live = np.flatnonzero(issued != NOT_ISSUED)
-    live = live[np.argsort(issued[live], kind="stable")]
-    m = len(syncs)
-    if scopes is None:
-        scopes = np.zeros(m, np.uint8)
-    s_order = np.argsort(np.asarray(syncs["ts_ns"], np.int64), kind="stable") if m else np.zeros(0, np.int64)
-    pending: dict[int, int] = {}  # stream -> latest pending collective (its event index)
-    ci = 0
-    streams = collectives["stream"]
-    for si in s_order.tolist():
-        start = int(syncs["ts_ns"][si])
-        while ci < len(live) and issued[live[ci]] <= start:
-            j = int(live[ci])
-            pending[int(streams[j])] = j
-            ci += 1
-        if scopes[si] == SyncScope.STREAM:
-            j_or_none = pending.pop(int(syncs["stream"][si]), None)
-        else:
-            j_or_none = max(pending.values(), key=lambda j: (int(issued[j]), j)) if pending else None
-            pending.clear()
-        if j_or_none is not None:
-            wait[j_or_none] = int(syncs["duration_ns"][si])
-            charged[j_or_none] = si
-    by: dict[Collective, tuple[int, int]] = {}
-    hit = np.flatnonzero(charged >= 0)
-    for c in np.unique(collectives["coll"][hit]).tolist():
-        sel = hit[collectives["coll"][hit] == c]
-        by[Collective(c)] = (len(sel), int(wait[sel].sum()))
-    return WaitAttribution(wait, charged, by)
+    for i, sid, ns in a.charges:
+        wait[i] = ns
+        charged[i] = sid - n
+    return WaitAttribution(wait, charged, dict(a.by_collective))

@@ -26,7 +26,7 @@ from typing import Any
 from memtrace.core.cpu import CpuStats
 from memtrace.core.gpu import GpuSample, counter_delta
 from memtrace.core.nccl import CallTotals, Collective
-from memtrace.core.netdev import IFACE_COUNTERS, QDISC_COUNTERS, NetSnapshot, counter_deltas, net_rates
+from memtrace.core.netdev import IFACE_COUNTERS, QDISC_COUNTERS, NetSnapshot, net_rates
 
 MAX_PROCESSES = 4096
 TOP_PREEMPTORS = 5
@@ -192,8 +192,37 @@ class _Link:
     t_last: int
     windows: int = 0
     peak_utilization: float | None = None
+    last_utilization: float | None = None
     peak_backlog_bytes: int = 0
     resets: int = 0
+    totals: dict[str, int] = field(default_factory=dict)  # increase of each counter, window by window
+
+    def counted(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Each counter's increase since the first sample: the sum of the
+        windows' increases, so a reset (the interface re-created) neither
+        goes negative nor loses what came before it."""
+        return {n: self.totals.get(n, 0) for n in names}
+
+    def fold(self, deltas: dict[str, int]) -> None:
+        for n, v in deltas.items():
+            self.totals[n] = self.totals.get(n, 0) + v
+
+
+@dataclass(frozen=True)
+class InterfaceSeries:
+    """One interface as the export reads it: its counters since the first sample."""
+
+    netns: int
+    host_namespace: bool
+    last: Any  # InterfaceSample
+    deltas: dict[str, int]  # IFACE_COUNTERS
+    utilization: float | None  # over the last sampling interval
+
+
+@dataclass(frozen=True)
+class QdiscSeries:
+    last: Any  # QdiscSample
+    deltas: dict[str, int]  # QDISC_COUNTERS
 
 
 class HostBook:
@@ -247,6 +276,7 @@ class HostBook:
                 ql = self._qdiscs[q.key] = _Link(q, q, snap.time_ns, snap.time_ns)
             elif ql.last.kind != q.kind:
                 ql.first, ql.t_first = q, snap.time_ns  # a new qdisc at the same handle: count from it
+                ql.totals.clear()
             ql.last, ql.t_last = q, snap.time_ns
             ql.peak_backlog_bytes = max(ql.peak_backlog_bytes, q.backlog_bytes)
         if self._net_prev is not None:
@@ -256,9 +286,14 @@ class HostBook:
                     link = self._ifaces[(r.netns, r.index, r.name)]
                     link.windows += 1
                     link.resets += r.counter_resets
-                    u = r.utilization
+                    link.fold(r.deltas)
+                    u = link.last_utilization = r.utilization
                     if u is not None:
                         link.peak_utilization = u if link.peak_utilization is None else max(link.peak_utilization, u)
+                for qr in rates.qdiscs:
+                    ql = self._qdiscs.get((qr.netns, qr.ifindex, qr.ifname, qr.handle, qr.parent))
+                    if ql is not None and ql.last.kind == qr.kind:
+                        ql.fold(qr.deltas)
         if snap.qdiscs is not None or self._net_prev is None:
             self._net_prev = snap
         else:
@@ -301,6 +336,16 @@ class HostBook:
 
     def latest_qdiscs(self) -> list[Any]:
         return [q.last for q in self._qdiscs.values()]
+
+    def interface_series(self) -> list[InterfaceSeries]:
+        out = []
+        for (netns, _index, _name), link in sorted(self._ifaces.items(), key=lambda kv: kv[0]):
+            host, _ = self._namespaces.get(netns, (False, set()))
+            out.append(InterfaceSeries(netns, host, link.last, link.counted(IFACE_COUNTERS), link.last_utilization))
+        return out
+
+    def qdisc_series(self) -> list[QdiscSeries]:
+        return [QdiscSeries(q.last, q.counted(QDISC_COUNTERS)) for _k, q in sorted(self._qdiscs.items())]
 
     def netns_of(self, pid: int) -> int | None:
         for ino, (_host, pids) in self._namespaces.items():
@@ -351,7 +396,7 @@ class HostBook:
         ifaces = []
         for (netns, _index, name), link in sorted(self._ifaces.items(), key=lambda kv: (kv[0][0], kv[0][2])):
             interval = (link.t_last - link.t_first) / 1e9
-            deltas, _ = counter_deltas(link.first, link.last, IFACE_COUNTERS)
+            deltas = link.counted(IFACE_COUNTERS)
             b = link.last
             host, _ = self._namespaces.get(netns, (False, set()))
             ifaces.append(
@@ -373,7 +418,7 @@ class HostBook:
         for (netns, _ifindex, ifname, handle, parent), ql in sorted(
             self._qdiscs.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3])
         ):
-            deltas, _ = counter_deltas(ql.first, ql.last, QDISC_COUNTERS)
+            deltas = ql.counted(QDISC_COUNTERS)
             b = ql.last
             qdiscs.append(
                 {

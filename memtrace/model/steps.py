@@ -56,7 +56,11 @@ Breakdown of a step (the interval between two boundaries on the thread):
 - sync_wait: time inside synchronisation calls (the GPU was working, the
   thread waited for it);
 - collective: time inside collectives (NCCL), from an optional array of
-  events with the same fields (a later sensor supplies it: `collectives=`);
+  events with the same fields (`collectives=`). The NCCL sensor is polled
+  less often than the CUDA one, so collectives may come after the steps
+  they fell in were closed: their time then moves from those steps' host
+  share to their collective share (the totals are exact; the per-step
+  durations, which do not depend on it, are unchanged);
 - host: the rest, the thread's own work: on CPU, waiting for a CPU, or off
   CPU otherwise. A sched sensor (later) splits it: it will feed per-thread
   (ts, on_cpu_ns, run_queue_ns) records into the same windows; the field
@@ -98,6 +102,7 @@ MERGE_BELOW = 0.5  # an interval with at most this share of a typical step's eve
 RECENT = 31  # steps whose durations and event counts make a typical step
 MAX_PENDING = 16384  # events of the step in progress kept per thread
 MAX_THREADS = 256  # threads tracked per process
+FEED_EVENTS = 32  # a process's copies and waits are folded in chunks of at least this many (or when read)
 
 _COPY, _SYNC, _COLL = 0, 1, 2
 _NOT_A_WAIT = -1
@@ -193,30 +198,53 @@ class _Thread:
         self.seen: dict[int, deque[tuple[int, int]]] = {}  # symbol -> its last (return time, event number)
         self.events = 0  # events seen (until an anchor)
         self.counts: dict[int, int] = {}  # symbol -> waits seen (until an anchor)
+        self.waits = 0  # waits seen (until an anchor)
+        self.next_choice = MIN_OCCURRENCES  # look for an anchor once this many waits were seen
         self.recent: deque[int] = deque(maxlen=RECENT)  # step durations, ns
         self.recent_events: deque[int] = deque(maxlen=RECENT)  # copies and waits per step
         self.boundary: int | None = None  # return time of the last boundary
+        self.first_boundary: int | None = None  # where the first step began
 
     def add(self, entry: np.ndarray, ret: np.ndarray, kind: np.ndarray, sym: np.ndarray) -> None:
+        if self.boundary is not None and self.first_boundary is not None:
+            # Collectives come from another sensor, polled less often: those that
+            # returned inside steps already closed move their time from host there.
+            late = (kind == _COLL) & (ret <= self.boundary)
+            if late.any():
+                inside = ret[late] - np.maximum(entry[late], self.first_boundary)
+                moved = min(int(inside.clip(min=0).sum()), self.stats.host_ns)
+                self.stats.collective_ns += moved
+                self.stats.host_ns -= moved
+                keep = ~late
+                entry, ret, kind, sym = entry[keep], ret[keep], kind[keep], sym[keep]
         self.pending.extend(entry, ret, kind, sym)
         if self.anchor is None:
             waits = np.flatnonzero(sym != _NOT_A_WAIT)
-            at = (waits + self.events).tolist()
+            # Events are numbered among copies and waits alone: collectives come
+            # late or on time (another sensor), and must not change the numbers.
+            number = np.cumsum(kind != _COLL) - 1
+            at = (number[waits] + self.events).tolist()
             for s, r, k in zip(sym[waits].tolist(), ret[waits].tolist(), at, strict=True):
                 q = self.seen.get(s)
                 if q is None:
                     q = self.seen[s] = deque(maxlen=RING)
                 q.append((r, k))
                 self.counts[s] = self.counts.get(s, 0) + 1
-            self.events += len(ret)
-            self.anchor = self._choose()
+            self.events += int(number[-1]) + 1 if len(number) else 0
+            self.waits += len(waits)
+            if self.waits >= self.next_choice:
+                # Looked at again after a share of the waits seen so far (at most a
+                # ring's worth): a thread that waits at random costs a bounded,
+                # shrinking amount, and a loop is found within a few steps.
+                self.next_choice = self.waits + min(RING, max(1, self.waits // 8))
+                self.anchor = self._choose()
             if self.anchor is None:
                 self.pending.bound(MAX_PENDING)
                 return
-            _e, p_ret, _k, p_sym = self.pending.joined()
+            _e, p_ret, p_kind, p_sym = self.pending.joined()
             at = np.flatnonzero(p_sym == self.anchor)
             self.recent.extend(np.diff(p_ret[at]).tolist())
-            self.recent_events.extend(np.diff(at).tolist())
+            self.recent_events.extend(np.diff(np.cumsum(p_kind != _COLL)[at]).tolist())
             self.seen.clear()
             self.counts.clear()
         self._close_steps()
@@ -229,7 +257,7 @@ class _Thread:
             times, at = np.asarray(q, np.float64).T
             spread = _spread(np.diff(times))
             between = np.diff(at)  # copies and waits from one to the next
-            if float(np.median(between)) > 2:
+            if _quantile(np.sort(between), 0.5) > 2:
                 spread = min(spread, _spread(between))
             if spread > MAX_SPREAD:
                 continue
@@ -242,6 +270,7 @@ class _Thread:
         p = self.pending
         entry, ret, kind, sym = p.joined()
         at = np.flatnonzero(sym == self.anchor)
+        counted = np.cumsum(kind != _COLL)  # copies and waits up to each event (collectives not counted)
         start = 0  # events before `start` belong to closed steps
         bounds: list[int] = []  # boundaries closed by this batch, after self.boundary
         ends: list[int] = []  # their event index + 1
@@ -249,8 +278,9 @@ class _Thread:
         for i, b in zip(at.tolist(), ret[at].tolist(), strict=True):
             if self.boundary is None:  # the first boundary: what came before is no step
                 self.boundary, start, lo, first = b, i + 1, b, i + 1
+                self.first_boundary = b
                 continue
-            d, n = b - self.boundary, i + 1 - start
+            d, n = b - self.boundary, int(counted[i] - (counted[start - 1] if start else 0))
             if self._short(d, n):
                 continue  # an extra wait of the anchor's symbol: its time joins the next interval
             bounds.append(b)
@@ -316,23 +346,63 @@ def _typical(d: deque[int]) -> float:
     return float(statistics.median([x for x in d if x <= 2 * m]))
 
 
+def _quantile(s: np.ndarray, q: float) -> float:
+    """The q-quantile of sorted values, interpolated as numpy's default
+    (linear) percentile does, without its per-call overhead (this runs for
+    every candidate wait of every thread)."""
+    i = q * (len(s) - 1)
+    lo = int(i)
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (i - lo))
+
+
 def _spread(d: np.ndarray) -> float:
     """Interquartile range over median: 0 for a metronome, about 1.6 for
     waits at random (a Poisson stream), unmoved by a few warm-up steps."""
-    q25, q50, q75 = np.percentile(d, [25, 50, 75])
-    return float((q75 - q25) / q50) if q50 > 0 else math.inf
+    if len(d) == 0:
+        return math.inf
+    s = np.sort(d)
+    q50 = _quantile(s, 0.5)
+    return (_quantile(s, 0.75) - _quantile(s, 0.25)) / q50 if q50 > 0 else math.inf
 
 
 class StepTracker:
-    """One process's steps, fed its events batch by batch (bounded state)."""
+    """One process's steps, fed its events batch by batch (bounded state).
+
+    A drain brings each process a few events (at 1000 processes, one or two
+    each every 5 ms), and the tracker's fixed cost per batch was most of the
+    agent's: so a process's events are gathered until FEED_EVENTS of them
+    wait, and folded then, or when the steps are read (`stats()`)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.threads: dict[int, _Thread] = {}
+        self._waiting: list[np.ndarray] = []
+        self._waiting_events = 0
 
     def add(self, batch: np.ndarray, collectives: np.ndarray | None = None) -> None:
         """Fold a batch of this process's mt_event records (EVENT_DTYPE), and
         optionally its collectives (an array with ts_ns, duration_ns and tid)."""
+        batch = batch[_KIND[batch["api"]] != 255]  # copies and waits only
+        if collectives is None or len(collectives) == 0:
+            if len(batch):
+                self._waiting.append(batch)
+                self._waiting_events += len(batch)
+            if self._waiting_events >= FEED_EVENTS:
+                self.flush()
+            return
+        self.flush()
+        self._add(batch, collectives)
+
+    def flush(self) -> None:
+        """Fold the events gathered so far."""
+        if self._waiting:
+            b = self._waiting[0] if len(self._waiting) == 1 else np.concatenate(self._waiting)
+            self._waiting.clear()
+            self._waiting_events = 0
+            self._add(b, None)
+
+    def _add(self, batch: np.ndarray, collectives: np.ndarray | None) -> None:
         kind = _KIND[batch["api"]]
         keep = kind != 255
         b, kind = batch[keep], kind[keep]
@@ -371,6 +441,7 @@ class StepTracker:
     def stats(self) -> StepStats | None:
         """The process's steps: those of its stepping thread (the one with
         the most steps), None while it has none."""
+        self.flush()
         best = max((t.stats for t in self.threads.values()), key=lambda s: s.steps, default=None)
         return best if best is not None and best.steps else None
 

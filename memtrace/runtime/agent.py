@@ -1,19 +1,23 @@
 """The agent: owns the CUDA sensor and the model, and keeps them in step.
 
 Draining runs on its own thread (`start_draining`), so that nothing an
-export or a report costs can delay it. Two locks keep the threads apart:
+export, a report or the model itself costs can delay it; folding what it
+reads into the model runs on another. Two locks keep the threads apart:
 
 - the drain lock: one drain at a time (the rings have a single reader). A
   drain holds it while it reads the rings and acts on control events:
   attaching new libraries and continuing held processes. It never touches
-  the model there: what it decodes (event batches, exits, holds) is queued,
-  in ring order, as pending model updates.
+  the model: what it decodes (event batches, exits, holds) is queued, in
+  ring order, as pending model updates, and the fold thread is woken.
 - `Agent.lock`, the model's: whoever reads or changes the model holds it
-  (an export's build, a report, top's refresh). The drain thread folds the
-  pending updates into the model only when it can take this lock without
-  blocking; otherwise they wait for the next drain, or for the next holder
-  of the lock, which folds them first (`locked()`), so every reader sees a
-  current model.
+  (an export's build, a report, top's refresh, the fold thread). The fold
+  thread folds the pending updates FOLD_SHARE_EVENTS at a time, taking the
+  lock for each share, so a reader waits for one share at most; a reader
+  folds whatever is still pending first (`locked()`), so it sees a current
+  model. Folding was the drain's cost at 1000 processes (tens of ms for a
+  few hundred events, most of a 5 ms period), and after an export a drain
+  that folded what piled up meanwhile came a second late; on its own thread
+  it delays no drain (bench/footprint.py, the worst drain gap).
 
 The order is always model lock, then drain lock, never the reverse while
 waiting, so the two cannot deadlock, and a drain waits for nobody: holds
@@ -53,6 +57,7 @@ __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
 log = logging.getLogger("memtrace")
 
 DRAIN_INTERVAL_S = 0.005
+FOLD_SHARE_EVENTS = 4096  # events the fold thread folds per hold of the model lock, at most
 
 
 class _Update(Enum):
@@ -61,9 +66,10 @@ class _Update(Enum):
     HELD = 3
     INTRODUCED = 4  # a process's first event: who BPF saw
     MISSED = 5  # not held (a foreground job, or its hold expired): calls may have been missed
+    COLLECTIVES = 6  # the NCCL sensor's events, and the time up to which they are complete
 
 
-_Value = np.ndarray | ProcessKey | tuple[ProcessKey, str, int]
+_Value = np.ndarray | ProcessKey | tuple[ProcessKey, str, int] | tuple[np.ndarray, int, frozenset[int]]
 
 
 class Agent:
@@ -85,7 +91,9 @@ class Agent:
         self._reads_deferred = 0
         self._pending_max = 0
         self._interval = 0.0
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # drains
+        self._folder: threading.Thread | None = None  # folds
+        self._fold_wanted = threading.Event()
         self._stop = threading.Event()
         self._failure: BaseException | None = None
         self.libraries: list[Attachment] = []
@@ -122,11 +130,45 @@ class Agent:
     def _on_process(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
         self._queue(_Update.INTRODUCED, (key, name, cgroup_id))
 
-    def _fold(self) -> int:
-        """Apply the pending updates to the model, in order. Holds self.lock."""
+    def add_collectives(self, events: np.ndarray, complete_until_ns: int, users: frozenset[int]) -> None:
+        """The NCCL sensor's events (the host signals poll it), folded into
+        the model in turn with the CUDA events: every collective that
+        returned by `complete_until_ns` (CLOCK_MONOTONIC) is in them or
+        came before; `users`: the pids with libnccl mapped. From any thread."""
+        self._queue(_Update.COLLECTIVES, (events, complete_until_ns, users))
+
+    def fold(self) -> None:
+        """Fold everything pending into the model now (after the drain and
+        the host signals have stopped: their last readings)."""
+        with self.lock:
+            self._fold()
+
+    def _fold(self, most: int | None = None) -> int:
+        """Apply the pending updates to the model, in order: all of them, or
+        the oldest, up to `most` events (a batch may be split); the rest
+        wait for the next fold. Holds self.lock."""
         with self._pending_lock:
-            pending, self._pending = self._pending, []
-            self._pending_events = 0
+            if most is None:
+                pending, self._pending = self._pending, []
+                self._pending_events = 0
+            else:
+                take = events = 0
+                for kind, value in self._pending:
+                    if events >= most:
+                        break
+                    take += 1
+                    if kind is _Update.EVENTS:
+                        assert isinstance(value, np.ndarray)
+                        events += len(value)
+                pending, self._pending = self._pending[:take], self._pending[take:]
+                if events > most:  # the last batch is split: its rest stays first in line
+                    kind, value = pending[-1]
+                    assert isinstance(value, np.ndarray)
+                    keep = len(value) - (events - most)
+                    pending[-1] = (kind, value[:keep])
+                    self._pending.insert(0, (kind, value[keep:]))
+                    events = most
+                self._pending_events -= events
         folded = 0
         batches: list[np.ndarray] = []
 
@@ -142,6 +184,10 @@ class Agent:
                 folded += len(value)
                 continue
             flush()
+            if kind is _Update.COLLECTIVES:
+                assert isinstance(value, tuple) and isinstance(value[0], np.ndarray)
+                self.model.add_collectives(value[0], int(value[1]), value[2])
+                continue
             if kind is _Update.INTRODUCED:
                 assert isinstance(value, tuple) and not isinstance(value, ProcessKey)
                 self.model.introduce(*value)
@@ -177,22 +223,20 @@ class Agent:
     # ---- draining ----
 
     def _drain(self, wait: bool) -> int:
-        """Read the rings and act on control events, then fold what is
-        pending if the model lock is free (or, with `wait`, once it is).
-        Returns the events read."""
+        """Read the rings and act on control events. With `wait`, then fold
+        everything pending into the model (waiting for its lock); without
+        (the drain thread), leave that to the fold thread. Returns the events read."""
         with self._drain_lock:
             self._gaps.started(time.monotonic())
             room = self._pending_events < self.max_pending_events
             if not room:
                 self._reads_deferred += 1
             read = self.source.poll(events=room)
-        if self.lock.acquire(blocking=wait):
-            try:
+        if wait:
+            with self.lock:
                 self._fold()
-            finally:
-                self.lock.release()
-        else:
-            self._folds_deferred += 1
+        elif self._pending:
+            self._fold_wanted.set()
         return read
 
     def poll(self) -> int:
@@ -212,8 +256,28 @@ class Agent:
             self._failure = e
             log.error("draining stopped: %s", e)
 
+    def _fold_forever(self) -> None:
+        """Fold what the drains queued, a bounded share at a time, releasing
+        the model lock between shares so that readers wait for one at most."""
+        try:
+            while not self._stop.is_set():
+                self._fold_wanted.wait(self._interval or DRAIN_INTERVAL_S)
+                self._fold_wanted.clear()
+                while self._pending and not self._stop.is_set():
+                    if not self.lock.acquire(blocking=False):
+                        self._folds_deferred += 1  # an export or a report holds the model: wait for it
+                        self.lock.acquire()
+                    try:
+                        self._fold(FOLD_SHARE_EVENTS)
+                    finally:
+                        self.lock.release()
+        except BaseException as e:  # noqa: BLE001 - handed to the owner, who re-raises it
+            self._failure = e
+            log.error("folding stopped: %s", e)
+
     def start_draining(self, interval: float = DRAIN_INTERVAL_S) -> None:
-        """Drain every `interval` seconds on a thread of its own until `stop_draining`."""
+        """Drain every `interval` seconds on a thread of its own, and fold
+        into the model on another, until `stop_draining`."""
         if self._thread is not None:
             return
         self._interval = interval
@@ -221,14 +285,20 @@ class Agent:
         self._thread = threading.Thread(
             target=self._drain_forever, args=(interval,), name="memtrace-drain", daemon=True
         )
+        self._folder = threading.Thread(target=self._fold_forever, name="memtrace-fold", daemon=True)
         self._thread.start()
+        self._folder.start()
 
     def stop_draining(self) -> None:
-        """Stop the drain thread; re-raise what stopped it, if it failed."""
+        """Stop the drain and fold threads; re-raise what stopped one, if it failed."""
         t, self._thread = self._thread, None
+        f, self._folder = self._folder, None
         if t is not None:
             self._stop.set()
+            self._fold_wanted.set()
             t.join()
+        if f is not None:
+            f.join()
         failure, self._failure = self._failure, None
         if failure is not None:
             raise failure

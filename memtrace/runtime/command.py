@@ -121,5 +121,6 @@ def run_command(
     finally:
         if host is not None:
             host.close()  # its last sample sees the command's end
+            agent.fold()  # and what it read goes into the model
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)

@@ -26,7 +26,7 @@ class DrainStats:
     drains: int  # drains started
     gap_max_seconds: float  # the worst interval between the starts of two consecutive drains
     gap_p99_seconds: float  # the 99th percentile of those intervals (to within 19%)
-    folds_deferred: int  # drains that found the model busy (an export or a report) and kept their events pending
+    folds_deferred: int  # times the fold thread found the model busy (an export or a report) and waited for it
     reads_deferred: int  # drains that left the events ring unread because the pending events reached their bound
     pending_events_max: int  # the most events ever waiting for the model at once
 

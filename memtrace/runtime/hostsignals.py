@@ -36,7 +36,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from memtrace.core.errors import MemtraceError
+from memtrace.core.nccl import Collective
 from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.nccl.discovery import mapped_nccl
 from memtrace.sources.cgroup import CgroupNames, cpu_quotas
@@ -44,6 +47,7 @@ from memtrace.sources.cgroup import CgroupNames, cpu_quotas
 log = logging.getLogger("memtrace")
 
 DEFAULT_INTERVAL_S = 0.1
+COMPLETE_MARGIN_NS = 10_000_000  # an NCCL poll's events are taken as complete up to this long before it
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,16 @@ class HostSignals:
         self._net: Any = None
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
+        self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
         self._quota_first: dict[int, dict[str, tuple[int, int]]] = {}
         self._count = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.sample_errors = 0
+        # Given each NCCL poll's events, the CLOCK_MONOTONIC ns up to which they are complete,
+        # and the processes with libnccl mapped (whose waits may follow collectives): the agent
+        # folds them into its model (steps, and the waits charged to collectives).
+        self.on_collectives: Callable[[np.ndarray, int, frozenset[int]], object] | None = None
         # Called after a sample every `tick_s` seconds, on the sampling thread (the live diagnosis).
         self.on_tick: Callable[[], object] | None = None
         self.tick_s = 0.5
@@ -208,7 +217,10 @@ class HostSignals:
     def _sample_nccl(self, pids: set[int]) -> None:
         s = self._nccl
         before = len(s.attachments)
-        s.poll()
+        # A call that returned before this is in the ring when it is read below
+        # (a record is submitted as its return is timed; the margin covers that).
+        complete_until = time.monotonic_ns() - COMPLETE_MARGIN_NS
+        batches = [s.poll()]
         # Look for a newly loaded libnccl in new processes at once, in the others every scan_every-th sample
         # (a /proc/PID/maps read each).
         new = pids - self._nccl_scanned
@@ -222,7 +234,18 @@ class HostSignals:
                 if any(c.fid in fids for c in mapped_nccl(pid)):
                     self._nccl_since.setdefault(pid, now)
             log.info("attached to %d new NCCL file(s) while sampling", len(s.attachments) - before)
-        s.poll()
+        batches.append(s.poll())
+        if look and s.attachments:
+            fids = set(s.attachments)
+            for pid in look - self._nccl_users:
+                if any(c.fid in fids for c in mapped_nccl(pid)):
+                    self._nccl_users.add(pid)
+        events = np.concatenate(batches)
+        events = events[np.isin(events["pid"], list(pids))]
+        self._nccl_users.update(np.unique(events["pid"]).tolist())
+        self._nccl_users &= self._pids
+        if self.on_collectives is not None:
+            self.on_collectives(events, complete_until, frozenset(self._nccl_users))
         with self.lock:
             totals = {k: v for k, v in s.totals().items() if k[0] in self._pids}
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
@@ -292,7 +315,12 @@ class HostSignals:
         doc["sample_errors"] = self.sample_errors
         return doc
 
-    def collectives_view(self) -> list[dict[str, Any]]:
+    def collectives_view(
+        self, waits: dict[tuple[int, Collective], tuple[int, int]] | None = None
+    ) -> list[dict[str, Any]]:
+        """The summary's `collectives`; with `waits` (the model's
+        collective_wait_totals), each row also says how long the process
+        waited for that collective's work afterwards."""
         with self.lock:
             rows = self.book.collectives_view()
         for r in rows:
@@ -300,4 +328,11 @@ class HostSignals:
             r["counted_from"] = "start" if since is None else "attach"
             if since is not None:
                 r["attached_time_unix_nano"] = int(since * 1e9)
+            if waits is not None:
+                n, ns = waits.get((r["pid"], _BY_LABEL[r["collective"]]), (0, 0))
+                r["waits_attributed"] = n
+                r["wait_seconds"] = ns / 1e9
         return rows
+
+
+_BY_LABEL = {c.label: c for c in Collective}

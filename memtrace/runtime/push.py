@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from memtrace.export.otlp import Batch, Exporter, MetricsBuilder
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.diagnose import LiveDiagnosis
 from memtrace.runtime.hostsignals import HostSignals
+from memtrace.runtime.memory import freeze_long_lived, give_back_free_memory, no_cyclic_gc
 from memtrace.sources.procfs import host_attributes, is_running
 
 log = logging.getLogger("memtrace")
@@ -29,17 +29,6 @@ def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
 TRIM_INTERVAL_S = 0.5  # the bound on exited processes is kept at least this often
 MAX_UNSENT_EXITED = 2048
 SETTLE_POLL_S = 0.02  # how often a push in flight is looked at
-
-
-def give_back_free_memory() -> None:
-    """Hand the memory an export freed back to the system: glibc keeps freed
-    heap pages otherwise, and the resident size stays at the export's peak."""
-    trim = getattr(_LIBC, "malloc_trim", None)  # glibc only (not musl)
-    if trim is not None:
-        trim(0)
-
-
-_LIBC = ctypes.CDLL(None)
 
 
 def push_forever(
@@ -92,7 +81,7 @@ def push_forever(
             builder.unsent_processes += len(drop)
 
     def build() -> Batch:
-        with agent.lock:
+        with agent.lock, no_cyclic_gc():
             # A process already gone has queued all its events: look first, then
             # drain, so its final push carries every call it made.
             model = agent.model
@@ -146,6 +135,7 @@ def push_forever(
             else:
                 log.debug("push failed again (%d): %s", failures, reason)
 
+    freeze_long_lived()  # the libraries, the BPF objects and the model so far
     try:
         with agent.draining(drain_interval):
             while not stop.is_set():
@@ -201,6 +191,7 @@ def push_with_host_signals(agent: Agent, cfg: PushConfig, stop: threading.Event,
         events = DiagnosisEvents(cfg, resource)
         diagnosis = LiveDiagnosis(agent, signals, on_diagnosis=lambda d: events.emit(d, d.start_ns))
         signals.on_tick = diagnosis.tick
+        signals.on_collectives = agent.add_collectives
         signals.tick_s = max(host_interval, 0.5)
         signals.start()
         try:
