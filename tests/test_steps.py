@@ -148,6 +148,28 @@ def test_irregular_waits_make_no_steps() -> None:
     assert tracked(rows, batches=5).stats() is None
 
 
+def test_a_thread_that_never_steps_holds_a_bounded_number_of_events() -> None:
+    # Waits at random for 100k events: no anchor ever, and what the thread
+    # keeps meanwhile stays at MAX_SEARCH_PENDING events (plus one batch),
+    # whatever the count (1000 such processes once held 500 MB).
+    from memtrace.model.steps import FEED_EVENTS, MAX_SEARCH_PENDING
+
+    rng = np.random.default_rng(4)
+    t = StepTracker(PID)
+    t0 = 10**12
+    for _ in range(400):
+        gaps = rng.exponential(5 * MS, 250).astype(np.int64)
+        starts = t0 + np.cumsum(gaps + 200 * US)
+        t0 = int(starts[-1]) + MS
+        kinds = rng.choice([STREAM_SYNC, MEMCPY_ASYNC], 250)
+        t.add(
+            events([(int(s), 100 * US, int(k), STREAM, Direction.H2D, TID) for s, k in zip(starts, kinds, strict=True)])
+        )
+        held = sum(th.pending.count for th in t.threads.values())
+        assert held <= MAX_SEARCH_PENDING + 250 + FEED_EVENTS
+    assert t.stats() is None
+
+
 def test_collectives_count_as_collective_time() -> None:
     rows = loop(10)
     coll = np.zeros(10, EVENT_DTYPE)

@@ -79,6 +79,12 @@ Bounded state: per thread, RING return times per candidate symbol (until
 the anchor is chosen), the events of the step in progress (at most
 MAX_PENDING), RECENT step durations for the merge median, running sums and
 an ExpHistogram of step durations. At most MAX_THREADS threads per process.
+Until an anchor is chosen only the last MAX_SEARCH_PENDING events are kept
+(a thread that never steps, the common case on a busy host, would
+otherwise hold MAX_PENDING: 0.5 MB each, 500 MB at 1000 processes): steps
+count from the first anchor wait among them, so a loop of more than
+MAX_SEARCH_PENDING / MIN_OCCURRENCES copies and waits per step loses its
+first few steps, not their durations.
 """
 
 from __future__ import annotations
@@ -101,6 +107,7 @@ MAX_SPREAD = 0.75  # regular: interquartile range / median of the intervals at m
 MERGE_BELOW = 0.5  # an interval with at most this share of a typical step's events (or time) closes no step
 RECENT = 31  # steps whose durations and event counts make a typical step
 MAX_PENDING = 16384  # events of the step in progress kept per thread
+MAX_SEARCH_PENDING = 1024  # events kept per thread while no anchor is chosen
 MAX_THREADS = 256  # threads tracked per process
 FEED_EVENTS = 32  # a process's copies and waits are folded in chunks of at least this many (or when read)
 
@@ -239,7 +246,7 @@ class _Thread:
                 self.next_choice = self.waits + min(RING, max(1, self.waits // 8))
                 self.anchor = self._choose()
             if self.anchor is None:
-                self.pending.bound(MAX_PENDING)
+                self.pending.bound(MAX_SEARCH_PENDING)
                 return
             _e, p_ret, p_kind, p_sym = self.pending.joined()
             at = np.flatnonzero(p_sym == self.anchor)
