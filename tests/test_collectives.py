@@ -308,6 +308,7 @@ def test_memtrace_run_says_how_long_each_collective_was_waited_for(fakecuda: Pat
     assert rows["all_gather"]["wait_seconds"] == pytest.approx(device["duration_seconds"]["sum"], abs=1e-9)
     for other in ("reduce_scatter", "broadcast", "reduce", "send", "recv", "all_to_all"):
         assert rows[other]["waits_attributed"] == 0 and rows[other]["wait_seconds"] == 0
+    assert doc["agent"]["collective_events_unmatched"] == 0 and doc["agent"]["collective_waits_dropped"] == 0
     (st,) = [s for s in doc["steps"] if s["pid"] == truth["pid"]]
     assert st["steps"] >= rounds - 2 and st["breakdown"]["collective"] > 0
 

@@ -114,6 +114,9 @@ def summary(
             "holds": stats.get(Stat.HOLDS, 0),
             "hold_missed": stats.get(Stat.HOLD_MISSED, 0),
             "malformed_records": malformed,
+            # NCCL events of a process that had made no CUDA call yet (not charged), and waits past the bound.
+            "collective_events_unmatched": model.collectives_unmatched,
+            "collective_waits_dropped": sum(a.dropped for a in model.collective_waits.values()),
             "libraries": [
                 {"path": a.name, "layer": a.layer.label, "probes": len(a.symbols), "symbols": sorted(a.symbols)}
                 for a in libraries
