@@ -413,3 +413,17 @@ def test_the_wait_after_a_collective_is_exported_per_collective() -> None:
         if p.time_unix_nano != p.start_time_unix_nano
     }
     assert got == {("memtrace.nccl.waits", "all_reduce"): 1, ("memtrace.nccl.wait_time", "all_reduce"): 777e-6}
+
+
+def test_an_exited_process_with_nothing_to_send_is_let_go_with_the_export() -> None:
+    """A process the agent met (its identity from BPF) but whose calls it
+    never folded (none returned before it died) has no series: once it has
+    exited, the export lets it go with the others, or push would keep it
+    forever (tests/test_reliability.py's churn caught one such)."""
+    m = Model()
+    key = ProcessKey(10**7 + 9, 123)
+    m.introduce(key, "workload", 0)
+    m.process_exited(key)
+    batch = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"}).build(m, {}, 1)
+    assert batch.exited == [key] and key not in batch.keys
+    assert all(rm.resource.attributes.get("process.pid") != key.pid for rm in batch.data.resource_metrics)

@@ -503,6 +503,8 @@ class MetricsBuilder:
             if not (
                 any(st.calls for st in copies.values()) or syncs or proc.launches or m.allocations or m.unknown_frees
             ):
+                if proc.exited:  # nothing to send: gone with the others once this export is delivered
+                    exited.append(key)
                 continue
             if proc.exited:
                 exited.append(key)
