@@ -208,8 +208,10 @@ def test_memtrace_run_with_the_host_proc_in_a_new_pid_namespace_refuses_clearly(
 
 def test_agent_killed_at_random_moments_never_leaves_a_process_stopped(fakecuda: Path) -> None:
     rng = random.Random(14)
+    dying = []
     for i in range(50):
         agent = subprocess.Popen([sys.executable, "-c", AGENT, "30"], stdout=subprocess.PIPE, text=True)
+        dying.append(agent)
         assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
         ws = [
             subprocess.Popen([str(fakecuda / "workload_driver"), "-n", "50"], env={"WORKLOAD_TRUTH": "/dev/null"})
@@ -217,16 +219,143 @@ def test_agent_killed_at_random_moments_never_leaves_a_process_stopped(fakecuda:
         ]
         time.sleep(rng.uniform(0, 0.3))
         agent.kill()
-        agent.wait()
+        # Not waiting for the agent (reaped at the end): its exit closes its
+        # uprobe links, seconds in the kernel, and a held process must not
+        # wait for that.
         for w in ws:
             # The hold limit (30 s) is past this wait: only the guardian's
             # release on the agent's death can continue a held process.
             try:
-                assert w.wait(timeout=20) == 0, f"iteration {i}: pid {w.pid} state {state(w.pid)}"
+                try:
+                    rc = w.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    rc = None
+                assert rc == 0, f"iteration {i}: pid {w.pid} state {state(w.pid)}"
             finally:
                 if w.poll() is None:
                     w.kill()
                     w.wait()
+    for agent in dying:
+        agent.wait()
+
+
+# An agent that marked a release for argv[2] and then stops or dies before
+# it continues the process: the window between deleting a hold and the
+# SIGCONT, made wide.
+AGENT_MID_RELEASE = textwrap.dedent(
+    """
+    import sys, time
+    from memtrace.core.abi import Hold
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda import holds
+    from memtrace.sensors.cuda.source import Options
+    with Agent(Options(hold_limit_s=float(sys.argv[1]))) as agent:
+        pid = int(sys.argv[2])
+        assert holds._mark(agent.source.maps[holds.HELD_MAP], pid, Hold(pid=pid)) is not None
+        print("ready", flush=True)
+        while True:
+            time.sleep(1)
+    """
+)
+
+
+def _stopped_sleeper() -> subprocess.Popen[bytes]:
+    victim = subprocess.Popen(["sleep", "60"])
+    os.kill(victim.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while state(victim.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state(victim.pid) == "T"
+    return victim
+
+
+def _wait_running(pid: int, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while state(pid) == "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return state(pid)
+
+
+def test_an_agent_killed_between_a_release_and_its_sigcont_leaves_nothing_stopped() -> None:
+    victim = _stopped_sleeper()
+    try:
+        agent = subprocess.Popen(
+            [sys.executable, "-c", AGENT_MID_RELEASE, "30", str(victim.pid)], stdout=subprocess.PIPE, text=True
+        )
+        assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        assert state(victim.pid) == "T"  # nobody continued it while the agent lived
+        agent.kill()
+        agent.wait()
+        # The hold limit (30 s) is far off: only the guardian's last sweep
+        # of the dead agent's marks can continue it.
+        assert _wait_running(victim.pid, 10) in ("S", "R")
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_an_agent_stopped_between_a_release_and_its_sigcont_is_bounded_by_the_hold_limit() -> None:
+    victim = _stopped_sleeper()
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT_MID_RELEASE, "1", str(victim.pid)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
+        os.kill(agent.pid, signal.SIGSTOP)
+        assert _wait_running(victim.pid, 10) in ("S", "R")  # the guardian, after the 1 s limit
+        assert state(agent.pid) == "T"  # while the agent was still stopped
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+        agent.kill()
+        _, err = agent.communicate(timeout=30)
+        victim.kill()
+        victim.wait()
+    assert f"continued pid {victim.pid}: held past the hold limit (1 s)" in err
+
+
+# An agent whose guardian sees it die (its end of the pipe closes) while
+# the process lives on, as a killed agent does while the kernel closes its
+# uprobe links, one RCU grace period after another.
+AGENT_DYING_SLOWLY = textwrap.dedent(
+    """
+    import ctypes, os, sys, time
+    from memtrace.core.abi import Hold
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda import holds
+    from memtrace.sensors.cuda.source import Options
+    with Agent(Options(hold_limit_s=float(sys.argv[1]))) as agent:
+        pid = int(sys.argv[2])
+        hold = Hold(ts_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC), pid=pid)
+        agent.source.maps[holds.HELD_MAP].update(ctypes.c_uint32(pid), hold, 0)
+        guardian = agent.source.guardian
+        os.close(guardian._w)
+        guardian._w = -1
+        print("ready", flush=True)
+        while True:
+            time.sleep(1)
+    """
+)
+
+
+def test_a_dying_agent_continues_its_holds_before_its_exit_is_over() -> None:
+    victim = _stopped_sleeper()
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT_DYING_SLOWLY, "30", str(victim.pid)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
+        # The hold limit (30 s) is far off and the agent still runs.
+        assert _wait_running(victim.pid, 10) in ("S", "R")
+        assert agent.poll() is None
+    finally:
+        agent.kill()
+        agent.wait()
+        victim.kill()
+        victim.wait()
 
 
 def test_doctor_names_the_pid_namespace_problem() -> None:

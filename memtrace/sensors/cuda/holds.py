@@ -13,12 +13,15 @@ agent on the host has its own map of that name, so:
   it (each probe attached restarts its clock): the guardian, a child process in its
   own session (a ^Z on the agent's terminal does not stop it; it ignores
   the terminal's signals), continues any hold older than that even when the
-  agent is alive but stopped or stuck, and continues everything once the
-  agent is gone, after the agent's links are closed (so no hold can start
-  after its last sweep).
+  agent is alive but stopped or stuck, and continues everything as soon as the
+  agent dies, and again each sweep until its links are closed (so no hold
+  outlasts it by more than a sweep).
 
 Whoever deletes a hold's entry from its map continues the process: the
-agent learns that its hold expired when the entry is already gone.
+agent learns that its hold expired when the entry is already gone. Before
+it deletes one, it marks the release in the same map (the pid with the
+`RELEASING` bit): an agent killed or stopped between the delete and its
+SIGCONT leaves the mark, and the guardian continues the process for it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ HELD_MAP = "mt_held"
 # stuck or gone.
 HOLD_LIMIT_S = 5.0
 SWEEP_S = 0.02  # how often the guardian checks the ages of holds
+# A key with this bit set marks a release under way for the pid below it
+# (pids stay under 2**22, PID_MAX_LIMIT; the kernel never writes such a key).
+RELEASING = 1 << 31
 _INIT_PIDNS_INO = 0xEFFFFFFC  # PROC_PID_INIT_INO: the host's pid namespace
 
 
@@ -105,9 +111,27 @@ def release(held: Map, host_pid: int, limit_s: float = HOLD_LIMIT_S) -> Release:
     h = Hold()
     if not held.lookup(key, h):
         return Release(host_pid, 0, True, False)
-    if not held.delete(key):
-        return Release(host_pid, h.pid, True, False)  # the guardian deleted it in between
-    return _continue_unless_held_elsewhere(held, host_pid, h.pid, int(limit_s * 1e9), expired=False)
+    mark = _mark(held, host_pid, h)
+    try:
+        if not held.delete(key):
+            return Release(host_pid, h.pid, True, False)  # the guardian deleted it in between
+        return _continue_unless_held_elsewhere(held, host_pid, h.pid, int(limit_s * 1e9), expired=False)
+    finally:
+        if mark is not None:
+            held.delete(mark)
+
+
+def _mark(held: Map, host_pid: int, h: Hold) -> ctypes.c_uint32 | None:
+    """Mark a release under way, so a death between the delete and the
+    SIGCONT cannot leave the process stopped (the guardian continues what
+    a mark names). None if the map is full: the release goes on unmarked."""
+    mark = ctypes.c_uint32(host_pid | RELEASING)
+    m = Hold(ts_ns=_now_ns(), pid=h.pid)
+    try:
+        held.update(mark, m, 0)
+    except OSError:
+        return None
+    return mark
 
 
 def _continue_unless_held_elsewhere(held: Map, host_pid: int, pid: int, limit_ns: int, expired: bool) -> Release:
@@ -137,32 +161,36 @@ def refresh(held: Map, host_pid: int) -> bool:
 _BPF_EXIST = 2
 
 
-def _entries(held: Map) -> list[tuple[int, Hold]]:
+def _entries(held: Map) -> list[tuple[int, int, Hold]]:
+    """(key, host pid, hold) for every entry: holds and marked releases."""
     out = []
     for k in list(held.keys(ctypes.c_uint32)):
         h = Hold()
         if held.lookup(k, h):
-            out.append((int(k.value), h))
+            out.append((int(k.value), int(k.value) & ~RELEASING, h))
     return out
 
 
 def expire(held: Map, limit_s: float = HOLD_LIMIT_S) -> list[Release]:
-    """Continue every hold of this agent's older than the limit."""
+    """Continue every hold of this agent's older than the limit, and every
+    release it marked that long ago and did not finish (it is stopped or
+    stuck in between)."""
     limit_ns = int(limit_s * 1e9)
     now = _now_ns()
     out = []
-    for host_pid, h in _entries(held):
-        if now - h.ts_ns >= limit_ns and held.delete(ctypes.c_uint32(host_pid)):
+    for key, host_pid, h in _entries(held):
+        if now - h.ts_ns >= limit_ns and held.delete(ctypes.c_uint32(key)):
             out.append(_continue_unless_held_elsewhere(held, host_pid, h.pid, limit_ns, expired=True))
     return out
 
 
 def release_all(held: Map, limit_s: float = HOLD_LIMIT_S) -> list[Release]:
-    """Let go of every hold of this agent's (it is closing or gone)."""
+    """Let go of every hold of this agent's and finish every release it
+    marked (it is closing or gone)."""
     limit_ns = int(limit_s * 1e9)
     out = []
-    for host_pid, h in _entries(held):
-        if held.delete(ctypes.c_uint32(host_pid)):
+    for key, host_pid, h in _entries(held):
+        if held.delete(ctypes.c_uint32(key)):
             out.append(_continue_unless_held_elsewhere(held, host_pid, h.pid, limit_ns, expired=False))
     return out
 
@@ -177,8 +205,8 @@ class Guardian:
     continues holds older than the limit. When the agent closes normally it
     writes a byte first; when the agent dies (SIGKILL included) the pipe
     just reaches EOF, maybe before the agent's links are closed, so the
-    guardian waits until the agent is gone (it is reparented), then
-    continues whatever is still held.
+    guardian continues whatever is held then, and again each sweep until
+    the agent is gone (it is reparented).
     """
 
     def __init__(self, held: Map, limit_s: float = HOLD_LIMIT_S) -> None:
@@ -240,9 +268,13 @@ def _guard(held: Map, r: int, agent: int, limit_s: float) -> None:  # pragma: no
         for rel in expire(held, limit_s):
             _say(f"continued pid {rel.pid}: held past the hold limit ({limit_s:g} s)")
     if not quit_:
-        # The agent died: its links close after this pipe, and until they
-        # do its mmap tracepoint may still hold a process.
+        # The agent died: its links close after this pipe, one by one (the
+        # kernel waits out RCU grace periods for each uprobe: seconds for a
+        # few dozen), and until the tracepoint's closes it may still hold a
+        # process. Nobody will attach for a dead agent: continue every hold
+        # at once, and again each sweep until the agent is gone.
         while os.getppid() == agent:
-            time.sleep(0.005)
+            release_all(held, limit_s)
+            time.sleep(SWEEP_S)
         time.sleep(0.05)  # a program already running when its link went
     release_all(held, limit_s)
