@@ -88,6 +88,24 @@ def test_unwritable_output_fails_before_the_command_runs(tmp_path: Path) -> None
 
 
 @pytest.mark.bpf
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_output_to_a_device_or_a_pipe_is_written_not_truncated(fakecuda: Path, fmt: str) -> None:
+    # -o /dev/null (the summary thrown away) and -o /dev/stdout into a pipe:
+    # neither can be truncated; the summary is written all the same.
+    wl = fakecuda / "workload"
+    p = memtrace("run", "--format", fmt, "-o", "/dev/null", "--", str(wl), "-n", "20")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    # With -o, stdout stays the command's: it prints nothing here.
+    p = shell(f"$MT run --format {fmt} -o /dev/stdout -- {wl} -n 20 | cat", env={"WORKLOAD_TRUTH": "/dev/null"})
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    if fmt == "json":
+        agent = json.loads(p.stdout)["agent"]
+        assert (agent["events"], agent["dropped"]) == (20, 0)
+    else:
+        assert "agent: events 20, dropped 0" in p.stdout, p.stdout
+
+
+@pytest.mark.bpf
 def test_json_on_stdout_never_mixes_with_the_command_output(fakecuda: Path) -> None:
     wl = fakecuda / "workload"
     p = shell(f"$MT run --format json -- sh -c 'echo hello; exec {wl} -n 50 -e' | {sys.executable} -m json.tool")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from typing import IO
 
@@ -124,7 +125,9 @@ def run(
                 os.unlink(output)
         fail(e)
         return
-    if out is not None:
+    if out is not None and stat.S_ISREG(os.fstat(out.fileno()).st_mode):
+        # A file's old content goes now the summary is ready (not /dev/null,
+        # a pipe or a terminal: those cannot be truncated).
         out.seek(0)
         out.truncate()
     try:
