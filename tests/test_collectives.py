@@ -324,3 +324,85 @@ def test_memtrace_run_says_how_long_each_collective_was_waited_for(fakecuda: Pat
         table.stderr.split()
     )  # the summary goes to stderr (stdout is the command's); it folds at 80 columns
     assert re.search(r"all_reduce: [^.]*calls, .* s in the calls, then [0-9.e-]+ s waiting for it", line), line
+
+
+def test_push_sends_the_collectives_of_its_last_host_sample(fakecuda: Path, tmp_path: Path) -> None:
+    """Collectives made after push's last periodic host sample (here: the
+    only periodic one is an hour away) reach the collector with its last push."""
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from memtrace.export.config import resolve
+    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.hostsignals import HostOptions, HostSignals
+    from memtrace.runtime.push import push_forever
+    from memtrace.sensors.cuda.source import Options
+
+    got: dict[tuple[int, str, str], float] = {}
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            req = ExportMetricsServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+            for rm in req.resource_metrics:
+                pid = next((a.value.int_value for a in rm.resource.attributes if a.key == "process.pid"), 0)
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name in ("memtrace.nccl.calls", "memtrace.nccl.bytes"):
+                            for dp in m.sum.data_points:
+                                coll = next(a.value.string_value for a in dp.attributes if a.key == "collective")
+                                got[(pid, m.name, coll)] = dp.as_int or dp.as_double  # cumulative: the last is all
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *a) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+    rounds = 20
+    truth = tmp_path / "truth.jsonl"
+    env = dict(
+        os.environ,
+        WORKLOAD_TRUTH=str(truth),
+        NCCL_CUDART=str(fakecuda / "lib" / "libcudart.so.13"),
+        NCCL_HANDSHAKE="1",
+        LD_LIBRARY_PATH=str(fakecuda / "lib"),
+    )
+    w = subprocess.Popen(
+        [str(fakecuda / "nccl_workload"), str(fakecuda / "nccl" / "libnccl.so.2"), str(rounds)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert w.stdout is not None and w.stdin is not None and w.stdout.readline().strip() == "ready"
+        endpoint = f"http://127.0.0.1:{srv.server_port}"
+        cfg = resolve({}, endpoint=endpoint, protocol="http/protobuf", timeout=5, interval=3600.0)
+        stop = threading.Event()
+        opts = HostOptions(cpu=False, gpu=False, network=False, interval_s=3600.0)
+        with Agent(Options()) as agent, HostSignals(opts, lambda: {w.pid}) as signals:
+            signals.on_collectives = agent.add_collectives
+            signals.start([w.pid])  # its first sample finds libnccl mapped and attaches
+            pusher = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"host": signals})
+            with signals.sampling():
+                pusher.start()
+                try:
+                    w.stdin.write("go\n")
+                    w.stdin.flush()
+                    assert w.wait(timeout=60) == 0
+                finally:
+                    stop.set()
+                    pusher.join(timeout=60)
+                assert not pusher.is_alive()
+    finally:
+        if w.poll() is None:
+            w.kill()
+        srv.shutdown()
+    doc = json.loads(truth.read_text().splitlines()[0])
+    want = {(doc["pid"], "memtrace.nccl.calls", t["collective"]): t["calls"] for t in doc["collectives"] if t["calls"]}
+    want |= {(doc["pid"], "memtrace.nccl.bytes", t["collective"]): t["bytes"] for t in doc["collectives"] if t["calls"]}
+    assert want and {k: got.get(k) for k in want} == want

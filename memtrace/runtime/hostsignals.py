@@ -93,6 +93,7 @@ class HostSignals:
         # and the processes with libnccl mapped (whose waits may follow collectives): the agent
         # folds them into its model (steps, and the waits charged to collectives).
         self.on_collectives: Callable[[np.ndarray, int, frozenset[int]], object] | None = None
+        self._finished = False
         # Called after a sample every `tick_s` seconds, on the sampling thread (the live diagnosis).
         self.on_tick: Callable[[], object] | None = None
         self.tick_s = 0.5
@@ -152,10 +153,18 @@ class HostSignals:
 
         self._net = NetdevSource(link_every=self.opts.link_every)
 
-    def close(self) -> None:
-        """A last sample, then every sensor closed."""
+    def finish(self) -> None:
+        """Stop sampling and take the last sample now, before a last export
+        (what the sensors saw since the previous sample goes out with it);
+        close() takes no other."""
         self.stop()
-        self._safe_sample(final=True)
+        if not self._finished:
+            self._finished = True
+            self._safe_sample(final=True)
+
+    def close(self) -> None:
+        """A last sample (unless finish() took it), then every sensor closed."""
+        self.finish()
         for s in (self._sched, self._nccl, self._nvml, self._net):
             if s is not None:
                 with contextlib.suppress(MemtraceError, OSError):

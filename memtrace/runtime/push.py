@@ -163,6 +163,10 @@ def push_forever(
                 except FuturesTimeout:  # not the builtin TimeoutError before Python 3.11
                     with agent.lock:
                         inflight[1].rollback()
+            if host is not None:
+                # Its last sample (the NCCL calls since the previous one, the
+                # final GPU and NIC readings) goes out with the last push.
+                host.finish()
             batch = build()
             fut = pool.submit(exporter.export, batch.data)
             try:
