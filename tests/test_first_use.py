@@ -4,6 +4,7 @@ traced command's, and tables readable at 80 columns."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -347,3 +348,28 @@ def test_guest_build_uses_the_project_python_not_the_system_one() -> None:
     line = next(l for l in script.splitlines() if "plan.py" in l and not l.startswith("#"))
     assert '"${PYTHON:-' in line and " python3 " not in line, line
     assert "PYTHON=sys.executable" in (REPO / "tests" / "test_kernels.py").read_text()
+
+
+def test_prose_lines_wrap_at_80_columns_with_their_continuations_indented() -> None:
+    from rich.console import Console
+
+    from memtrace.export.report import say
+
+    finding = (
+        "[bold yellow]finding[/bold yellow] (train.py): 100% of H2D bytes (97.7 MiB of 97.7 MiB) came from "
+        "pageable memory at 11.5 GB/s.\n  [bold]fix[/bold]: copy from page-locked memory: "
+        "DataLoader(pin_memory=True) or tensor.pin_memory() in PyTorch, cudaHostAlloc elsewhere"
+    )
+    text = io.StringIO()
+    say(Console(file=text, width=80), finding)
+    lines = text.getvalue().splitlines()
+    assert len(lines) > 2 and max(len(l) for l in lines) <= 80, lines
+    fix = next(i for i, l in enumerate(lines) if l.startswith("  fix: "))
+    assert lines[0].startswith("finding (train.py): ")
+    assert all(l.startswith("  ") and not l.startswith("   ") for l in lines[1:fix])  # the finding's own
+    assert fix < len(lines) - 1 and all(l.startswith("    ") for l in lines[fix + 1 :])  # the fix's
+    plain = finding.replace("[bold yellow]", "").replace("[/bold yellow]", "").replace("[bold]", "")
+    assert " ".join(text.getvalue().split()) == " ".join(plain.replace("[/bold]", "").split())  # every word, in order
+    wide = io.StringIO()
+    say(Console(file=wide, width=300), finding)
+    assert len(wide.getvalue().splitlines()) == 2  # on a wide terminal: a line each

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from memtrace.analysis.findings import DEFAULT, Thresholds, compute
 from memtrace.core import apis
@@ -212,6 +213,19 @@ def launches(model: Model) -> list[dict[str, Any]]:
     return out
 
 
+def say(console: Console, markup: str, highlight: bool = False) -> None:
+    """Prose at the console's width (80 when piped): each line of `markup`
+    wrapped at words, its continuation lines indented two spaces past it,
+    so a wrapped finding or fix still reads as one."""
+    del highlight  # a Text is printed as styled, never highlighted
+    for para in markup.split("\n"):
+        text = Text.from_markup(para)
+        hang = len(text.plain) - len(text.plain.lstrip(" ")) + 2
+        for i, line in enumerate(text.wrap(console, max(console.width - hang, 20))):
+            line.rstrip()
+            console.print(Text(" " * hang) + line if i else line, soft_wrap=True)
+
+
 def fit(console: Console, renderable: RenderableType) -> None:
     """Print without cutting anything: on a terminal, cells fold where the
     screen is too narrow; elsewhere (a file, a pipe) the line is as wide as
@@ -290,7 +304,8 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
     cmd = doc.get("command")
     if not a["libraries"] and not doc["memcpy"] and not doc.get("device_memory"):
         who = f"`{' '.join(cmd['argv'])}`" if cmd else "the traced processes"
-        console.print(
+        say(
+            console,
             f"memtrace: {who} loaded no CUDA library (libcuda.so or libcudart.so, or a CUDA runtime "
             "linked into the program): nothing to report.",
             highlight=False,
@@ -348,33 +363,37 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
     print_sections(doc, console)
     print_host(doc, console)
     for d in doc.get("diagnoses") or []:
-        console.print(
+        say(
+            console,
             f"[bold red]diagnosis[/bold red] ({d['process'] or d['pid']}): {d['symptom']}; "
             f"cause: [bold]{d['cause']}[/bold]. [bold]fix[/bold]: {d['fix']}",
             highlight=False,
         )
-    console.print(f"[bold]libraries[/bold]: {_libraries(a['libraries']) or 'none'}", highlight=False)
+    say(console, f"[bold]libraries[/bold]: {_libraries(a['libraries']) or 'none'}", highlight=False)
     line = f"events {a['events']:,}, dropped {a['dropped']:,}"
     if a["abandoned_calls"] or a["untracked_calls"]:
         line += f", abandoned {a['abandoned_calls']}, untracked {a['untracked_calls']}"
     if a.get("unreturned_calls"):
         line += f", unreturned {a['unreturned_calls']}"
-    console.print(f"[bold]agent[/bold]: {line}", highlight=False)
+    say(console, f"[bold]agent[/bold]: {line}", highlight=False)
     if a.get("batch_truncated_calls"):
-        console.print(
+        say(
+            console,
             f"[yellow]{a['batch_truncated_calls']:,} batch copy calls had more than {BATCH_MAX} copies: "
-            f"the bytes of the copies past the first {BATCH_MAX} are not counted.[/yellow]"
+            f"the bytes of the copies past the first {BATCH_MAX} are not counted.[/yellow]",
         )
     if any(not r["synchronous"] for r in doc["memcpy"]):
-        console.print(
-            "[dim]* includes asynchronous calls: bytes ÷ call time; a call may return before its transfer ends[/dim]"
+        say(
+            console,
+            "[dim]* includes asynchronous calls: bytes ÷ call time; a call may return before its transfer ends[/dim]",
         )
     if not detail:
         console.print("[dim]per-API detail: memtrace run --detail[/dim]")
     if a["dropped"]:
-        console.print(
+        say(
+            console,
             f"[yellow]{a['dropped']:,} events were dropped (ring full): totals stay exact, "
-            "duration percentiles cover the rest. Raise --ring-size.[/yellow]"
+            "duration percentiles cover the rest. Raise --ring-size.[/yellow]",
         )
 
 
@@ -398,7 +417,7 @@ def print_sections(doc: dict[str, Any], console: Console) -> None:
                 unknown.append(f"{m['pid']}: {m['unknown_frees']:,}")
         fit(console, t)
         if unknown:
-            console.print(f"frees of memory allocated before tracing began: {', '.join(unknown)}", highlight=False)
+            say(console, f"frees of memory allocated before tracing began: {', '.join(unknown)}", highlight=False)
     if doc.get("synchronization"):
         t = _table(
             "process", "api", "calls", "p99", "total", "of wall", title="synchronisation waits", left=("process", "api")
@@ -423,11 +442,12 @@ def print_sections(doc: dict[str, Any], console: Console) -> None:
             f"{proc or pid}: " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items()))
             for (pid, _start, proc), kinds in sorted(per.items())
         )
-        console.print(f"[bold]launches[/bold]: {line}")
+        say(console, f"[bold]launches[/bold]: {line}")
     for f in doc.get("findings", []):
-        console.print(
+        say(
+            console,
             f"[bold yellow]finding[/bold yellow] ({f['process'] or f['pid']}): {f['summary']}.\n"
-            f"  [bold]fix[/bold]: {f['fix']}"
+            f"  [bold]fix[/bold]: {f['fix']}",
         )
 
 
@@ -441,7 +461,8 @@ def print_host(doc: dict[str, Any], console: Console) -> None:
     for c in doc.get("collectives") or []:
         since = "" if c.get("counted_from", "start") == "start" else " (since NCCL was attached)"
         waited = f", then {c['wait_seconds']:.3g} s waiting for it" if c.get("waits_attributed") else ""
-        console.print(
+        say(
+            console,
             f"[bold]collective[/bold] pid {c['pid']} {c['collective']}: {c['calls']:,} calls, "
             f"{human_bytes(c['bytes'])}, {c['seconds']:.3g} s in the calls{waited}{since}",
             highlight=False,
@@ -462,7 +483,7 @@ def print_host(doc: dict[str, Any], console: Console) -> None:
         q = r["cpu_quota"]
         if q and q["throttled_periods"]:
             line += f"; its CPU quota throttled it {q['throttled_seconds']:.3g} s"
-        console.print(line, highlight=False)
+        say(console, line, highlight=False)
     for g in host["gpus"]:
         sm, temp, power = g["sm_utilization_percent"], g["temperature_celsius"], g["power_watts"]
         parts = [f"[bold]gpu {g['index']}[/bold] {g['name']}:"]
@@ -486,7 +507,7 @@ def print_host(doc: dict[str, Any], console: Console) -> None:
             parts.append(f"[yellow]{g['pcie_replays']:,} PCIe replays[/yellow]")
         if g["xids"]:
             parts.append(f"[red]XID {', '.join(map(str, g['xids']))}[/red]")
-        console.print(" ".join(parts), highlight=False)
+        say(console, " ".join(parts), highlight=False)
     for i in host["network"]["interfaces"]:
         moved = i["rx_bytes"] + i["tx_bytes"]
         if not moved or i["interface"] == "lo":
@@ -497,7 +518,7 @@ def print_host(doc: dict[str, Any], console: Console) -> None:
         drops = i["rx_dropped"] + i["tx_dropped"]
         if drops:
             line += f", [yellow]{drops:,} dropped[/yellow]"
-        console.print(line, highlight=False)
+        say(console, line, highlight=False)
     off = [f"{k} ({v['reason'].split(':')[0]})" for k, v in host["sensors"].items() if v["state"] == "off"]
     if off:
-        console.print(f"[dim]host signals off: {'; '.join(off)}[/dim]", highlight=False)
+        say(console, f"[dim]host signals off: {'; '.join(off)}[/dim]", highlight=False)
