@@ -263,6 +263,7 @@ def test_end_to_end_waits_after_real_collectives(fakecuda: Path, tmp_path: Path)
     assert (charged["flags"] & F_GROUPED != 0).all()
 
 
+@pytest.mark.bpf
 def test_memtrace_run_says_how_long_each_collective_was_waited_for(fakecuda: Path, tmp_path: Path) -> None:
     """`memtrace run` on the NCCL workload: every round's stream wait goes to
     its all_reduce and its device wait to its all_gather (see above), so the
@@ -326,6 +327,7 @@ def test_memtrace_run_says_how_long_each_collective_was_waited_for(fakecuda: Pat
     assert re.search(r"all_reduce: [^.]*calls, .* s in the calls, then [0-9.e-]+ s waiting for it", line), line
 
 
+@pytest.mark.bpf
 def test_push_sends_the_collectives_of_its_last_host_sample(fakecuda: Path, tmp_path: Path) -> None:
     """Collectives made after push's last periodic host sample (here: the
     only periodic one is an hour away) reach the collector with its last push."""
@@ -377,14 +379,17 @@ def test_push_sends_the_collectives_of_its_last_host_sample(fakecuda: Path, tmp_
         text=True,
     )
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    serving: threading.Thread | None = None
     try:
         assert w.stdout is not None and w.stdin is not None and w.stdout.readline().strip() == "ready"
         endpoint = f"http://127.0.0.1:{srv.server_port}"
         cfg = resolve({}, endpoint=endpoint, protocol="http/protobuf", timeout=5, interval=3600.0)
         stop = threading.Event()
         opts = HostOptions(cpu=False, gpu=False, network=False, interval_s=3600.0)
+        # The agent forks its guardian: before this process has other threads.
         with Agent(Options()) as agent, HostSignals(opts, lambda: {w.pid}) as signals:
+            serving = threading.Thread(target=srv.serve_forever, daemon=True)
+            serving.start()
             signals.on_collectives = agent.add_collectives
             signals.start([w.pid])  # its first sample finds libnccl mapped and attaches
             pusher = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"host": signals})
@@ -401,7 +406,9 @@ def test_push_sends_the_collectives_of_its_last_host_sample(fakecuda: Path, tmp_
     finally:
         if w.poll() is None:
             w.kill()
-        srv.shutdown()
+        if serving is not None:
+            srv.shutdown()  # waits for serve_forever: only once it ran
+        srv.server_close()
     doc = json.loads(truth.read_text().splitlines()[0])
     want = {(doc["pid"], "memtrace.nccl.calls", t["collective"]): t["calls"] for t in doc["collectives"] if t["calls"]}
     want |= {(doc["pid"], "memtrace.nccl.bytes", t["collective"]): t["bytes"] for t in doc["collectives"] if t["calls"]}

@@ -22,13 +22,20 @@ random time between 35% and 65% of the run and lasts to the end:
   competing_copier  another process (in the job's tree) floods the
                     emulated link with copies                 -> pcie_contention
   slow_loader       the job's data loading does 4x the work   -> input_starvation
+  nic_contention    the job sends 1 MiB a step (its gradient exchange) to a
+                    peer in another network namespace over a veth whose
+                    sending end a tbf qdisc holds to 400 Mbit/s (its NIC);
+                    a bulk TCP flow from the job's namespace to the same
+                    peer starts at onset                      -> nic_contention
   none              nothing (healthy control)                 -> no diagnosis
+
+Only the nic_contention trials run the job in a network namespace with the
+exchange; the other faults' job sends nothing.
 
 The faults are simulations of what the hardware and neighbours do, driven
 through the same interfaces memtrace reads in production (the scheduler,
 cgroups, NVML through nvidia-ml-py, the copy calls' own times). Faults not
-injected here (no harness yet): NIC contention, host memory pressure, a
-straggler rank; their causes are tested on scripted windows in
+injected here (no harness yet): host memory pressure, a straggler rank; their causes are tested on scripted windows in
 tests/test_diagnosis.py.
 
 A trial's prediction is the first diagnosis of the job's process at or
@@ -68,6 +75,7 @@ EXPECTED = {
     "pcie_degraded": "pcie_contention",
     "competing_copier": "pcie_contention",
     "slow_loader": "input_starvation",
+    "nic_contention": "nic_contention",
     "none": "none",
 }
 LINK_RATE = 2 << 30  # the emulated link, bytes per second: the job's copies take about a third of a step
@@ -143,6 +151,73 @@ class QuotaCgroup:
                 time.sleep(0.05)
 
 
+SINK = """
+import socket, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("10.201.0.2", 5301))
+s.listen(16)
+print("ready", flush=True)
+def drain(c):
+    while c.recv(1 << 20):
+        pass
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=drain, args=(c,), daemon=True).start()
+"""
+BULK = """
+import socket
+s = socket.create_connection(("10.201.0.2", 5301))
+b = bytes(1 << 20)
+while True:
+    s.sendall(b)
+"""
+PEER = "10.201.0.2:5301"
+NIC_RATE = "400mbit"
+NET_BYTES = 1 << 20
+
+
+class NetPair:
+    """The job's network namespace and its peer's, joined by a veth pair; the
+    job's end is its NIC: a tbf qdisc holds it to NIC_RATE. A sink in the
+    peer's namespace reads and discards every connection."""
+
+    def __init__(self) -> None:
+        tag = str(os.getpid() % 100000)
+        self.a, self.b = f"mtb-a{tag}", f"mtb-b{tag}"
+        va, vb = f"mtba{tag}", f"mtbb{tag}"
+        self.sink: subprocess.Popen[str] | None = None
+        for cmd in (
+            f"ip netns add {self.a}",
+            f"ip netns add {self.b}",
+            f"ip link add {va} netns {self.a} type veth peer name {vb} netns {self.b}",
+            f"ip -n {self.a} addr add 10.201.0.1/24 dev {va}",
+            f"ip -n {self.b} addr add 10.201.0.2/24 dev {vb}",
+            f"ip -n {self.a} link set {va} up",
+            f"ip -n {self.b} link set {vb} up",
+            f"ip -n {self.a} link set lo up",
+            f"ip -n {self.b} link set lo up",
+            f"tc -n {self.a} qdisc add dev {va} root tbf rate {NIC_RATE} burst 256kb latency 100ms",
+        ):
+            subprocess.run(cmd.split(), check=True)
+        self.sink = subprocess.Popen(
+            ["ip", "netns", "exec", self.b, "taskset", "-c", "0", sys.executable, "-c", SINK],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.sink.stdout is not None and self.sink.stdout.readline().strip() == "ready"
+
+    def in_a(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.a, *argv]
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.kill()
+            self.sink.wait()
+        for ns in (self.a, self.b):
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def cpu_seconds(pid: int) -> float | None:
     try:
         f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -192,6 +267,10 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         "-b",
         str(4 << 20),
     ]
+    net: NetPair | None = None
+    if fault == "nic_contention":
+        net = NetPair()
+        job += ["-n", str(NET_BYTES)]
     if fault == "competing_copier":
         copier = f"{fc / 'trainjob'} -t {seconds} -L 0 -w 0 -k 0 -c 16 -b 8388608"
         argv = ["sh", "-c", f'"$@" & (sleep {at:.3f}; exec {copier}) & wait', "sh", *job]
@@ -204,10 +283,12 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         LD_LIBRARY_PATH=str(nvml),
         FAKE_NVML_SCRIPT=str(script),
         WORKLOAD_TRUTH=str(tmp / "truth.jsonl"),
+        TRAINJOB_PEER=PEER,
     )
-    cmd = [sys.executable, "-m", "memtrace", "run", "--format", "json", "-o", str(out), "--", *argv]
+    cmd = ["taskset", "-c", "0", sys.executable, "-m", "memtrace", "run", "--format", "json", "-o", str(out)]
+    cmd += ["--", *argv]
     start = time.monotonic()
-    agent = subprocess.Popen(["taskset", "-c", "0", *cmd], env=env, stderr=subprocess.DEVNULL, cwd=REPO)
+    agent = subprocess.Popen(net.in_a(cmd) if net else cmd, env=env, stderr=subprocess.DEVNULL, cwd=REPO)
     hog: subprocess.Popen[bytes] | None = None
     quota: QuotaCgroup | None = None
     last_cpu = [0.0]
@@ -239,6 +320,8 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
             set_link(link, LINK_RATE // 2)
         elif fault == "slow_loader":
             control.write_text("gpu=1 loader=4\n")
+        elif fault == "nic_contention" and net is not None:
+            hog = subprocess.Popen(net.in_a(["taskset", "-c", "0", sys.executable, "-c", BULK]))
         agent.wait(timeout=seconds * 3 + 60)
     finally:
         if hog is not None:
@@ -249,6 +332,8 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
             agent.wait()
         if quota is not None:
             quota.close()
+        if net is not None:
+            net.close()
     watcher.join()
     t.wall_s = time.monotonic() - start
     t.agent_cpu_s = last_cpu[0]
