@@ -103,6 +103,8 @@ def set_link(path: Path, rate: int) -> None:
 class Trial:
     fault: str
     onset_ns: int = 0
+    onset_mono_ns: int = 0  # CLOCK_MONOTONIC, the job's step clock
+    slowdown: float | None = None  # the job's own median step after the onset (1 s on) over before it
     predicted: str = "none"
     detect_s: float | None = None
     name_s: float | None = None
@@ -305,6 +307,7 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     try:
         time.sleep(max(0.0, start + at - time.monotonic()))
         t.onset_ns = time.time_ns()
+        t.onset_mono_ns = time.monotonic_ns()
         if fault == "cpu_hog":
             hog = subprocess.Popen(["taskset", "-c", CPU, "sh", "-c", "while :; do :; done"])
         elif fault == "cpu_quota":
@@ -344,6 +347,7 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     job_pids = set(pids)
     if fault == "competing_copier":
         job_pids = {min(truth, key=lambda x: x["start_ns"])["pid"]}  # the job started first; the copier at onset
+    t.slowdown = job_slowdown(next(x for x in truth if x["pid"] in job_pids), t.onset_mono_ns)
     for d in doc.get("diagnoses", []):
         if d["pid"] not in pids:
             continue
@@ -355,6 +359,18 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
             t.detect_s = (d["detected_time_unix_nano"] - t.onset_ns) / 1e9
             t.name_s = (d["named_time_unix_nano"] - d["detected_time_unix_nano"]) / 1e9
     return t
+
+
+def job_slowdown(truth: dict, onset_mono_ns: int) -> float | None:
+    """What the fault did to the job, by its own clock: its median step from
+    a second after the onset over its median step before it (so a miss can
+    be told from a fault that did not slow the job)."""
+    ends = truth["step_end_ns"]
+    before = [b - a for a, b in zip(ends, ends[1:], strict=False) if b < onset_mono_ns]
+    after = [b - a for a, b in zip(ends, ends[1:], strict=False) if a > onset_mono_ns + 1_000_000_000]
+    if not before or not after:
+        return None
+    return statistics.median(after) / statistics.median(before)
 
 
 def main() -> None:
@@ -379,6 +395,7 @@ def main() -> None:
             trials.append(t)
             print(
                 f"[{i + 1}/{len(faults)}] {fault:17s} -> {t.predicted:20s}"
+                + (f" job {t.slowdown:.2f}x" if t.slowdown is not None else "")
                 + (f" detected {t.detect_s:.2f} s after onset" if t.detect_s is not None else "")
                 + (f"; false: {t.false}" if t.false else ""),
                 flush=True,
