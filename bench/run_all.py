@@ -27,6 +27,11 @@ BENCHES = [
     ("Step time, SIMULATED without a GPU (stand-in for target 5)", "step_time.py", ["--simulate"]),
     ("Host sampling, NICs and GPUs (issue 15: <= 0.5% of one core at 100 Hz)", "host_sampling.py", []),
     ("CPU sensor: sched probes per context switch (issue 15)", "sched_cost.py", ["--rounds", "7"]),
+    (
+        "What memtrace costs a CPU-bound launch loop, against what it says (issue 18)",
+        "overhead.py",
+        ["--rounds", "4", "--launches", "50000", "--work", "18000"],
+    ),
 ]
 FOOTER = [
     "## Not measured here",

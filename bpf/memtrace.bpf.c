@@ -440,6 +440,30 @@ static __always_inline void copy_args(struct inflight *f, const struct args *a, 
 	f->direction = MT_DIR_UNKNOWN;
 }
 
+/* A traced process's entry and return traps, in `counts` under
+ * MT_API_TRAPS: one lookup, an atomic add once the key exists. */
+static __always_inline void count_traps(__u64 id, __u64 n)
+{
+	struct mt_totals_key tk = {};
+	__u64 *c;
+
+	tk.start_ns = current_start();
+	tk.pid = id >> 32;
+	tk.api = MT_API_TRAPS;
+	c = bpf_map_lookup_elem(&counts, &tk);
+	if (c) {
+		__sync_fetch_and_add(c, n);
+		return;
+	}
+	if (bpf_map_update_elem(&counts, &tk, &n, BPF_NOEXIST)) {
+		c = bpf_map_lookup_elem(&counts, &tk); /* another thread made it */
+		if (c)
+			__sync_fetch_and_add(c, n);
+		else
+			stat_inc(MT_STAT_COUNTS_FULL);
+	}
+}
+
 /*
  * Entry of every probed call but launches: stash what the return needs.
  * A driver call made by the runtime on the same thread is the runtime
@@ -460,6 +484,7 @@ int BPF_KPROBE(mt_enter)
 
 	if (!is_traced(id >> 32))
 		return 0;
+	count_traps(id, 2); /* this entry, and the return probe's */
 	if (layer == MT_LAYER_DRIVER) {
 		rkey = ((__u64)(__u32)id << 1) | MT_LAYER_RUNTIME;
 		if (find_inflight(rkey)) {
@@ -754,6 +779,21 @@ static __always_inline bool in_foreground(struct task_struct *task)
 	return fg && fg == BPF_CORE_READ(task, signal, pids[PIDTYPE_PGID]);
 }
 
+/* At the exit of a process's last thread: its CPU time. Threads that
+ * exited before were added to the signal struct's sum as they were
+ * released; a leader that exited first is not released until the whole
+ * group is: add its own. */
+static __always_inline __u64 exit_cpu_ns(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *leader = BPF_CORE_READ(task, group_leader);
+	__u64 ns = BPF_CORE_READ(task, signal, sum_sched_runtime) + BPF_CORE_READ(task, se.sum_exec_runtime);
+
+	if (leader != task)
+		ns += BPF_CORE_READ(leader, se.sum_exec_runtime);
+	return ns;
+}
+
 static __always_inline void hold(__u32 type, __u64 id, __s32 fd, __u32 stop)
 {
 	struct mt_ctl_event *e;
@@ -778,6 +818,7 @@ static __always_inline void hold(__u32 type, __u64 id, __s32 fd, __u32 stop)
 	__builtin_memset(e->comm, 0, sizeof(e->comm));
 	e->held = stop;
 	e->host_pid = host_tgid;
+	e->cpu_ns = type == MT_CTL_EXIT ? exit_cpu_ns() : 0;
 	if (stop == MT_HOLD_HELD) {
 		e->held = MT_HOLD_NOT_HELD;
 		if (bpf_map_update_elem(&mt_held, &host_tgid, &h, BPF_ANY) == 0) {
@@ -791,6 +832,14 @@ static __always_inline void hold(__u32 type, __u64 id, __s32 fd, __u32 stop)
 	}
 	/* Wake the control reader: these are rare, and a held process waits on it. */
 	bpf_ringbuf_submit(e, 0);
+}
+
+/* Attached by the agent to a function of its own, filtered to itself, to
+ * time what a trap costs on this host (memtrace/runtime/overhead.py). */
+SEC("uprobe")
+int BPF_KPROBE(mt_calibrate)
+{
+	return 0;
 }
 
 static __always_inline bool known(struct file *file)

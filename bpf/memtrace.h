@@ -234,7 +234,13 @@ struct mt_ctl_event {
 	__u64 start_ns;  /* the process's start (struct mt_proc_key) */
 	__u64 cgroup_id; /* MT_CTL_PROC: bpf_get_current_cgroup_id() at the event */
 	char comm[MT_COMM_LEN]; /* MT_CTL_PROC: the command name at the event */
+	__u64 cpu_ns; /* MT_CTL_EXIT: the process's CPU time, all its threads (scheduler runtime) */
 };
+
+/* The `counts` key's api under which a process's entry and return traps
+ * are counted (launch traps are its launch counts): what the probes cost
+ * it, in traps (memtrace/runtime/overhead.py). No api has this id. */
+#define MT_API_TRAPS 0xffff
 
 /* Whether a MT_CTL_MAP event's process was stopped. */
 enum mt_hold_state {

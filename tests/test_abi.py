@@ -34,12 +34,12 @@ int main(void) {
   S(mt_ctl_event); O(mt_ctl_event, type); O(mt_ctl_event, pid); O(mt_ctl_event, fd); O(mt_ctl_event, held);
   O(mt_ctl_event, host_pid);
   S(mt_hold); O(mt_hold, ts_ns); O(mt_hold, pid);
-  O(mt_ctl_event, start_ns); O(mt_ctl_event, cgroup_id); O(mt_ctl_event, comm); C(MT_COMM_LEN);
+  O(mt_ctl_event, start_ns); O(mt_ctl_event, cgroup_id); O(mt_ctl_event, comm); O(mt_ctl_event, cpu_ns); C(MT_COMM_LEN);
   S(mt_inode_key);
   C(MT_DIR_H2H); C(MT_DIR_H2D); C(MT_DIR_D2H); C(MT_DIR_D2D); C(MT_DIR_DEFAULT); C(MT_DIR_PEER); C(MT_DIR_UNKNOWN);
   C(MT_LAYER_RUNTIME); C(MT_LAYER_DRIVER); C(MT_DIRSRC_FIXED); C(MT_DIRSRC_KIND); C(MT_DIRSRC_DESC2D);
   C(MT_DIRSRC_DESC3D); C(MT_DIRSRC_PARMS3D); C(MT_FAM_COPY); C(MT_FAM_MEM); C(MT_FAM_SYNC); C(MT_FAM_LAUNCH);
-  C(MT_MEM_AUX_DEREF); C(MT_STAT_COUNTS_FULL);
+  C(MT_MEM_AUX_DEREF); C(MT_STAT_COUNTS_FULL); C(MT_API_TRAPS);
   C(MT_STAT_EVENTS); C(MT_STAT_DROPPED); C(MT_STAT_TOTALS_FULL); C(MT_STAT_INFLIGHT_FULL); C(MT_STAT_NESTED);
   C(MT_STAT_ABANDONED); C(MT_STAT_HOLDS); C(MT_STAT_HOLD_MISSED); C(MT_STAT_CTL_DROPPED); C(MT_STAT_COUNT);
   C(MT_STAT_NESTED_SAME); C(MT_STAT_UNRETURNED); C(MT_STAT_BATCH_TRUNCATED); C(MT_DIRSRC_BATCH);
@@ -119,6 +119,8 @@ def test_map_structs_match(header: dict[str, int]) -> None:
                 assert getattr(cls, f).offset == header[f"{cname}.{f}"], (cname, f)
     assert ctypes.sizeof(abi.InodeKey) == header["sizeof mt_inode_key"]
     assert abi.COMM_LEN == header["MT_COMM_LEN"]
+    assert abi.TRAPS_API == header["MT_API_TRAPS"]
+    assert abi.TRAPS_API not in apis.BY_ID  # a trap count is never read as a launch count
     # Every field the header declares is in the mirror, at its offset.
     for cls, cname in ((abi.TotalsKey, "mt_totals_key"), (abi.CtlEvent, "mt_ctl_event"), (abi.ProcKey, "mt_proc_key")):
         for k in header:

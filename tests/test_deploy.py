@@ -119,6 +119,7 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
         "system_network_io_bytes_total",
         "memtrace_qdisc_drops_total",
         "memtrace_qdisc_overlimits_total",
+        "memtrace_overhead_ratio",
     }
     import re
 

@@ -3,6 +3,7 @@ histogram counts, delta that neither loses nor repeats across failed pushes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from http import HTTPStatus
 
@@ -427,3 +428,34 @@ def test_an_exited_process_with_nothing_to_send_is_let_go_with_the_export() -> N
     batch = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"}).build(m, {}, 1)
     assert batch.exited == [key] and key not in batch.keys
     assert all(rm.resource.attributes.get("process.pid") != key.pid for rm in batch.data.resource_metrics)
+
+
+def test_what_the_probes_cost_a_process_is_exported_with_its_finding() -> None:
+    """memtrace.probe.traps (the kernel's count, launches included) and
+    memtrace.overhead (their estimated cost, a share of the process's CPU
+    time); over the budget, the finding too; with no budget, no finding."""
+    from memtrace.core.abi import TRAPS_API
+    from memtrace.core.overhead import TrapCost
+
+    m = Model(identify=read_process)
+    m.add_events(events(10, np.random.default_rng(3)))
+    (key,) = (k for k in m.processes if k.pid == PID)
+    m.set_traps(key, 20)  # ten copies' entries and returns
+    m.set_launches(key, 100, 1000)
+    m.process_exited(key, cpu_ns=150_000_000)
+    m.trap_cost = TrapCost(2e-6, 4e-6)
+    assert TRAPS_API != 100
+    cost = 1000 * 2e-6 + 10 * 4e-6
+    b = MetricsBuilder(resolve({}, endpoint="http://x:1"), {"host.name": "h"})
+    batch = b.build(m, {}, 2)
+    assert [p.value for p in metric(batch, "memtrace.probe.traps").data.data_points][-1] == 1020
+    (share,) = metric(batch, "memtrace.overhead").data.data_points
+    assert share.value == pytest.approx(cost / 0.15)
+    findings = [p for p in metric(batch, "memtrace.finding").data.data_points]
+    assert [p.attributes["finding"] for p in findings] == ["overhead_budget_exceeded"]
+    assert findings[0].value == pytest.approx(cost / 0.15)
+    cfg = dataclasses.replace(resolve({}, endpoint="http://x:1"), overhead_budget=None)
+    batch = MetricsBuilder(cfg, {"host.name": "h"}).build(m, {}, 2)
+    with pytest.raises(KeyError):
+        metric(batch, "memtrace.finding")
+    assert metric(batch, "memtrace.overhead").data.data_points[0].value == pytest.approx(cost / 0.15)

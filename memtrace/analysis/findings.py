@@ -11,6 +11,8 @@ a healthy job:
   breakdown's gpu_idle_share). Waiting for a busy GPU is what a GPU-bound
   loop should do; a process without steps gives no such evidence and has
   no finding;
+- overhead_budget_exceeded: memtrace's own probes cost the process more of
+  its CPU time than the budget (default 1%), by the calibrated trap cost;
 - device_memory_growth: the bytes in use keep rising after warm-up (most
   30-second windows higher than the one before, at least 1 GiB above the
   end of warm-up). A caching allocator that fills up and then holds its
@@ -28,6 +30,7 @@ from memtrace.core import apis
 from memtrace.core.abi import Direction
 from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
+from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes
 from memtrace.model import Model, Process
 from memtrace.model.process import TREND_WINDOW_NS
@@ -49,6 +52,9 @@ class Thresholds:
     growth_warmup_windows: int = 2  # the first minute after the first allocation: caches fill
     growth_min_windows: int = 6  # three minutes of windows after warm-up
     growth_rising_share: float = 0.6  # of the window-to-window changes after warm-up, rises
+    # what memtrace's probes cost the process (core/overhead.py), once it has used this much CPU
+    overhead_budget: float | None = DEFAULT_BUDGET  # a share of its CPU time; None: no budget
+    overhead_min_cpu_s: float = 0.1
 
 
 @dataclass
@@ -194,7 +200,45 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
                 _start(proc),
             )
         )
+    if th.overhead_budget is not None:
+        for key, proc in sorted(model.processes.items()):
+            f = _over_budget(model, key, proc, th.overhead_budget, th.overhead_min_cpu_s)
+            if f is not None:
+                out.append(f)
     return out
+
+
+def _over_budget(model: Model, key: ProcessKey, proc: Process, budget: float, min_cpu_s: float) -> Finding | None:
+    o = model.overhead(key)
+    if o is None or o.share is None or o.cpu_seconds is None or o.cpu_seconds < min_cpu_s or o.share <= budget:
+        return None
+    launch_share = o.launch_traps * o.cost.entry_seconds / o.seconds if o.seconds else 0.0
+    fix = "raise the budget (--overhead-budget, MEMTRACE_OVERHEAD_BUDGET) if this cost is acceptable"
+    if launch_share >= 0.5:
+        fix = (
+            "most of it is one trap per kernel launch: fewer, larger launches cost less (CUDA graphs replay many "
+            "launches as one: torch.cuda.graphs, jax.jit); or " + fix
+        )
+    return Finding(
+        "overhead_budget_exceeded",
+        key,
+        proc.name,
+        o.share,
+        f"memtrace's probes cost this process about {o.share:.1%} of its CPU time "
+        f"({o.traps:,} traps, {launch_share:.0%} of the cost from launches, at "
+        f"{o.cost.entry_seconds * 1e6:.1f} us a trap{'' if o.cost.calibrated else ', not calibrated'}), "
+        f"over the {budget:.1%} budget; the budget is reported, not yet enforced",
+        fix,
+        {
+            "share_of_cpu": o.share,
+            "budget": budget,
+            "traps": o.traps,
+            "launch_traps": o.launch_traps,
+            "estimated_seconds": o.seconds,
+            "cpu_seconds": o.cpu_seconds,
+        },
+        _start(proc),
+    )
 
 
 def _growth(proc: Process, th: Thresholds) -> tuple[int, float, float] | None:

@@ -436,11 +436,12 @@ class BpfObject:
             )
         return Link(self.lib, int(link), prog)
 
-    def attach_uprobe(self, prog: str, path: str, offset: int, cookie: int, retprobe: bool) -> Link:
+    def attach_uprobe(self, prog: str, path: str, offset: int, cookie: int, retprobe: bool, pid: int = -1) -> Link:
+        """`pid`: only that process takes the probe's trap (-1: every process)."""
         opts = _UprobeOpts(sz=ctypes.sizeof(_UprobeOpts), bpf_cookie=cookie, retprobe=retprobe)
         ctypes.set_errno(0)
         link = self.lib.lib.bpf_program__attach_uprobe_opts(
-            self._prog(prog), -1, path.encode(), offset, ctypes.byref(opts)
+            self._prog(prog), pid, path.encode(), offset, ctypes.byref(opts)
         )
         if not link:
             err = _errno()

@@ -22,6 +22,12 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 
+BUDGET_HELP = (
+    "The share of a process's CPU time memtrace's probes may cost it (1%, 0.01, or off); "
+    "a process over it is reported (finding overhead_budget_exceeded), not yet throttled. "
+    "Default: $MEMTRACE_OVERHEAD_BUDGET, else 1%."
+)
+
 MIN_RING = 4096
 MAX_RING = 1 << 30
 
@@ -69,3 +75,10 @@ def main(
     version: bool = typer.Option(False, "--version", callback=version_cb, is_eager=True, help="Print the version."),
 ) -> None:
     pass
+
+
+def overhead_budget(text: str | None) -> float | None:
+    """--overhead-budget (or its environment variable) as a share; None: off."""
+    from memtrace.core.overhead import parse_budget
+
+    return parse_budget(text)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
 
 import typer
 
-from memtrace.cli.common import app, fail, ring_bytes, setup_logging
+from memtrace.cli.common import BUDGET_HELP, app, fail, overhead_budget, ring_bytes, setup_logging
 from memtrace.core.errors import BadOption, MemtraceError
 
 
@@ -44,6 +45,7 @@ def push(
     host_interval: float = typer.Option(
         0.5, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
+    budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
 ) -> None:
     """Trace every CUDA process on this host and push OTLP metrics to a collector.
@@ -64,6 +66,7 @@ def push(
             temporality=temporality,
             histogram=histogram,
         )
+        cfg = dataclasses.replace(cfg, overhead_budget=overhead_budget(budget))
         opts = Options(ring_bytes=ring_bytes(ring_size))
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
@@ -74,7 +77,7 @@ def push(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with Agent(opts) as agent:
+        with Agent(opts, measure_overhead=True) as agent:
             agent.scan()
             if host:
                 push_with_host_signals(agent, cfg, stop, host_interval)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import sys
@@ -12,8 +13,13 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
-from memtrace.cli.common import Format, app, err, fail, ring_bytes, setup_logging
+from memtrace.cli.common import BUDGET_HELP, Format, app, err, fail, overhead_budget, ring_bytes, setup_logging
 from memtrace.core.errors import BadOption, MemtraceError
+
+log = logging.getLogger("memtrace")
+
+# How long the summary waits for a probe's trap cost (measured at start, on a thread).
+CALIBRATION_WAIT_S = 10.0
 
 
 def open_output(path: str) -> tuple[IO[str], bool]:
@@ -70,6 +76,7 @@ def run(
     host_interval: float = typer.Option(
         0.1, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
+    budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """Trace CMD (a program and its arguments, after --) and its children from
@@ -90,6 +97,7 @@ def run(
     json_fd: int | None = None
     try:
         opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size))
+        budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
         if output:
@@ -100,13 +108,15 @@ def run(
             sys.stdout.flush()
             json_fd = os.dup(1)
             os.dup2(2, 1)
-        with Agent(opts) as agent:
+        with Agent(opts, measure_overhead=True) as agent:
             signals = HostSignals(HostOptions(interval_s=host_interval), agent.pids) if host else None
             diagnosis = LiveDiagnosis(agent, signals) if signals is not None else None
             if signals is not None and diagnosis is not None:
                 signals.on_tick = diagnosis.tick
                 signals.on_collectives = agent.add_collectives
             done = run_command(agent, cmd, host=signals)
+            if not agent.wait_calibrated(CALIBRATION_WAIT_S):
+                log.warning("a probe's trap cost is not measured yet: the summary has no overhead")
             doc = summary(
                 agent.model,
                 agent.stats(),
@@ -117,6 +127,7 @@ def run(
                 host=signals.view(agent.names()) if signals else None,
                 collectives=signals.collectives_view(agent.model.collective_wait_totals()) if signals else None,
                 diagnoses=[d.as_dict() for d in diagnosis.diagnoses] if diagnosis else None,
+                overhead_budget=budget_share,
             )
     except MemtraceError as e:
         if out is not None:

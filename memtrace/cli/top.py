@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from memtrace.cli.common import app, fail, setup_logging
+from memtrace.cli.common import BUDGET_HELP, app, fail, overhead_budget, setup_logging
 from memtrace.core.errors import MemtraceError
 
 
@@ -60,6 +60,7 @@ def top(
         "-d",
         help="Also show bytes per direction, errors, launches, step time, GPU idle share and run-queue p99.",
     ),
+    budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """A live view of every CUDA process on the host: copies, bytes and rates."""
@@ -69,9 +70,9 @@ def top(
     from memtrace.runtime.diagnose import LiveDiagnosis
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
-    view = TopView(interval, detail)
     try:
-        with Agent(Options()) as agent:
+        view = TopView(interval, detail, overhead_budget(budget))
+        with Agent(Options(), measure_overhead=True) as agent:
             agent.scan()
             n = 0
             # The host signals for the live diagnosis and --detail's run-queue p99 (NCCL: `memtrace run`).

@@ -178,7 +178,13 @@ class CtlEvent(ctypes.Structure):
         ("start_ns", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
         ("comm", ctypes.c_char * COMM_LEN),
+        ("cpu_ns", ctypes.c_uint64),
     ]
+
+
+# The `counts` key's api under which a process's entry and return traps are
+# counted (MT_API_TRAPS); every other api there is a launch count.
+TRAPS_API = 0xFFFF
 
 
 class Hold(ctypes.Structure):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from memtrace.core.errors import BadOption
+from memtrace.core.overhead import DEFAULT_BUDGET
 
 
 class Protocol(str, enum.Enum):
@@ -46,6 +47,7 @@ class PushConfig:
     temporality: Temporality = Temporality.cumulative
     histogram: HistogramKind = HistogramKind.exponential
     resource_attributes: dict[str, str] = field(default_factory=dict)
+    overhead_budget: float | None = DEFAULT_BUDGET  # a share of each process's CPU time; None: no budget
 
     def redacted(self) -> str:
         """A description safe for logs: header names, never their values."""

@@ -100,6 +100,16 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "gpu.memory.pinned_host": ("gauge", "Page-locked host memory allocated or registered now", "By"),
     "memtrace.finding": ("gauge", "A finding about the process: its headline number, with summary and fix", "1"),
     "memtrace.steps": ("sum", "Steps (iterations) inferred from the process's call stream", "{step}"),
+    "memtrace.probe.traps": (
+        "sum",
+        "Traps memtrace's probes made the process take (entries, returns, launches)",
+        "{trap}",
+    ),
+    "memtrace.overhead": (
+        "gauge",
+        "Share of the process's CPU time memtrace's probes cost it (estimated: traps x this host's trap cost)",
+        "1",
+    ),
     "memtrace.step.duration": ("hist", "Duration of each inferred step", "s"),
     "memtrace.step.gpu_idle_share": ("gauge", "Share of step time the GPU waited for the host (upper bound)", "1"),
     "memtrace.process.run_queue.time": ("sum", "Time the process's threads were runnable, waiting for a CPU", "s"),
@@ -306,7 +316,7 @@ class MetricsBuilder:
         self.export_failures = 0
         self.unsent_processes = 0  # exited processes dropped before any push could carry them
         self.started: set[Any] = set()  # series whose zero start point was delivered
-        self.thresholds = Thresholds()
+        self.thresholds = Thresholds(overhead_budget=cfg.overhead_budget)
         agent_attrs: dict[str, Any] = {"service.name": "memtrace", "service.version": __version__}
         agent_attrs.update(cfg.resource_attributes)
         agent_attrs.update(host)
@@ -569,6 +579,11 @@ class MetricsBuilder:
                 gauge("gpu.memory.outstanding", {}, m.outstanding)
             if proc.book.pinned_bytes:
                 gauge("gpu.memory.pinned_host", {}, proc.book.pinned_bytes)
+            cost = model.overhead(key)
+            if cost is not None:
+                sums(("traps", key), {}, ("memtrace.probe.traps",), (cost.traps,))
+                if cost.share is not None:
+                    gauge("memtrace.overhead", {"calibrated": cost.cost.calibrated}, cost.share)
             for f in found.get(key, []):
                 gauge("memtrace.finding", {"finding": f.code, "summary": f.summary, "fix": f.fix}, f.value)
             steps = model.step_trackers.get(key)

@@ -3,6 +3,7 @@ rich table built from it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from memtrace.analysis.findings import DEFAULT, Thresholds, compute
 from memtrace.core import apis
 from memtrace.core.abi import BATCH_MAX, Direction, Layer, Stat
 from memtrace.core.ids import ProcessKey
+from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes, human_seconds
 from memtrace.model import Model, describe
 
@@ -44,9 +46,12 @@ def summary(
     host: dict[str, Any] | None = None,
     collectives: list[dict[str, Any]] | None = None,
     diagnoses: list[dict[str, Any]] | None = None,
+    overhead_budget: float | None = DEFAULT_BUDGET,
 ) -> dict[str, Any]:
     """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them;
-    `host` and `collectives`: the host signals' views (runtime/hostsignals.py), None when they were off."""
+    `host` and `collectives`: the host signals' views (runtime/hostsignals.py), None when they were off;
+    `overhead_budget`: the share of a process's CPU time its probes may cost (replaces the thresholds' own)."""
+    thresholds = dataclasses.replace(thresholds, overhead_budget=overhead_budget)
     rows = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0, "errors": 0})
     copies = model.copy_view()
@@ -92,6 +97,7 @@ def summary(
         "device_memory": device_memory(model),
         "synchronization": synchronization(model),
         "launches": launches(model),
+        "overhead": overhead(model, thresholds.overhead_budget),
         "steps": steps(model),
         "collectives": collectives or [],
         "host": host,
@@ -126,6 +132,29 @@ def summary(
         },
         **({"command": command} if command else {}),
     }
+
+
+def overhead(model: Model, budget: float | None) -> list[dict[str, Any]]:
+    """What memtrace's probes cost each process that took a trap (estimated:
+    the kernel's trap counts times this host's calibrated trap cost), beside
+    the budget; empty when the cost was not measured."""
+    out = []
+    for key, p in sorted(model.processes.items()):
+        o = model.overhead(key)
+        if o is None:
+            continue
+        share = o.share
+        out.append(
+            {
+                "pid": key.pid,
+                "start_time_unix_nano": p.start_ns,
+                "process": p.name,
+                **o.as_dict(),
+                "budget": budget,
+                "over_budget": budget is not None and share is not None and share > budget,
+            }
+        )
+    return out
 
 
 def device_memory(model: Model) -> list[dict[str, Any]]:
@@ -376,6 +405,19 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
     if a.get("unreturned_calls"):
         line += f", unreturned {a['unreturned_calls']}"
     say(console, f"[bold]agent[/bold]: {line}", highlight=False)
+    rows = doc.get("overhead") or []
+    for o in rows[:3]:
+        share = "?" if o["share_of_cpu"] is None else f"{o['share_of_cpu']:.1%}"
+        over = " [yellow]over budget[/yellow]" if o["over_budget"] else ""
+        say(
+            console,
+            f"[bold]overhead[/bold]: {o['pid']} {o['process']}: {share} of its CPU{over} "
+            f"({o['traps']:,} traps, ~{human_seconds(o['estimated_seconds'])} at "
+            f"{o['trap_seconds'] * 1e6:.1f} us a trap{'' if o['calibrated'] else ', not calibrated'})",
+            highlight=False,
+        )
+    if len(rows) > 3:
+        say(console, f"[bold]overhead[/bold]: {len(rows) - 3} more processes: --format json", highlight=False)
     if a.get("batch_truncated_calls"):
         say(
             console,

@@ -9,11 +9,12 @@ from rich.console import Group
 from rich.table import Table
 
 from memtrace.analysis.diagnosis import Diagnosis
-from memtrace.analysis.findings import compute
+from memtrace.analysis.findings import Thresholds, compute
 from memtrace.core.abi import Direction
 from memtrace.core.cpu import CpuStats
 from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
+from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes
 from memtrace.model import Model
 from memtrace.model.host import HostBook
@@ -38,11 +39,12 @@ class TopView:
 
     # Eight columns fit 80: the rest with --detail.
     COLUMNS = ("pid", "process", "copies/s", "bytes/s", "bytes", "pageable", "dev mem", "sync")
-    DETAIL = ("h2d", "d2h", "d2d", "errors", "launches/s", "step p50", "gpu idle", "runq p99")
+    DETAIL = ("h2d", "d2h", "d2d", "errors", "launches/s", "step p50", "gpu idle", "runq p99", "overhead")
 
-    def __init__(self, interval: float, detail: bool = False) -> None:
+    def __init__(self, interval: float, detail: bool = False, overhead_budget: float | None = DEFAULT_BUDGET) -> None:
         self.interval = interval
         self.detail = detail
+        self.thresholds = Thresholds(overhead_budget=overhead_budget)
         self._prev: dict[ProcessKey, tuple[int, int, int]] = {}
         self._prev_cpu: dict[int, CpuStats] = {}
 
@@ -56,6 +58,14 @@ class TopView:
         window = cur.since(prev) if prev is not None else cur
         p99 = window.runq_quantile_us(0.99)
         return "" if p99 is None else f"{p99 / 1e3:.2g}ms"
+
+    def _overhead(self, model: Model, key: ProcessKey) -> str:
+        """What the probes cost the process, a share of its CPU time; `!` over the budget."""
+        o = model.overhead(key)
+        if o is None or o.share is None:
+            return ""
+        budget = self.thresholds.overhead_budget
+        return f"{o.share:.1%}" + ("!" if budget is not None and o.share > budget else "")
 
     def render(
         self, model: Model, dt: float, host: HostBook | None = None, diagnoses: Sequence[Diagnosis] = ()
@@ -123,6 +133,7 @@ class TopView:
                     "" if p50 is None else f"{p50 * 1e3:.3g}ms",
                     "" if steps is None else f"{steps.share(steps.gpu_idle_ns):.0%}",
                     self._runq_p99(host, key.pid),
+                    self._overhead(model, key),
                 ]
             t.add_row(*cells)
             self._prev[key] = (p.calls, p.bytes, launches.get(key, 0))
@@ -133,6 +144,6 @@ class TopView:
         ]
         notes += [
             f"[bold yellow]finding[/bold yellow] ({f.process or f.pid}): {f.summary}. [bold]fix[/bold]: {f.fix}"
-            for f in compute(model)
+            for f in compute(model, self.thresholds)
         ]
         return Group(t, *notes)

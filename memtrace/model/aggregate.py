@@ -26,6 +26,7 @@ from memtrace.core.enums import Allocation, HostMemory
 from memtrace.core.histogram import add_grouped
 from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.core.nccl import Collective
+from memtrace.core.overhead import Overhead, TrapCost
 from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, _UNTRACKED, BookChanges
 from memtrace.model.collectives import WaitAttributor, sync_scopes
 from memtrace.model.process import (
@@ -130,6 +131,7 @@ class Model:
         self.collective_waits: dict[ProcessKey, WaitAttributor] = {}
         self.collectives_unmatched = 0  # NCCL events of a pid the model has no live process for
         self._by_pid: dict[int, ProcessKey] = {}  # the latest process of each pid
+        self.trap_cost: TrapCost | None = None  # what a probe's trap costs on this host, once measured
 
     def _process(self, key: ProcessKey) -> Process:
         p = self.processes.get(key)
@@ -534,11 +536,36 @@ class Model:
                 rows.append({**who, **st.row()})
         return rows
 
-    def process_exited(self, key: ProcessKey) -> None:
+    def process_exited(self, key: ProcessKey, cpu_ns: int = 0) -> None:
+        """`cpu_ns`: its whole CPU time, as the kernel had it at the exit (0: not said)."""
         p = self.processes.get(key)
         if p is not None:
             p.exited = True
             p.exited_ns = p.exited_ns or time.time_ns()
+            if cpu_ns:
+                p.cpu_ns, p.cpu_final = cpu_ns, True
+
+    def set_traps(self, key: ProcessKey, traps: int) -> None:
+        self._process(key).traps = traps
+
+    def set_cpu(self, key: ProcessKey, cpu_ns: int) -> None:
+        """A running process's CPU time so far (never over its final figure)."""
+        p = self.processes.get(key)
+        if p is not None and not p.cpu_final:
+            p.cpu_ns = cpu_ns
+
+    def overhead(self, key: ProcessKey) -> Overhead | None:
+        """What the probes cost the process, by the calibrated trap cost
+        (`trap_cost`, set by the agent); None if it took no trap or the
+        cost is not known yet."""
+        p = self.processes.get(key)
+        if p is None or self.trap_cost is None:
+            return None
+        launch_traps = sum(p.launches.values())
+        if not p.traps and not launch_traps:
+            return None
+        cpu = p.cpu_ns / 1e9 if p.cpu_ns is not None else None
+        return Overhead(p.traps + launch_traps, launch_traps, self.trap_cost, cpu, p.cpu_final)
 
     def forget(self, key: ProcessKey) -> None:
         """Drop a process and everything it did (its own state: no scan)."""

@@ -131,6 +131,11 @@ class Process:
     syncs: dict[SyncKey, SyncStats] = field(default_factory=dict)
     launches: dict[LaunchKey, int] = field(default_factory=dict)  # from the kernel
     lost: dict[LostKey, LostTotals] = field(default_factory=dict)  # from the kernel
+    # What memtrace's probes cost it (core/overhead.py): traps from the kernel,
+    # CPU time from /proc while it runs and from the kernel at its exit.
+    traps: int = 0  # entry and return traps (launch traps are its launch counts)
+    cpu_ns: int | None = None
+    cpu_final: bool = False
 
     @property
     def pid(self) -> int:

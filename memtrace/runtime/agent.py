@@ -45,12 +45,14 @@ from enum import Enum
 
 import numpy as np
 
-from memtrace.core.abi import EVENT_DTYPE, Stat
+from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, Stat
 from memtrace.core.ids import ProcessKey
+from memtrace.core.overhead import TrapCost
 from memtrace.model import Model
 from memtrace.runtime.drain import DrainGaps, DrainStats
+from memtrace.runtime.overhead import Calibration
 from memtrace.sensors.cuda.source import Attachment, BpfSource, Options
-from memtrace.sources.procfs import boot_wall_ns, read_process
+from memtrace.sources.procfs import boot_wall_ns, process_cpu_ns, read_process
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
 
@@ -69,11 +71,19 @@ class _Update(Enum):
     COLLECTIVES = 6  # the NCCL sensor's events, and the time up to which they are complete
 
 
-_Value = np.ndarray | ProcessKey | tuple[ProcessKey, str, int] | tuple[np.ndarray, int, frozenset[int]]
+_Value = (
+    np.ndarray
+    | ProcessKey
+    | tuple[ProcessKey, int]
+    | tuple[ProcessKey, str, int]
+    | tuple[np.ndarray, int, frozenset[int]]
+)
 
 
 class Agent:
-    def __init__(self, opts: Options) -> None:
+    def __init__(self, opts: Options, measure_overhead: bool = False) -> None:
+        """`measure_overhead`: time a probe's trap at start (runtime/overhead.py),
+        so that each process's overhead can be told (Model.overhead)."""
         # `memtrace run` traces a command from its first instruction: every
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
@@ -97,6 +107,8 @@ class Agent:
         self._stop = threading.Event()
         self._failure: BaseException | None = None
         self.libraries: list[Attachment] = []
+        self._measure_overhead = measure_overhead
+        self.calibration: Calibration | None = None
         self.source = BpfSource(
             opts,
             self._on_events,
@@ -118,8 +130,8 @@ class Agent:
     def _on_events(self, batch: np.ndarray) -> None:
         self._queue(_Update.EVENTS, batch, len(batch))
 
-    def _on_exit(self, key: ProcessKey) -> None:
-        self._queue(_Update.EXITED, key)
+    def _on_exit(self, key: ProcessKey, cpu_ns: int) -> None:
+        self._queue(_Update.EXITED, (key, cpu_ns))
 
     def _on_held(self, key: ProcessKey) -> None:
         self._queue(_Update.HELD, key)
@@ -192,10 +204,12 @@ class Agent:
                 assert isinstance(value, tuple) and not isinstance(value, ProcessKey)
                 self.model.introduce(*value)
                 continue
-            assert isinstance(value, ProcessKey)
             if kind is _Update.EXITED:
-                self.model.process_exited(value)
-            elif kind is _Update.MISSED:
+                assert isinstance(value, tuple) and isinstance(value[0], ProcessKey)
+                self.model.process_exited(value[0], int(value[1]))
+                continue
+            assert isinstance(value, ProcessKey)
+            if kind is _Update.MISSED:
                 self.model.mark_incomplete(value)
             else:
                 self.model.mark_complete(value)  # held before its CUDA library ran: nothing was missed
@@ -210,10 +224,21 @@ class Agent:
         except BaseException:
             self.source.close()
             raise
+        if self._measure_overhead and self.source.obj is not None:
+            self.calibration = Calibration(self.source.obj, self._calibrated)
+            self.calibration.start()
         self.model.forked_since_start = self.source.is_fresh
         if self.model.complete_after_ns is not None:
             # A process that started after now (its start as BPF reads it) started after the probes went live.
             self.model.complete_after_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+    def _calibrated(self, cost: TrapCost) -> None:
+        with self.lock:
+            self.model.trap_cost = cost
+
+    def wait_calibrated(self, timeout: float | None = None) -> bool:
+        """Wait until a trap's cost is known (the overhead can be told)."""
+        return self.calibration is not None and self.calibration.result(timeout) is not None
 
     def scan(self, pids: list[int] | None = None) -> None:
         """Attach to the CUDA libraries already mapped by running processes (or by `pids`)."""
@@ -355,13 +380,25 @@ class Agent:
     # ---- the kernel's totals ----
 
     def sync_totals(self) -> None:
-        """Copy what the kernel counts (launches, calls lost from the ring) into the model."""
+        """Copy what the kernel counts (launches, traps, calls lost from the
+        ring) into the model, with the CPU time of the processes still running."""
+        cpu = {}
+        for key, p in list(self.model.processes.items()):  # /proc, read before taking the lock
+            if not p.exited:
+                ns = process_cpu_ns(key)
+                if ns is not None:
+                    cpu[key] = ns
         with self.lock:
             for k, v in self.source.lost():
                 key = ProcessKey(k.pid, k.start_ns)
                 self.model.set_lost(key, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
             for k, n in self.source.counts():
-                self.model.set_launches(ProcessKey(k.pid, k.start_ns), k.api, n)
+                if k.api == TRAPS_API:
+                    self.model.set_traps(ProcessKey(k.pid, k.start_ns), n)
+                else:
+                    self.model.set_launches(ProcessKey(k.pid, k.start_ns), k.api, n)
+            for key, ns in cpu.items():
+                self.model.set_cpu(key, ns)
 
     def forget(self, key: ProcessKey) -> None:
         """Drop a process's state here and in the kernel's totals."""
@@ -386,6 +423,9 @@ class Agent:
             self.stop_draining()
         except Exception as e:  # noqa: BLE001 - already logged by the drain thread; closing goes on
             log.debug("drain thread had failed: %s", e)
+        if self.calibration is not None:
+            self.calibration.close()  # its probes use the BPF object
+            self.calibration = None
         self.source.close()
 
     def __enter__(self) -> Agent:

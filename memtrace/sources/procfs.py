@@ -116,3 +116,17 @@ def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
     if not is_running(key, proc):  # replaced while being read
         return ProcessInfo()
     return ProcessInfo(name, exe, attrs)
+
+
+def process_cpu_ns(key: ProcessKey, proc: Path = Path("/proc")) -> int | None:
+    """A process's user and system CPU time so far, all its threads
+    (/proc/PID/stat, in clock ticks), None if it is gone or its pid is now
+    another process's."""
+    try:
+        fields = (proc / str(key.pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        ticks, utime, stime = int(fields[19]), int(fields[11]), int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+    if key.start_ns and ticks != start_ticks_of(key):
+        return None
+    return (utime + stime) * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))

@@ -180,7 +180,7 @@ class BpfSource:
         self,
         opts: Options,
         on_events: Callable[[np.ndarray], None],
-        on_exit: Callable[[ProcessKey], None] = lambda key: None,
+        on_exit: Callable[[ProcessKey, int], None] = lambda key, cpu_ns: None,
         on_library: Callable[[Attachment], None] = lambda a: None,
         on_held: Callable[[ProcessKey], None] = lambda key: None,
         on_missed: Callable[[ProcessKey], None] = lambda key: None,
@@ -403,9 +403,9 @@ class BpfSource:
         if events:
             self._read_events()
         n = self.decode_pending()
-        for kind, key, _comm, _cgroup in notices:
+        for kind, key, _comm, cpu_ns in notices:
             if kind == "exit":
-                self.on_exit(key)
+                self.on_exit(key, cpu_ns)
         return n
 
     def decode_pending(self) -> int:
@@ -480,13 +480,14 @@ class BpfSource:
         for host_pid in list(held.keys(ctypes.c_uint32)):  # queued holds wait behind this one
             refresh(held, host_pid.value)
 
-    def _notice(self, kind: str, ev: CtlEvent, comm: str = "", cgroup_id: int = 0) -> None:
+    def _notice(self, kind: str, ev: CtlEvent, comm: str = "", number: int = 0) -> None:
+        """`number`: a process notice's cgroup id, an exit's CPU time (ns)."""
         with self._notices_lock:
-            self._notices.append((kind, ProcessKey(ev.pid, ev.start_ns), comm, cgroup_id))
+            self._notices.append((kind, ProcessKey(ev.pid, ev.start_ns), comm, number))
 
     def _handle_ctl(self, ev: CtlEvent) -> None:
         if ev.type == CtlType.EXIT:
-            self._notice("exit", ev)
+            self._notice("exit", ev, number=ev.cpu_ns)
             return
         if ev.type == CtlType.PROC:
             self._notice("proc", ev, ev.comm.decode(errors="replace"), ev.cgroup_id)
@@ -548,7 +549,8 @@ class BpfSource:
         return out
 
     def counts(self) -> list[tuple[TotalsKey, int]]:
-        """Launches per (process, api), counted by the kernel."""
+        """Launches per (process, api), counted by the kernel; under api
+        TRAPS_API, the entry and return traps each process took."""
         m = self.maps["counts"]
         out = []
         for k in m.keys(TotalsKey):

@@ -1,0 +1,203 @@
+"""What memtrace's probes cost each process: the traps the kernel counts,
+the CPU time it reports at exit, the estimate, the budget and its finding.
+
+Real BPF, real uprobes on the test CUDA libraries, real workloads whose
+own counts are the truth. Nothing here is timed: counts, and a CPU time
+checked against the one the workload read of itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import memtrace_cmd
+
+from memtrace.core.errors import BadOption
+from memtrace.core.overhead import FALLBACK, Overhead, TrapCost, parse_budget
+from memtrace.runtime import overhead as calibration
+
+pytestmark = pytest.mark.bpf
+
+
+def traced(argv: list[str], tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    out = tmp_path / "summary.json"
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--format", "json", "--no-host", *flags, "-o", str(out), "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    doc: dict[str, Any] = json.loads(out.read_text())
+    doc["_stdout"] = p.stdout
+    return doc
+
+
+def one_row(doc: dict[str, Any]) -> dict[str, Any]:
+    (row,) = doc["overhead"]
+    return row
+
+
+def test_every_launch_and_copy_trap_is_counted(fakecuda: Path, tmp_path: Path) -> None:
+    """A launch takes one trap (an entry probe), a copy two (its entry and
+    its return): the kernel's count equals the loop's own, exactly."""
+    doc = traced([str(fakecuda / "launchloop"), str(fakecuda / "lib" / "libcuda.so.1"), "5000", "10", "7"], tmp_path)
+    truth = dict(zip(*[iter(doc["_stdout"].split())] * 2, strict=True))
+    launches, copies = int(truth["launches"]), int(truth["copies"])
+    assert (launches, copies) == (5000, 715)
+    row = one_row(doc)
+    assert row["launch_traps"] == launches
+    assert row["traps"] == launches + 2 * copies
+    # The estimate is those traps at this host's calibrated costs, and its share of the CPU time.
+    cost = launches * row["trap_seconds"] + copies * row["pair_seconds"]
+    assert row["estimated_seconds"] == pytest.approx(cost)
+    assert row["cpu_final"] is True and row["cpu_seconds"] > 0
+    assert row["share_of_cpu"] == pytest.approx(cost / row["cpu_seconds"])
+    assert row["estimated"] is True
+
+
+RUNTIME_LOOP = textwrap.dedent(
+    """
+    import ctypes, sys
+    ctypes.CDLL(sys.argv[1] + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # what the runtime's dlopen finds
+    rt = ctypes.CDLL(sys.argv[1] + "/libcudart.so.13")
+    buf = ctypes.create_string_buffer(256)
+    copies, launches = int(sys.argv[2]), int(sys.argv[3])
+    for i in range(copies):
+        assert rt.cudaMemcpyAsync(ctypes.c_void_p(0x1000), buf, ctypes.c_size_t(256), 1, None) == 0
+    class dim3(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+    one = dim3(1, 1, 1)
+    for i in range(launches):
+        assert rt.cudaLaunchKernel(ctypes.c_void_p(0x2000), one, one, None, ctypes.c_size_t(0), None) == 0
+    """
+)
+
+
+def test_a_runtime_call_pays_for_the_driver_call_it_makes(fakecuda: Path, tmp_path: Path) -> None:
+    """cudaMemcpyAsync reaches cuMemcpyHtoDAsync_v2: four traps (both
+    layers' entry and return), though the copy is counted once; a runtime
+    launch reaches the driver's, which alone is probed: one trap. The
+    nested driver call is invisible in the events; its traps are not."""
+    script = tmp_path / "runtime_loop.py"
+    script.write_text(RUNTIME_LOOP)
+    doc = traced([sys.executable, str(script), str(fakecuda / "lib"), "300", "200"], tmp_path)
+    assert doc["totals"]["h2d"]["calls"] == 300
+    assert sum(r["launches"] for r in doc["launches"]) == 200
+    row = one_row(doc)
+    assert row["launch_traps"] == 200
+    assert row["traps"] == 4 * 300 + 200
+
+
+CPU_SPINNER = textwrap.dedent(
+    """
+    import threading, time, sys, ctypes
+    def spin(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+    buf = ctypes.create_string_buffer(64)
+    cuda = ctypes.CDLL(sys.argv[1] + "/libcuda.so.1")
+    assert cuda.cuMemcpyHtoD_v2(ctypes.c_uint64(0x1000), buf, ctypes.c_size_t(64)) == 0  # a probed call
+    threads = [threading.Thread(target=spin, args=(0.15,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spin(0.1)
+    print(time.process_time(), flush=True)
+    """
+)
+
+
+def test_cpu_time_at_exit_counts_every_thread_that_ran(fakecuda: Path, tmp_path: Path) -> None:
+    """The CPU time is the kernel's at the process's exit, threads that
+    exited before included: at least what the process read of itself just
+    before it ended (two threads and the main one spun 0.4 s in all)."""
+    script = tmp_path / "spinner.py"
+    script.write_text(CPU_SPINNER)
+    doc = traced([sys.executable, str(script), str(fakecuda / "lib")], tmp_path)
+    own = float(doc["_stdout"].split()[-1])
+    assert own >= 0.4
+    row = one_row(doc)
+    assert row["cpu_final"] is True
+    # After its last reading the interpreter only shuts down: a little more, never less.
+    assert own <= row["cpu_seconds"] <= own + 0.5
+
+
+def test_a_process_over_its_budget_is_a_finding_and_off_means_none(fakecuda: Path, tmp_path: Path) -> None:
+    """A launch loop with ~10 us of work a launch: its launch traps cost it
+    far more than 1% of its CPU time. Reported, with the launches named as
+    the cost; with the budget off (flag or environment), no finding."""
+    argv = [str(fakecuda / "launchloop"), str(fakecuda / "lib" / "libcuda.so.1"), "30000", "10000", "0"]
+    doc = traced(argv, tmp_path)
+    row = one_row(doc)
+    assert row["over_budget"] is True and row["budget"] == 0.01
+    (f,) = [f for f in doc["findings"] if f["code"] == "overhead_budget_exceeded"]
+    assert f["pid"] == row["pid"] and f["value"] == row["share_of_cpu"]
+    assert f["evidence"]["launch_traps"] == 30000
+    assert "launch" in f["fix"] and "--overhead-budget" in f["fix"]
+    off = traced(argv, tmp_path, "--overhead-budget", "off")
+    assert one_row(off)["budget"] is None and one_row(off)["over_budget"] is False
+    assert not [f for f in off["findings"] if f["code"] == "overhead_budget_exceeded"]
+    env_off = traced(argv, tmp_path, env={"MEMTRACE_OVERHEAD_BUDGET": "off"})
+    assert not [f for f in env_off["findings"] if f["code"] == "overhead_budget_exceeded"]
+    # The table says it too.
+    table = subprocess.run(
+        [*memtrace_cmd(), "run", "--no-host", "--", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert "overhead:" in table.stderr and "over budget" in table.stderr
+
+
+def test_a_bad_budget_is_an_error_with_a_fix_before_anything_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--overhead-budget", "lots", "--", "touch", str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode != 0
+    assert "overhead budget 'lots' is not a number" in p.stderr and "Traceback" not in p.stderr
+    assert not marker.exists()
+
+
+def test_budget_from_the_flag_or_the_environment() -> None:
+    assert parse_budget(None, env={}) == 0.01
+    assert parse_budget("2%", env={}) == pytest.approx(0.02)
+    assert parse_budget("0.005", env={}) == 0.005
+    assert parse_budget("off", env={}) is None and parse_budget("0", env={}) is None
+    assert parse_budget(None, env={"MEMTRACE_OVERHEAD_BUDGET": "off"}) is None
+    assert parse_budget("3%", env={"MEMTRACE_OVERHEAD_BUDGET": "off"}) == pytest.approx(0.03)  # the flag wins
+    for bad in ("lots", "150%", "-1", "1"):
+        with pytest.raises(BadOption):
+            parse_budget(bad, env={})
+
+
+def test_the_estimate_weighs_launch_traps_and_paired_traps_by_their_own_cost() -> None:
+    o = Overhead(traps=1000 + 2 * 50, launch_traps=1000, cost=TrapCost(2e-6, 3e-6), cpu_seconds=0.5, cpu_final=True)
+    assert o.seconds == pytest.approx(1000 * 2e-6 + 50 * 3e-6)
+    assert o.share == pytest.approx(o.seconds / 0.5)
+    assert Overhead(10, 0, FALLBACK, None, False).share is None
+
+
+def test_the_measured_cost_is_kept_for_this_boot_only(tmp_path: Path) -> None:
+    path = tmp_path / "trap-cost.json"
+    assert calibration.load_cached(path) is None
+    calibration.save_cached(TrapCost(1.5e-6, 2.5e-6), path)
+    assert calibration.load_cached(path) == TrapCost(1.5e-6, 2.5e-6)
+    assert calibration.load_cached(path, max_age_s=0) is None  # too old
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "boot_id": "another boot"}))
+    assert calibration.load_cached(path) is None
+    path.write_text("{not json")
+    assert calibration.load_cached(path) is None
