@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,9 +81,18 @@ def test_unprivileged_user_is_told_what_to_grant(tmp_path: Path) -> None:
 
 @pytest.mark.bpf
 def test_doctor_passes_here_and_fails_with_a_fix_without_libbpf() -> None:
-    p = memtrace("doctor")
+    from memtrace.runtime.overhead import CACHE, load_cached
+
+    CACHE.unlink(missing_ok=True)
+    p = memtrace("doctor", env={"COLUMNS": "300"})
     assert p.returncode == 0, p.stdout
     assert "BPF programs" in p.stdout and "loads on this kernel" in p.stdout
+    # It times a probe's trap, says it, and keeps it for the agents that start next.
+    (line,) = [l for l in p.stdout.splitlines() if "probe cost" in l]
+    m = re.search(r"a trap costs (\d+\.\d) us here", line)
+    assert m is not None, line
+    kept = load_cached()
+    assert kept is not None and f"{kept.entry_seconds * 1e6:.1f}" == m.group(1)
     p = memtrace("doctor", env={"MEMTRACE_LIBBPF": "/nonexistent.so"})
     assert p.returncode == 1
     assert "FAIL" in p.stdout and "libbpf" in p.stdout and "fix:" in p.stdout
