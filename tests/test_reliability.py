@@ -226,6 +226,29 @@ def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
     assert any("dropped unsent" in r.getMessage() for r in caplog.records)
 
 
+def test_a_process_dropped_between_pushes_leaves_no_kernel_counts(fakecuda: Path) -> None:
+    """push drops exited processes between pushes (an outage): nothing has
+    read their kernel totals since they ran, and every process has a trap
+    count there. Forgetting them must delete those keys too (CI caught the
+    outage test keeping them)."""
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
+
+    with Agent(Options()) as agent:
+        subprocess.run(
+            [str(fakecuda / "workload_driver"), "-n", "20", "-e"], env={"WORKLOAD_TRUTH": "/dev/null"}, check=True
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(p.exited for p in agent.model.processes.values()):
+            agent.poll()  # folds the exit; the kernel's totals are not read
+            time.sleep(0.05)
+        (key,) = [k for k, p in agent.model.processes.items() if p.exited]
+        agent.forget_unread([key])
+        assert key not in agent.model.processes
+        left = [k for k, _ in agent.source.lost() + agent.source.counts() if k.pid == key.pid]
+        assert left == [], left
+
+
 def test_libraries_closed_replaced_on_disk_and_reopened(fakecuda: Path, tmp_path: Path) -> None:
     argv = [sys.executable, str(FIXTURES / "ctypes_workload.py"), str(fakecuda / "lib"), "--reload", "--calls", "800"]
     doc, lines, p = run_traced(argv, tmp_path)

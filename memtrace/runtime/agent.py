@@ -406,6 +406,17 @@ class Agent:
             self.model.forget(key)
             self.source.forget_process(key)
 
+    def forget_unread(self, keys: list[ProcessKey]) -> None:
+        """Forget processes whose kernel totals may not have been read since
+        they last ran (exited between pushes): read the kernel's keys once
+        first, so that forgetting deletes every one they left (their launch
+        and trap counts, lost calls), not only those read before."""
+        with self.lock:
+            self.source.lost()
+            self.source.counts()
+            for key in keys:
+                self.forget(key)
+
     def stats(self) -> dict[Stat, int]:
         return self.source.stats()
 

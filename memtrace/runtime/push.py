@@ -76,8 +76,7 @@ def push_forever(
                     "unsent (counted in memtrace.agent.unsent_processes)",
                     max_unsent_exited,
                 )
-            for key in drop:
-                agent.forget(key)
+            agent.forget_unread(drop)
             builder.unsent_processes += len(drop)
 
     def build() -> Batch:
