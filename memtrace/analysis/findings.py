@@ -210,8 +210,9 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
 
 def _over_budget(model: Model, key: ProcessKey, proc: Process, budget: float, min_cpu_s: float) -> Finding | None:
     o = model.overhead(key)
-    if o is None or o.share is None or o.cpu_seconds is None or o.cpu_seconds < min_cpu_s or o.share <= budget:
+    if o is None or not o.over(budget) or (o.cpu_seconds or 0.0) < min_cpu_s:
         return None
+    share = o.share or 0.0  # known: it is over
     launch_share = o.launch_traps * o.cost.entry_seconds / o.seconds if o.seconds else 0.0
     fix = "raise the budget (--overhead-budget, MEMTRACE_OVERHEAD_BUDGET) if this cost is acceptable"
     if launch_share >= 0.5:
@@ -223,14 +224,14 @@ def _over_budget(model: Model, key: ProcessKey, proc: Process, budget: float, mi
         "overhead_budget_exceeded",
         key,
         proc.name,
-        o.share,
-        f"memtrace's probes cost this process about {o.share:.1%} of its CPU time "
+        share,
+        f"memtrace's probes cost this process about {share:.1%} of its CPU time "
         f"({o.traps:,} traps, {launch_share:.0%} of the cost from launches, at "
         f"{o.cost.entry_seconds * 1e6:.1f} us a trap{'' if o.cost.calibrated else ', not calibrated'}), "
         f"over the {budget:.1%} budget; the budget is reported, not yet enforced",
         fix,
         {
-            "share_of_cpu": o.share,
+            "share_of_cpu": share,
             "budget": budget,
             "traps": o.traps,
             "launch_traps": o.launch_traps,

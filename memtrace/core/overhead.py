@@ -92,6 +92,11 @@ class Overhead:
             return None
         return self.seconds / self.cpu_seconds
 
+    def over(self, budget: float | None) -> bool:
+        """Its share of CPU time is known and above the budget (None: no budget)."""
+        share = self.share
+        return budget is not None and share is not None and share > budget
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "traps": self.traps,

@@ -143,7 +143,6 @@ def overhead(model: Model, budget: float | None) -> list[dict[str, Any]]:
         o = model.overhead(key)
         if o is None:
             continue
-        share = o.share
         out.append(
             {
                 "pid": key.pid,
@@ -151,7 +150,7 @@ def overhead(model: Model, budget: float | None) -> list[dict[str, Any]]:
                 "process": p.name,
                 **o.as_dict(),
                 "budget": budget,
-                "over_budget": budget is not None and share is not None and share > budget,
+                "over_budget": o.over(budget),
             }
         )
     return out

@@ -64,8 +64,7 @@ class TopView:
         o = model.overhead(key)
         if o is None or o.share is None:
             return ""
-        budget = self.thresholds.overhead_budget
-        return f"{o.share:.1%}" + ("!" if budget is not None and o.share > budget else "")
+        return f"{o.share:.1%}" + ("!" if o.over(self.thresholds.overhead_budget) else "")
 
     def render(
         self, model: Model, dt: float, host: HostBook | None = None, diagnoses: Sequence[Diagnosis] = ()

@@ -383,7 +383,8 @@ class Agent:
         """Copy what the kernel counts (launches, traps, calls lost from the
         ring) into the model, with the CPU time of the processes still running."""
         cpu = {}
-        for key, p in list(self.model.processes.items()):  # /proc, read before taking the lock
+        # Their CPU time is only read to tell their overhead (/proc, before taking the lock).
+        for key, p in list(self.model.processes.items()) if self.calibration is not None else ():
             if not p.exited:
                 ns = process_cpu_ns(key)
                 if ns is not None:

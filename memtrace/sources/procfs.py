@@ -62,11 +62,20 @@ def process_attributes(pid: int, name: str = "", exe: str = "", proc: Path = Pat
     return attrs
 
 
+def _stat_fields(pid: int, proc: Path) -> list[str]:
+    """/proc/PID/stat's fields after the command name (the state is [0]);
+    raises OSError if the process is gone."""
+    return (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _ns_per_tick() -> int:
+    return 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int:
     """When a process started, in clock ticks since boot (/proc/PID/stat), 0 if gone."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
+        return int(_stat_fields(pid, proc)[19])
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -74,7 +83,7 @@ def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int:
 def start_ticks_of(key: ProcessKey) -> int:
     """A process key's start in the ticks /proc/PID/stat counts (the kernel
     rounds its boot-clock ns down to them)."""
-    return key.start_ns // (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
+    return key.start_ns // _ns_per_tick()
 
 
 def is_running(key: ProcessKey, proc: Path = Path("/proc")) -> bool:
@@ -123,10 +132,10 @@ def process_cpu_ns(key: ProcessKey, proc: Path = Path("/proc")) -> int | None:
     (/proc/PID/stat, in clock ticks), None if it is gone or its pid is now
     another process's."""
     try:
-        fields = (proc / str(key.pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat_fields(key.pid, proc)
         ticks, utime, stime = int(fields[19]), int(fields[11]), int(fields[12])
     except (OSError, ValueError, IndexError):
         return None
     if key.start_ns and ticks != start_ticks_of(key):
         return None
-    return (utime + stime) * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
+    return (utime + stime) * _ns_per_tick()
