@@ -34,6 +34,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Set by user space before load. */
 const volatile bool filter_pids = false; /* only processes in `traced` */
 const volatile bool hold_libraries = true;
+/* Hold for a newly mapped libnccl too (the NCCL sensor is on): its probes
+ * go in before the library's first collective. */
+const volatile bool hold_nccl = false;
 /* The agent's own tgid: never held, since a stopped agent could not
  * continue itself (it may map a CUDA library, e.g. through NVML). */
 const volatile __u32 agent_tgid = 0;
@@ -745,7 +748,7 @@ int BPF_KPROBE(mt_launch)
 	return 0;
 }
 
-/* ---- holding processes until their CUDA library has probes ---- */
+/* ---- holding processes until their CUDA (or NCCL) library has probes ---- */
 
 #define PROT_EXEC 0x4
 
@@ -853,10 +856,10 @@ static __always_inline bool known(struct file *file)
 
 /*
  * ld.so maps a library's code with PROT_EXEC before running any of it.
- * When that file is a CUDA library (by its own name, not the path that
- * led to it) and either it or the executable is new to user space, stop
- * the process: the stop lands as mmap returns, before the library's code
- * runs, and user space attaches and continues it.
+ * When that file is a CUDA library, or libnccl with hold_nccl (by its own
+ * name, not the path that led to it), and either it or the executable is
+ * new to user space, stop the process: the stop lands as mmap returns,
+ * before the library's code runs, and user space attaches and continues it.
  */
 SEC("tracepoint/syscalls/sys_enter_mmap")
 int mt_mmap(struct trace_event_raw_sys_enter *ctx)
@@ -879,7 +882,8 @@ int mt_mmap(struct trace_event_raw_sys_enter *ctx)
 	name = BPF_CORE_READ(file, f_path.dentry, d_name.name);
 	if (bpf_probe_read_kernel_str(base, sizeof(base), name) <= 0)
 		return 0;
-	if (!has_prefix(base, "libcuda.so", 10) && !has_prefix(base, "libcudart.so", 12))
+	if (!has_prefix(base, "libcuda.so", 10) && !has_prefix(base, "libcudart.so", 12) &&
+	    !(hold_nccl && has_prefix(base, "libnccl.so", 10)))
 		return 0;
 	if (known(file) && known(BPF_CORE_READ(task, mm, exe_file)))
 		return 0;

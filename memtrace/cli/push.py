@@ -67,7 +67,7 @@ def push(
             histogram=histogram,
         )
         cfg = dataclasses.replace(cfg, overhead_budget=overhead_budget(budget))
-        opts = Options(ring_bytes=ring_bytes(ring_size))
+        opts = Options(ring_bytes=ring_bytes(ring_size), hold_nccl=host)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
     except MemtraceError as e:

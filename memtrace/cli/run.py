@@ -96,7 +96,7 @@ def run(
     created = False
     json_fd: int | None = None
     try:
-        opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size))
+        opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size), hold_nccl=host)
         budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
@@ -113,7 +113,7 @@ def run(
             diagnosis = LiveDiagnosis(agent, signals) if signals is not None else None
             if signals is not None and diagnosis is not None:
                 signals.on_tick = diagnosis.tick
-                signals.on_collectives = agent.add_collectives
+                signals.follow(agent)
             done = run_command(agent, cmd, host=signals)
             if not agent.wait_calibrated(CALIBRATION_WAIT_S):
                 log.warning("a probe's trap cost is not measured yet: the summary has no overhead")

@@ -14,9 +14,13 @@ never raised into the traced run.
 Which processes: those the caller names (`memtrace run`'s command, from
 its first instruction) and every process the CUDA model has met, polled at
 each sample. The sched sensor measures a process from the moment it is
-added; the NCCL sensor follows the traced processes' forks itself and
-attaches to a libnccl file when a sample finds one mapped, so collectives
-made between the library's load and that sample are not seen: the
+added; the NCCL sensor follows the traced processes' forks itself. It
+attaches to a libnccl file as a process maps it: the CUDA sensor stops the
+process at the mapping (`nccl_mapped`, wired by `follow`) and continues it
+once the probes are in, so every collective is seen from the first. Where
+that cannot be (a terminal's foreground job is never stopped; a library
+mapped before the agent started), a sample that finds the library mapped
+attaches it: collectives made before then are not seen, and the
 collectives rows of such a process say so (`counted_from`).
 
 Cost: one sample reads the sched maps (one lookup per traced process), the
@@ -41,7 +45,8 @@ import numpy as np
 from memtrace.core.errors import MemtraceError
 from memtrace.core.nccl import Collective
 from memtrace.model.host import HostBook, SensorState
-from memtrace.sensors.nccl.discovery import mapped_nccl
+from memtrace.sensors.cuda.discovery import Candidate
+from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
 from memtrace.sources.cgroup import CgroupNames, cpu_quotas
 
 log = logging.getLogger("memtrace")
@@ -84,6 +89,10 @@ class HostSignals:
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
+        # Processes that mapped an attached libnccl (nccl_mapped, another thread), each
+        # until it is traced here (a few samples at most): pid -> samples waited.
+        self._nccl_mapped: dict[int, int] = {}
+        self._nccl_lock = threading.Lock()  # _nccl's lifetime and _nccl_mapped, against nccl_mapped
         self._quota_first: dict[int, dict[str, tuple[int, int]]] = {}
         self._count = 0
         self._thread: threading.Thread | None = None
@@ -153,6 +162,33 @@ class HostSignals:
 
         self._net = NetdevSource(link_every=self.opts.link_every)
 
+    def follow(self, agent: Any) -> None:
+        """Wire these signals to an agent (runtime.agent.Agent) before
+        start(): the collectives go into its model, and its CUDA sensor
+        stops a process that maps a new libnccl until nccl_mapped has
+        attached it (the agent was made with Options(hold_nccl=True))."""
+        self.on_collectives = agent.add_collectives
+        agent.source.on_library_mapped = self.nccl_mapped
+
+    def nccl_mapped(self, pid: int, lib: Candidate, held: bool) -> bool:
+        """A traced process maps a libnccl not attached yet (the CUDA
+        sensor's control thread, with the process stopped when `held`):
+        attach it now. True once attached (or already). Not held, the
+        process ran on meanwhile: its rows are counted from now."""
+        if not is_nccl(lib.name):
+            return False
+        with self._nccl_lock:
+            if self._nccl is None:
+                return False
+            if self._nccl.attach(lib.path, lib.name) is None:
+                return False
+            self._nccl.trace_pid(pid)
+            self._nccl_mapped[pid] = 0
+        if not held:
+            self._nccl_since.setdefault(pid, time.time())
+        log.info("pid %d mapped %s: attached%s", pid, lib.name, "" if held else " (it was not held)")
+        return True
+
     def finish(self) -> None:
         """Stop sampling and take the last sample now, before a last export
         (what the sensors saw since the previous sample goes out with it);
@@ -165,11 +201,13 @@ class HostSignals:
     def close(self) -> None:
         """A last sample (unless finish() took it), then every sensor closed."""
         self.finish()
-        for s in (self._sched, self._nccl, self._nvml, self._net):
+        with self._nccl_lock:
+            nccl, self._nccl = self._nccl, None
+        for s in (self._sched, nccl, self._nvml, self._net):
             if s is not None:
                 with contextlib.suppress(MemtraceError, OSError):
                     s.close()
-        self._sched = self._nccl = self._nvml = self._net = None
+        self._sched = self._nvml = self._net = None
 
     def __enter__(self) -> HostSignals:
         return self
@@ -249,6 +287,15 @@ class HostSignals:
             for pid in look - self._nccl_users:
                 if any(c.fid in fids for c in mapped_nccl(pid)):
                     self._nccl_users.add(pid)
+        with self._nccl_lock:
+            for pid in list(self._nccl_mapped):
+                if pid in pids:
+                    self._nccl_users.add(pid)
+                    del self._nccl_mapped[pid]
+                else:
+                    self._nccl_mapped[pid] += 1
+                    if self._nccl_mapped[pid] > self.opts.scan_every:  # never traced here: its scan will do
+                        del self._nccl_mapped[pid]
         events = np.concatenate(batches)
         events = events[np.isin(events["pid"], list(pids))]
         self._nccl_users.update(np.unique(events["pid"]).tolist())

@@ -194,7 +194,7 @@ def push_with_host_signals(agent: Agent, cfg: PushConfig, stop: threading.Event,
         events = DiagnosisEvents(cfg, resource)
         diagnosis = LiveDiagnosis(agent, signals, on_diagnosis=lambda d: events.emit(d, d.start_ns))
         signals.on_tick = diagnosis.tick
-        signals.on_collectives = agent.add_collectives
+        signals.follow(agent)
         signals.tick_s = max(host_interval, 0.5)
         signals.start()
         try:

@@ -43,6 +43,7 @@ log = logging.getLogger("memtrace")
 # `attached` map values
 _ATTACHED_LIBRARY = 1
 _CHECKED_EXECUTABLE = 2
+_OTHER_LIBRARY = 3  # another sensor's (libnccl), handled by on_library_mapped
 
 DEFAULT_RING_BYTES = 16 << 20
 
@@ -151,6 +152,7 @@ class Options:
     only_traced: bool = False  # `memtrace run`: only processes added with trace_pid and their children
     ring_bytes: int = DEFAULT_RING_BYTES
     hold_libraries: bool = True
+    hold_nccl: bool = False  # hold a process mapping a new libnccl too, for on_library_mapped
     hold_limit_s: float = HOLD_LIMIT_S  # the longest a process is held, whatever the agent does
 
 
@@ -201,6 +203,10 @@ class BpfSource:
         self._ctl_stop = threading.Event()
         self._ctl_thread: threading.Thread | None = None
 
+        # Another sensor's library (libnccl, with hold_nccl) that a process
+        # was stopped for: (pid, the file, held?) -> True once handled. Called
+        # on the control thread before the process is continued.
+        self.on_library_mapped: Callable[[int, discovery.Candidate, bool], bool] | None = None
         self.holds_expired = 0  # holds the guardian ended at the limit before the probes were in
         self.not_held = 0  # processes that mapped a new CUDA library and were not held
         self.on_process = on_process  # a process's first event: (key, comm, cgroup id), from BPF
@@ -234,6 +240,7 @@ class BpfSource:
             {
                 "filter_pids": self.opts.only_traced,
                 "hold_libraries": self.opts.hold_libraries,
+                "hold_nccl": self.opts.hold_libraries and self.opts.hold_nccl,
                 "agent_tgid": os.getpid(),
                 "pidns_dev": ns_dev,
                 "pidns_ino": ns_ino,
@@ -492,26 +499,50 @@ class BpfSource:
         if ev.type == CtlType.PROC:
             self._notice("proc", ev, ev.comm.decode(errors="replace"), ev.cgroup_id)
             return
+        held = ev.held == HoldState.HELD
+        cuda = True  # a CUDA library's hold: the model hears whether the process was held
         try:
+            cuda = not self._other_library(ev.pid, ev.fd, held)
             self._attach_mapped(ev.pid, ev.fd)
         except MemtraceError as e:
             log.warning("pid %d: %s", ev.pid, e)
         finally:
-            if ev.held == HoldState.HELD:
-                self._notice("held", ev)  # nothing of it ran before its probes
+            if held:
+                if cuda:
+                    self._notice("held", ev)  # nothing of it ran before its probes
                 rel = release(self.maps[HELD_MAP], ev.host_pid, self.opts.hold_limit_s)
                 if rel.expired and discovery.alive(ev.pid):
                     self.holds_expired += 1
-                    self._notice("missed", ev)
+                    if cuda:
+                        self._notice("missed", ev)
                     log.warning(
-                        "pid %d ran on before its CUDA library was attached (hold limit %g s): "
+                        "pid %d ran on before its %s library was attached (hold limit %g s): "
                         "its first calls may be missing",
                         ev.pid,
+                        "CUDA" if cuda else "NCCL",
                         self.opts.hold_limit_s,
                     )
-            else:
+            elif cuda:
                 self.not_held += 1
                 self._notice("missed", ev)
+
+    def _other_library(self, pid: int, fd: int, held: bool) -> bool:
+        """Hand a mapped file that is not CUDA's (libnccl) to the sensor that
+        asked for it; marked known once handled, so its next mappings run
+        on. True: it was such a file (whether or not a sensor took it)."""
+        cand = discovery.opened_file(pid, fd)
+        if cand is None or cand.layer is not None:
+            return False
+        if self.on_library_mapped is None:
+            return True
+        try:
+            handled = self.on_library_mapped(pid, cand, held)
+        except Exception:  # noqa: BLE001 - another sensor's failure must not keep the process stopped
+            log.exception("pid %d: %s", pid, cand.name)
+            return True
+        if handled:
+            self._mark(cand.fid, _OTHER_LIBRARY)
+        return True
 
     def _attach_mapped(self, pid: int, fd: int) -> None:
         """Attach the library a MAP notice names, and check the executable.

@@ -2,9 +2,11 @@
 files (once per inode), drain its ring, read its maps.
 
 The runtime drives it: `start()`, `scan()` or `attach()` when libnccl shows
-up, `poll()` on a timer (the ring is written without wakeups, so nothing is
-delivered unless it is drained), `totals()`, `close()`. A host with no
-NCCL leaves it idle: nothing attached, empty batches, no error.
+up (either may come from another thread: the CUDA sensor's control thread
+attaches a libnccl whose mapping held a process), `poll()` on a timer (the
+ring is written without wakeups, so nothing is delivered unless it is
+drained), `totals()`, `close()`. A host with no NCCL leaves it idle:
+nothing attached, empty batches, no error.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -64,6 +67,7 @@ class NcclSensor:
         self._maps: dict[str, Map] = {}
         self._links: list[Link] = []
         self._seen: dict[tuple[int, Collective], CallTotals] = {}
+        self._attach_lock = threading.RLock()  # attach() and scan(): one file once, from any thread
 
     # ---- lifecycle ----
 
@@ -115,6 +119,10 @@ class NcclSensor:
     def attach(self, path: str, name: str | None = None) -> NcclAttachment | None:
         """Probe the NCCL symbols a file defines, once per inode (every process
         mapping it is then seen, from its first call). None: nothing to probe."""
+        with self._attach_lock:
+            return self._attach(path, name)
+
+    def _attach(self, path: str, name: str | None) -> NcclAttachment | None:
         assert self.obj is not None, "start() first"
         try:
             fid = FileId.of(os.stat(path))
@@ -143,12 +151,13 @@ class NcclSensor:
     def scan(self, pids_: Iterable[int] | None = None) -> int:
         """Attach to the libnccl files mapped by running processes (all, or
         `pids_`). Returns how many files were newly attached."""
-        before = len(self.attachments)
+        new = 0
         for pid in pids_ if pids_ is not None else list(pids()):
             for cand in mapped_nccl(pid):
-                if cand.fid not in self.attachments:
-                    self.attach(cand.path, cand.name)
-        return len(self.attachments) - before
+                with self._attach_lock:
+                    if cand.fid not in self.attachments and self._attach(cand.path, cand.name) is not None:
+                        new += 1
+        return new
 
     # ---- draining ----
 
