@@ -188,6 +188,17 @@ def test_the_estimate_weighs_launch_traps_and_paired_traps_by_their_own_cost() -
     assert o.seconds == pytest.approx(1000 * 2e-6 + 50 * 3e-6)
     assert o.share == pytest.approx(o.seconds / 0.5)
     assert Overhead(10, 0, FALLBACK, None, False).share is None
+    assert not o.bounded
+
+
+def test_the_estimate_never_exceeds_the_cpu_time_that_includes_it() -> None:
+    """A trap cost timed on a busier host (kept for the hour) would put a
+    short process at more than all of its CPU time: capped, and said."""
+    o = Overhead(traps=20_000, launch_traps=0, cost=TrapCost(10e-6, 20e-6), cpu_seconds=0.1, cpu_final=True)
+    assert o.traps_seconds == pytest.approx(0.2)
+    assert o.bounded and o.seconds == 0.1 and o.share == 1.0
+    assert o.as_dict()["bounded"] is True and o.as_dict()["estimated_seconds"] == 0.1
+    assert not Overhead(20_000, 0, TrapCost(10e-6, 20e-6), None, False).bounded
 
 
 def test_the_measured_cost_is_kept_for_this_boot_only(tmp_path: Path) -> None:

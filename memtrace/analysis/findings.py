@@ -213,7 +213,7 @@ def _over_budget(model: Model, key: ProcessKey, proc: Process, budget: float, mi
     if o is None or not o.over(budget) or (o.cpu_seconds or 0.0) < min_cpu_s:
         return None
     share = o.share or 0.0  # known: it is over
-    launch_share = o.launch_traps * o.cost.entry_seconds / o.seconds if o.seconds else 0.0
+    launch_share = o.launch_traps * o.cost.entry_seconds / o.traps_seconds if o.traps_seconds else 0.0
     fix = "raise the budget (--overhead-budget, MEMTRACE_OVERHEAD_BUDGET) if this cost is acceptable"
     if launch_share >= 0.5:
         fix = (

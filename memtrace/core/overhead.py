@@ -81,9 +81,23 @@ class Overhead:
     cpu_final: bool  # read at its exit: its whole CPU time
 
     @property
-    def seconds(self) -> float:
+    def traps_seconds(self) -> float:
+        """The traps at the calibrated cost."""
         pair_traps = self.traps - self.launch_traps
         return self.launch_traps * self.cost.entry_seconds + pair_traps * self.cost.per_trap()
+
+    @property
+    def bounded(self) -> bool:
+        """The traps at the calibrated cost come to more than the process's
+        whole CPU time, which includes them: the figure was timed under
+        other conditions (a cached one, a loaded host). Capped at the CPU time."""
+        return self.cpu_seconds is not None and self.traps_seconds > self.cpu_seconds
+
+    @property
+    def seconds(self) -> float:
+        """What the traps cost the process: never more than its CPU time."""
+        est = self.traps_seconds
+        return min(est, self.cpu_seconds) if self.cpu_seconds is not None else est
 
     @property
     def share(self) -> float | None:
@@ -108,5 +122,6 @@ class Overhead:
             "trap_seconds": self.cost.entry_seconds,
             "pair_seconds": self.cost.pair_seconds,
             "calibrated": self.cost.calibrated,
+            "bounded": self.bounded,
             "estimated": True,
         }

@@ -412,7 +412,8 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
             console,
             f"[bold]overhead[/bold]: {o['pid']} {o['process']}: {share} of its CPU{over} "
             f"({o['traps']:,} traps, ~{human_seconds(o['estimated_seconds'])} at "
-            f"{o['trap_seconds'] * 1e6:.1f} us a trap{'' if o['calibrated'] else ', not calibrated'})",
+            f"{o['trap_seconds'] * 1e6:.1f} us a trap{'' if o['calibrated'] else ', not calibrated'}"
+            f"{', capped at its CPU time' if o.get('bounded') else ''})",
             highlight=False,
         )
     if len(rows) > 3:
