@@ -178,6 +178,21 @@ def test_memory_stalls_are_host_memory_pressure() -> None:
     assert d.diagnoses[0].evidence["memory_stall_share"] == pytest.approx(0.3)
 
 
+def test_a_loader_slowed_by_memory_stalls_is_memory_pressure_not_input_starvation() -> None:
+    """A data set thrashing in the page cache under a memory limit: the host
+    part of each step grows and the GPU idles for it, as in input
+    starvation, but the host's tasks stall on memory meanwhile (PSI): the
+    cause is the memory (bench/diagnose's memory_pressure fault)."""
+    windows = healthy(30)
+    for i in range(30, 36):
+        w = proc(20.0)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i, memory_stall_ns=int(W_NS * 0.2))))
+    d, made = run(windows)
+    assert made == [(31, "host_memory_pressure")]
+    assert d.diagnoses[0].evidence["memory_stall_share"] == pytest.approx(0.2)
+
+
 def test_a_gpu_idling_while_the_host_loads_data_is_input_starvation() -> None:
     windows = healthy(30)
     for i in range(30, 36):

@@ -27,16 +27,21 @@ random time between 35% and 65% of the run and lasts to the end:
                     sending end a tbf qdisc holds to 400 Mbit/s (its NIC);
                     a bulk TCP flow from the job's namespace to the same
                     peer starts at onset                      -> nic_contention
+  memory_pressure   the job reads a 64 MiB data set each step (from the page
+                    cache); at onset it is moved into a memory cgroup
+                    limited to 16 MiB and the file's cache is dropped, so
+                    each step's reads reclaim and refault  -> host_memory_pressure
   none              nothing (healthy control)                 -> no diagnosis
 
 Only the nic_contention trials run the job in a network namespace with the
-exchange; the other faults' job sends nothing.
+exchange; the other faults' job sends nothing. Only the memory_pressure
+trials read a data set.
 
 The faults are simulations of what the hardware and neighbours do, driven
 through the same interfaces memtrace reads in production (the scheduler,
-cgroups, NVML through nvidia-ml-py, the copy calls' own times). Faults not
-injected here (no harness yet): host memory pressure, a straggler rank; their causes are tested on scripted windows in
-tests/test_diagnosis.py.
+cgroups, NVML through nvidia-ml-py, the copy calls' own times). A fault not
+injected here (no harness yet): a straggler rank; its cause is tested on
+scripted windows in tests/test_diagnosis.py.
 
 A trial's prediction is the first diagnosis of the job's process at or
 after the fault's onset ("none" if there is none); a diagnosis before the
@@ -76,8 +81,11 @@ EXPECTED = {
     "competing_copier": "pcie_contention",
     "slow_loader": "input_starvation",
     "nic_contention": "nic_contention",
+    "memory_pressure": "host_memory_pressure",
     "none": "none",
 }
+DATA_BYTES = 64 << 20  # memory_pressure: the job's data set, read whole each step
+MEMORY_LIMIT = 16 << 20  # and the limit it is moved under at onset
 LINK_RATE = 2 << 30  # the emulated link, bytes per second: the job's copies take about a third of a step
 CPU = str((os.cpu_count() or 1) - 1)
 
@@ -113,25 +121,46 @@ class Trial:
     wall_s: float = 0.0
 
 
-class QuotaCgroup:
-    """A cpu cgroup at 30% of one CPU, v2 or v1."""
+def cpu_quota_cgroup() -> BenchCgroup:
+    """A cpu cgroup at 30% of one CPU."""
+    return BenchCgroup("cpu", {"cpu.max": "30000 100000"}, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "30000"})
 
-    def __init__(self) -> None:
-        name = f"memtrace-bench-quota-{os.getpid()}"
-        v2 = cgroup2_root()
-        if v2 is not None and "cpu" in (v2 / "cgroup.controllers").read_text().split():
-            (v2 / "cgroup.subtree_control").write_text("+cpu")
-            self.dir = v2 / name
-            self.dir.mkdir()
-            (self.dir / "cpu.max").write_text("30000 100000")
+
+def memory_cgroup() -> BenchCgroup:
+    """A memory cgroup limited to MEMORY_LIMIT (page cache included; no swap is needed: the data set is clean)."""
+    return BenchCgroup("memory", {"memory.max": str(MEMORY_LIMIT)}, {"memory.limit_in_bytes": str(MEMORY_LIMIT)})
+
+
+def drop_cache(path: Path) -> None:
+    """Drop a file's pages from the page cache (charged to the cgroup the job
+    left), so its next reads are charged to the one it is in now."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class BenchCgroup:
+    """A cgroup of one controller for a fault, v2 or v1: `v2` and `v1` are
+    the limit files to write in each."""
+
+    def __init__(self, controller: str, v2: dict[str, str], v1: dict[str, str]) -> None:
+        name = f"memtrace-bench-{controller}-{os.getpid()}"
+        root = cgroup2_root()
+        if root is not None and controller in (root / "cgroup.controllers").read_text().split():
+            (root / "cgroup.subtree_control").write_text(f"+{controller}")
+            limits = v2
         else:
-            v1 = cgroup_v1_root("cpu")
-            if v1 is None:
-                raise SystemExit("no cpu cgroup controller: cannot inject cpu_quota")
-            self.dir = v1 / name
-            self.dir.mkdir()
-            (self.dir / "cpu.cfs_period_us").write_text("100000")
-            (self.dir / "cpu.cfs_quota_us").write_text("30000")
+            root = cgroup_v1_root(controller)
+            if root is None:
+                raise SystemExit(f"no {controller} cgroup controller: cannot inject this fault")
+            limits = v1
+        self.dir = root / name
+        self.dir.mkdir()
+        for f, v in limits.items():
+            (self.dir / f).write_text(v)
 
     def add(self, pid: int) -> None:
         (self.dir / "cgroup.procs").write_text(str(pid))  # the whole process, every thread
@@ -270,6 +299,13 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         str(4 << 20),
     ]
     net: NetPair | None = None
+    data = tmp / "dataset"
+    if fault == "memory_pressure":
+        if not data.exists():
+            with open(data, "wb") as f:  # on tmp's filesystem: a disk, not tmpfs (its pages could not be reclaimed)
+                for _ in range(DATA_BYTES >> 20):
+                    f.write(os.urandom(1 << 20))
+        job += ["-d", str(data)]
     if fault == "nic_contention":
         net = NetPair()
         job += ["-n", str(NET_BYTES)]
@@ -292,7 +328,7 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     start = time.monotonic()
     agent = subprocess.Popen(net.in_a(cmd) if net else cmd, env=env, stderr=subprocess.DEVNULL, cwd=REPO)
     hog: subprocess.Popen[bytes] | None = None
-    quota: QuotaCgroup | None = None
+    quota: BenchCgroup | None = None
     last_cpu = [0.0]
 
     def watch() -> None:
@@ -313,8 +349,14 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         elif fault == "cpu_quota":
             pid = job_pid()
             if pid is not None:
-                quota = QuotaCgroup()
+                quota = cpu_quota_cgroup()
                 quota.add(pid)
+        elif fault == "memory_pressure":
+            pid = job_pid()
+            if pid is not None:
+                quota = memory_cgroup()
+                quota.add(pid)
+                drop_cache(data)
         elif fault == "gpu_thermal":
             write_atomic(script, nvml_script(reasons=0x20 | 0x40, temp=92))
             control.write_text("gpu=2 loader=1\n")
@@ -385,7 +427,7 @@ def main() -> None:
     rnd = random.Random(args.seed)
     faults = [f for f in args.faults.split(",") for _ in range(args.trials_per_fault)]
     rnd.shuffle(faults)
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as d:  # a disk: memory_pressure reads from it
         tmp = Path(d)
         fc = tmp / "fc"
         subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fc}"], check=True)

@@ -190,6 +190,13 @@ def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
+def _stall_share(ws: list[tuple[ProcWindow, HostWindow]]) -> float | None:
+    """The share of the windows' time in which some task stalled on memory (PSI); None: no PSI."""
+    xs = [(h.memory_stall_ns, h.seconds) for _, h in ws if h.memory_stall_ns is not None]
+    secs = sum(t for _, t in xs)
+    return sum(n for n, _ in xs if n is not None) / (secs * 1e9) if xs and secs else None
+
+
 def _cpu_share(ws: list[ProcWindow]) -> float | None:
     known = [w for w in ws if w.runq_ns is not None]
     if not known:
@@ -414,12 +421,9 @@ class Diagnoser:
     def _memory(
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
-        sb = [(h.memory_stall_ns, h.seconds) for _, h in before if h.memory_stall_ns is not None]
-        sa = [(h.memory_stall_ns, h.seconds) for _, h in after if h.memory_stall_ns is not None]
-        if not sa or not sb:
+        share_b, share_a = _stall_share(before), _stall_share(after)
+        if share_a is None or share_b is None:
             return None
-        share_b = sum(n for n, _ in sb) / (sum(t for _, t in sb) * 1e9)
-        share_a = sum(n for n, _ in sa) / (sum(t for _, t in sa) * 1e9)
         return (
             (share_a - share_b) / 0.05,
             "host_memory_pressure",
@@ -438,6 +442,9 @@ class Diagnoser:
         cpu_b, cpu_a = _cpu_share([w for w, _ in before]), _cpu_share([w for w, _ in after])
         if cpu_a is not None and cpu_b is not None and cpu_a - cpu_b >= 0.05:
             return 0.0, "input_starvation", {}  # the host work slowed for want of a CPU: not the input
+        stall_b, stall_a = _stall_share(before), _stall_share(after)
+        if stall_a is not None and stall_b is not None and stall_a - stall_b >= 0.05:
+            return 0.0, "input_starvation", {}  # the host work stalled on memory (reclaim, refaults): not the input
         ev = {
             "gpu_idle_share_before": round(ib, 4),
             "gpu_idle_share": round(ia, 4),
