@@ -192,9 +192,9 @@ def _share(part: int, whole: int) -> float:
 
 def _stall_share(ws: list[tuple[ProcWindow, HostWindow]]) -> float | None:
     """The share of the windows' time in which some task stalled on memory (PSI); None: no PSI."""
-    xs = [(h.memory_stall_ns, h.seconds) for _, h in ws if h.memory_stall_ns is not None]
+    xs = [(n, h.seconds) for _, h in ws if (n := h.memory_stall_ns) is not None]
     secs = sum(t for _, t in xs)
-    return sum(n for n, _ in xs if n is not None) / (secs * 1e9) if xs and secs else None
+    return sum(n for n, _ in xs) / (secs * 1e9) if xs and secs else None
 
 
 def _cpu_share(ws: list[ProcWindow]) -> float | None:

@@ -502,8 +502,9 @@ class BpfSource:
         held = ev.held == HoldState.HELD
         cuda = True  # a CUDA library's hold: the model hears whether the process was held
         try:
-            cuda = not self._other_library(ev.pid, ev.fd, held)
-            self._attach_mapped(ev.pid, ev.fd)
+            opened = discovery.opened_file(ev.pid, ev.fd)
+            cuda = not self._other_library(ev.pid, opened, held)
+            self._attach_mapped(ev.pid, opened)
         except MemtraceError as e:
             log.warning("pid %d: %s", ev.pid, e)
         finally:
@@ -526,33 +527,31 @@ class BpfSource:
                 self.not_held += 1
                 self._notice("missed", ev)
 
-    def _other_library(self, pid: int, fd: int, held: bool) -> bool:
+    def _other_library(self, pid: int, cand: discovery.Candidate | None, held: bool) -> bool:
         """Hand a mapped file that is not CUDA's (libnccl) to the sensor that
         asked for it; marked known once handled, so its next mappings run
         on. True: it was such a file (whether or not a sensor took it)."""
-        cand = discovery.opened_file(pid, fd)
         if cand is None or cand.layer is not None:
             return False
         if self.on_library_mapped is None:
             return True
         try:
             handled = self.on_library_mapped(pid, cand, held)
-        except Exception:  # noqa: BLE001 - another sensor's failure must not keep the process stopped
-            log.exception("pid %d: %s", pid, cand.name)
+        except Exception as e:  # noqa: BLE001 - another sensor's failure must not keep the process stopped
+            log.warning("pid %d: %s not attached: %s: %s", pid, cand.name, type(e).__name__, e)
             return True
         if handled:
             self._mark(cand.fid, _OTHER_LIBRARY)
         return True
 
-    def _attach_mapped(self, pid: int, fd: int) -> None:
+    def _attach_mapped(self, pid: int, cand: discovery.Candidate | None) -> None:
         """Attach the library a MAP notice names, and check the executable.
 
-        Through the process's descriptor while it is still open; when it is
-        gone (the loader closes it once mapped, and a process not held runs
-        on) through the mapping itself (/proc/PID/map_files), which we open
-        ourselves."""
+        Through the process's descriptor while it is still open (`cand`);
+        when it is gone (the loader closes it once mapped, and a process not
+        held runs on) through the mapping itself (/proc/PID/map_files),
+        which we open ourselves."""
         with self._attach_lock:
-            cand = discovery.opened_file(pid, fd)
             if cand is not None and cand.layer is not None:
                 if self.attach(cand) is None:
                     cand = None
