@@ -179,6 +179,30 @@ def test_fed_as_the_sensors_deliver_the_waits_are_charged_as_all_at_once() -> No
     assert charged > 300 and eager_wrong > 0  # waits were charged, and the watermark mattered
 
 
+def test_a_process_said_to_map_libnccl_before_its_first_call_has_every_wait_kept() -> None:
+    """The CUDA sensor says a held process mapped libnccl before the model
+    has met it (its first CUDA call comes later): its waits are kept from its
+    first event, so the first poll's all_reduce takes the wait that followed
+    it, whatever the order of the host sample and the process's introduction."""
+    from memtrace.model.aggregate import Model
+
+    m = Model()
+    pid = 10**7 + 9
+    m.add_collectives(np.zeros(0, EVENT_DTYPE), 0, frozenset({pid}))  # held at the mapping
+    ev = np.zeros(1, abi.EVENT_DTYPE)  # its first CUDA call: the wait
+    ev["pid"] = ev["tid"] = pid
+    ev["api"], ev["stream"], ev["ts_ns"], ev["duration_ns"] = 80, A, 2_000, 777_000
+    m.add_events(ev)
+    nc = nccl_events(coll(C.ALLREDUCE, 1_000, A))
+    nc["pid"] = nc["tid"] = pid
+    m.add_collectives(nc, 10_000, frozenset())  # the first poll: before the sample lists it as a user
+    assert m.collective_wait_totals() == {(pid, C.ALLREDUCE): (1, 777_000)}
+    key = next(iter(m.processes))
+    m.forget(key)
+    m.add_events(ev)  # the same pid again, never said to map libnccl: nothing kept
+    assert m.collective_waits == {}
+
+
 def test_sync_scopes_follow_the_cuda_api_table() -> None:
     ids = np.array([80, 81, 82, 90, 91, 92], np.uint16)
     assert sync_scopes(ids).tolist() == [0, 1, 2, 0, 1, 2]

@@ -105,6 +105,8 @@ _NO_EVENTS = np.zeros(0, EVENT_DTYPE)  # a CUDA batch of none (collectives alone
 
 
 class Model:
+    MAX_NCCL_PIDS = 10240  # pids said to map libnccl, kept until the model meets them (BPF's MAX_PROCESSES)
+
     def __init__(
         self,
         complete_after_ns: int | None = None,
@@ -129,6 +131,9 @@ class Model:
         self.step_trackers: dict[ProcessKey, StepTracker] = {}  # its steps (model/steps.py)
         # Who waited for its collectives (model/collectives.py), for processes that made any.
         self.collective_waits: dict[ProcessKey, WaitAttributor] = {}
+        # Pids said to have libnccl mapped, perhaps before the model met them:
+        # their waits are kept from their first event on.
+        self._nccl_pids: set[int] = set()
         self.collectives_unmatched = 0  # NCCL events of a pid the model has no live process for
         self._by_pid: dict[int, ProcessKey] = {}  # the latest process of each pid
         self.trap_cost: TrapCost | None = None  # what a probe's trap costs on this host, once measured
@@ -149,6 +154,8 @@ class Model:
             self.processes[key] = p
             if key.start_ns >= self._by_pid.get(key.pid, ProcessKey(0, 0)).start_ns:
                 self._by_pid[key.pid] = key
+            if key.pid in self._nccl_pids:
+                self.collective_waits.setdefault(key, WaitAttributor())
         return p
 
     def introduce(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
@@ -380,7 +387,12 @@ class Model:
         up to `complete_until_ns`: each process's collectives join its steps
         (the `collective` share) and the waits that followed are charged to them.
         `users`: processes with libnccl mapped: their waits are kept from now on,
-        before their first collective is polled (a poll comes less often than a drain)."""
+        before their first collective is polled (a poll comes less often than a drain),
+        and from its first event for one the model has not met yet (the CUDA
+        sensor reports a held libnccl mapping before the process's first call)."""
+        self._nccl_pids |= users
+        if len(self._nccl_pids) > self.MAX_NCCL_PIDS:  # pids never met, kept too long: the latest word only
+            self._nccl_pids = set(users)
         for pid in users:
             key = self._by_pid.get(pid)
             if key is not None and key in self.processes and key not in self.collective_waits:
@@ -574,6 +586,7 @@ class Model:
         self.collective_waits.pop(key, None)
         if self._by_pid.get(key.pid) == key:
             del self._by_pid[key.pid]
+            self._nccl_pids.discard(key.pid)
 
     def collective_wait_totals(self) -> dict[tuple[int, Collective], tuple[int, int]]:
         """Per (pid, collective) of the live processes: the waits charged to it, and their total ns."""

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from memtrace.core.errors import MemtraceError
+from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
 from memtrace.core.nccl import Collective
 from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.cuda.discovery import Candidate
@@ -184,6 +185,10 @@ class HostSignals:
                 return False
             self._nccl.trace_pid(pid)
             self._nccl_mapped[pid] = 0
+        if self.on_collectives is not None:
+            # Said now, before the process runs on: its waits are kept from its
+            # first CUDA call, not from the next sample (which may come after many).
+            self.on_collectives(np.zeros(0, NCCL_EVENT_DTYPE), 0, frozenset({pid}))
         if not held:
             self._nccl_since.setdefault(pid, time.time())
         log.info("pid %d mapped %s: attached%s", pid, lib.name, "" if held else " (it was not held)")
