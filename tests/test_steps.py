@@ -170,6 +170,37 @@ def test_a_thread_that_never_steps_holds_a_bounded_number_of_events() -> None:
     assert t.stats() is None
 
 
+def test_a_thread_fed_in_small_batches_keeps_a_few_arrays_and_each_symbols_last_waits() -> None:
+    # 2,000 batches of 12 events (1000 processes once held 16 MB of small
+    # arrays this way): the pending events stay a few arrays, the latest
+    # MAX_SEARCH_PENDING of them (and the chunks since the last join), and each symbol keeps its last RING waits
+    # (return time, event number), exactly.
+    from memtrace.model.steps import MAX_CHUNKS, MAX_SEARCH_PENDING, RING
+
+    rng = np.random.default_rng(7)
+    t = StepTracker(PID)
+    t0, rows = 10**12, []
+    for _ in range(2000):
+        starts = t0 + np.cumsum(rng.exponential(5 * MS, 12).astype(np.int64) + 200 * US)
+        t0 = int(starts[-1]) + MS
+        batch = [(int(x), 100 * US, STREAM_SYNC, STREAM, Direction.H2D, TID) for x in starts]
+        rows += batch
+        t.add(events(batch))
+        t.flush()
+        (th,) = t.threads.values()
+        assert len(th.pending.chunks) <= MAX_CHUNKS + 1
+    assert t.stats() is None  # waits at random: no anchor
+    (th,) = t.threads.values()
+    assert th.pending.count <= MAX_SEARCH_PENDING + (MAX_CHUNKS + 1) * 12
+    _e, ret, _k, _y = th.pending.joined()
+    want = np.array([r[0] + r[1] for r in rows], np.int64)
+    assert ret.tolist() == want[-len(ret) :].tolist()  # the latest events, in order
+    ((_sym, ring),) = th.seen.items()
+    assert ring.pairs()[:, 0].tolist() == want[-RING:].tolist()
+    assert ring.pairs()[:, 1].tolist() == list(range(len(rows) - RING, len(rows)))
+    assert th.counts[_sym] == len(rows)
+
+
 def test_collectives_count_as_collective_time() -> None:
     rows = loop(10)
     coll = np.zeros(10, EVENT_DTYPE)

@@ -108,6 +108,7 @@ MERGE_BELOW = 0.5  # an interval with at most this share of a typical step's eve
 RECENT = 31  # steps whose durations and event counts make a typical step
 MAX_PENDING = 16384  # events of the step in progress kept per thread
 MAX_SEARCH_PENDING = 1024  # events kept per thread while no anchor is chosen
+MAX_CHUNKS = 8  # pending chunks kept apart while searching, before they are joined
 MAX_THREADS = 256  # threads tracked per process
 FEED_EVENTS = 32  # a process's copies and waits are folded in chunks of at least this many (or when read)
 
@@ -160,6 +161,32 @@ class StepStats:
         }
 
 
+class _Ring:
+    """The last RING (return time, event number) pairs of one candidate
+    symbol, oldest first, in one array: 1 KB, where a deque of tuples took
+    about 8 KB (a thread that never steps keeps one per symbol it waits in)."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self) -> None:
+        self.buf = np.zeros((RING, 2), np.int64)
+        self.n = 0
+
+    def extend(self, ret: np.ndarray, at: np.ndarray) -> None:
+        m = len(ret)
+        if m >= RING:
+            self.buf[:, 0], self.buf[:, 1] = ret[-RING:], at[-RING:]
+            self.n = RING
+            return
+        keep = min(self.n, RING - m)
+        self.buf[:keep] = self.buf[self.n - keep : self.n].copy()
+        self.buf[keep : keep + m, 0], self.buf[keep : keep + m, 1] = ret, at
+        self.n = keep + m
+
+    def pairs(self) -> np.ndarray:
+        return self.buf[: self.n]
+
+
 class _Pending:
     """Events of the step in progress, in return order: chunks as they came
     (appending costs nothing), joined into one when the step closes."""
@@ -174,9 +201,16 @@ class _Pending:
             self.count += len(ret)
 
     def bound(self, most: int) -> None:
-        """Forget the oldest chunks beyond `most` events."""
+        """Forget the oldest chunks beyond `most` events; many small chunks
+        are joined into one of the latest `most` (an array's own overhead is
+        that of a few dozen events)."""
         while self.chunks and self.count - len(self.chunks[0][1]) >= most:
             self.count -= len(self.chunks.popleft()[1])
+        if len(self.chunks) > MAX_CHUNKS:
+            e, r, k, y = self.joined()
+            cut = max(0, len(r) - most)
+            self.chunks = deque([(e[cut:].copy(), r[cut:].copy(), k[cut:].copy(), y[cut:].copy())])
+            self.count = len(r) - cut
 
     def joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(entry, ret, kind, sym) of every pending event, sorted by return."""
@@ -202,7 +236,7 @@ class _Thread:
         self.stats = StepStats(tid=tid)
         self.pending = _Pending()
         self.anchor: int | None = None
-        self.seen: dict[int, deque[tuple[int, int]]] = {}  # symbol -> its last (return time, event number)
+        self.seen: dict[int, _Ring] = {}  # symbol -> its last (return time, event number)
         self.events = 0  # events seen (until an anchor)
         self.counts: dict[int, int] = {}  # symbol -> waits seen (until an anchor)
         self.waits = 0  # waits seen (until an anchor)
@@ -230,13 +264,14 @@ class _Thread:
             # Events are numbered among copies and waits alone: collectives come
             # late or on time (another sensor), and must not change the numbers.
             number = np.cumsum(kind != _COLL) - 1
-            at = (number[waits] + self.events).tolist()
-            for s, r, k in zip(sym[waits].tolist(), ret[waits].tolist(), at, strict=True):
+            w_sym, w_ret, w_at = sym[waits], ret[waits], number[waits] + self.events
+            for s in np.unique(w_sym).tolist():
+                mine = w_sym == s
                 q = self.seen.get(s)
                 if q is None:
-                    q = self.seen[s] = deque(maxlen=RING)
-                q.append((r, k))
-                self.counts[s] = self.counts.get(s, 0) + 1
+                    q = self.seen[s] = _Ring()
+                q.extend(w_ret[mine], w_at[mine])
+                self.counts[s] = self.counts.get(s, 0) + int(np.count_nonzero(mine))
             self.events += int(number[-1]) + 1 if len(number) else 0
             self.waits += len(waits)
             if self.waits >= self.next_choice:
@@ -259,9 +294,9 @@ class _Thread:
     def _choose(self) -> int | None:
         best: tuple[int, float, int] | None = None
         for s, q in self.seen.items():
-            if len(q) < MIN_OCCURRENCES:
+            if q.n < MIN_OCCURRENCES:
                 continue
-            times, at = np.asarray(q, np.float64).T
+            times, at = q.pairs().astype(np.float64).T
             spread = _spread(np.diff(times))
             between = np.diff(at)  # copies and waits from one to the next
             if _quantile(np.sort(between), 0.5) > 2:
