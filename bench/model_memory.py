@@ -21,15 +21,10 @@ import sys
 import tracemalloc
 from pathlib import Path
 
+from footprint import rss_mb  # this directory's: the same reading of the agent's resident memory
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main() -> None:

@@ -195,10 +195,10 @@ def test_a_thread_fed_in_small_batches_keeps_a_few_arrays_and_each_symbols_last_
     _e, ret, _k, _y = th.pending.joined()
     want = np.array([r[0] + r[1] for r in rows], np.int64)
     assert ret.tolist() == want[-len(ret) :].tolist()  # the latest events, in order
-    ((_sym, ring),) = th.seen.items()
+    ((sym, ring),) = th.seen.items()
     assert ring.pairs()[:, 0].tolist() == want[-RING:].tolist()
     assert ring.pairs()[:, 1].tolist() == list(range(len(rows) - RING, len(rows)))
-    assert th.counts[_sym] == len(rows)
+    assert th.counts[sym] == len(rows)
 
 
 def test_collectives_count_as_collective_time() -> None:
