@@ -45,6 +45,8 @@ const volatile __u32 agent_tgid = 0;
  * (nor held: the agent could not continue it). */
 const volatile __u64 pidns_dev = 0;
 const volatile __u64 pidns_ino = 0;
+/* Take the caller's stack at copies and memory calls (memtrace.h). */
+const volatile bool capture_stacks = false;
 
 #define MAX_PROCESSES 10240
 #define MAX_INFLIGHT 65536
@@ -59,6 +61,7 @@ struct inflight {
 	__u8 direction;
 	__u64 sp;    /* stack pointer at entry: tells a nested call from a stale entry */
 	__u64 sizes; /* batch copies: the sizes array (bytes holds the count) */
+	__u64 stack; /* key in `stack_frames`; 0: none */
 };
 
 /*
@@ -257,6 +260,101 @@ static __always_inline void stat_inc(__u32 idx)
 
 	if (v)
 		*v += 1;
+}
+
+/* The stacks of calls, by the hash of their frames (memtrace.h); user space
+ * reads and deletes them. Allocated as used, not up front. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_STACKS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, struct mt_stack);
+} stack_frames SEC(".maps");
+
+/* Where a stack is taken: half a KB is more than the BPF stack can spare. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_stack);
+} stack_scratch SEC(".maps");
+
+static __always_inline __u64 mix(__u64 h, __u64 w)
+{
+	h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 29);
+}
+
+/* The return address of a function at its entry: the caller's frame. */
+static __always_inline __u64 entry_return_address(struct pt_regs *ctx)
+{
+#if defined(__TARGET_ARCH_x86)
+	__u64 ret = 0;
+
+	bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx));
+	return ret;
+#else
+	return PT_REGS_RET(ctx); /* the link register */
+#endif
+}
+
+/* The caller's user stack, kept in `stack_frames`; its key, or 0 when none
+ * could be taken or kept (counted). */
+static __always_inline __u64 take_stack(struct pt_regs *ctx, __u32 pid)
+{
+	__u32 zero = 0, i, n;
+	struct mt_stack *s = bpf_map_lookup_elem(&stack_scratch, &zero);
+	__u64 h, ret;
+	long got;
+	int err;
+
+	if (!s)
+		return 0;
+	/* The walk lands one slot up: ips[1] is the function itself, then
+	 * its caller's caller; the caller goes back in between. */
+	got = bpf_get_stack(ctx, &s->ips[1], sizeof(s->ips) - sizeof(s->ips[0]), BPF_F_USER_STACK);
+	if (got <= 0) {
+		stat_inc(MT_STAT_STACK_FAILED);
+		return 0;
+	}
+	n = got / sizeof(__u64);
+	ret = entry_return_address(ctx);
+	s->ips[0] = s->ips[1];
+	s->ips[1] = ret;
+	n += 1;
+	if (n > 2 && s->ips[2] == ret) {
+		/* A kernel that puts the caller back itself (a function
+		 * starting with push %rbp): keep one. */
+		for (i = 2; i < MT_STACK_DEPTH - 1; i++) {
+			if (i + 1 >= n)
+				break;
+			s->ips[i] = s->ips[i + 1];
+		}
+		n -= 1;
+	}
+	if (n > MT_STACK_DEPTH)
+		n = MT_STACK_DEPTH;
+	s->nframes = n;
+	s->pid = pid;
+	h = mix(0x6d656d7472616365ULL, ((__u64)pid << 32) | n);
+	for (i = 0; i < MT_STACK_DEPTH; i++) {
+		if (i >= n)
+			break;
+		h = mix(h, s->ips[i]);
+	}
+	if (h == 0)
+		h = 1;
+	stat_inc(MT_STAT_STACKS);
+	if (bpf_map_lookup_elem(&stack_frames, &h))
+		return h;
+	/* Slots past n are left from an earlier stack: user space reads n. */
+	err = bpf_map_update_elem(&stack_frames, &h, s, BPF_NOEXIST);
+	if (err && err != -17 /* EEXIST: another CPU put it */) {
+		stat_inc(MT_STAT_STACKS_FULL);
+		return 0;
+	}
+	return h;
 }
 
 /* tgid << 32 | tid of the current thread as the agent's pid namespace
@@ -526,6 +624,10 @@ int BPF_KPROBE(mt_enter)
 		f.src = arg_at(&a, ck(cookie, MT_CK_DIRARG_SHIFT)); /* output pointer */
 	}
 
+	/* Copies and allocations (the memory calls that write an address or
+	 * handle back): frees and the like have no site worth a stack. */
+	if (capture_stacks && (family == MT_FAM_COPY || (family == MT_FAM_MEM && ck(cookie, MT_CK_DIRARG_SHIFT))))
+		f.stack = take_stack(ctx, id >> 32);
 	f.sp = sp;
 	f.ts_ns = bpf_ktime_get_ns();
 	if (!put_inflight(key, &f))
@@ -557,7 +659,8 @@ static __always_inline void count_lost(struct mt_totals_key *tk, __u64 bytes, __
 
 /* Queue one copy record of a call; false if the ring had no room. */
 static __always_inline bool queue_copy(__u64 id, __u64 start, __u64 cookie, __u64 ts, __u64 dur, __u64 bytes,
-				       __u64 stream, __u64 dst, __u64 src, __s32 ret, __u8 direction, __u8 more)
+				       __u64 stream, __u64 dst, __u64 src, __s32 ret, __u8 direction, __u8 more,
+				       __u64 stack)
 {
 	struct mt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
@@ -576,6 +679,7 @@ static __always_inline bool queue_copy(__u64 id, __u64 start, __u64 cookie, __u6
 	e->api = cookie & 0xffff;
 	e->direction = direction;
 	e->layer = (ck(cookie, MT_CK_LAYER_SHIFT) & 1) | more;
+	e->stack = stack;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return true;
 }
@@ -601,7 +705,7 @@ static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, co
 	tk.api = cookie & 0xffff;
 	tk.direction = MT_DIR_DEFAULT;
 	if (ret != 0 || n == 0) {
-		if (queue_copy(id, start, cookie, ts, dur, 0, stream, 0, 0, ret, MT_DIR_DEFAULT, 0))
+		if (queue_copy(id, start, cookie, ts, dur, 0, stream, 0, 0, ret, MT_DIR_DEFAULT, 0, f->stack))
 			stat_inc(MT_STAT_EVENTS);
 		else
 			count_lost(&tk, 0, ret, dur, true);
@@ -614,7 +718,8 @@ static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, co
 		bpf_probe_read_user(&d, sizeof(d), (void *)(dsts + 8 * i));
 		bpf_probe_read_user(&s, sizeof(s), (void *)(srcs + 8 * i));
 		bpf_probe_read_user(&sz, sizeof(sz), (void *)(sizes + 8 * i));
-		if (queue_copy(id, start, cookie, ts, i ? 0 : dur, sz, stream, d, s, ret, MT_DIR_DEFAULT, i ? MT_EV_MORE : 0)) {
+		if (queue_copy(id, start, cookie, ts, i ? 0 : dur, sz, stream, d, s, ret, MT_DIR_DEFAULT,
+			       i ? MT_EV_MORE : 0, f->stack)) {
 			if (i == 0)
 				stat_inc(MT_STAT_EVENTS); /* calls queued: the further copies are not calls */
 		} else {
@@ -645,7 +750,8 @@ static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, co
 	}
 	if (n > MT_BATCH_MAX)
 		stat_inc(MT_STAT_BATCH_TRUNCATED);
-	if (!queue_copy(id, start, cookie, ts, 0, rest, stream, 0, 0, ret, MT_DIR_DEFAULT, MT_EV_MORE | MT_EV_SUM))
+	if (!queue_copy(id, start, cookie, ts, 0, rest, stream, 0, 0, ret, MT_DIR_DEFAULT, MT_EV_MORE | MT_EV_SUM,
+			f->stack))
 		count_lost(&tk, rest, ret, 0, false);
 }
 
@@ -700,6 +806,7 @@ int BPF_KRETPROBE(mt_return)
 		e->api = cookie & 0xffff;
 		e->direction = f->direction;
 		e->layer = ck(cookie, MT_CK_LAYER_SHIFT) & 1;
+		e->stack = f->stack;
 		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		stat_inc(MT_STAT_EVENTS);
 	} else {

@@ -168,7 +168,10 @@ enum mt_stat {
 				    * mid-call): the call is not counted */
 	MT_STAT_BATCH_TRUNCATED = 12, /* batch calls with more than MT_BATCH_MAX copies: the
 				       * bytes of copies past the bound are not counted */
-	MT_STAT_COUNT = 13,
+	MT_STAT_STACKS = 13,          /* call stacks taken (copies and memory calls, with stacks on) */
+	MT_STAT_STACK_FAILED = 14,    /* stacks the kernel could not take: the call has none */
+	MT_STAT_STACKS_FULL = 15,     /* stacks not kept: `stack_frames` full; the call has none */
+	MT_STAT_COUNT = 16,
 };
 
 /* Control events: what user space must act on. */
@@ -219,6 +222,27 @@ struct mt_event {
 	__u16 api;
 	__u8 direction;
 	__u8 layer;
+	__u64 stack; /* the caller's stack, a key of `stack_frames`; 0: none taken */
+};
+
+/*
+ * Call stacks (copies and memory calls, when user space asks for them): the
+ * user stack at the call's entry, return addresses innermost first (the
+ * first is the called function itself), taken by the kernel's frame-pointer
+ * walk. At a function's entry that walk starts from the caller's frame and
+ * so misses the caller itself; its return address (at the stack pointer on
+ * x86-64, in the link register on arm64) is put back as the second frame.
+ * Stacks are keyed by a 64-bit hash of their addresses and the process:
+ * the same stack always has the same key, so user space may delete what it
+ * has read (the next call inserts it again).
+ */
+#define MT_STACK_DEPTH 64   /* frames kept; deeper stacks keep their innermost */
+#define MT_STACKS_MAX 16384 /* stacks in `stack_frames` not yet read by user space */
+
+struct mt_stack {
+	__u32 nframes;
+	__u32 pid; /* the process whose addresses these are */
+	__u64 ips[MT_STACK_DEPTH];
 };
 
 #define MT_COMM_LEN 16 /* TASK_COMM_LEN */

@@ -27,6 +27,9 @@ int main(void) {
   S(mt_event); O(mt_event, ts_ns); O(mt_event, duration_ns); O(mt_event, bytes); O(mt_event, stream);
   O(mt_event, dst); O(mt_event, src); O(mt_event, start_ns);
   O(mt_event, pid); O(mt_event, tid); O(mt_event, ret); O(mt_event, api); O(mt_event, direction); O(mt_event, layer);
+  O(mt_event, stack); S(mt_stack); O(mt_stack, nframes); O(mt_stack, pid); O(mt_stack, ips);
+  C(MT_STACK_DEPTH); C(MT_STACKS_MAX);
+  C(MT_STAT_STACKS); C(MT_STAT_STACK_FAILED); C(MT_STAT_STACKS_FULL);
   S(mt_proc_key); O(mt_proc_key, start_ns); O(mt_proc_key, pid);
   S(mt_totals_key); O(mt_totals_key, start_ns); O(mt_totals_key, pid);
   O(mt_totals_key, api); O(mt_totals_key, direction);
@@ -112,6 +115,7 @@ def test_map_structs_match(header: dict[str, int]) -> None:
         (abi.Totals, "mt_totals"),
         (abi.CtlEvent, "mt_ctl_event"),
         (abi.Hold, "mt_hold"),
+        (abi.Stack, "mt_stack"),
     ):
         assert ctypes.sizeof(cls) == header[f"sizeof {cname}"], cname
         for f, _ in cls._fields_:
@@ -145,7 +149,7 @@ def test_enums_match(header: dict[str, int]) -> None:
     for fam in abi.Family:
         assert header[f"MT_FAM_{fam.name}"] == fam.value
     assert header["MT_MEM_AUX_DEREF"] == abi.MEM_AUX_DEREF
-    for name in ("BATCH_EACH", "BATCH_MAX", "EV_MORE", "EV_SUM", "EV_LAYER"):
+    for name in ("STACK_DEPTH", "STACKS_MAX", "BATCH_EACH", "BATCH_MAX", "EV_MORE", "EV_SUM", "EV_LAYER"):
         assert header[f"MT_{name}"] == getattr(abi, name), name
 
 

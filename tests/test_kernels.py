@@ -111,6 +111,9 @@ def test_shipped_object_counts_exactly_on_a_real_kernel(arch: str, tmp_path: Pat
     calls = sum(v[0] for v in truth.values())
     assert right["events"] == calls and right["stats"][Stat.DROPPED] == 0
     assert right["stats"][Stat.NESTED] > 0
+    # Stacks were taken at the copies (the harness turns them on), none failed or was lost.
+    assert right["stats"][Stat.STACKS] >= sum(v[0] for v in truth.values())
+    assert right["stats"][Stat.STACK_FAILED] == right["stats"][Stat.STACKS_FULL] == 0
     # Every argument position and the descriptor path were exercised.
     got = defaultdict(int)
     for (_, api, _), v in right["totals"].items():

@@ -35,6 +35,14 @@ def open_output(path: str) -> tuple[IO[str], bool]:
         ) from None
 
 
+def write_folded(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        err.print(f"[bold red]memtrace:[/bold red] could not write the folded stacks to {path}: {e}", highlight=False)
+
+
 class SummaryConsole(Console):
     """rich turns a broken pipe into SystemExit(1); the code must stay CMD's."""
 
@@ -77,6 +85,15 @@ def run(
         0.1, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
     budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
+    stacks: bool = typer.Option(
+        False, "--stacks", help="Take the call stack of each copy and allocation: the top call sites."
+    ),
+    folded: str | None = typer.Option(
+        None,
+        "--folded",
+        metavar="FILE",
+        help="With --stacks: write copy bytes as folded stacks to FILE (flamegraph.pl, speedscope).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """Trace CMD (a program and its arguments, after --) and its children from
@@ -86,6 +103,8 @@ def run(
     The table goes to stderr and JSON to stdout; with JSON on stdout, CMD's own
     stdout is sent to stderr so the two never mix. -o FILE takes either."""
     setup_logging(verbose)
+    from memtrace.export.callsites import call_sites
+    from memtrace.export.callsites import folded as fold_stacks
     from memtrace.export.report import print_table, summary
     from memtrace.runtime.agent import Agent, Options
     from memtrace.runtime.command import run_command
@@ -96,7 +115,9 @@ def run(
     created = False
     json_fd: int | None = None
     try:
-        opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size), hold_nccl=host)
+        if folded is not None and not stacks:
+            raise BadOption("--folded needs --stacks", "add --stacks, or leave --folded out")
+        opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks)
         budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
@@ -128,7 +149,11 @@ def run(
                 collectives=signals.collectives_view(agent.model.collective_wait_totals()) if signals else None,
                 diagnoses=[d.as_dict() for d in diagnosis.diagnoses] if diagnosis else None,
                 overhead_budget=budget_share,
+                stacks=call_sites(agent.model, agent.stack_frames()) if stacks else None,
+                stack_counts=agent.stack_counts(),
             )
+            if folded is not None:
+                write_folded(folded, fold_stacks(doc["stacks"]))
     except MemtraceError as e:
         if out is not None:
             out.close()

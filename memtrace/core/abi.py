@@ -68,9 +68,12 @@ class Stat(enum.IntEnum):
     NESTED_SAME = 10
     UNRETURNED = 11
     BATCH_TRUNCATED = 12
+    STACKS = 13
+    STACK_FAILED = 14
+    STACKS_FULL = 15
 
 
-STAT_COUNT = 13
+STAT_COUNT = 16
 
 # Batch copies (memtrace.h): the first BATCH_EACH copies one record each,
 # the rest up to BATCH_MAX summed in one record; EV_MORE in an event's
@@ -197,7 +200,7 @@ class InodeKey(ctypes.Structure):
     _fields_ = [("dev", ctypes.c_uint64), ("ino", ctypes.c_uint64)]
 
 
-# struct mt_event, decoded in batches (72 bytes).
+# struct mt_event, decoded in batches (80 bytes).
 EVENT_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"),
@@ -213,5 +216,16 @@ EVENT_DTYPE = np.dtype(
         ("api", "<u2"),
         ("direction", "u1"),
         ("layer", "u1"),
+        ("stack", "<u8"),
     ]
 )
+
+# Call stacks (memtrace.h): struct mt_stack, the `stack_frames` value.
+STACK_DEPTH = 64
+STACKS_MAX = 16384
+
+
+class Stack(ctypes.Structure):
+    """struct mt_stack: a `stack_frames` value, return addresses innermost first."""
+
+    _fields_ = [("nframes", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("ips", ctypes.c_uint64 * STACK_DEPTH)]

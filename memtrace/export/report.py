@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memtrace.analysis.findings import DEFAULT, Thresholds, compute
+from memtrace.export.callsites import print_call_sites
 from memtrace.core import apis
 from memtrace.core.abi import BATCH_MAX, Direction, Layer, Stat
 from memtrace.core.ids import ProcessKey
@@ -47,10 +48,14 @@ def summary(
     collectives: list[dict[str, Any]] | None = None,
     diagnoses: list[dict[str, Any]] | None = None,
     overhead_budget: float | None = DEFAULT_BUDGET,
+    stacks: list[dict[str, Any]] | None = None,
+    stack_counts: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them;
     `host` and `collectives`: the host signals' views (runtime/hostsignals.py), None when they were off;
-    `overhead_budget`: the share of a process's CPU time its probes may cost (replaces the thresholds' own)."""
+    `overhead_budget`: the share of a process's CPU time its probes may cost (replaces the thresholds' own);
+    `stacks`: the call sites (export/callsites.py) and `stack_counts` what became of the stacks asked for,
+    None with stacks off."""
     thresholds = dataclasses.replace(thresholds, overhead_budget=overhead_budget)
     rows = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0, "errors": 0})
@@ -103,6 +108,7 @@ def summary(
         "host": host,
         "findings": [f.as_dict() for f in compute(model, thresholds)],
         "diagnoses": diagnoses if diagnoses is not None else [],
+        **({"stacks": stacks} if stacks is not None else {}),
         "agent": {
             "events": stats.get(Stat.EVENTS, 0),
             "dropped": stats.get(Stat.DROPPED, 0),
@@ -129,6 +135,7 @@ def summary(
                 for a in libraries
             ],
             **({"drain": drain} if drain is not None else {}),
+            **({"stacks": stack_counts} if stack_counts is not None else {}),
         },
         **({"command": command} if command else {}),
     }
@@ -390,6 +397,7 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
         fit(console, tt)
     print_sections(doc, console)
     print_host(doc, console)
+    print_call_sites(doc, console)
     for d in doc.get("diagnoses") or []:
         say(
             console,

@@ -36,6 +36,8 @@ from memtrace.model.process import (
     LostKey,
     LostTotals,
     Process,
+    SiteKey,
+    SiteStats,
     SyncKey,
     SyncStats,
     direction_of,
@@ -128,6 +130,8 @@ class Model:
         # taken with one offset, so a process's start never moves. The
         # runtime sets the host's own boot time, the same in every agent.
         self.boot_wall_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        # Calls are kept by call site too (Process.sites): the kernel takes stacks.
+        self.stacks = False
         self.step_trackers: dict[ProcessKey, StepTracker] = {}  # its steps (model/steps.py)
         # Who waited for its collectives (model/collectives.py), for processes that made any.
         self.collective_waits: dict[ProcessKey, WaitAttributor] = {}
@@ -270,11 +274,11 @@ class Model:
             allocated: dict[ProcessKey, list[int]] = {}  # sizes, into its histogram once per batch
             rows = zip(
                 proc[other].tolist(),
-                *(m[f][other].tolist() for f in ("api", "ret", "dst", "bytes", "stream", "ts_ns")),
+                *(m[f][other].tolist() for f in ("api", "ret", "dst", "bytes", "stream", "ts_ns", "stack")),
                 strict=True,
             )
-            for k, (i, api_id, r, addr, nbytes, aux, ts) in zip(other.tolist(), rows, strict=True):
-                e = self._memory_call(procs[i], api_id, r, addr, nbytes, aux, allocated)
+            for k, (i, api_id, r, addr, nbytes, aux, ts, stack) in zip(other.tolist(), rows, strict=True):
+                e = self._memory_call(procs[i], api_id, r, addr, nbytes, aux, allocated, stack)
                 procs[i].memory.note(ts)
                 if e is None:
                     effect[k] = _NOTHING
@@ -381,6 +385,38 @@ class Model:
         # sizes of the successful copies only: over the ok events of one copy each
         at = np.searchsorted(group[one_copy], np.arange(len(stats)))
         add_grouped([st.sizes for st in stats], at, sizes[one_copy])
+        if self.stacks:
+            self._add_copy_sites(keys, b["stack"][order], call, ok, nbytes_ok, procs)
+
+    @staticmethod
+    def _add_copy_sites(
+        keys: np.ndarray,
+        stack: np.ndarray,
+        call: np.ndarray,
+        ok: np.ndarray,
+        nbytes_ok: np.ndarray,
+        procs: list[Process],
+    ) -> None:
+        """Copies by call site: calls, bytes and errors per (copy key, stack).
+        `keys` are sorted; every other array is in their order."""
+        o = np.lexsort((stack, keys))
+        k, s = keys[o], stack[o]
+        new = np.ones(len(k), bool)
+        new[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
+        starts = np.flatnonzero(new)
+        calls = np.add.reduceat(call[o].astype(np.int64), starts).tolist()
+        errors = np.add.reduceat((call & ~ok)[o].astype(np.int64), starts).tolist()
+        byte_sums = _exact_sums(nbytes_ok[o], starts)
+        rows = zip(k[starts].tolist(), s[starts].tolist(), calls, errors, byte_sums, strict=True)
+        for key, stk, nc, ne, nb in rows:
+            p = procs[key >> 32]
+            sk = SiteKey(stk, "copy", (key >> 16) & 0xFFFF, direction_of((key >> 8) & 0xFF), HostMemory(key & 0xFF))
+            st = p.sites.get(sk)
+            if st is None:
+                st = p.sites[sk] = SiteStats()
+            st.calls += nc
+            st.errors += ne
+            st.bytes += nb
 
     def add_collectives(self, events: np.ndarray, complete_until_ns: int, users: frozenset[int] = frozenset()) -> None:
         """The NCCL sensor's events (EVENT_DTYPE of memtrace.core.nccl), complete
@@ -458,6 +494,7 @@ class Model:
         size: int,
         aux: int,
         allocated: dict[ProcessKey, list[int]],
+        stack: int = 0,
     ) -> tuple[int, int, int] | None:
         """Account one device memory call (its event's api, ret, dst, bytes
         and aux fields; an allocation's size goes to `allocated` under its
@@ -468,8 +505,17 @@ class Model:
         ok = ret == 0
         mem = proc.memory
         if op in (MemOp.DEVICE_ALLOC, MemOp.MANAGED_ALLOC, MemOp.VMM_CREATE):
+            site = None
+            if self.stacks:
+                sk = SiteKey(stack, "alloc", api_id, None, HostMemory.NONE)
+                site = proc.sites.get(sk)
+                if site is None:
+                    site = proc.sites[sk] = SiteStats()
+                site.calls += 1
             if not ok:
                 mem.failed_allocations += 1
+                if site is not None:
+                    site.errors += 1
                 return None
             if api.mem_flags:  # pitched: pitch x height
                 size *= aux
@@ -477,6 +523,9 @@ class Model:
             if (kind, addr) in mem.live:  # its free was lost: do not count it twice
                 mem.in_use_bytes -= mem.live.pop((kind, addr))
             mem.live[(kind, addr)] = size
+            if site is not None:
+                site.bytes += size
+                mem.live_stack[(kind, addr)] = stack
             mem.allocations += 1
             mem.allocated_bytes += size
             mem.in_use_bytes += size
@@ -490,6 +539,7 @@ class Model:
                 return None
             kind = Allocation.VMM_HANDLE if op == MemOp.VMM_RELEASE else Allocation.ADDRESS
             size = mem.live.pop((kind, addr), -1)
+            mem.live_stack.pop((kind, addr), None)
             if size < 0:
                 mem.unknown_frees += 1
                 return None

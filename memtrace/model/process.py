@@ -43,6 +43,25 @@ class LostKey(NamedTuple):
 
 LostTotals = tuple[int, int, int, int]  # calls, bytes, errors, duration ns
 
+
+class SiteKey(NamedTuple):
+    """Calls made from one call stack (core/stacks.py; 0: calls without
+    one): copies, by direction and host memory, or device allocations."""
+
+    stack: int
+    kind: str  # "copy" or "alloc"
+    api: int
+    direction: Direction | None  # None for an allocation
+    host: HostMemory
+
+
+@dataclass
+class SiteStats:
+    calls: int = 0
+    bytes: int = 0  # of successful calls
+    errors: int = 0
+
+
 _DIRECTIONS = {int(d): d for d in Direction}
 
 
@@ -90,6 +109,8 @@ class DeviceMemory:
     peak_bytes: int = 0
     sizes: ExpHistogram = field(default_factory=ExpHistogram)  # bytes per allocation
     live: dict[tuple[Allocation, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
+    # The allocating call's stack of each live allocation, with stacks on (core/stacks.py).
+    live_stack: dict[tuple[Allocation, int], int] = field(default_factory=dict)
     # For the leak signal: when memory was last given back, and how much was in use then.
     last_free_ns: int = 0
     in_use_at_last_free: int = 0
@@ -131,6 +152,7 @@ class Process:
     syncs: dict[SyncKey, SyncStats] = field(default_factory=dict)
     launches: dict[LaunchKey, int] = field(default_factory=dict)  # from the kernel
     lost: dict[LostKey, LostTotals] = field(default_factory=dict)  # from the kernel
+    sites: dict[SiteKey, SiteStats] = field(default_factory=dict)  # with stacks on
     # What memtrace's probes cost it (core/overhead.py): traps from the kernel,
     # CPU time from /proc while it runs and from the kernel at its exit.
     traps: int = 0  # entry and return traps (launch traps are its launch counts)
@@ -172,6 +194,15 @@ class Process:
             key = SyncKey(lk.process, lk.api)
             base = out.get(key) or SyncStats()
             out[key] = SyncStats(base.calls + calls, base.errors + errors, base.duration_ns + dur, base.durations)
+        return out
+
+    def in_use_by_stack(self) -> dict[int, int]:
+        """Device memory still allocated, by the stack that allocated it."""
+        out: dict[int, int] = {}
+        live = self.memory.live
+        for k, stack in self.memory.live_stack.items():
+            if k in live:
+                out[stack] = out.get(stack, 0) + live[k]
         return out
 
     def lost_memory_calls(self) -> int:

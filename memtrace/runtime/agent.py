@@ -48,9 +48,11 @@ import numpy as np
 from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, Stat
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
+from memtrace.core.stacks import Stack
 from memtrace.model import Model
 from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.runtime.overhead import Calibration
+from memtrace.runtime.stacks import StackTable
 from memtrace.sensors.cuda.source import Attachment, BpfSource, Options
 from memtrace.sources.procfs import boot_wall_ns, process_cpu_ns, read_process
 
@@ -118,6 +120,11 @@ class Agent:
             on_missed=self._on_missed,
             on_process=self._on_process,
         )
+        self.stacks: StackTable | None = None
+        if opts.stacks:
+            self.model.stacks = True
+            self.stacks = StackTable(self.source.take_stack)
+            self.source.on_map_notice = self._on_map_notice
 
     # ---- what a drain decodes: queued in ring order, folded under the model lock ----
 
@@ -128,7 +135,13 @@ class Agent:
             self._pending_max = max(self._pending_max, self._pending_events)
 
     def _on_events(self, batch: np.ndarray) -> None:
+        if self.stacks is not None:
+            self.stacks.add(batch)  # while the processes live: their frames are placed in their files
         self._queue(_Update.EVENTS, batch, len(batch))
+
+    def _on_map_notice(self, key: ProcessKey) -> None:
+        assert self.stacks is not None
+        self.stacks.learn(key)
 
     def _on_exit(self, key: ProcessKey, cpu_ns: int) -> None:
         self._queue(_Update.EXITED, (key, cpu_ns))
@@ -421,6 +434,27 @@ class Agent:
     def stats(self) -> dict[Stat, int]:
         return self.source.stats()
 
+    def stack_frames(self) -> dict[int, Stack]:
+        """The named frames of every stack the model's call sites name (none with stacks off)."""
+        if self.stacks is None:
+            return {}
+        with self.lock:
+            keys = {k.stack for p in self.model.processes.values() for k in p.sites}
+        return self.stacks.stacks(keys)
+
+    def stack_counts(self) -> dict[str, int] | None:
+        """What became of the stacks asked for (None with stacks off)."""
+        if self.stacks is None:
+            return None
+        st = self.stats()
+        return {
+            "taken": st.get(Stat.STACKS, 0),
+            "not_taken": st.get(Stat.STACK_FAILED, 0),
+            "not_kept": st.get(Stat.STACKS_FULL, 0) + self.stacks.not_kept + self.stacks.not_found,
+            "distinct": self.stacks.distinct,
+            "frames_unplaced": self.stacks.unplaced_frames,
+        }
+
     def pids(self) -> set[int]:
         """The processes the model has met (for the host signals; no lock:
         a copy of the keys is taken at once)."""
@@ -439,6 +473,8 @@ class Agent:
             self.calibration.close()  # its probes use the BPF object
             self.calibration = None
         self.source.close()
+        if self.stacks is not None:
+            self.stacks.close()
 
     def __enter__(self) -> Agent:
         self.start()

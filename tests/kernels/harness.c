@@ -109,6 +109,7 @@ int main(int argc, char **argv)
 		die("open object");
 	set_rodata(obj, "filter_pids", 1);
 	set_rodata(obj, "hold_libraries", 1);
+	set_rodata(obj, "capture_stacks", 1); /* the stack walk must load and run on every kernel too */
 	if (bpf_object__load(obj))
 		die("load object");
 	const char *progs[] = {"mt_fork", "mt_exit", "mt_mmap"};

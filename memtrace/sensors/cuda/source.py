@@ -29,6 +29,7 @@ from memtrace.core.abi import (
     HoldState,
     InodeKey,
     Layer,
+    Stack,
     Stat,
     Totals,
     TotalsKey,
@@ -154,6 +155,7 @@ class Options:
     hold_libraries: bool = True
     hold_nccl: bool = False  # hold a process mapping a new libnccl too, for on_library_mapped
     hold_limit_s: float = HOLD_LIMIT_S  # the longest a process is held, whatever the agent does
+    stacks: bool = False  # take the caller's stack at copies and allocations (core/stacks.py)
 
 
 _INIT_PIDNS_INO = 0xEFFFFFFC  # PROC_PID_INIT_INO
@@ -210,6 +212,9 @@ class BpfSource:
         self.holds_expired = 0  # holds the guardian ended at the limit before the probes were in
         self.not_held = 0  # processes that mapped a new CUDA library and were not held
         self.on_process = on_process  # a process's first event: (key, comm, cgroup id), from BPF
+        # A process stopped on a CUDA library mapping: called on the control
+        # thread while it is still stopped.
+        self.on_map_notice: Callable[[ProcessKey], None] | None = None
         # The kernel's `lost` and `counts` keys of each process, as read by
         # lost() and counts(): forgetting a process deletes these alone.
         self._kernel_keys: dict[ProcessKey, set[tuple[str, bytes]]] = {}
@@ -244,6 +249,7 @@ class BpfSource:
                 "agent_tgid": os.getpid(),
                 "pidns_dev": ns_dev,
                 "pidns_ino": ns_ino,
+                "capture_stacks": self.opts.stacks,
             },
         )
         obj.set_max_entries("events", self.opts.ring_bytes)
@@ -251,7 +257,8 @@ class BpfSource:
             obj.set_autoload("mt_mmap", False)
         obj.load()
         self.maps = {
-            n: obj.map(n) for n in ("lost", "counts", "stats", "traced", "attached", HELD_MAP, "inflight", "fresh")
+            n: obj.map(n)
+            for n in ("lost", "counts", "stats", "traced", "attached", HELD_MAP, "inflight", "fresh", "stack_frames")
         }
         # Fork the guardian before any link exists, so it never inherits one.
         self.guardian = Guardian(self.maps[HELD_MAP], self.opts.hold_limit_s)
@@ -505,6 +512,8 @@ class BpfSource:
             opened = discovery.opened_file(ev.pid, ev.fd)
             cuda = not self._other_library(ev.pid, opened, held)
             self._attach_mapped(ev.pid, opened)
+            if self.on_map_notice is not None:
+                self.on_map_notice(ProcessKey(ev.pid, ev.start_ns))
         except MemtraceError as e:
             log.warning("pid %d: %s", ev.pid, e)
         finally:
@@ -610,6 +619,15 @@ class BpfSource:
             out[s] = sum(vals) if self.maps["stats"].lookup(ctypes.c_uint32(s), vals) else 0
         assert len(Stat) == STAT_COUNT
         return out
+
+    def take_stack(self, key: int) -> Stack | None:
+        """A stack from `stack_frames`, deleted there once read (memtrace.h); None if absent."""
+        k = ctypes.c_uint64(key)
+        v = Stack()
+        if not self.maps["stack_frames"].lookup(k, v):
+            return None
+        self.maps["stack_frames"].delete(k)
+        return v
 
     def inflight_count(self) -> int:
         """Calls in flight now: claimed slots, plus entries in the overflow hash."""

@@ -1,0 +1,94 @@
+"""What taking call stacks costs a traced process, per copy and per
+allocation (issue 17: at most 1.3x the cost without stacks).
+
+    sudo .venv/bin/python bench/stack_cost.py [--calls N] [--rounds R] [--depth D]
+
+A process pinned to one CPU calls the test CUDA runtime (cudaMemcpy, or a
+cudaMalloc and its cudaFree) in a tight loop from D frames down, built with
+frame pointers (bench/src/stackloop.c). Side by side in one run, rounds
+alternating, it runs untraced, under `memtrace run` and under `memtrace run
+--stacks`, each with its own copy of the libraries; each reports its own ns
+per call. The cost of tracing is the
+traced time less the untraced one; the ratio is stacks' cost over the cost
+without, taken within each round, and its median over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOOP_CPU = "1"
+
+
+def build(tmp: Path) -> tuple[Path, Path]:
+    fx = tmp / "fx"
+    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    loop = tmp / "stackloop"
+    subprocess.run(
+        [
+            "cc", "-O2", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-o", str(loop),
+            str(REPO / "bench" / "src" / "stackloop.c"), f"-L{fx}/lib", "-lcudart",
+        ],
+        check=True,
+    )  # fmt: skip
+    return fx, loop
+
+
+def one(mode: str, loop: Path, fx: Path, kind: str, calls: int, depth: int) -> float:
+    # Each run loads its own copy of the libraries (new inodes): probes a
+    # previous run left detaching on the shared files must not slow this one.
+    with tempfile.TemporaryDirectory() as d:
+        for name in ("libcudart.so.13", "libcuda.so.1"):
+            shutil.copy(fx / "lib" / name, d)
+        return _one(mode, loop, Path(d), kind, calls, depth)
+
+
+def _one(mode: str, loop: Path, lib: Path, kind: str, calls: int, depth: int) -> float:
+    argv = ["taskset", "-c", LOOP_CPU, str(loop), kind, str(calls), str(depth)]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(lib), FAKE_LIBCUDA=str(lib / "libcuda.so.1"))
+    if mode != "untraced":
+        flags = ["--stacks"] if mode == "stacks" else []
+        argv = [sys.executable, "-m", "memtrace", "run", "--no-host", *flags, "-o", os.devnull, "--", *argv]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO, check=True)
+    return float(p.stdout.split()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--depth", type=int, default=30, help="frames between main and the loop")
+    a = ap.parse_args()
+    print(f"# {platform.node()} {platform.release()}, {os.cpu_count()} CPUs; {a.calls:,} calls a run, depth {a.depth}")
+    with tempfile.TemporaryDirectory() as d:
+        fx, loop = build(Path(d))
+        for kind in ("copy", "alloc"):
+            ns: dict[str, list[float]] = {"untraced": [], "memtrace": [], "stacks": []}
+            ratios = []
+            for _ in range(a.rounds):
+                r = {m: one(m, loop, fx, kind, a.calls, a.depth) for m in ns}
+                for m, v in r.items():
+                    ns[m].append(v)
+                base, with_stacks = r["memtrace"] - r["untraced"], r["stacks"] - r["untraced"]
+                ratios.append(with_stacks / base if base > 0 else float("nan"))
+            med = {m: statistics.median(v) for m, v in ns.items()}
+            what = "cudaMemcpy" if kind == "copy" else "cudaMalloc + cudaFree"
+            print(
+                f"{what:>22}: untraced {med['untraced']:7.1f} ns, memtrace {med['memtrace']:7.1f} ns "
+                f"(+{med['memtrace'] - med['untraced']:.1f}), --stacks {med['stacks']:7.1f} ns "
+                f"(+{med['stacks'] - med['untraced']:.1f}); stacks/no stacks cost: {statistics.median(ratios):.2f}x "
+                f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Call sites: copies and device allocations by the stack that made them,
+as the summary's `stacks` list and as folded stacks (flamegraph.pl,
+speedscope, inferno)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from memtrace.core import apis
+from memtrace.core.units import human_bytes
+from memtrace.core.stacks import NO_STACK, Stack
+from memtrace.model import Model
+
+
+def call_sites(model: Model, frames: Mapping[int, Stack]) -> list[dict[str, Any]]:
+    """Every (process, stack, kind, api, direction, host memory) with its
+    calls and bytes, most bytes first. Calls without a stack (none taken,
+    or not kept: the agent's `stacks` counts say why) are listed too, with
+    no frames, so the list adds up to the copies and allocations seen as
+    events."""
+    out: list[dict[str, Any]] = []
+    for p in model.processes.values():
+        in_use = p.in_use_by_stack()
+        for key, st in p.sites.items():
+            stack = frames.get(key.stack)
+            row: dict[str, Any] = {
+                "pid": p.pid,
+                "process": p.name,
+                "kind": key.kind,
+                "api": apis.api_name(key.api),
+                "direction": key.direction.label if key.direction is not None else None,
+                "host_memory": key.host.label,
+                "calls": st.calls,
+                "bytes": st.bytes,
+                "errors": st.errors,
+                "frames": [f.as_dict() for f in stack] if stack else [],
+            }
+            if key.kind == "alloc":
+                row["in_use_bytes"] = in_use.get(key.stack, 0)
+            if stack is None:
+                row["frames_missing"] = "no stack taken" if key.stack == NO_STACK else "stack not kept"
+            out.append(row)
+    out.sort(key=lambda r: (-r["bytes"], -r["calls"], r["pid"], r["kind"], r["api"]))
+    return out
+
+
+def folded(sites: list[dict[str, Any]], weight: str = "bytes", kind: str | None = "copy") -> str:
+    """Folded stacks, outermost frame first, weighted by `weight` (a
+    site's `bytes`, `calls` or `in_use_bytes`), for sites of `kind`
+    (None: all). The process and the api are the two outermost frames,
+    so one graph holds every process and call."""
+    lines: dict[str, int] = {}
+    for s in sites:
+        if kind is not None and s["kind"] != kind:
+            continue
+        w = int(s.get(weight) or 0)
+        if w <= 0:
+            continue
+        head = f"{s['process'] or 'pid'} ({s['pid']})"
+        leaf = s["api"] if s["direction"] is None else f"{s['api']} {s['direction']} {s['host_memory'] or ''}".strip()
+        # The innermost frame is the CUDA call itself: its label says what it moved.
+        callers = [_label(f) for f in reversed(s["frames"][1:])] if s["frames"] else ["[no stack]"]
+        key = ";".join(n.replace(";", ":") for n in (head, *callers, leaf))
+        lines[key] = lines.get(key, 0) + w
+    return "".join(f"{k} {v}\n" for k, v in sorted(lines.items()))
+
+
+def _short(f: dict[str, Any]) -> str:
+    """A frame for a line of text: the function, or the file and offset."""
+    return str(f["function"]) if f.get("function") else _label(f)
+
+
+def _label(f: dict[str, Any]) -> str:
+    base = str(f["module"]).rsplit("/", 1)[-1]
+    return f"{f['function']} ({base})" if f.get("function") else f"{base}+{f['offset']:#x}"
+
+
+TOP_SITES = 5
+
+
+def print_call_sites(doc: dict[str, Any], console: Console, top: int = TOP_SITES) -> None:
+    """The call sites that moved and allocated the most, a line each: what
+    was called, then its callers, innermost first (the frames in the
+    program's own files; the CUDA call itself is the first word)."""
+    sites = doc.get("stacks")
+    if not sites:
+        return
+    for kind, title, weight in (("copy", "copied", "bytes"), ("alloc", "allocated", "bytes")):
+        rows = [s for s in sites if s["kind"] == kind and s[weight]]
+        if not rows:
+            continue
+        total = sum(s[weight] for s in rows)
+        console.print(f"[bold]call sites[/bold]: most bytes {title}", highlight=False)
+        for s in rows[:top]:
+            what = s["api"] if s["direction"] is None else f"{s['api']} {s['direction']} {s['host_memory'] or ''}"
+            extra = f", {human_bytes(s['in_use_bytes'])} in use" if kind == "alloc" else ""
+            calls = f"{s['calls']:,} call{'s' if s['calls'] != 1 else ''}"
+            console.print(
+                escape(f"  {s[weight] / total:4.0%} {human_bytes(s[weight]):>10} {calls}{extra}: {what.strip()}"),
+                highlight=False,
+            )
+            # The callers, innermost first: on one line when it fits, else one a line.
+            callers = [_short(f) for f in s["frames"][1:]] or ["[no stack]"]
+            line = "        <- " + " <- ".join(callers)
+            if len(line) <= console.width:
+                console.print(escape(line), highlight=False, soft_wrap=True)
+            else:
+                for c in callers:
+                    console.print(escape(f"        <- {c}"), highlight=False, soft_wrap=True)
+        if len(rows) > top:
+            console.print(f"  [dim]{len(rows) - top} more: --format json[/dim]", highlight=False)

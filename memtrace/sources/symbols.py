@@ -1,0 +1,198 @@
+"""Naming native frames: the files processes map, and the functions there.
+
+A process's executable mappings are read from /proc/PID/maps while it runs,
+and each file is opened through /proc/PID/map_files and kept open, so its
+frames can be named after the process is gone and inside containers (the
+descriptor is the file, whatever the mount namespace). Files are known by
+inode, read once; each frame carries its file's build id, for symbolizing
+elsewhere.
+
+Function names come from the ELF symbol tables (.symtab and .dynsym,
+through pyelftools), loaded once per file, when first asked for.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+from elftools.elf.segments import NoteSegment
+
+log = logging.getLogger("memtrace")
+
+# Names the compiler gives a function's clones and split parts (load_batch.constprop.0,
+# step.part.0, f.cold): the function the user wrote is the name before them.
+_CLONE = re.compile(r"(?:\.(?:constprop|isra|part|cold|lto_priv|localalias|llvm)(?:\.\d+)?)+$")
+
+
+def source_name(symbol: str) -> str:
+    return _CLONE.sub("", symbol) or symbol
+
+
+class ElfSymbols:
+    """One file's function symbols, looked up by file offset."""
+
+    def __init__(self, fd: int) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.names: list[str] = []
+        self.segments: list[tuple[int, int, int]] = []  # (file offset, vaddr, size) of each PT_LOAD
+        if fd < 0:  # let go (Modules.MAX_FILES): no names, never another file's
+            return
+        with os.fdopen(os.dup(fd), "rb") as f:
+            try:
+                self._load(ELFFile(f))
+            except (ELFError, ValueError, OSError, KeyError) as e:
+                log.debug("no symbols from fd %d: %s", fd, e)
+
+    def _load(self, elf: ELFFile) -> None:
+        self.segments = [
+            (s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
+        ]
+        funcs: dict[int, tuple[int, str]] = {}
+        for secname in (".symtab", ".dynsym"):
+            sec = elf.get_section_by_name(secname)
+            if not isinstance(sec, SymbolTableSection):
+                continue
+            for sym in sec.iter_symbols():
+                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
+                    continue
+                value, size = sym["st_value"], sym["st_size"]
+                if sym["st_shndx"] == "SHN_UNDEF" or not value or not sym.name:
+                    continue
+                if value not in funcs or (size and not funcs[value][0]):
+                    funcs[value] = (size, sym.name)
+        for value in sorted(funcs):
+            size, name = funcs[value]
+            self.starts.append(value)
+            self.ends.append(value + size if size else value + 1)
+            self.names.append(source_name(name))
+
+    def vaddr(self, offset: int) -> int | None:
+        for off, vaddr, size in self.segments:
+            if off <= offset < off + size:
+                return offset - off + vaddr
+        return None
+
+    def function_at(self, offset: int) -> str | None:
+        """The function holding the code at this file offset, or None."""
+        v = self.vaddr(offset)
+        if v is None:
+            return None
+        i = bisect.bisect_right(self.starts, v) - 1
+        if i < 0 or v >= self.ends[i]:
+            return None
+        return self.names[i]
+
+
+def build_id_of(fd: int) -> str:
+    """The GNU build id of an ELF file, in hex; "" if it has none."""
+    with os.fdopen(os.dup(fd), "rb") as f:
+        try:
+            elf = ELFFile(f)
+            for sec in elf.iter_sections():
+                if not isinstance(sec, NoteSection):
+                    continue
+                for note in sec.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        return str(note["n_desc"])
+            for seg in elf.iter_segments():
+                if not isinstance(seg, NoteSegment):
+                    continue
+                for note in seg.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        return str(note["n_desc"])
+        except (ELFError, ValueError, OSError, KeyError):
+            return ""
+    return ""
+
+
+@dataclass
+class Module:
+    name: str  # the path as the process saw it
+    build_id: str
+    fd: int  # the file, kept open (-1 once let go)
+    symbols: ElfSymbols | None = None
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    pgoff: int
+    module: Module
+
+
+class Modules:
+    """The files processes map, by inode (each opened and read once)."""
+
+    MAX_FILES = 1024  # files kept open; the least recently used is let go beyond
+
+    def __init__(self) -> None:
+        self._by_inode: OrderedDict[tuple[int, int], Module] = OrderedDict()
+        self.unreadable = 0  # mapped files that could not be opened
+
+    def close(self) -> None:
+        for m in self._by_inode.values():
+            self._let_go(m)
+        self._by_inode.clear()
+
+    @staticmethod
+    def _let_go(m: Module) -> None:
+        """Close a file; a mapping still naming it gets no names from it (its
+        descriptor's number may be another file's by then)."""
+        if m.fd >= 0:
+            os.close(m.fd)
+            m.fd = -1
+
+    def _module(self, key: tuple[int, int], path: str, name: str) -> Module | None:
+        m = self._by_inode.get(key)
+        if m is not None:
+            self._by_inode.move_to_end(key)
+            return m
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.unreadable += 1
+            return None
+        m = Module(name, build_id_of(fd), fd)
+        self._by_inode[key] = m
+        while len(self._by_inode) > self.MAX_FILES:
+            _, old = self._by_inode.popitem(last=False)
+            self._let_go(old)
+        return m
+
+    def learn(self, pid: int) -> list[Mapping]:
+        """Every executable file mapping of a live process (none if it is gone)."""
+        out: list[Mapping] = []
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return out
+        for line in lines:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+                continue
+            rng, _perms, off, dev, ino, name = parts
+            name = name.removesuffix(" (deleted)")
+            major, minor = (int(x, 16) for x in dev.split(":"))
+            m = self._module((os.makedev(major, minor), int(ino)), f"/proc/{pid}/map_files/{rng}", name)
+            if m is None:
+                continue
+            lo, hi = (int(x, 16) for x in rng.split("-"))
+            out.append(Mapping(lo, hi, int(off, 16), m))
+        return out
+
+    def symbols(self, m: Module) -> ElfSymbols:
+        """The file's function symbols, read once (none once the file is let go)."""
+        if m.symbols is None:
+            m.symbols = ElfSymbols(m.fd)
+        return m.symbols
