@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from memtrace.core import apis
-from memtrace.core.units import human_bytes
 from memtrace.core.stacks import NO_STACK, Stack
+from memtrace.core.units import human_bytes
 from memtrace.model import Model
 
 

@@ -14,12 +14,12 @@ from rich.table import Table
 from rich.text import Text
 
 from memtrace.analysis.findings import DEFAULT, Thresholds, compute
-from memtrace.export.callsites import print_call_sites
 from memtrace.core import apis
 from memtrace.core.abi import BATCH_MAX, Direction, Layer, Stat
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes, human_seconds
+from memtrace.export.callsites import print_call_sites
 from memtrace.model import Model, describe
 
 SCHEMA_VERSION = 1
