@@ -430,8 +430,8 @@ def test_no_listening_socket_while_running_a_command(fakecuda: Path, tmp_path: P
 
 def test_bpf_reads_only_arguments_and_descriptors() -> None:
     """Every user-memory read in the BPF source is at an argument slot, a
-    copy descriptor, or a batch copy's pointer and size arrays: never the
-    memory being copied."""
+    copy descriptor, a batch copy's pointer and size arrays, or the return
+    address at a call's entry (for its stack): never the memory being copied."""
     bpf = Path(__file__).parent.parent / "bpf"
     text = "\n".join((bpf / f).read_text() for f in ("memtrace.bpf.c", "uargs.h"))
     reads = re.findall(r"bpf_probe_read_user\(([^;]*)\);?", text)
@@ -447,6 +447,9 @@ def test_bpf_reads_only_arguments_and_descriptors() -> None:
             # the call's arguments, never the memory they point at
             assert re.fullmatch(r"sizeof\((d|s|sz|chunk)\)", size), r
             assert (size == "sizeof(chunk)") == src.startswith("(void *)(sizes + 8 * base)"), r
+        elif size == "sizeof(ret)":
+            # the return address at the stack pointer, at a function's entry (x86-64): the caller's frame
+            assert (dst, src) == ("&ret", "(void *)PT_REGS_SP(ctx)"), r
         else:
             # 8 bytes: a stack argument, or what an allocation wrote to its output argument
             assert re.fullmatch(r"sizeof\((v|dst|aux)\)", size), r
