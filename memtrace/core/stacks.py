@@ -28,13 +28,5 @@ class NativeFrame:
             d["build_id"] = self.build_id
         return d
 
-    def label(self) -> str:
-        """How a flame graph or a table names it: `function (module)`, or
-        `module+0xOFFSET` when the function is not known."""
-        base = self.module.rsplit("/", 1)[-1]
-        if self.function:
-            return f"{self.function} ({base})"
-        return f"{base}+{self.offset:#x}"
-
 
 Stack = tuple[NativeFrame, ...]  # innermost first

@@ -53,6 +53,12 @@ _H2H, _H2D, _D2H, _D2D, _DEF = (
 )
 
 
+def _copy_key(k: int) -> tuple[int, Direction, HostMemory]:
+    """(api, direction, host memory) of a packed copy key (Model._add_copies:
+    process << 32 | api << 16 | direction << 8 | host memory)."""
+    return (k >> 16) & 0xFFFF, direction_of((k >> 8) & 0xFF), HostMemory(k & 0xFF)
+
+
 def _exact_sums(v: np.ndarray, starts: np.ndarray) -> list[int]:
     """Per-group sums of u64 values (groups start at `starts`), without wrapping."""
     if len(v) and int(v.max()) >= (1 << 64) // len(v):
@@ -368,7 +374,7 @@ class Model:
         rows = zip(uniq.tolist(), counts.tolist(), ncalls.tolist(), nerrors.tolist(), byte_sums, dur_sums, strict=True)
         for k, n, nc, ne, nb, dsum in rows:
             p = procs[k >> 32]
-            key = CopyKey(p.key, (k >> 16) & 0xFFFF, direction_of((k >> 8) & 0xFF), HostMemory(k & 0xFF))
+            key = CopyKey(p.key, *_copy_key(k))
             st = p.copies.get(key)
             if st is None:
                 st = p.copies[key] = CopyStats()
@@ -410,7 +416,7 @@ class Model:
         rows = zip(k[starts].tolist(), s[starts].tolist(), calls, errors, byte_sums, strict=True)
         for key, stk, nc, ne, nb in rows:
             p = procs[key >> 32]
-            sk = SiteKey(stk, "copy", (key >> 16) & 0xFFFF, direction_of((key >> 8) & 0xFF), HostMemory(key & 0xFF))
+            sk = SiteKey(stk, "copy", *_copy_key(key))
             st = p.sites.get(sk)
             if st is None:
                 st = p.sites[sk] = SiteStats()

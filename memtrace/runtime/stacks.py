@@ -16,7 +16,6 @@ named `[unknown]`, never guessed.
 from __future__ import annotations
 
 import bisect
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -28,8 +27,6 @@ from memtrace.core.ids import ProcessKey
 from memtrace.core.stacks import NO_STACK, NativeFrame, Stack
 from memtrace.sources.procfs import is_running
 from memtrace.sources.symbols import Mapping, Module, Modules
-
-log = logging.getLogger("memtrace")
 
 # A frame placed in its file: (the file, or None when no map covered it; the
 # offset in the file, or the address).
@@ -59,9 +56,9 @@ class StackTable:
     MAX_STACKS = 65536  # stacks kept; a further new stack is counted, not kept
     MAX_PROCESS_MAPS = 4096  # processes whose maps are kept (the least recently used go)
 
-    def __init__(self, take: Callable[[int], RawStack | None], modules: Modules | None = None) -> None:
+    def __init__(self, take: Callable[[int], RawStack | None]) -> None:
         self._take = take  # reads (and deletes) a stack from the kernel's map
-        self.modules = modules if modules is not None else Modules()
+        self.modules = Modules()
         self._maps: OrderedDict[ProcessKey, _Maps] = OrderedDict()
         self._placed: dict[int, tuple[_Placed, ...]] = {}
         self._named: dict[int, Stack] = {}
@@ -159,7 +156,7 @@ class StackTable:
             return NativeFrame("[unknown]", None, offset)
         # A caller's frame holds its return address: the call lies just before it.
         fn = self.modules.symbols(m).function_at(offset - 1 if depth else offset)
-        return NativeFrame(m.name, fn, offset, m.build_id)
+        return NativeFrame(m.name, fn, offset, self.modules.build_id(m))
 
     def stacks(self, keys: Iterable[int]) -> dict[int, Stack]:
         """The named frames of these stacks (those this table has)."""

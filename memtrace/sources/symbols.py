@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
+from elftools.elf.sections import SymbolTableSection
 from elftools.elf.segments import NoteSegment
 
 log = logging.getLogger("memtrace")
@@ -93,16 +93,14 @@ class ElfSymbols:
 
 
 def build_id_of(fd: int) -> str:
-    """The GNU build id of an ELF file, in hex; "" if it has none."""
+    """The GNU build id of an ELF file, in hex; "" if it has none (or the
+    file is let go). Read from the PT_NOTE segments: a file that is mapped
+    has them, whatever sections were stripped."""
+    if fd < 0:
+        return ""
     with os.fdopen(os.dup(fd), "rb") as f:
         try:
             elf = ELFFile(f)
-            for sec in elf.iter_sections():
-                if not isinstance(sec, NoteSection):
-                    continue
-                for note in sec.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
-                        return str(note["n_desc"])
             for seg in elf.iter_segments():
                 if not isinstance(seg, NoteSegment):
                     continue
@@ -117,9 +115,9 @@ def build_id_of(fd: int) -> str:
 @dataclass
 class Module:
     name: str  # the path as the process saw it
-    build_id: str
     fd: int  # the file, kept open (-1 once let go)
     symbols: ElfSymbols | None = None
+    build_id: str | None = None  # read when first asked for
 
 
 @dataclass(frozen=True)
@@ -137,7 +135,6 @@ class Modules:
 
     def __init__(self) -> None:
         self._by_inode: OrderedDict[tuple[int, int], Module] = OrderedDict()
-        self.unreadable = 0  # mapped files that could not be opened
 
     def close(self) -> None:
         for m in self._by_inode.values():
@@ -160,9 +157,8 @@ class Modules:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            self.unreadable += 1
-            return None
-        m = Module(name, build_id_of(fd), fd)
+            return None  # its frames stay unplaced (counted by the stack table)
+        m = Module(name, fd)
         self._by_inode[key] = m
         while len(self._by_inode) > self.MAX_FILES:
             _, old = self._by_inode.popitem(last=False)
@@ -190,6 +186,12 @@ class Modules:
             lo, hi = (int(x, 16) for x in rng.split("-"))
             out.append(Mapping(lo, hi, int(off, 16), m))
         return out
+
+    def build_id(self, m: Module) -> str:
+        """The file's build id, read once ("" once the file is let go)."""
+        if m.build_id is None:
+            m.build_id = build_id_of(m.fd)
+        return m.build_id
 
     def symbols(self, m: Module) -> ElfSymbols:
         """The file's function symbols, read once (none once the file is let go)."""
