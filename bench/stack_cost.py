@@ -1,7 +1,7 @@
 """What taking call stacks costs a traced process, per copy and per
 allocation (issue 17: at most 1.3x the cost without stacks).
 
-    sudo .venv/bin/python bench/stack_cost.py [--calls N] [--rounds R] [--depth D]
+    sudo .venv/bin/python bench/stack_cost.py [--calls N] [--rounds R] [--depth D] [--python PYTHON]
 
 A process pinned to one CPU calls the test CUDA runtime (cudaMemcpy, or a
 cudaMalloc and its cudaFree) in a tight loop from D frames down, built with
@@ -11,6 +11,10 @@ alternating, it runs untraced, under `memtrace run` and under `memtrace run
 per call. The cost of tracing is the
 traced time less the untraced one; the ratio is stacks' cost over the cost
 without, taken within each round, and its median over the rounds.
+
+With --python, the loop is Python's (bench/src/stackloop.py, through
+ctypes, D Python frames down): --stacks then walks the interpreter's frames
+too, and names their code objects.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def build(tmp: Path) -> tuple[Path, Path]:
     return fx, loop
 
 
-def one(mode: str, loop: Path, fx: Path, kind: str, calls: int, depth: int) -> float:
+def one(mode: str, loop: list[str], fx: Path, kind: str, calls: int, depth: int) -> float:
     # Each run loads its own copy of the libraries (new inodes): probes a
     # previous run left detaching on the shared files must not slow this one.
     with tempfile.TemporaryDirectory() as d:
@@ -52,8 +56,8 @@ def one(mode: str, loop: Path, fx: Path, kind: str, calls: int, depth: int) -> f
         return _one(mode, loop, Path(d), kind, calls, depth)
 
 
-def _one(mode: str, loop: Path, lib: Path, kind: str, calls: int, depth: int) -> float:
-    argv = ["taskset", "-c", LOOP_CPU, str(loop), kind, str(calls), str(depth)]
+def _one(mode: str, loop: list[str], lib: Path, kind: str, calls: int, depth: int) -> float:
+    argv = ["taskset", "-c", LOOP_CPU, *loop, kind, str(calls), str(depth)]
     env = dict(os.environ, LD_LIBRARY_PATH=str(lib), FAKE_LIBCUDA=str(lib / "libcuda.so.1"))
     if mode != "untraced":
         flags = ["--stacks"] if mode == "stacks" else []
@@ -67,10 +71,16 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--depth", type=int, default=30, help="frames between main and the loop")
+    ap.add_argument("--python", help="a CPython: run the Python loop (bench/src/stackloop.py) under it")
     a = ap.parse_args()
-    print(f"# {platform.node()} {platform.release()}, {os.cpu_count()} CPUs; {a.calls:,} calls a run, depth {a.depth}")
+    what_loop = f"Python loop under {a.python}" if a.python else "C loop"
+    print(
+        f"# {platform.node()} {platform.release()}, {os.cpu_count()} CPUs; {what_loop}, "
+        f"{a.calls:,} calls a run, depth {a.depth}"
+    )
     with tempfile.TemporaryDirectory() as d:
-        fx, loop = build(Path(d))
+        fx, c_loop = build(Path(d))
+        loop = [a.python, str(REPO / "bench" / "src" / "stackloop.py")] if a.python else [str(c_loop)]
         for kind in ("copy", "alloc"):
             ns: dict[str, list[float]] = {"untraced": [], "memtrace": [], "stacks": []}
             ratios = []

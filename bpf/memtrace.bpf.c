@@ -280,6 +280,50 @@ struct {
 	__type(value, struct mt_stack);
 } stack_scratch SEC(".maps");
 
+/* Processes whose interpreter user space has found (memtrace.h), by tgid. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, struct mt_py_proc);
+} py_procs SEC(".maps");
+
+/* Code objects of new stacks, named in the kernel while their process
+ * lives (memtrace.h); user space reads and deletes them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_PY_CODES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct mt_py_code_key);
+	__type(value, struct mt_py_code);
+} py_codes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mt_py_code);
+} py_code_scratch SEC(".maps");
+
+/* The Python walk's state: in a map, not on the BPF stack (a uprobe
+ * program and the calls below it share 512 bytes of stack). */
+struct py_scratch {
+	__u64 want;  /* the calling thread's id */
+	__u64 cur;   /* the thread state looked at, then the frame */
+	__u64 found; /* the calling thread's state */
+	__u32 size;  /* bytes read of a frame */
+	__u32 pad;
+	struct mt_py_code_key key;
+	__u8 b[MT_PY_FRAME_READ + 16]; /* one frame, read whole: its fields are taken from here */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_scratch);
+} py_scratch_map SEC(".maps");
+
 static __always_inline __u64 mix(__u64 h, __u64 w)
 {
 	h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
@@ -297,6 +341,281 @@ static __always_inline __u64 entry_return_address(struct pt_regs *ctx)
 #else
 	return PT_REGS_RET(ctx); /* the link register */
 #endif
+}
+
+static __always_inline __u64 current_start(void);
+
+/* Read a pointer-sized word of the interpreter's state; 0 when unreadable. */
+static __always_inline __u64 py_word(__u64 base, __u16 off)
+{
+	__u64 v = 0;
+
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)(base + off)))
+		return 0;
+	return v;
+}
+
+/* The calling thread's id as its interpreter recorded it (enum mt_py_match). */
+static __always_inline __u64 py_thread_id(__u8 match)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct pid *p;
+	struct upid u;
+	__u32 level;
+
+	if (match == MT_PY_MATCH_NATIVE_TID) {
+		/* gettid() as the process sees it: its own (innermost) pid namespace */
+		p = BPF_CORE_READ(task, thread_pid);
+		if (!p)
+			return 0;
+		level = BPF_CORE_READ(p, level);
+		if (bpf_core_read(&u, sizeof(u), &p->numbers[level & 7]))
+			return 0;
+		return u.nr;
+	}
+#if defined(__TARGET_ARCH_x86)
+	if (match == MT_PY_MATCH_PTHREAD)
+		return BPF_CORE_READ(task, thread.fsbase); /* glibc's pthread_self() */
+#endif
+	return 0;
+}
+
+/* The calling thread's Python frames into `s`, when its process runs an
+ * interpreter user space has described (memtrace.h). Reads the thread
+ * states and frames of the interpreter, never the memory being copied. */
+/* What the walk's steps (bpf_loop callbacks, or a loop) share: pointers,
+ * which only the stack may hold. */
+struct py_walk {
+	struct mt_py_proc *py;
+	struct mt_stack *s;
+	struct py_scratch *x;
+};
+
+/* One thread state: the calling thread's? 1 stops the search. */
+static __always_inline long py_find_step(struct py_walk *w)
+{
+	struct py_scratch *x = w->x;
+
+	if (!x->cur)
+		return 1;
+	if (py_word(x->cur, w->py->tstate_id) == x->want) {
+		x->found = x->cur;
+		return 1;
+	}
+	x->cur = py_word(x->cur, w->py->tstate_next);
+	return 0;
+}
+
+static long py_find_cb(__u32 i, void *ctx)
+{
+	return py_find_step(ctx);
+}
+
+/* One frame, into the stack; 1 ends the walk (py_state says how). */
+static __always_inline long py_frame_step(struct py_walk *w)
+{
+	struct mt_py_proc *py = w->py;
+	struct mt_stack *s = w->s;
+	struct py_scratch *x = w->x;
+	__u64 code, instr, prev;
+	__u32 n;
+
+	if (!x->cur)
+		return 1;
+	/* The count lives in the map value, not a register, so the verifier
+	 * meets one state per turn, not one per count. */
+	n = s->py_nframes;
+	if (n >= MT_PY_DEPTH) {
+		s->py_state = MT_PY_TRUNCATED;
+		return 1;
+	}
+	/* One read a frame: every field walked lies in its first `size` bytes. */
+	if (bpf_probe_read_user(x->b, x->size & 0x7f, (void *)x->cur)) {
+		s->py_state = MT_PY_FAULT;
+		return 1;
+	}
+	prev = *(__u64 *)&x->b[py->frame_previous & 0x7f];
+	if (py->frame_owner != MT_PY_NONE && x->b[py->frame_owner & 0x7f] == py->owner_cstack) {
+		/* an entry shim: the frame inside it began a C call into the interpreter */
+		if (n > 0)
+			s->py_instr[(n - 1) & (MT_PY_DEPTH - 1)] |= MT_PY_ENTRY;
+		x->cur = prev;
+		return 0;
+	}
+	code = *(__u64 *)&x->b[py->frame_code & 0x7f];
+	if (py->instr_size == 4)
+		instr = *(__u32 *)&x->b[py->frame_instr & 0x7f];
+	else
+		instr = *(__u64 *)&x->b[py->frame_instr & 0x7f];
+	if (!code) {
+		s->py_state = MT_PY_FAULT;
+		return 1;
+	}
+	if (py->frame_is_entry != MT_PY_NONE && x->b[py->frame_is_entry & 0x7f])
+		instr |= MT_PY_ENTRY;
+	s->py_code[n & (MT_PY_DEPTH - 1)] = code;
+	s->py_instr[n & (MT_PY_DEPTH - 1)] = instr;
+	s->py_nframes = n + 1;
+	x->cur = prev;
+	return 0;
+}
+
+static long py_frame_cb(__u32 i, void *ctx)
+{
+	return py_frame_step(ctx);
+}
+
+/* Without bpf_loop (before 5.17) the walk is a plain loop, shorter. */
+#define MT_PY_THREADS_LOOP 32
+#define MT_PY_WALK_LOOP 40
+#define MT_PY_KEEP_LOOP 8
+
+/* The calling thread's Python frames into `s`, when its process runs an
+ * interpreter user space has described (memtrace.h). Reads the thread
+ * states and frames of the interpreter, never the memory being copied. */
+static __noinline void take_python(struct mt_stack *s, __u32 pid)
+{
+	struct py_walk w = {};
+	struct py_scratch *x;
+	__u64 interp, frame;
+	__u32 i, zero = 0;
+
+	s->py_state = MT_PY_NOT_PYTHON;
+	s->py_nframes = 0;
+	w.py = bpf_map_lookup_elem(&py_procs, &pid);
+	x = bpf_map_lookup_elem(&py_scratch_map, &zero);
+	if (!w.py || !x || w.py->start_ns != current_start())
+		return;
+	w.s = s;
+	w.x = x;
+	x->want = py_thread_id(w.py->match);
+	x->found = 0;
+	/* The main interpreter's threads (subinterpreters' are not looked at). */
+	interp = py_word(w.py->runtime, w.py->interpreters_head);
+	x->cur = interp && x->want ? py_word(interp, w.py->interp_threads) : 0;
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop)) {
+		bpf_loop(MT_PY_THREADS, py_find_cb, &w, 0);
+	} else {
+		for (i = 0; i < MT_PY_THREADS_LOOP; i++)
+			if (py_find_step(&w))
+				break;
+	}
+	if (!x->found) {
+		s->py_state = MT_PY_NO_THREAD;
+		return;
+	}
+	frame = py_word(x->found, w.py->tstate_frame);
+	if (frame && w.py->cframe_frame != MT_PY_NONE)
+		frame = py_word(frame, w.py->cframe_frame);
+	x->cur = frame;
+	x->size = w.py->frame_size;
+	if (x->size > MT_PY_FRAME_READ)
+		x->size = MT_PY_FRAME_READ;
+	s->py_state = MT_PY_WALKED;
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop)) {
+		bpf_loop(MT_PY_WALK, py_frame_cb, &w, 0);
+	} else {
+		for (i = 0; i < MT_PY_WALK_LOOP; i++)
+			if (py_frame_step(&w))
+				break;
+	}
+	if (x->cur && s->py_state == MT_PY_WALKED)
+		s->py_state = MT_PY_TRUNCATED;
+}
+
+/* A str object's characters: the first (or, `tail`, the last) `cap` bytes;
+ * its size in bytes and its kind into *size and *kind (0: unreadable). */
+static __always_inline void py_str(struct mt_py_proc *py, __u64 str, char *dst, __u32 cap, bool tail,
+				   __u32 *size, __u8 *kind)
+{
+	__u64 len = 0, skip = 0, n;
+	__u32 state = 0, k;
+
+	*size = 0;
+	*kind = 0;
+	if (!str || bpf_probe_read_user(&len, sizeof(len), (void *)(str + 16)))
+		return;
+	if (bpf_probe_read_user(&state, sizeof(state), (void *)(str + 32)))
+		return;
+	k = (state >> 2) & 7;
+	if (!((state >> 5) & 1) || (k != 1 && k != 2 && k != 4) || len > (1 << 20))
+		return; /* not a compact str */
+	n = len * k;
+	if (n > cap) {
+		if (tail)
+			skip = n - cap;
+		n = cap;
+	}
+	str += ((state >> 6) & 1) ? py->ascii_size : py->compact_size;
+	if (n && bpf_probe_read_user(dst, n & (2 * MT_PY_FILE_LEN - 1), (void *)(str + skip)))
+		return;
+	*size = len * k;
+	*kind = k;
+}
+
+/* Keep what the i-th frame's code object says, unless it is kept already. */
+static __always_inline long keep_step(struct py_walk *w, __u32 i)
+{
+	struct mt_py_proc *py = w->py;
+	struct py_scratch *x = w->x;
+	struct mt_py_code *c;
+	__u64 code, table, n = 0;
+	__u32 zero = 0;
+
+	if (i >= w->s->py_nframes)
+		return 1;
+	code = w->s->py_code[i & (MT_PY_DEPTH - 1)];
+	x->key.code = code;
+	if (bpf_map_lookup_elem(&py_codes, &x->key))
+		return 0;
+	c = bpf_map_lookup_elem(&py_code_scratch, &zero);
+	if (!c)
+		return 1;
+	c->type = py_word(code, 8);
+	c->firstlineno = 0;
+	bpf_probe_read_user(&c->firstlineno, sizeof(c->firstlineno), (void *)(code + py->code_firstlineno));
+	py_str(py, py_word(code, py->code_name), c->name, MT_PY_NAME_LEN, false, &c->name_size, &c->name_kind);
+	py_str(py, py_word(code, py->code_filename), c->file, MT_PY_FILE_LEN, true, &c->file_size, &c->file_kind);
+	table = py_word(code, py->code_linetable);
+	c->table_size = 0;
+	if (table && !bpf_probe_read_user(&n, sizeof(n), (void *)(table + 16)) && n <= (1 << 24)) {
+		c->table_size = n;
+		if (n > MT_PY_TABLE_LEN)
+			n = MT_PY_TABLE_LEN;
+		if (n && bpf_probe_read_user(c->table, n & (2 * MT_PY_TABLE_LEN - 1), (void *)(table + 32)))
+			c->table_size = 0;
+	}
+	bpf_map_update_elem(&py_codes, &x->key, c, BPF_NOEXIST);
+	return 0;
+}
+
+static long keep_cb(__u32 i, void *ctx)
+{
+	return keep_step(ctx, i);
+}
+
+/* A new stack's code objects, kept while its process lives. */
+static __noinline void keep_codes(struct mt_stack *s, __u32 pid)
+{
+	struct py_walk w = {};
+	__u32 i, zero = 0;
+
+	w.py = bpf_map_lookup_elem(&py_procs, &pid);
+	w.x = bpf_map_lookup_elem(&py_scratch_map, &zero);
+	if (!w.py || !w.x)
+		return;
+	w.s = s;
+	w.x->key.start_ns = w.py->start_ns;
+	w.x->key.pid = pid;
+	w.x->key.pad = 0;
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop)) {
+		bpf_loop(MT_PY_DEPTH, keep_cb, &w, 0);
+	} else {
+		/* the innermost few; the rest are read from the process while it lives */
+		for (i = 0; i < MT_PY_KEEP_LOOP; i++)
+			if (keep_step(&w, i))
+				break;
+	}
 }
 
 /* The caller's user stack, kept in `stack_frames`; its key, or 0 when none
@@ -337,11 +656,18 @@ static __always_inline __u64 take_stack(struct pt_regs *ctx, __u32 pid)
 		n = MT_STACK_DEPTH;
 	s->nframes = n;
 	s->pid = pid;
+	take_python(s, pid);
 	h = mix(0x6d656d7472616365ULL, ((__u64)pid << 32) | n);
 	for (i = 0; i < MT_STACK_DEPTH; i++) {
 		if (i >= n)
 			break;
 		h = mix(h, s->ips[i]);
+	}
+	h = mix(h, ((__u64)s->py_state << 32) | s->py_nframes);
+	for (i = 0; i < MT_PY_DEPTH; i++) {
+		if (i >= s->py_nframes)
+			break;
+		h = mix(mix(h, s->py_code[i]), s->py_instr[i]);
 	}
 	if (h == 0)
 		h = 1;
@@ -354,6 +680,8 @@ static __always_inline __u64 take_stack(struct pt_regs *ctx, __u32 pid)
 		stat_inc(MT_STAT_STACKS_FULL);
 		return 0;
 	}
+	if (!err && s->py_nframes)
+		keep_codes(s, pid);
 	return h;
 }
 

@@ -239,10 +239,109 @@ struct mt_event {
 #define MT_STACK_DEPTH 64   /* frames kept; deeper stacks keep their innermost */
 #define MT_STACKS_MAX 16384 /* stacks in `stack_frames` not yet read by user space */
 
+/*
+ * Python frames (when user space has told the process's interpreter, in
+ * `py_procs`): the thread's own frames, innermost first, walked from the
+ * interpreter's thread states at the call's entry. A frame is its code
+ * object's address and where it was in it (the instruction pointer, or
+ * 3.10's instruction index), so user space can name the function, its file
+ * and the line being executed. The interpreter's layout comes from user
+ * space (per version, or 3.13's _Py_DebugOffsets); BPF knows none.
+ */
+#define MT_PY_DEPTH 32          /* Python frames kept; deeper stacks keep their innermost */
+#define MT_PY_WALK 64           /* frames looked at (entry shims are skipped, not kept) */
+#define MT_PY_THREADS 256       /* thread states looked at to find the calling thread's */
+#define MT_PY_ENTRY (1ULL << 63) /* in py_instr: the frame a C call into the interpreter began */
+#define MT_PY_NONE 0xffff       /* an offset the interpreter does not have */
+
+enum mt_py_state {
+	MT_PY_NOT_PYTHON = 0, /* no interpreter known for the process (or not yet) */
+	MT_PY_WALKED = 1,     /* frames taken (none if the thread ran no Python code) */
+	MT_PY_NO_THREAD = 2,  /* the calling thread has no Python thread state */
+	MT_PY_FAULT = 3,      /* a read failed mid-walk: the frames before it are kept */
+	MT_PY_TRUNCATED = 4,  /* deeper than MT_PY_DEPTH: the innermost are kept */
+};
+
+/* How the calling thread's state is found: by its thread id in its own pid
+ * namespace (PyThreadState.native_thread_id, 3.11+) or by its pthread_t
+ * (PyThreadState.thread_id: the thread pointer on x86-64 glibc, 3.10). */
+enum mt_py_match {
+	MT_PY_MATCH_NATIVE_TID = 1,
+	MT_PY_MATCH_PTHREAD = 2,
+};
+
+/* A `py_procs` value, keyed by tgid: where the process's interpreter keeps
+ * its state, and the offsets to walk it (bytes; MT_PY_NONE: absent). */
+struct mt_py_proc {
+	__u64 start_ns; /* the process (struct mt_proc_key): a reused pid is another */
+	__u64 runtime;  /* the address of _PyRuntime */
+	__u16 interpreters_head; /* _PyRuntimeState.interpreters.head */
+	__u16 interp_next;
+	__u16 interp_threads;    /* PyInterpreterState: the first thread state */
+	__u16 tstate_next;
+	__u16 tstate_id;         /* native_thread_id or thread_id (match) */
+	__u16 tstate_frame;      /* the current frame, or (cframe) the _PyCFrame */
+	__u16 cframe_frame;      /* _PyCFrame.current_frame (3.11, 3.12) */
+	__u16 frame_previous;
+	__u16 frame_code;
+	__u16 frame_instr;
+	__u16 frame_owner;       /* 3.12+: FRAME_OWNED_BY_CSTACK frames are entry shims */
+	__u16 frame_is_entry;    /* 3.11 */
+	__u16 code_name;         /* co_qualname (3.11+) or co_name */
+	__u16 code_filename;
+	__u16 code_firstlineno;
+	__u16 code_linetable;
+	__u16 ascii_size;        /* sizeof(PyASCIIObject): an ASCII str's characters follow it */
+	__u16 compact_size;      /* sizeof(PyCompactUnicodeObject): another compact str's follow it */
+	__u8 match;              /* enum mt_py_match */
+	__u8 instr_size;         /* 4: an int (3.10's f_lasti); 8: a pointer */
+	__u8 owner_cstack;       /* FRAME_OWNED_BY_CSTACK */
+	__u8 frame_size;         /* bytes read of a frame, one read each: every field above lies in them */
+	__u8 pad[4];
+};
+
+#define MT_PY_FRAME_READ 120 /* the most bytes read of a frame */
+
+/*
+ * What a new stack's code objects say, kept when the stack is first taken
+ * (a process may exit before user space reads its stacks, and its memory
+ * with it): names, the line table, by (process, code object). User space
+ * reads and deletes them, and keeps what it read.
+ */
+#define MT_PY_NAME_LEN 128  /* bytes of the function's name kept */
+#define MT_PY_FILE_LEN 256  /* bytes of the file name kept: its end, when longer */
+#define MT_PY_TABLE_LEN 1024 /* bytes of the line table kept: its start */
+#define MT_PY_CODES_MAX 16384
+
+struct mt_py_code_key {
+	__u64 start_ns;
+	__u32 pid;
+	__u32 pad;
+	__u64 code; /* the code object's address */
+};
+
+struct mt_py_code {
+	__u64 type;          /* its ob_type: user space checks it is PyCode_Type */
+	__s32 firstlineno;
+	__u32 name_size;     /* the name's size in bytes (kind x length) */
+	__u32 file_size;
+	__u32 table_size;    /* the line table's size in bytes */
+	__u8 name_kind;      /* PyUnicode kind: bytes a character (1, 2, 4) */
+	__u8 file_kind;
+	__u8 pad[6];
+	char name[MT_PY_NAME_LEN];  /* its first bytes */
+	char file[MT_PY_FILE_LEN];  /* its last bytes */
+	__u8 table[MT_PY_TABLE_LEN]; /* its first bytes */
+};
+
 struct mt_stack {
 	__u32 nframes;
 	__u32 pid; /* the process whose addresses these are */
 	__u64 ips[MT_STACK_DEPTH];
+	__u32 py_state;   /* enum mt_py_state */
+	__u32 py_nframes;
+	__u64 py_code[MT_PY_DEPTH];  /* code objects, innermost first */
+	__u64 py_instr[MT_PY_DEPTH]; /* where each frame was; MT_PY_ENTRY marks entry frames */
 };
 
 #define MT_COMM_LEN 16 /* TASK_COMM_LEN */

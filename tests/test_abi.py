@@ -28,6 +28,22 @@ int main(void) {
   O(mt_event, dst); O(mt_event, src); O(mt_event, start_ns);
   O(mt_event, pid); O(mt_event, tid); O(mt_event, ret); O(mt_event, api); O(mt_event, direction); O(mt_event, layer);
   O(mt_event, stack); S(mt_stack); O(mt_stack, nframes); O(mt_stack, pid); O(mt_stack, ips);
+  O(mt_stack, py_state); O(mt_stack, py_nframes); O(mt_stack, py_code); O(mt_stack, py_instr);
+  C(MT_PY_DEPTH); C(MT_PY_NONE); C(MT_PY_NOT_PYTHON); C(MT_PY_WALKED); C(MT_PY_NO_THREAD); C(MT_PY_FAULT);
+  C(MT_PY_TRUNCATED); C(MT_PY_MATCH_NATIVE_TID); C(MT_PY_MATCH_PTHREAD);
+  printf("\"MT_PY_ENTRY\": %llu,\n", (unsigned long long)MT_PY_ENTRY);
+  S(mt_py_proc); O(mt_py_proc, start_ns); O(mt_py_proc, runtime); O(mt_py_proc, interpreters_head);
+  O(mt_py_proc, interp_next); O(mt_py_proc, interp_threads); O(mt_py_proc, tstate_next); O(mt_py_proc, tstate_id);
+  O(mt_py_proc, tstate_frame); O(mt_py_proc, cframe_frame); O(mt_py_proc, frame_previous); O(mt_py_proc, frame_code);
+  O(mt_py_proc, frame_instr); O(mt_py_proc, frame_owner); O(mt_py_proc, frame_is_entry); O(mt_py_proc, match);
+  O(mt_py_proc, instr_size); O(mt_py_proc, owner_cstack); O(mt_py_proc, frame_size); C(MT_PY_FRAME_READ);
+  O(mt_py_proc, code_name); O(mt_py_proc, code_filename); O(mt_py_proc, code_firstlineno);
+  O(mt_py_proc, code_linetable); O(mt_py_proc, ascii_size); O(mt_py_proc, compact_size);
+  C(MT_PY_NAME_LEN); C(MT_PY_FILE_LEN); C(MT_PY_TABLE_LEN); C(MT_PY_CODES_MAX);
+  S(mt_py_code_key); O(mt_py_code_key, start_ns); O(mt_py_code_key, pid); O(mt_py_code_key, code);
+  S(mt_py_code); O(mt_py_code, type); O(mt_py_code, firstlineno); O(mt_py_code, name_size);
+  O(mt_py_code, file_size); O(mt_py_code, table_size); O(mt_py_code, name_kind); O(mt_py_code, file_kind);
+  O(mt_py_code, name); O(mt_py_code, file); O(mt_py_code, table);
   C(MT_STACK_DEPTH); C(MT_STACKS_MAX);
   C(MT_STAT_STACKS); C(MT_STAT_STACK_FAILED); C(MT_STAT_STACKS_FULL);
   S(mt_proc_key); O(mt_proc_key, start_ns); O(mt_proc_key, pid);
@@ -116,12 +132,37 @@ def test_map_structs_match(header: dict[str, int]) -> None:
         (abi.CtlEvent, "mt_ctl_event"),
         (abi.Hold, "mt_hold"),
         (abi.Stack, "mt_stack"),
+        (abi.PyProc, "mt_py_proc"),
+        (abi.PyCodeKey, "mt_py_code_key"),
+        (abi.PyCode, "mt_py_code"),
     ):
         assert ctypes.sizeof(cls) == header[f"sizeof {cname}"], cname
         for f, _ in cls._fields_:
             if f"{cname}.{f}" in header:
                 assert getattr(cls, f).offset == header[f"{cname}.{f}"], (cname, f)
     assert ctypes.sizeof(abi.InodeKey) == header["sizeof mt_inode_key"]
+    assert (abi.PY_DEPTH, abi.PY_NONE, abi.PY_ENTRY) == (
+        header["MT_PY_DEPTH"],
+        header["MT_PY_NONE"],
+        header["MT_PY_ENTRY"],
+    )
+    for st in abi.PyState:
+        assert header[f"MT_PY_{st.name}"] == st.value, st
+    for m in abi.PyMatch:
+        assert header[f"MT_PY_MATCH_{m.name}"] == m.value, m
+    assert (abi.PY_NAME_LEN, abi.PY_FILE_LEN, abi.PY_TABLE_LEN, abi.PY_CODES_MAX, abi.PY_FRAME_READ) == tuple(
+        header[k]
+        for k in ("MT_PY_NAME_LEN", "MT_PY_FILE_LEN", "MT_PY_TABLE_LEN", "MT_PY_CODES_MAX", "MT_PY_FRAME_READ")
+    )
+    for cls, cname in (
+        (abi.Stack, "mt_stack"),
+        (abi.PyProc, "mt_py_proc"),
+        (abi.PyCodeKey, "mt_py_code_key"),
+        (abi.PyCode, "mt_py_code"),
+    ):
+        for k in header:
+            if k.startswith(f"{cname}."):
+                assert k.split(".", 1)[1] in dict(cls._fields_), k
     assert abi.COMM_LEN == header["MT_COMM_LEN"]
     assert abi.TRAPS_API == header["MT_API_TRAPS"]
     assert abi.TRAPS_API not in apis.BY_ID  # a trap count is never read as a launch count

@@ -1,7 +1,8 @@
 """Call sites: `memtrace run --stacks` charges every copy and device
-allocation to the native stack that made it, calls and bytes exact, with
-real BPF stack capture on real uprobes, workloads built with frame pointers
-and without, and real CPython interpreters calling through ctypes."""
+allocation to the stack that made it, calls and bytes exact, with real BPF
+stack capture on real uprobes: native frames of workloads built with frame
+pointers and without, and the Python frames (function, file, line) of real
+CPython 3.10 to 3.13 interpreters calling through ctypes."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, memtrace_cmd
 
+from memtrace.core.abi import PY_DEPTH, PY_NONE
+from memtrace.core.stacks import NativeFrame, PythonFrame
 from memtrace.export.callsites import folded
-from memtrace.runtime.stacks import _Maps
+from memtrace.runtime.stacks import _Maps, merge
+from memtrace.sources import python as pyframes
 from memtrace.sources.symbols import Mapping, Module, source_name
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="BPF needs root")
@@ -113,21 +117,239 @@ def test_cpython_310_to_313_is_found_here() -> None:
     assert interpreters(), "no CPython 3.10-3.13 found (pyenv versions or pythonX.Y on PATH)"
 
 
+def python_frames(site: dict) -> list[dict]:
+    return [f for f in site["frames"] if "file" in f]
+
+
+def leaf(function: str) -> str:
+    """A function's own name: 3.11+ gives qualified names (main.<locals>.upload)."""
+    return function.rsplit(".", 1)[-1]
+
+
 @pytest.mark.parametrize("python", interpreters() or ["none"])
-def test_ctypes_calls_from_python_are_all_charged_to_native_stacks(python: str, fakecuda: Path, tmp_path: Path) -> None:
-    """Native frames only: the stacks hold the CUDA call and the ctypes
-    call path; Python's own frames are not taken yet."""
+def test_ctypes_calls_from_python_are_charged_to_the_lines_that_made_them(
+    python: str, fakecuda: Path, tmp_path: Path
+) -> None:
+    """Real CPython 3.10 to 3.13: every copy and allocation is charged to
+    its Python call site, function, file and line, innermost first, after
+    the native frames of the CUDA call (the walk stops in libffi, built
+    without frame pointers, so the Python frames follow the native ones)."""
     doc, truth = run_stacks([python, str(FIXTURES / "ctypes_sites.py"), str(fakecuda / "lib"), "6"], tmp_path, fakecuda)
+    t = truth[0]
+    for want in t["sites"]:
+        got = [
+            s
+            for s in doc["stacks"]
+            if s["kind"] == want["kind"] and (want["kind"] == "alloc" or s["direction"] == want["direction"])
+        ]
+        assert [(s["calls"], s["bytes"]) for s in got] == [(want["calls"], want["bytes"])], t["python"]
+        site = got[0]
+        assert site["frames"][0]["function"] == site["api"]
+        assert Path(site["frames"][0]["module"]).name == "libcudart.so.13"
+        assert site["python_frames"] == "taken", (t["python"], site)
+        py = python_frames(site)
+        assert [[leaf(f["function"]), f["line"]] for f in py] == want["python"], (t["python"], py)
+        assert {Path(f["file"]).resolve() for f in py} == {Path(t["file"]).resolve()}
+        # The Python frames are the outermost: no native frame after them, and
+        # no address the walk found past libffi (no frame pointers) taken for a frame.
+        first = site["frames"].index(py[0])
+        assert all("file" in f for f in site["frames"][first:])
+        assert all(f["module"] != "[unknown]" for f in site["frames"][:first]), site["frames"]
+    assert doc["agent"]["stacks"]["not_taken"] == 0
+    assert doc["agent"]["stacks"]["python_frames_unnamed"] == 0
+
+
+@pytest.mark.parametrize("python", interpreters() or ["none"])
+def test_a_thread_gets_its_own_python_frames_and_deep_recursion_keeps_the_innermost(
+    python: str, fakecuda: Path, tmp_path: Path
+) -> None:
+    """A worker thread's copies carry the worker's frames, never those of
+    the main thread waiting in join(); a stack deeper than BPF keeps is
+    marked truncated and keeps its innermost frames, each at its line."""
+    depth = 40
+    doc, truth = run_stacks(
+        [python, str(FIXTURES / "ctypes_threads.py"), str(fakecuda / "lib"), str(depth)], tmp_path, fakecuda
+    )
+    t = truth[0]
+    worker, deep = t["sites"]
+    got = [s for s in doc["stacks"] if s["direction"] == "h2d"]
+    assert [(s["calls"], s["bytes"]) for s in got] == [(worker["calls"], worker["bytes"])]
+    py = python_frames(got[0])
+    assert got[0]["python_frames"] == "taken"
+    assert [leaf(py[0]["function"]), py[0]["line"]] == worker["python"][0]
+    assert all(f["line"] != t["join_line"] and leaf(f["function"]) not in ("main", "idle") for f in py), py
+    got = [s for s in doc["stacks"] if s["direction"] == "d2h"]
+    assert [(s["calls"], s["bytes"]) for s in got] == [(deep["calls"], deep["bytes"])]
+    py = python_frames(got[0])
+    assert got[0]["python_frames"] == "truncated"
+    assert len(py) == PY_DEPTH
+    assert [[leaf(f["function"]), f["line"]] for f in py] == deep["python"][:PY_DEPTH]
+    assert doc["agent"]["stacks"]["python_frames_unnamed"] == 0
+
+
+def test_a_python_process_met_after_its_libraries_gets_its_frames_from_when_it_is_found(
+    fakecuda: Path, tmp_path: Path
+) -> None:
+    """A second process of the same interpreter maps libraries memtrace has
+    attached already, so it is not held: its interpreter is found at its
+    first call, and the calls before that have no Python frames and say so
+    ("not taken"). Every call is charged; no call gets another's frames."""
+    python = interpreters()[-1]
+    work = f"{python} {FIXTURES / 'ctypes_sites.py'} {fakecuda / 'lib'} 40"
+    doc, truth = run_stacks(["sh", "-c", f"{work} && {work}"], tmp_path, fakecuda)
+    assert len(truth) == 2
+    for t in truth:
+        rows = [s for s in doc["stacks"] if s["pid"] == t["pid"]]
+        for want in t["sites"]:
+            got = [
+                s
+                for s in rows
+                if s["kind"] == want["kind"] and (want["kind"] == "alloc" or s["direction"] == want["direction"])
+            ]
+            assert sum(s["calls"] for s in got) == want["calls"] and sum(s["bytes"] for s in got) == want["bytes"]
+            for s in got:
+                py = python_frames(s)
+                assert s["python_frames"] in ("taken", "not taken"), s
+                if s["python_frames"] == "taken":
+                    assert [[leaf(f["function"]), f["line"]] for f in py] == want["python"]
+                else:
+                    assert py == []
+    first = [s for s in doc["stacks"] if s["pid"] == truth[0]["pid"]]
+    assert {s["python_frames"] for s in first} == {"taken"}  # held at its first CUDA library: all of it
+
+
+def test_the_pageable_finding_names_the_python_lines_that_copied_most(fakecuda: Path, tmp_path: Path) -> None:
+    """pageable_h2d says where the pageable bytes came from: the line in the
+    user's code, with each line's bytes and share in its evidence."""
+    python = interpreters()[-1]
+    doc, truth = run_stacks([python, str(FIXTURES / "ctypes_pageable.py"), str(fakecuda / "lib")], tmp_path, fakecuda)
+    t = truth[0]
+    (f,) = [f for f in doc["findings"] if f["code"] == "pageable_h2d"]
+    total = sum(b for _, b in t["sites"].values())
+    want = [
+        {"site": f"{t['file']}:{line} in main.<locals>.{fn}", "bytes": b, "share": b / total}
+        for fn, (line, b) in sorted(t["sites"].items(), key=lambda kv: -kv[1][1])
+    ]
+    assert f["evidence"]["sites"] == want
+    assert f["summary"].endswith(f"; 75% of them from {want[0]['site']}")
+
+
+def other_pythons() -> list[str]:
+    """CPython versions memtrace does not walk (pyenv's 3.6 to 3.9 here)."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = sorted(glob.glob(f"{root}/versions/3.[6-9].*/bin/python3"))
+    return found[-1:]
+
+
+def test_an_interpreter_memtrace_does_not_walk_gets_native_frames_marked_unsupported(
+    fakecuda: Path, tmp_path: Path
+) -> None:
+    """CPython 3.9 (any version outside 3.10-3.13): no Python frames, never
+    frames read with another version's layout; the stacks say so, the agent
+    says which interpreter, and every call is still charged."""
+    others = other_pythons()
+    assert others, "no CPython older than 3.10 found (pyenv versions)"
+    doc, truth = run_stacks(
+        [others[0], str(FIXTURES / "ctypes_sites.py"), str(fakecuda / "lib"), "3"], tmp_path, fakecuda
+    )
     for want in truth[0]["sites"]:
         got = [
             s
             for s in doc["stacks"]
             if s["kind"] == want["kind"] and (want["kind"] == "alloc" or s["direction"] == want["direction"])
         ]
-        assert [(s["calls"], s["bytes"]) for s in got] == [(want["calls"], want["bytes"])], truth[0]["python"]
-        assert got[0]["frames"][0]["function"] == got[0]["api"]
-        assert Path(got[0]["frames"][0]["module"]).name == "libcudart.so.13"
-    assert doc["agent"]["stacks"]["not_taken"] == 0
+        assert sum(s["calls"] for s in got) == want["calls"] and sum(s["bytes"] for s in got) == want["bytes"]
+        for s in got:
+            assert s["python_frames"] == "unsupported"
+            assert not python_frames(s)
+            assert s["frames"][0]["function"] == s["api"]
+    version = truth[0]["python"]
+    assert list(doc["agent"]["stacks"]["python_unsupported"]) == [
+        f"CPython {version}: memtrace walks the frames of CPython 3.10 to 3.13"
+    ]
+
+
+LINES_DUMP = r"""
+import json, sys, types
+import json.decoder, argparse, textwrap
+def codes(co):
+    yield co
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from codes(c)
+out = []
+for mod in (json.decoder, argparse, textwrap):
+    src = open(mod.__file__).read()
+    for co in codes(compile(src, mod.__file__, "exec")):
+        out.append([co.co_linetable.hex(), co.co_firstlineno, [list(r) for r in co.co_lines()]])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("python", interpreters() or ["none"])
+def test_line_tables_decode_as_the_interpreter_itself_reads_them(python: str) -> None:
+    """Every instruction of every function of three stdlib modules gets the
+    line the interpreter's own co_lines() gives it (3.10's table and
+    3.11+'s location table)."""
+    dump = json.loads(subprocess.run([python, "-c", LINES_DUMP], capture_output=True, text=True, check=True).stdout)
+    location = not Path(python).resolve().name.startswith("python3.10")
+    decode = pyframes.line_of_location_table if location else pyframes.line_of_line_table
+    checked = 0
+    for table, first, ranges in dump:
+        for start, end, line in ranges:
+            for offset in range(start, end, 2):
+                assert decode(bytes.fromhex(table), first, offset) == line, (first, start, end)
+                checked += 1
+    assert checked > 10_000
+
+
+# Offsets the naming reads in every version (sources/python.py), not in a Layout.
+FIXED_OFFSETS = {"bytes_size": 16, "bytes_sval": 32, "str_length": 16, "str_state": 32, "ob_type": 8}
+
+
+@pytest.mark.parametrize("python", interpreters() or ["none"])
+def test_each_versions_offsets_are_those_of_its_own_headers(python: str, tmp_path: Path) -> None:
+    """The layout memtrace walks each CPython with, against offsetof() in a
+    program built with that interpreter's own headers (3.13's layout is
+    then taken from the interpreter itself: _Py_DebugOffsets)."""
+    cfg = json.loads(
+        subprocess.run(
+            [python, "-c", "import json, sysconfig; print(json.dumps(sysconfig.get_paths()['include']))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    exe = tmp_path / "offsets"
+    subprocess.run(
+        ["cc", "-w", "-I", cfg, "-I", f"{cfg}/internal", str(FIXTURES / "py_offsets.c"), "-o", str(exe)], check=True
+    )
+    measured = dict(
+        l.split() for l in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    )
+    version = tuple(int(x) for x in Path(cfg).name.removeprefix("python").split(".")[:2])
+    layout = pyframes.LAYOUTS[version]
+    for name, value in measured.items():
+        want = FIXED_OFFSETS[name] if name in FIXED_OFFSETS else getattr(layout, name)
+        assert int(value) == want, (version, name)
+    # What the headers do not have is absent from the layout too.
+    for name in ("cframe_frame", "frame_owner", "frame_is_entry", "code_qualname", "code_adaptive"):
+        if name not in measured:
+            assert getattr(layout, name) == PY_NONE, (version, name)
+
+
+def test_python_frames_take_the_place_of_the_interpreters_evaluation_frames() -> None:
+    """With frame pointers, the native walk reaches the interpreter: each
+    _PyEval_EvalFrameDefault gives way to the Python frames it ran (up to
+    an entry frame); frames the walk did not reach follow the native ones."""
+    nat = [NativeFrame("libcudart.so", f, 0) for f in ("cudaMemcpy", "ext_call", "_PyEval_EvalFrameDefault")]
+    nat += [NativeFrame("libpython.so", f, 0) for f in ("PyObject_Call", "_PyEval_EvalFrameDefault", "main")]
+    a, b, c = (PythonFrame(n, "t.py", i) for i, n in enumerate("abc"))
+    got = merge(nat, ((a, False), (b, True), (c, True)))
+    assert [f.function for f in got] == ["cudaMemcpy", "ext_call", "a", "b", "PyObject_Call", "c", "main"]
+    # The walk stopped before the interpreter: every Python frame follows, unnamed ones marked.
+    got = merge(nat[:2], ((a, False), (None, True), (c, True)))
+    assert [f.function for f in got] == ["cudaMemcpy", "ext_call", "a", "[python]", "c"]
 
 
 def test_folded_without_stacks_is_refused_before_the_command_runs(tmp_path: Path) -> None:

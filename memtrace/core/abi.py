@@ -225,7 +225,107 @@ STACK_DEPTH = 64
 STACKS_MAX = 16384
 
 
-class Stack(ctypes.Structure):
-    """struct mt_stack: a `stack_frames` value, return addresses innermost first."""
+PY_DEPTH = 32  # Python frames kept per stack
+PY_ENTRY = 1 << 63  # in py_instr: the frame a C call into the interpreter began
+PY_NONE = 0xFFFF  # an interpreter offset that does not exist
+PY_FRAME_READ = 120  # the most bytes BPF reads of one frame
 
-    _fields_ = [("nframes", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("ips", ctypes.c_uint64 * STACK_DEPTH)]
+
+class PyState(enum.IntEnum):
+    """enum mt_py_state: what became of a stack's Python frames."""
+
+    NOT_PYTHON = 0
+    WALKED = 1
+    NO_THREAD = 2
+    FAULT = 3
+    TRUNCATED = 4
+
+
+class PyMatch(enum.IntEnum):
+    """enum mt_py_match: how BPF finds the calling thread's state."""
+
+    NATIVE_TID = 1
+    PTHREAD = 2
+
+
+class Stack(ctypes.Structure):
+    """struct mt_stack: a `stack_frames` value, return addresses innermost
+    first, then the thread's Python frames (code object, where in it)."""
+
+    _fields_ = [
+        ("nframes", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("ips", ctypes.c_uint64 * STACK_DEPTH),
+        ("py_state", ctypes.c_uint32),
+        ("py_nframes", ctypes.c_uint32),
+        ("py_code", ctypes.c_uint64 * PY_DEPTH),
+        ("py_instr", ctypes.c_uint64 * PY_DEPTH),
+    ]
+
+
+class PyProc(ctypes.Structure):
+    """struct mt_py_proc: a `py_procs` value, where a process's interpreter
+    keeps its state (offsets in bytes; PY_NONE: absent)."""
+
+    _fields_ = [
+        ("start_ns", ctypes.c_uint64),
+        ("runtime", ctypes.c_uint64),
+        ("interpreters_head", ctypes.c_uint16),
+        ("interp_next", ctypes.c_uint16),
+        ("interp_threads", ctypes.c_uint16),
+        ("tstate_next", ctypes.c_uint16),
+        ("tstate_id", ctypes.c_uint16),
+        ("tstate_frame", ctypes.c_uint16),
+        ("cframe_frame", ctypes.c_uint16),
+        ("frame_previous", ctypes.c_uint16),
+        ("frame_code", ctypes.c_uint16),
+        ("frame_instr", ctypes.c_uint16),
+        ("frame_owner", ctypes.c_uint16),
+        ("frame_is_entry", ctypes.c_uint16),
+        ("code_name", ctypes.c_uint16),
+        ("code_filename", ctypes.c_uint16),
+        ("code_firstlineno", ctypes.c_uint16),
+        ("code_linetable", ctypes.c_uint16),
+        ("ascii_size", ctypes.c_uint16),
+        ("compact_size", ctypes.c_uint16),
+        ("match", ctypes.c_uint8),
+        ("instr_size", ctypes.c_uint8),
+        ("owner_cstack", ctypes.c_uint8),
+        ("frame_size", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 4),
+    ]
+
+
+PY_NAME_LEN = 128
+PY_FILE_LEN = 256
+PY_TABLE_LEN = 1024
+PY_CODES_MAX = 16384
+
+
+class PyCodeKey(ctypes.Structure):
+    """struct mt_py_code_key: a code object of a process."""
+
+    _fields_ = [
+        ("start_ns", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("code", ctypes.c_uint64),
+    ]
+
+
+class PyCode(ctypes.Structure):
+    """struct mt_py_code: what a code object said when its first stack was taken."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint64),
+        ("firstlineno", ctypes.c_int32),
+        ("name_size", ctypes.c_uint32),
+        ("file_size", ctypes.c_uint32),
+        ("table_size", ctypes.c_uint32),
+        ("name_kind", ctypes.c_uint8),
+        ("file_kind", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 6),
+        ("name", ctypes.c_char * PY_NAME_LEN),
+        ("file", ctypes.c_char * PY_FILE_LEN),
+        ("table", ctypes.c_uint8 * PY_TABLE_LEN),
+    ]

@@ -37,8 +37,10 @@ def call_sites(model: Model, frames: Mapping[int, Stack]) -> list[dict[str, Any]
                 "calls": st.calls,
                 "bytes": st.bytes,
                 "errors": st.errors,
-                "frames": [f.as_dict() for f in stack] if stack else [],
+                "frames": [f.as_dict() for f in stack.frames] if stack else [],
             }
+            if stack is not None and stack.python is not None:
+                row["python_frames"] = stack.python
             if key.kind == "alloc":
                 row["in_use_bytes"] = in_use.get(key.stack, 0)
             if stack is None:
@@ -70,11 +72,17 @@ def folded(sites: list[dict[str, Any]], weight: str = "bytes", kind: str | None 
 
 
 def _short(f: dict[str, Any]) -> str:
-    """A frame for a line of text: the function, or the file and offset."""
+    """A frame for a line of text: the function (a Python frame's with its
+    file and line), or the file and offset."""
+    if "file" in f:
+        return _label(f)
     return str(f["function"]) if f.get("function") else _label(f)
 
 
 def _label(f: dict[str, Any]) -> str:
+    if "file" in f:  # a Python frame: where in the user's code
+        where = str(f["file"]).rsplit("/", 1)[-1]
+        return f"{f['function']} ({where}:{f['line']})" if f["line"] is not None else f"{f['function']} ({where})"
     base = str(f["module"]).rsplit("/", 1)[-1]
     return f"{f['function']} ({base})" if f.get("function") else f"{base}+{f['offset']:#x}"
 
@@ -113,3 +121,40 @@ def print_call_sites(doc: dict[str, Any], console: Console, top: int = TOP_SITES
                     console.print(escape(f"        <- {c}"), highlight=False, soft_wrap=True)
         if len(rows) > top:
             console.print(f"  [dim]{len(rows) - top} more: --format json[/dim]", highlight=False)
+
+
+def site_label(site: dict[str, Any]) -> str | None:
+    """Where in the user's code a site's call was made: its innermost Python
+    frame (file:line in function), or else the CUDA call's native caller."""
+    for f in site["frames"]:
+        if "file" in f and f["function"] != "[python]":
+            where = str(f["file"]).rsplit("/", 1)[-1]
+            return f"{where}:{f['line']} in {f['function']}" if f["line"] is not None else f"{where} in {f['function']}"
+    if len(site["frames"]) > 1:
+        return _label(site["frames"][1])
+    return None
+
+
+TOP_FINDING_SITES = 3
+
+
+def name_the_lines(findings: list[dict[str, Any]], sites: list[dict[str, Any]]) -> None:
+    """Say where a pageable_h2d finding's pageable bytes came from: the call
+    sites (the Python line where there is one) that copied most of them,
+    in its summary and its evidence (`sites`)."""
+    for f in findings:
+        if f["code"] != "pageable_h2d":
+            continue
+        by: dict[str, int] = {}
+        for s in sites:
+            if (s["pid"], s["kind"], s["direction"], s["host_memory"]) != (f["pid"], "copy", "h2d", "pageable"):
+                continue
+            label = site_label(s)
+            if label is not None:
+                by[label] = by.get(label, 0) + s["bytes"]
+        total = f["evidence"].get("pageable_bytes") or sum(by.values())
+        if not by or not total:
+            continue
+        top = sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_FINDING_SITES]
+        f["evidence"]["sites"] = [{"site": k, "bytes": v, "share": v / total} for k, v in top]
+        f["summary"] += f"; {top[0][1] / total:.0%} of them from {top[0][0]}"

@@ -19,7 +19,7 @@ from memtrace.core.abi import BATCH_MAX, Direction, Layer, Stat
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes, human_seconds
-from memtrace.export.callsites import print_call_sites
+from memtrace.export.callsites import name_the_lines, print_call_sites
 from memtrace.model import Model, describe
 
 SCHEMA_VERSION = 1
@@ -49,7 +49,7 @@ def summary(
     diagnoses: list[dict[str, Any]] | None = None,
     overhead_budget: float | None = DEFAULT_BUDGET,
     stacks: list[dict[str, Any]] | None = None,
-    stack_counts: dict[str, int] | None = None,
+    stack_counts: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them;
     `host` and `collectives`: the host signals' views (runtime/hostsignals.py), None when they were off;
@@ -95,6 +95,9 @@ def summary(
         t["calls"] += st.calls
         t["bytes"] += st.bytes
         t["errors"] += st.errors
+    findings = [f.as_dict() for f in compute(model, thresholds)]
+    if stacks:
+        name_the_lines(findings, stacks)
     return {
         "schema": SCHEMA_VERSION,
         "memcpy": rows,
@@ -106,7 +109,7 @@ def summary(
         "steps": steps(model),
         "collectives": collectives or [],
         "host": host,
-        "findings": [f.as_dict() for f in compute(model, thresholds)],
+        "findings": findings,
         "diagnoses": diagnoses if diagnoses is not None else [],
         **({"stacks": stacks} if stacks is not None else {}),
         "agent": {

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Iterator
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
@@ -123,8 +124,11 @@ class Agent:
         self.stacks: StackTable | None = None
         if opts.stacks:
             self.model.stacks = True
-            self.stacks = StackTable(self.source.take_stack)
+            self.stacks = StackTable(self.source.take_stack, self.source.tell_python, self.source.take_py_codes)
             self.source.on_map_notice = self._on_map_notice
+            # A process not held (its libraries known) is looked at when it first calls:
+            # its Python frames are taken from then on.
+            self.source.on_proc_notice = self._on_map_notice
 
     # ---- what a drain decodes: queued in ring order, folded under the model lock ----
 
@@ -144,6 +148,8 @@ class Agent:
         self.stacks.learn(key)
 
     def _on_exit(self, key: ProcessKey, cpu_ns: int) -> None:
+        if self.stacks is not None:
+            self.stacks.forget(key)
         self._queue(_Update.EXITED, (key, cpu_ns))
 
     def _on_held(self, key: ProcessKey) -> None:
@@ -442,7 +448,7 @@ class Agent:
             keys = {k.stack for p in self.model.processes.values() for k in p.sites}
         return self.stacks.stacks(keys)
 
-    def stack_counts(self) -> dict[str, int] | None:
+    def stack_counts(self) -> dict[str, Any] | None:
         """What became of the stacks asked for (None with stacks off)."""
         if self.stacks is None:
             return None
@@ -453,6 +459,8 @@ class Agent:
             "not_kept": st.get(Stat.STACKS_FULL, 0) + self.stacks.not_kept + self.stacks.not_found,
             "distinct": self.stacks.distinct,
             "frames_unplaced": self.stacks.unplaced_frames,
+            "python_frames_unnamed": self.stacks.python_unnamed,
+            "python_unsupported": dict(self.stacks.unsupported),
         }
 
     def pids(self) -> set[int]:

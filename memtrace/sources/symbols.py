@@ -175,7 +175,12 @@ class Modules:
             return out
         for line in lines:
             parts = line.split(None, 5)
-            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            if len(parts) < 5 or "x" not in parts[1]:
+                continue
+            if len(parts) == 5 or not parts[5].startswith("/"):
+                # Code in no file (a JIT's, a trampoline, [vdso]): placed, never named.
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                out.append(Mapping(lo, hi, 0, Module(parts[5] if len(parts) == 6 else "[anon]", -1)))
                 continue
             rng, _perms, off, dev, ino, name = parts
             name = name.removesuffix(" (deleted)")

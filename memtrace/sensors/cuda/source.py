@@ -29,6 +29,9 @@ from memtrace.core.abi import (
     HoldState,
     InodeKey,
     Layer,
+    PyCode,
+    PyCodeKey,
+    PyProc,
     Stack,
     Stat,
     Totals,
@@ -215,6 +218,8 @@ class BpfSource:
         # A process stopped on a CUDA library mapping: called on the control
         # thread while it is still stopped.
         self.on_map_notice: Callable[[ProcessKey], None] | None = None
+        # Called on the control thread when a process makes its first traced call.
+        self.on_proc_notice: Callable[[ProcessKey], None] | None = None
         # The kernel's `lost` and `counts` keys of each process, as read by
         # lost() and counts(): forgetting a process deletes these alone.
         self._kernel_keys: dict[ProcessKey, set[tuple[str, bytes]]] = {}
@@ -258,8 +263,11 @@ class BpfSource:
         obj.load()
         self.maps = {
             n: obj.map(n)
-            for n in ("lost", "counts", "stats", "traced", "attached", HELD_MAP, "inflight", "fresh", "stack_frames")
-        }
+            for n in (
+                "lost", "counts", "stats", "traced", "attached", HELD_MAP, "inflight", "fresh", "stack_frames",
+                "py_procs", "py_codes",
+            )
+        }  # fmt: skip
         # Fork the guardian before any link exists, so it never inherits one.
         self.guardian = Guardian(self.maps[HELD_MAP], self.opts.hold_limit_s)
         progs = ["mt_fork", "mt_exit"]
@@ -505,6 +513,8 @@ class BpfSource:
             return
         if ev.type == CtlType.PROC:
             self._notice("proc", ev, ev.comm.decode(errors="replace"), ev.cgroup_id)
+            if self.on_proc_notice is not None:
+                self.on_proc_notice(ProcessKey(ev.pid, ev.start_ns))
             return
         held = ev.held == HoldState.HELD
         cuda = True  # a CUDA library's hold: the model hears whether the process was held
@@ -618,6 +628,29 @@ class BpfSource:
         for s in Stat:
             out[s] = sum(vals) if self.maps["stats"].lookup(ctypes.c_uint32(s), vals) else 0
         assert len(Stat) == STAT_COUNT
+        return out
+
+    def tell_python(self, pid: int, config: PyProc | None) -> None:
+        """Where a process's interpreter keeps its state, for BPF's walk of
+        its Python frames (None: walk it no more). A full map leaves the
+        process without Python frames, which its stacks say."""
+        if config is None:
+            self.maps["py_procs"].delete(ctypes.c_uint32(pid))
+            return
+        try:
+            self.maps["py_procs"].update(ctypes.c_uint32(pid), config)
+        except OSError as e:
+            log.warning("pid %d: Python frames not taken: %s", pid, e)
+
+    def take_py_codes(self) -> list[tuple[PyCodeKey, PyCode]]:
+        """What the code objects of new stacks said (memtrace.h), deleted there once read."""
+        m = self.maps["py_codes"]
+        out: list[tuple[PyCodeKey, PyCode]] = []
+        for k in list(m.keys(PyCodeKey)):
+            v = PyCode()
+            if m.lookup(k, v):
+                out.append((k, v))
+            m.delete(k)
         return out
 
     def take_stack(self, key: int) -> Stack | None:

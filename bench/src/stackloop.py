@@ -1,0 +1,44 @@
+"""Calls the test CUDA runtime through ctypes from DEPTH Python frames
+down, in a loop, and prints the ns per call (the Python twin of
+stackloop.c, for bench/stack_cost.py --python).
+
+    python stackloop.py copy|alloc CALLS DEPTH
+
+The runtime is found as libcudart.so.13 on LD_LIBRARY_PATH.
+"""
+
+import ctypes
+import sys
+import time
+
+
+def main() -> None:
+    kind, calls, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    rt = ctypes.CDLL("libcudart.so.13")
+    vp, sz, ci = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    rt.cudaMemcpy.argtypes = [vp, vp, sz, ci]
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), sz]
+    rt.cudaFree.argtypes = [vp]
+    host = ctypes.create_string_buffer(256)
+    dev = vp()
+    rt.cudaMalloc(ctypes.byref(dev), 256)
+
+    def loop() -> float:
+        t0 = time.perf_counter_ns()
+        if kind == "alloc":
+            p = vp()
+            for _ in range(calls):
+                rt.cudaMalloc(ctypes.byref(p), 256)
+                rt.cudaFree(p)
+        else:
+            for _ in range(calls):
+                rt.cudaMemcpy(dev, host, 256, 1)
+        return (time.perf_counter_ns() - t0) / calls
+
+    def down(k: int) -> float:
+        return down(k - 1) if k > 0 else loop()
+
+    print(f"{down(depth):.1f}")
+
+
+main()
