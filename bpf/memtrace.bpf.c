@@ -821,7 +821,12 @@ static __always_inline void desc_sides(struct inflight *f, const struct desc *d,
 	f->dst = side_ptr(W32(d, dmt), W(d, dhost), W(d, ddev));
 }
 
-static __always_inline void copy_args(struct inflight *f, const struct args *a, __u64 cookie)
+/* Not inlined: its descriptor buffer is then not part of mt_enter's frame,
+ * which the stack walk's calls share 512 bytes of stack with. It returns
+ * the direction it set, which the caller stores again: a subprogram whose
+ * result is unused becomes void, and may leave a stack pointer in r0,
+ * which the verifier refuses. */
+static __noinline __u8 copy_args(struct inflight *f, const struct args *a, __u64 cookie)
 {
 	__u32 n = ck(cookie, MT_CK_DIRARG_SHIFT);
 	struct desc d;
@@ -831,26 +836,26 @@ static __always_inline void copy_args(struct inflight *f, const struct args *a, 
 	switch (ck(cookie, MT_CK_DIRSRC_SHIFT)) {
 	case MT_DIRSRC_FIXED:
 		f->direction = n;
-		return;
+		return f->direction;
 	case MT_DIRSRC_KIND:
 		/* An enum is 32 bits: the ABI leaves the upper half of its
 		 * register or stack slot undefined (ctypes leaves garbage). */
 		f->direction = dir_of_kind((__u32)arg_at(a, n));
-		return;
+		return f->direction;
 	case MT_DIRSRC_DESC2D:
 		if (bpf_probe_read_user(&d, MT_M2D_SIZE, (void *)arg_at(a, n)))
 			break;
 		desc_sides(f, &d, MT_M2D_SRC_MEMTYPE_OFF, MT_M2D_SRC_HOST_OFF, MT_M2D_SRC_DEVICE_OFF,
 			   MT_M2D_DST_MEMTYPE_OFF, MT_M2D_DST_HOST_OFF, MT_M2D_DST_DEVICE_OFF);
 		f->bytes = W(&d, MT_M2D_WIDTH_OFF) * W(&d, MT_M2D_HEIGHT_OFF);
-		return;
+		return f->direction;
 	case MT_DIRSRC_DESC3D:
 		if (bpf_probe_read_user(&d, MT_M3D_SIZE, (void *)arg_at(a, n)))
 			break;
 		desc_sides(f, &d, MT_M3D_SRC_MEMTYPE_OFF, MT_M3D_SRC_HOST_OFF, MT_M3D_SRC_DEVICE_OFF,
 			   MT_M3D_DST_MEMTYPE_OFF, MT_M3D_DST_HOST_OFF, MT_M3D_DST_DEVICE_OFF);
 		f->bytes = W(&d, MT_M3D_WIDTH_OFF) * W(&d, MT_M3D_HEIGHT_OFF) * W(&d, MT_M3D_DEPTH_OFF);
-		return;
+		return f->direction;
 	case MT_DIRSRC_PARMS3D:
 		if (bpf_probe_read_user(&d, MT_P3D_SIZE, (void *)arg_at(a, n)))
 			break;
@@ -858,15 +863,16 @@ static __always_inline void copy_args(struct inflight *f, const struct args *a, 
 		f->bytes = W(&d, MT_P3D_WIDTH_OFF) * W(&d, MT_P3D_HEIGHT_OFF) * W(&d, MT_P3D_DEPTH_OFF);
 		f->src = W(&d, MT_P3D_SRC_PTR_OFF);
 		f->dst = W(&d, MT_P3D_DST_PTR_OFF);
-		return;
+		return f->direction;
 	case MT_DIRSRC_BATCH:
 		/* dst and src are the arrays; BYTES named the sizes array. */
 		f->sizes = f->bytes;
 		f->bytes = arg_at(a, n); /* the count */
 		f->direction = MT_DIR_DEFAULT;
-		return;
+		return f->direction;
 	}
 	f->direction = MT_DIR_UNKNOWN;
+	return f->direction;
 }
 
 /* A traced process's entry and return traps, in `counts` under
@@ -946,7 +952,7 @@ int BPF_KPROBE(mt_enter)
 		f.bytes *= arg_at(&a, n);
 	f.stream = arg_at(&a, ck(cookie, MT_CK_STREAM_SHIFT));
 	if (family == MT_FAM_COPY) {
-		copy_args(&f, &a, cookie);
+		f.direction = copy_args(&f, &a, cookie);
 	} else if (family == MT_FAM_MEM) {
 		f.dst = arg_at(&a, ck(cookie, MT_CK_DST_SHIFT));
 		f.src = arg_at(&a, ck(cookie, MT_CK_DIRARG_SHIFT)); /* output pointer */

@@ -97,7 +97,7 @@ class StackTable:
     def __init__(
         self,
         take: Callable[[int], RawStack | None],
-        tell_python: Callable[[int, PyProc | None], None] | None = None,
+        tell_python: Callable[[ProcessKey, PyProc | None], None] | None = None,
         take_codes: Callable[[], list[tuple[PyCodeKey, PyCode]]] | None = None,
     ) -> None:
         self._take = take  # reads (and deletes) a stack from the kernel's map
@@ -171,14 +171,14 @@ class StackTable:
         while len(self._python) > self.MAX_PROCESS_MAPS:
             self._python.popitem(last=False)
         if isinstance(found, python.Interpreter) and found.ready and self._tell_python is not None:
-            self._tell_python(key.pid, found.config())
+            self._tell_python(key, found.config())
 
     def forget(self, key: ProcessKey) -> None:
         """A process exited: BPF no longer walks its interpreter (its frames are kept here)."""
         with self._lock:
             interp = self._python.get(key)
             if isinstance(interp, python.Interpreter) and interp.ready and self._tell_python is not None:
-                self._tell_python(key.pid, None)
+                self._tell_python(key, None)
 
     def add(self, batch: np.ndarray) -> None:
         """Take the stacks a batch of events names that this table does not have yet."""

@@ -630,17 +630,21 @@ class BpfSource:
         assert len(Stat) == STAT_COUNT
         return out
 
-    def tell_python(self, pid: int, config: PyProc | None) -> None:
+    def tell_python(self, key: ProcessKey, config: PyProc | None) -> None:
         """Where a process's interpreter keeps its state, for BPF's walk of
-        its Python frames (None: walk it no more). A full map leaves the
-        process without Python frames, which its stacks say."""
+        its Python frames (None: walk it no more; a process that reused the
+        pid since keeps its own). A full map leaves the process without
+        Python frames, which its stacks say."""
+        pid = ctypes.c_uint32(key.pid)
         if config is None:
-            self.maps["py_procs"].delete(ctypes.c_uint32(pid))
+            cur = PyProc()
+            if self.maps["py_procs"].lookup(pid, cur) and cur.start_ns == key.start_ns:
+                self.maps["py_procs"].delete(pid)
             return
         try:
-            self.maps["py_procs"].update(ctypes.c_uint32(pid), config)
+            self.maps["py_procs"].update(pid, config)
         except OSError as e:
-            log.warning("pid %d: Python frames not taken: %s", pid, e)
+            log.warning("pid %d: Python frames not taken: %s", key.pid, e)
 
     def take_py_codes(self) -> list[tuple[PyCodeKey, PyCode]]:
         """What the code objects of new stacks said (memtrace.h), deleted there once read."""
