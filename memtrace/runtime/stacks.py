@@ -127,7 +127,8 @@ class StackTable:
         return len(self._placed)
 
     def learn(self, key: ProcessKey) -> None:
-        """A process stopped on a library mapping: read its maps while it is."""
+        """Read a process's maps (and find its interpreter) while it lives:
+        when it is stopped on a library mapping, and at its first call."""
         with self._lock:
             self._learn(key)
 
