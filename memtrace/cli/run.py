@@ -36,11 +36,15 @@ def open_output(path: str) -> tuple[IO[str], bool]:
 
 
 def write_folded(path: str, text: str) -> None:
+    write_file(path, text.encode(), "the folded stacks")
+
+
+def write_file(path: str, data: bytes, what: str) -> None:
     try:
-        with open(path, "w") as f:
-            f.write(text)
+        with open(path, "wb") as f:
+            f.write(data)
     except OSError as e:
-        err.print(f"[bold red]memtrace:[/bold red] could not write the folded stacks to {path}: {e}", highlight=False)
+        err.print(f"[bold red]memtrace:[/bold red] could not write {what} to {path}: {e}", highlight=False)
 
 
 class SummaryConsole(Console):
@@ -94,6 +98,18 @@ def run(
         metavar="FILE",
         help="With --stacks: write copy bytes as folded stacks to FILE (flamegraph.pl, speedscope).",
     ),
+    pprof: str | None = typer.Option(
+        None,
+        "--pprof",
+        metavar="FILE",
+        help="With --stacks: write the call sites as a gzipped pprof profile to FILE (go tool pprof).",
+    ),
+    flamegraph: str | None = typer.Option(
+        None,
+        "--flamegraph",
+        metavar="FILE",
+        help="With --stacks: write an interactive SVG flame graph of copy bytes to FILE.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """Trace CMD (a program and its arguments, after --) and its children from
@@ -103,6 +119,7 @@ def run(
     The table goes to stderr and JSON to stdout; with JSON on stdout, CMD's own
     stdout is sent to stderr so the two never mix. -o FILE takes either."""
     setup_logging(verbose)
+    from memtrace.export import profiles
     from memtrace.export.callsites import call_sites
     from memtrace.export.callsites import folded as fold_stacks
     from memtrace.export.report import print_table, summary
@@ -115,8 +132,9 @@ def run(
     created = False
     json_fd: int | None = None
     try:
-        if folded is not None and not stacks:
-            raise BadOption("--folded needs --stacks", "add --stacks, or leave --folded out")
+        for flag, value in (("--folded", folded), ("--pprof", pprof), ("--flamegraph", flamegraph)):
+            if value is not None and not stacks:
+                raise BadOption(f"{flag} needs --stacks", f"add --stacks, or leave {flag} out")
         opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks)
         budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:
@@ -154,6 +172,14 @@ def run(
             )
             if folded is not None:
                 write_folded(folded, fold_stacks(doc["stacks"]))
+            if pprof is not None:
+                write_file(pprof, profiles.pprof(doc["stacks"]), "the pprof profile")
+            if flamegraph is not None:
+                what = " ".join([os.path.basename(cmd[0]), *cmd[1:]])
+                if len(what) > 100:
+                    what = what[:97] + "..."
+                svg = profiles.flame_graph(fold_stacks(doc["stacks"]), f"memtrace: bytes copied by {what}")
+                write_file(flamegraph, svg.encode(), "the flame graph")
     except MemtraceError as e:
         if out is not None:
             out.close()

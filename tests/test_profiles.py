@@ -1,0 +1,128 @@
+"""`memtrace profile -- CMD`: the call sites as a pprof profile that the
+real pprof (`go tool pprof`) reads with the JSON summary's exact totals,
+an SVG flame graph whose frames weigh the copied bytes, and folded stacks,
+from a real CPython calling the test CUDA runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, memtrace_cmd
+from test_stacks import interpreters
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="BPF needs root")
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def profile(tmp_path: Path, fakecuda: Path) -> tuple[Path, dict]:
+    out = tmp_path / "prof"
+    env = dict(
+        os.environ, WORKLOAD_TRUTH=str(tmp_path / "truth.jsonl"), FAKE_LIBCUDA=str(fakecuda / "lib" / "libcuda.so.1")
+    )
+    python = interpreters()[-1]
+    p = subprocess.run(
+        [
+            *memtrace_cmd(),
+            "profile",
+            "-o",
+            str(out),
+            "--",
+            python,
+            str(FIXTURES / "ctypes_sites.py"),
+            str(fakecuda / "lib"),
+            "5",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(out)) == ["copies.folded", "copies.svg", "memtrace.pb.gz", "summary.json"]
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def pprof_raw(path: Path) -> tuple[list[str], list[list[int]]]:
+    """The sample types and each sample's values, as `go tool pprof -raw` reads the file."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    text = subprocess.run([go, "tool", "pprof", "-raw", str(path)], capture_output=True, text=True, check=True).stdout
+    lines = text.splitlines()
+    at = lines.index("Samples:")
+    types = [t.split("/")[0] for t in lines[at + 1].split()]
+    values = []
+    for line in lines[at + 2 :]:
+        m = re.match(r"^\s+(\d[\d ]*):", line)
+        if m:
+            values.append([int(v) for v in m.group(1).split()])
+        elif line and not line.startswith(" "):
+            break
+    return types, values
+
+
+def test_pprof_holds_the_summarys_exact_totals(fakecuda: Path, tmp_path: Path) -> None:
+    out, doc = profile(tmp_path, fakecuda)
+    types, samples = pprof_raw(out / "memtrace.pb.gz")
+    assert types == ["copies", "copy_bytes", "allocations", "allocated_bytes", "in_use_bytes"]
+    total = dict(zip(types, (sum(col) for col in zip(*samples, strict=True)), strict=True))
+    copies = [s for s in doc["stacks"] if s["kind"] == "copy"]
+    allocs = [s for s in doc["stacks"] if s["kind"] == "alloc"]
+    assert total["copies"] == sum(r["calls"] for r in doc["memcpy"]) == sum(s["calls"] for s in copies)
+    assert total["copy_bytes"] == sum(r["bytes"] for r in doc["memcpy"]) == sum(s["bytes"] for s in copies)
+    assert total["allocations"] == sum(s["calls"] for s in allocs) > 0
+    assert total["allocated_bytes"] == sum(s["bytes"] for s in allocs)
+    assert total["in_use_bytes"] == sum(s["in_use_bytes"] for s in allocs) == 1 << 16
+    assert len(samples) == len(doc["stacks"])
+
+
+def test_pprof_names_the_python_lines(fakecuda: Path, tmp_path: Path) -> None:
+    """pprof's own view by function: the Python call sites carry the bytes."""
+    out, doc = profile(tmp_path, fakecuda)
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    top = subprocess.run(
+        [go, "tool", "pprof", "-sample_index=copy_bytes", "-raw", str(out / "memtrace.pb.gz")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert re.search(r"main\.<locals>\.upload \S+ctypes_sites\.py:\d+", top), top
+    assert "[module]" in top  # <module>, which pprof would print as nothing
+
+
+def test_the_flame_graph_is_self_contained_and_weighs_the_copied_bytes(fakecuda: Path, tmp_path: Path) -> None:
+    out, doc = profile(tmp_path, fakecuda)
+    text = (out / "copies.svg").read_text()
+    assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch to view it
+    root = ET.fromstring(text)
+    frames = {}
+    for g in root.iter(f"{SVG}g"):
+        name, _, weight = g.find(f"{SVG}title").text.rpartition(": ")
+        frames.setdefault(name, []).append((float(g.get("data-w")), int(weight.split()[0].replace(",", ""))))
+    total = sum(r["bytes"] for r in doc["memcpy"])
+    assert frames["all"] == [(1.0, total)]
+    # Each copy site's leaf frame is as wide as its share of the bytes.
+    for s in doc["stacks"]:
+        if s["kind"] != "copy":
+            continue
+        leaf = f"{s['api']} {s['direction']} {s['host_memory']}"
+        assert (round(s["bytes"] / total, 6), s["bytes"]) in [(round(w, 6), b) for w, b in frames[leaf]]
+    assert any(name.startswith("main.<locals>.upload (ctypes_sites.py:") for name in frames)
+    assert (out / "copies.folded").read_text().count("\n") == sum(1 for s in doc["stacks"] if s["kind"] == "copy")
+
+
+@pytest.mark.parametrize("flag", ["--pprof", "--flamegraph"])
+def test_profile_outputs_without_stacks_are_refused_before_the_command_runs(flag: str, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", flag, str(tmp_path / "f"), "--", "touch", str(marker)], capture_output=True, text=True
+    )
+    assert p.returncode != 0
+    assert f"{flag} needs --stacks" in p.stderr and "Traceback" not in p.stderr
+    assert not marker.exists()
