@@ -126,3 +126,26 @@ def test_profile_outputs_without_stacks_are_refused_before_the_command_runs(flag
     assert p.returncode != 0
     assert f"{flag} needs --stacks" in p.stderr and "Traceback" not in p.stderr
     assert not marker.exists()
+
+
+def test_memory_growth_names_where_what_is_in_use_was_allocated(fakecuda: Path, tmp_path: Path) -> None:
+    """device_memory_growth (which needs minutes of growth to fire) is
+    given the allocating sites of a real run's summary: the sites holding
+    most of what is in use are named, Python line first."""
+    from memtrace.export.callsites import name_the_lines
+
+    _, doc = profile(tmp_path, fakecuda)
+    allocs = [s for s in doc["stacks"] if s["kind"] == "alloc"]
+    pid = allocs[0]["pid"]
+    in_use = sum(s["in_use_bytes"] for s in allocs)
+    finding = {
+        "code": "device_memory_growth",
+        "pid": pid,
+        "summary": "device memory grew",
+        "evidence": {"in_use_bytes": in_use},
+    }
+    name_the_lines([finding], doc["stacks"])
+    (site,) = finding["evidence"]["sites"]
+    assert site["in_use_bytes"] == in_use == 1 << 16 and site["share"] == 1.0
+    assert re.fullmatch(r"ctypes_sites\.py:\d+ in main", site["site"]), site
+    assert finding["summary"] == f"device memory grew; 100% of what is in use allocated at {site['site']}"

@@ -139,22 +139,30 @@ TOP_FINDING_SITES = 3
 
 
 def name_the_lines(findings: list[dict[str, Any]], sites: list[dict[str, Any]]) -> None:
-    """Say where a pageable_h2d finding's pageable bytes came from: the call
-    sites (the Python line where there is one) that copied most of them,
-    in its summary and its evidence (`sites`)."""
+    """Say where a finding's bytes came from, in its summary and its evidence
+    (`sites`): for pageable_h2d the call sites (the Python line where there
+    is one) that copied most of its pageable bytes; for
+    device_memory_growth those that allocated most of what is still in use."""
     for f in findings:
-        if f["code"] != "pageable_h2d":
+        want: tuple[str, str | None, str | None]  # the sites' (kind, direction, host memory)
+        if f["code"] == "pageable_h2d":
+            want, weight, total = ("copy", "h2d", "pageable"), "bytes", f["evidence"].get("pageable_bytes")
+            say = "of them from"
+        elif f["code"] == "device_memory_growth":
+            want, weight, total = ("alloc", None, None), "in_use_bytes", f["evidence"].get("in_use_bytes")
+            say = "of what is in use allocated at"
+        else:
             continue
         by: dict[str, int] = {}
         for s in sites:
-            if (s["pid"], s["kind"], s["direction"], s["host_memory"]) != (f["pid"], "copy", "h2d", "pageable"):
+            if (s["pid"], s["kind"], s["direction"], s["host_memory"]) != (f["pid"], *want):
                 continue
             label = site_label(s)
-            if label is not None:
-                by[label] = by.get(label, 0) + s["bytes"]
-        total = f["evidence"].get("pageable_bytes") or sum(by.values())
+            if label is not None and s.get(weight):
+                by[label] = by.get(label, 0) + s[weight]
+        total = total or sum(by.values())
         if not by or not total:
             continue
         top = sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_FINDING_SITES]
-        f["evidence"]["sites"] = [{"site": k, "bytes": v, "share": v / total} for k, v in top]
-        f["summary"] += f"; {top[0][1] / total:.0%} of them from {top[0][0]}"
+        f["evidence"]["sites"] = [{"site": k, weight: v, "share": v / total} for k, v in top]
+        f["summary"] += f"; {top[0][1] / total:.0%} {say} {top[0][0]}"
