@@ -35,10 +35,6 @@ def open_output(path: str) -> tuple[IO[str], bool]:
         ) from None
 
 
-def write_folded(path: str, text: str) -> None:
-    write_file(path, text.encode(), "the folded stacks")
-
-
 def write_file(path: str, data: bytes, what: str) -> None:
     try:
         with open(path, "wb") as f:
@@ -170,15 +166,16 @@ def run(
                 stacks=call_sites(agent.model, agent.stack_frames()) if stacks else None,
                 stack_counts=agent.stack_counts(),
             )
+            copies = fold_stacks(doc["stacks"]) if folded is not None or flamegraph is not None else ""
             if folded is not None:
-                write_folded(folded, fold_stacks(doc["stacks"]))
+                write_file(folded, copies.encode(), "the folded stacks")
             if pprof is not None:
                 write_file(pprof, profiles.pprof(doc["stacks"]), "the pprof profile")
             if flamegraph is not None:
                 what = " ".join([os.path.basename(cmd[0]), *cmd[1:]])
                 if len(what) > 100:
                     what = what[:97] + "..."
-                svg = profiles.flame_graph(fold_stacks(doc["stacks"]), f"memtrace: bytes copied by {what}")
+                svg = profiles.flame_graph(copies, f"memtrace: bytes copied by {what}")
                 write_file(flamegraph, svg.encode(), "the flame graph")
     except MemtraceError as e:
         if out is not None:

@@ -325,7 +325,8 @@ class PyCode(ctypes.Structure):
         ("name_kind", ctypes.c_uint8),
         ("file_kind", ctypes.c_uint8),
         ("pad", ctypes.c_uint8 * 6),
-        ("name", ctypes.c_char * PY_NAME_LEN),
-        ("file", ctypes.c_char * PY_FILE_LEN),
+        # bytes, not c_char: a UTF-16 or UTF-32 name holds NULs, where c_char would stop
+        ("name", ctypes.c_uint8 * PY_NAME_LEN),
+        ("file", ctypes.c_uint8 * PY_FILE_LEN),
         ("table", ctypes.c_uint8 * PY_TABLE_LEN),
     ]

@@ -245,7 +245,7 @@ class StackTable:
             return ()
         frames = [(int(raw.py_code[i]), int(raw.py_instr[i])) for i in range(n)]
         interp = self._python.get(proc)
-        names: list[python.PyFrameName | None]
+        names: list[PythonFrame | None]
         if isinstance(interp, python.Interpreter):
             names = python.name_frames(interp, frames)
             every_entry = interp.layout.every_frame_entry
@@ -255,8 +255,7 @@ class StackTable:
         for name, (_, instr) in zip(names, frames, strict=True):
             if name is None:
                 self.python_unnamed += 1
-            frame = PythonFrame(name.function, name.file, name.line) if name is not None else None
-            out.append((frame, every_entry or bool(instr & PY_ENTRY)))
+            out.append((name, every_entry or bool(instr & PY_ENTRY)))
         return tuple(out)
 
     def stack(self, key: int) -> Stack | None:

@@ -33,6 +33,7 @@ from elftools.elf.sections import SymbolTableSection
 
 from memtrace.core import abi
 from memtrace.core.ids import ProcessKey
+from memtrace.core.stacks import PythonFrame
 
 log = logging.getLogger("memtrace")
 
@@ -303,16 +304,6 @@ def _from_kernel(raw: abi.PyCode, code_type: int) -> _Code | None:
     return _Code(name, filename, raw.firstlineno, bytes(raw.table[:table_n]), raw.table_size <= table_n)
 
 
-@dataclass(frozen=True)
-class PyFrameName:
-    """A Python frame, named: the function (its qualified name from 3.11),
-    the file, the line being executed (None where the line table has none)."""
-
-    function: str
-    file: str
-    line: int | None
-
-
 # ---- finding the interpreter ----
 
 
@@ -526,11 +517,11 @@ def _read_code(mem: _Mem, interp: Interpreter, addr: int) -> _Code | None:
     return _Code(name, filename, struct.unpack("<i", first)[0], table)
 
 
-def name_frames(interp: Interpreter, frames: list[tuple[int, int]]) -> list[PyFrameName | None]:
+def name_frames(interp: Interpreter, frames: list[tuple[int, int]]) -> list[PythonFrame | None]:
     """Name (code object, where in it) frames of a live process: None for a
     frame whose code object could not be read."""
     mem: _Mem | None = None
-    out: list[PyFrameName | None] = []
+    out: list[PythonFrame | None] = []
     try:
         for code_addr, instr in frames:
             if code_addr not in interp.codes:
@@ -544,7 +535,7 @@ def name_frames(interp: Interpreter, frames: list[tuple[int, int]]) -> list[PyFr
             if code is None:
                 out.append(None)
                 continue
-            out.append(PyFrameName(code.name, code.filename, frame_line(interp, code_addr, code, instr)))
+            out.append(PythonFrame(code.name, code.filename, frame_line(interp, code_addr, code, instr)))
     finally:
         if mem is not None:
             mem.close()
