@@ -276,7 +276,6 @@ struct mt_py_proc {
 	__u64 start_ns; /* the process (struct mt_proc_key): a reused pid is another */
 	__u64 runtime;  /* the address of _PyRuntime */
 	__u16 interpreters_head; /* _PyRuntimeState.interpreters.head */
-	__u16 interp_next;
 	__u16 interp_threads;    /* PyInterpreterState: the first thread state */
 	__u16 tstate_next;
 	__u16 tstate_id;         /* native_thread_id or thread_id (match) */

@@ -33,7 +33,7 @@ int main(void) {
   C(MT_PY_TRUNCATED); C(MT_PY_MATCH_NATIVE_TID); C(MT_PY_MATCH_PTHREAD);
   printf("\"MT_PY_ENTRY\": %llu,\n", (unsigned long long)MT_PY_ENTRY);
   S(mt_py_proc); O(mt_py_proc, start_ns); O(mt_py_proc, runtime); O(mt_py_proc, interpreters_head);
-  O(mt_py_proc, interp_next); O(mt_py_proc, interp_threads); O(mt_py_proc, tstate_next); O(mt_py_proc, tstate_id);
+  O(mt_py_proc, interp_threads); O(mt_py_proc, tstate_next); O(mt_py_proc, tstate_id);
   O(mt_py_proc, tstate_frame); O(mt_py_proc, cframe_frame); O(mt_py_proc, frame_previous); O(mt_py_proc, frame_code);
   O(mt_py_proc, frame_instr); O(mt_py_proc, frame_owner); O(mt_py_proc, frame_is_entry); O(mt_py_proc, match);
   O(mt_py_proc, instr_size); O(mt_py_proc, owner_cstack); O(mt_py_proc, frame_size); C(MT_PY_FRAME_READ);

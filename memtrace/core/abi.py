@@ -271,7 +271,6 @@ class PyProc(ctypes.Structure):
         ("start_ns", ctypes.c_uint64),
         ("runtime", ctypes.c_uint64),
         ("interpreters_head", ctypes.c_uint16),
-        ("interp_next", ctypes.c_uint16),
         ("interp_threads", ctypes.c_uint16),
         ("tstate_next", ctypes.c_uint16),
         ("tstate_id", ctypes.c_uint16),

@@ -6,15 +6,15 @@ An interpreter is found in a process's mappings: the file (the executable,
 or libpython when the interpreter is built shared) that defines
 `_PyRuntime`. Its version is `Py_Version` (3.11+) or its file name (3.10).
 The offsets BPF needs are per minor version, measured against each
-version's own headers (tests/test_python_frames.py checks them against
-the real interpreters); for 3.13 they are read from the interpreter's own
-`_Py_DebugOffsets`, at the start of `_PyRuntime`. A version not in the
-table gets no Python frames, and says so: never frames read with another
-version's layout.
+version's own headers (tests/test_stacks.py checks them with offsetof());
+for 3.13 they are read from the interpreter's own `_Py_DebugOffsets`, at
+the start of `_PyRuntime`. A version not in the table gets no Python
+frames, and says so: never frames read with another version's layout.
 
-Code objects are read from the process's memory (/proc/PID/mem) when a
-stack naming them is first read, while the process is most likely alive,
-and kept by address for the process's life. A code object whose type is
+What a code object says (name, file, first line, line table) comes from
+BPF, which keeps it when a stack naming it is first taken (`Interpreter.
+keep`), or else from the process's memory (/proc/PID/mem) while it lives;
+it is kept by address for the process's life. A code object whose type is
 not `PyCode_Type` is not named (counted): an address is never guessed at.
 """
 
@@ -34,6 +34,7 @@ from elftools.elf.sections import SymbolTableSection
 from memtrace.core import abi
 from memtrace.core.ids import ProcessKey
 from memtrace.core.stacks import PythonFrame
+from memtrace.sources.symbols import load_segments
 
 log = logging.getLogger("memtrace")
 
@@ -49,7 +50,6 @@ class Layout:
     naming read (byte offsets; NONE: the version has no such field)."""
 
     interpreters_head: int
-    interp_next: int
     interp_threads: int
     tstate_next: int
     tstate_id: int  # native_thread_id (3.11+) or thread_id (3.10: pthread_self)
@@ -87,7 +87,6 @@ class Layout:
 LAYOUTS: dict[tuple[int, int], Layout] = {
     (3, 10): Layout(
         interpreters_head=32,
-        interp_next=0,
         interp_threads=8,
         tstate_next=8,
         tstate_id=176,
@@ -114,7 +113,6 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
     ),  # fmt: skip
     (3, 11): Layout(
         interpreters_head=40,
-        interp_next=0,
         interp_threads=16,
         tstate_next=8,
         tstate_id=160,
@@ -138,7 +136,6 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
     ),  # fmt: skip
     (3, 12): Layout(
         interpreters_head=40,
-        interp_next=0,
         interp_threads=72,
         tstate_next=8,
         tstate_id=144,
@@ -163,7 +160,6 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
     # 3.13: these are checked against, and replaced by, the interpreter's own _Py_DebugOffsets.
     (3, 13): Layout(
         interpreters_head=632,
-        interp_next=7264,
         interp_threads=7344,
         tstate_next=8,
         tstate_id=160,
@@ -193,7 +189,6 @@ _DEBUG_FIELDS = {
     "version": 8,
     "free_threaded": 16,
     "interpreters_head": 40,
-    "interp_next": 64,
     "interp_threads": 72,
     "tstate_next": 168,
     "tstate_frame": 184,
@@ -240,7 +235,7 @@ class Interpreter:
         c = abi.PyProc()
         c.start_ns, c.runtime = self.key.start_ns, self.runtime
         for f in (
-            "interpreters_head", "interp_next", "interp_threads", "tstate_next", "tstate_id", "tstate_frame",
+            "interpreters_head", "interp_threads", "tstate_next", "tstate_id", "tstate_frame",
             "cframe_frame", "frame_previous", "frame_code", "frame_instr", "frame_owner", "frame_is_entry",
         ):  # fmt: skip
             setattr(c, f, getattr(lay, f))
@@ -307,8 +302,9 @@ def _from_kernel(raw: abi.PyCode, code_type: int) -> _Code | None:
 # ---- finding the interpreter ----
 
 
-def _symbols(fd: int, names: tuple[str, ...]) -> dict[str, int]:
-    """The values of these symbols (any type) in an ELF file, by name."""
+def _elf_facts(fd: int, names: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[int, int, int]]]:
+    """The values of these symbols (any type) in an ELF file, by name, and
+    its PT_LOAD segments, from one read of the file."""
     out: dict[str, int] = {}
     with os.fdopen(os.dup(fd), "rb") as f:
         try:
@@ -324,9 +320,10 @@ def _symbols(fd: int, names: tuple[str, ...]) -> dict[str, int]:
                         if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                             out[name] = int(sym["st_value"])
                             break
+            return out, load_segments(elf) if out else []
         except (ELFError, ValueError, OSError, KeyError) as e:
             log.debug("no symbols from fd %d: %s", fd, e)
-    return out
+    return out, []
 
 
 def _file_word(fd: int, segments: list[tuple[int, int, int]], vaddr: int) -> int | None:
@@ -336,19 +333,6 @@ def _file_word(fd: int, segments: list[tuple[int, int, int]], vaddr: int) -> int
             data = os.pread(fd, 4, off + vaddr - va)
             return struct.unpack("<I", data)[0] if len(data) == 4 else None
     return None
-
-
-def _segments(fd: int) -> list[tuple[int, int, int]]:
-    """(file offset, vaddr, file size) of each PT_LOAD segment."""
-    with os.fdopen(os.dup(fd), "rb") as f:
-        try:
-            return [
-                (s["p_offset"], s["p_vaddr"], s["p_filesz"])
-                for s in ELFFile(f).iter_segments()
-                if s["p_type"] == "PT_LOAD"
-            ]
-        except (ELFError, ValueError, OSError):
-            return []
 
 
 @dataclass(frozen=True)
@@ -370,10 +354,9 @@ def find(key: ProcessKey, files: list[Candidate], machine: str | None = None) ->
         m = _NAME.match(os.path.basename(c.name))
         if m is None:
             continue
-        syms = _symbols(c.fd, ("_PyRuntime", "Py_Version", "PyCode_Type"))
+        syms, segs = _elf_facts(c.fd, ("_PyRuntime", "Py_Version", "PyCode_Type"))
         if "_PyRuntime" not in syms or "PyCode_Type" not in syms:
             continue  # the executable of a shared build: libpython holds the interpreter
-        segs = _segments(c.fd)
         version = (int(m.group(1)), int(m.group(2)))
         if "Py_Version" in syms:
             hexv = _file_word(c.fd, segs, syms["Py_Version"])
@@ -414,8 +397,12 @@ def _bias(segs: list[tuple[int, int, int]], start: int, pgoff: int) -> int | Non
 def _debug_offsets(pid: int, interp: Interpreter) -> Layout:
     """3.13's own description of its layout (_Py_DebugOffsets, at the start
     of _PyRuntime): the offsets BPF and the naming use, taken from it."""
-    raw = read_memory(pid, interp.runtime, _DEBUG_SIZE)
-    if raw is None or len(raw) < _DEBUG_SIZE:
+    mem = _Mem(pid)
+    try:
+        raw = mem.read(interp.runtime, _DEBUG_SIZE)
+    finally:
+        mem.close()
+    if raw is None:
         raise OSError(f"pid {pid}: {interp.label}'s _Py_DebugOffsets could not be read (gone?)")
     if raw[:8] != _DEBUG_COOKIE:
         raise Unsupported(f"{interp.label}: no _Py_DebugOffsets where _PyRuntime begins")
@@ -432,20 +419,6 @@ def _debug_offsets(pid: int, interp: Interpreter) -> Layout:
 
 
 # ---- reading code objects ----
-
-
-def read_memory(pid: int, addr: int, size: int) -> bytes | None:
-    """Bytes of a live process's memory; None if it cannot be read (gone, unmapped)."""
-    try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.pread(fd, size, addr)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 class _Mem:

@@ -36,6 +36,11 @@ def source_name(symbol: str) -> str:
     return _CLONE.sub("", symbol) or symbol
 
 
+def load_segments(elf: ELFFile) -> list[tuple[int, int, int]]:
+    """(file offset, vaddr, file size) of each PT_LOAD segment."""
+    return [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+
+
 class ElfSymbols:
     """One file's function symbols, looked up by file offset."""
 
@@ -53,9 +58,7 @@ class ElfSymbols:
                 log.debug("no symbols from fd %d: %s", fd, e)
 
     def _load(self, elf: ELFFile) -> None:
-        self.segments = [
-            (s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
-        ]
+        self.segments = load_segments(elf)
         funcs: dict[int, tuple[int, str]] = {}
         for secname in (".symtab", ".dynsym"):
             sec = elf.get_section_by_name(secname)
