@@ -31,6 +31,7 @@ const volatile bool filter_pids = true; /* only processes in `traced` */
 
 struct sc_thread {
 	__u64 ts;
+	__u64 exec; /* SC_T_RUNNING: the task's se.sum_exec_runtime at switch-in */
 	__u64 preempt_cgroup; /* SC_T_PREEMPTED: who took the CPU */
 	__u32 tgid;
 	__u32 state; /* enum sc_tstate */
@@ -213,8 +214,15 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 	stat_inc(SC_STAT_SWITCHES);
 	if (!p)
 		return;
-	if (t && t->state == SC_T_RUNNING && now > t->ts)
-		__sync_fetch_and_add(&p->oncpu_ns, now - t->ts);
+	/* On-CPU time is the kernel's own runtime: put_prev_task brought prev's
+	 * se.sum_exec_runtime up to date before this tracepoint, so the slice
+	 * that ends here is exactly what /proc/PID/schedstat and getrusage add. */
+	if (t && t->state == SC_T_RUNNING) {
+		__u64 exec = prev->se.sum_exec_runtime;
+
+		if (exec > t->exec)
+			__sync_fetch_and_add(&p->oncpu_ns, exec - t->exec);
+	}
 	/* prev is still current here */
 	p->cgroup_id = bpf_get_current_cgroup_id();
 	if (prev_state & TASK_DEAD) {
@@ -245,7 +253,8 @@ static __always_inline void switch_in(struct task_struct *next, __u64 now)
 {
 	__u32 tid = next->pid, tgid = next->tgid;
 	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
-	struct sc_thread n = { .ts = now, .tgid = tgid, .state = SC_T_RUNNING };
+	__u64 exec = next->se.sum_exec_runtime;
+	struct sc_thread n = { .ts = now, .exec = exec, .tgid = tgid, .state = SC_T_RUNNING };
 	struct sc_preempt_key key = { .tgid = tgid };
 	struct sc_preempt *v;
 	struct sc_proc *p;
@@ -272,6 +281,7 @@ static __always_inline void switch_in(struct task_struct *next, __u64 now)
 		}
 	}
 	t->ts = now;
+	t->exec = exec;
 	t->state = SC_T_RUNNING;
 }
 

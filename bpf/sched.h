@@ -24,7 +24,7 @@ struct sc_proc {
 	__u64 offcpu_hist[SC_SLOTS]; /* off-CPU: switch-out while blocked to wakeup */
 	__u64 runq_ns;               /* total time runnable but waiting for a CPU */
 	__u64 offcpu_ns;             /* total time blocked (sleeping, waiting for I/O or a lock) */
-	__u64 oncpu_ns;              /* total time running */
+	__u64 oncpu_ns;              /* total time running: the kernel's se.sum_exec_runtime */
 	__u64 nvcsw;                 /* voluntary switches out (blocked) */
 	__u64 nivcsw;                /* involuntary switches out (preempted while runnable) */
 	__u64 cgroup_id;             /* the process's own cgroup (v2), last seen */
