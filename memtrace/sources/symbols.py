@@ -25,6 +25,8 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from elftools.elf.segments import NoteSegment
 
+from memtrace.core.procmaps import map_files_path
+
 log = logging.getLogger("memtrace")
 
 # Names the compiler gives a function's clones and split parts (load_batch.constprop.0,
@@ -188,7 +190,7 @@ class Modules:
             rng, _perms, off, dev, ino, name = parts
             name = name.removesuffix(" (deleted)")
             major, minor = (int(x, 16) for x in dev.split(":"))
-            m = self._module((os.makedev(major, minor), int(ino)), f"/proc/{pid}/map_files/{rng}", name)
+            m = self._module((os.makedev(major, minor), int(ino)), map_files_path(pid, rng), name)
             if m is None:
                 continue
             lo, hi = (int(x, 16) for x in rng.split("-"))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtrace.core.abi import Layer
+from memtrace.core.procmaps import map_files_path
 
 PROC = Path("/proc")
 _RUNTIME = re.compile(r"^libcudart\.so(\.|$)")
@@ -85,7 +86,7 @@ def mapped_libraries(pid: int) -> Iterator[Candidate]:
             continue
         # map_files/ names the mapped file itself, even when deleted or
         # replaced on disk, and never follows links out of the container.
-        path = f"/proc/{pid}/map_files/{parts[0]}"
+        path = map_files_path(pid, parts[0])
         try:
             st = os.stat(path)
         except OSError:

@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Iterator
 
+from memtrace.core.procmaps import map_files_path
 from memtrace.sensors.cuda.discovery import PROC, Candidate, FileId
 
 _NCCL = re.compile(r"^libnccl\.so(\.|$)")
@@ -28,7 +29,7 @@ def mapped_nccl(pid: int) -> Iterator[Candidate]:
         if len(parts) < 6 or not is_nccl(parts[5]) or parts[5] in seen:
             continue
         seen.add(parts[5])
-        path = f"/proc/{pid}/map_files/{parts[0]}"
+        path = map_files_path(pid, parts[0])
         try:
             st = os.stat(path)
         except OSError:
