@@ -278,3 +278,103 @@ def test_the_most_frequent_regular_wait_is_the_step_not_a_rarer_checkpoint() -> 
     st = tracked(rows).stats()  # one batch: both are candidates at once
     assert st is not None
     assert st.steps == 29
+
+
+def pytorch_step(t0: int, host_ns: int, tid: int = TID) -> tuple[list[Ev], int, int]:
+    """One iteration of PyTorch's loop with pageable batches, as traced on the
+    H200: two H2D copies, each followed by the stream sync PyTorch makes for
+    a pageable source (short), the forward and backward pass (launches, not
+    events), `loss.item()`'s D2H copy and its sync (long: the GPU's work),
+    then the next batch's loading (host). Returns (events, the first sync's
+    return, the next t0)."""
+    rows: list[Ev] = [
+        (t0, 200 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, tid),
+        (t0 + 200 * US, 50 * US, STREAM_SYNC, STREAM, 0, tid),
+        (t0 + 250 * US, 30 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, tid),
+        (t0 + 280 * US, 20 * US, STREAM_SYNC, STREAM, 0, tid),
+        (t0 + 1300 * US, 10 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, tid),
+        (t0 + 1310 * US, 1500 * US, STREAM_SYNC, STREAM, 0, tid),
+    ]
+    return rows, t0 + 250 * US, t0 + 2810 * US + host_ns
+
+
+@pytest.mark.parametrize("batches", [1, 7])
+def test_a_step_of_three_waits_on_one_stream_is_one_step(batches: int) -> None:
+    """Every wait of the loop is the same symbol (api, stream), at uneven
+    places: irregular wait to wait. The wait after the D2H copy is once a
+    step. Data-loader jitter changes each step's length, not its calls."""
+    rng = np.random.default_rng(5)
+    host = [int(x) for x in rng.uniform(0.5 * MS, 4 * MS, 50)]
+    rows: list[Ev] = []
+    firsts: list[int] = []
+    t0 = 10**12
+    for h in host:
+        ev, first, t0 = pytorch_step(t0, h)
+        rows += ev
+        firsts.append(first)
+    st = tracked(rows, batches=batches).stats()
+    assert st is not None
+    # Each step is one iteration, from its D2H wait's return to the next
+    # one's: as long as from one iteration's start to the next.
+    truth = np.diff(np.array(firsts, np.int64))
+    assert st.steps == 49
+    assert st.step_ns == int(truth.sum())
+    assert st.durations.quantile(0.5) == pytest.approx(float(np.median(truth)) * 1e-9, rel=0.03)
+    assert st.copy_ns == 49 * 240 * US
+    assert st.sync_ns == 49 * 1570 * US
+
+
+def recorded(name: str) -> tuple[np.ndarray, StepTracker]:
+    import sys
+
+    from conftest import FIXTURES
+
+    sys.path.insert(0, str(FIXTURES))
+    import traces
+
+    if traces.TRACES is None:
+        import os
+
+        if not os.environ.get("CI"):
+            pytest.skip("shared/traces is not beside this checkout (set MEMTRACE_TRACES)")
+    b = traces.events(list(traces.records(name)))
+    t = StepTracker(int(b["pid"][0]))
+    for part in np.array_split(b, len(b) // 40):  # a drain's worth at a time
+        t.add(part)
+    return b, t
+
+
+@pytest.mark.parametrize(
+    ("name", "iterations"), [("torch_train_pinned", 300), ("torch_train_pageable", 300), ("torch_serve", 500)]
+)
+def test_the_recorded_pytorch_loops_have_one_step_per_iteration(name: str, iterations: int) -> None:
+    """Real call streams recorded on an H100 (shared/traces): N iterations,
+    N - 1 steps, each from one `loss.item()` (or result) wait to the next:
+    the wait after the iteration's D2H copy. PyTorch's weight uploads at
+    setup are H2D copies each waited for: they are no steps."""
+    b, t = recorded(name)
+    st = t.stats()
+    assert st is not None
+    assert st.steps == iterations - 1
+    # The truth: the returns of the waits that follow a D2H copy.
+    waits = []
+    last_dir = 0
+    for e in b:
+        if e["api"] == MEMCPY_ASYNC:
+            last_dir = int(e["direction"])
+        elif e["api"] == STREAM_SYNC:
+            if last_dir == Direction.D2H:
+                waits.append(int(e["ts_ns"]) + int(e["duration_ns"]))
+            last_dir = 0
+    assert len(waits) == iterations
+    truth = np.diff(np.array(waits, np.int64))
+    assert st.step_ns == int(truth.sum())
+    assert st.durations.quantile(0.5) == pytest.approx(float(np.median(truth)) * 1e-9, rel=0.03)
+
+
+def test_a_step_made_by_a_pool_of_threads_is_no_ones_step() -> None:
+    """JAX's runtime waits on one stream from six threads, each for a stretch
+    (recorded jax_train): one thread's stretch is not the job's step."""
+    _b, t = recorded("jax_train")
+    assert t.stats() is None
+    assert any(th.stats.steps for th in t.threads.values())  # a thread alone would have had some
