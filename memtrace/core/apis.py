@@ -57,6 +57,7 @@ class MemOp(enum.Enum):
     VMM_RELEASE = "vmm_release"
     VMM_MAP = "vmm_map"  # a virtual range mapped onto a handle
     VMM_UNMAP = "vmm_unmap"
+    VMM_RETAIN = "vmm_retain"  # one more reference to the handle behind a mapped address
 
 
 class SyncKind(enum.Enum):
@@ -233,6 +234,9 @@ APIS: tuple[Api, ...] = (
     # cuMemMap(CUdeviceptr ptr, size, offset, handle, flags)
     _mem(73, "cuMemMap", D, MemOp.VMM_MAP, dst_arg=1, bytes_arg=2, stream_arg=4),
     _mem(74, "cuMemUnmap", D, MemOp.VMM_UNMAP, dst_arg=1, bytes_arg=2),  # (ptr, size)
+    # cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr): NCCL's
+    # cuMem free retains the handle from the address and releases it before the original.
+    _mem(76, "cuMemRetainAllocationHandle", D, MemOp.VMM_RETAIN, dst_arg=2),
     # cuMemAllocFromPoolAsync(CUdeviceptr *, size, pool, stream)
     _mem(
         75,

@@ -544,6 +544,11 @@ class Model:
             if not ok or (addr == 0 and op == MemOp.DEVICE_FREE):  # cudaFree(NULL) frees nothing
                 return None
             kind = Allocation.VMM_HANDLE if op == MemOp.VMM_RELEASE else Allocation.ADDRESS
+            if op == MemOp.VMM_RELEASE and mem.retained.get(addr, 0) > 0:
+                mem.retained[addr] -= 1  # a retained reference given back: the memory stays
+                if not mem.retained[addr]:
+                    del mem.retained[addr]
+                return None
             size = mem.live.pop((kind, addr), -1)
             mem.live_stack.pop((kind, addr), None)
             if size < 0:
@@ -556,9 +561,16 @@ class Model:
             mem.in_use_at_last_free = mem.in_use_bytes
             return (_DROP_RANGE, 0, 0) if op == MemOp.DEVICE_FREE else None
         if op == MemOp.VMM_MAP and ok:
+            if (Allocation.VMM_HANDLE, aux) in mem.live:  # what a retain may name; gone at unmap
+                mem.mapped[addr] = aux
             return _ADD_RANGE, size, _DEVICE
         if op == MemOp.VMM_UNMAP and ok:
+            mem.mapped.pop(addr, None)
             return _DROP_RANGE, 0, 0
+        if op == MemOp.VMM_RETAIN and ok:
+            handle = mem.mapped.get(addr)
+            if handle is not None and (Allocation.VMM_HANDLE, handle) in mem.live:
+                mem.retained[handle] = mem.retained.get(handle, 0) + 1
         return None
 
     # ---- what the kernel counts ----

@@ -111,6 +111,10 @@ class DeviceMemory:
     live: dict[tuple[Allocation, int], int] = field(default_factory=dict)  # (kind, address or handle) -> bytes
     # The allocating call's stack of each live allocation, with stacks on (core/stacks.py).
     live_stack: dict[tuple[Allocation, int], int] = field(default_factory=dict)
+    # VMM: the handle mapped at each address, and the references retained to a
+    # live handle (cuMemRetainAllocationHandle) that a release gives back first.
+    mapped: dict[int, int] = field(default_factory=dict)
+    retained: dict[int, int] = field(default_factory=dict)
     # For the leak signal: when memory was last given back, and how much was in use then.
     last_free_ns: int = 0
     in_use_at_last_free: int = 0
