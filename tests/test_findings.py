@@ -129,3 +129,20 @@ def test_pageable_copies_are_a_finding_only_past_the_threshold() -> None:
     assert f.value == 0.75 and f.evidence["pageable_bytes"] == 3 * (64 << 20)
     assert "pinned copies in the same process" in f.summary and "pin_memory=True" in f.fix
     assert not [f for f in compute(m, Thresholds(pageable_share=0.8)) if f.code == "pageable_h2d"]
+
+
+def test_an_asynchronous_pinned_copy_gives_no_bandwidth_to_compare_with() -> None:
+    """cudaMemcpyAsync from pinned memory returns once queued: bytes over its
+    call time is no bandwidth (PyTorch's pinned copies came to 719.6 GB/s
+    that way on the H200, whose link moved them at 53.7 GB/s). Pageable
+    copies are timed either way: the driver stages them before returning."""
+    m = Model()
+    m.complete_after_ns = None
+    pinned = 0x7F00_0000_0000
+    m.add_events(events([{"api": 66, "dst": pinned, "bytes": 1 << 30}]))  # cuMemHostAlloc
+    async_copy = {"api": 25, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000}  # HtoDAsync
+    rows = [{**async_copy, "src": 0x1000}] * 3 + [{**async_copy, "src": pinned, "duration_ns": 90_000}]
+    m.add_events(events(rows))
+    (f,) = [f for f in compute(m) if f.code == "pageable_h2d"]
+    assert f.evidence["pageable_bytes_per_second"] == pytest.approx(3 * (64 << 20) / 15e-3)
+    assert "pinned_bytes_per_second" not in f.evidence and "pinned copies" not in f.summary
