@@ -21,7 +21,7 @@ from memtrace.core.stacks import NativeFrame, PythonFrame
 from memtrace.export.callsites import folded
 from memtrace.runtime.stacks import _Maps, merge
 from memtrace.sources import python as pyframes
-from memtrace.sources.symbols import Mapping, Module, source_name
+from memtrace.sources.symbols import Mapping, Module, demangle, source_name
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="BPF needs root")
 
@@ -408,3 +408,16 @@ def test_the_table_names_the_top_call_sites_within_80_columns(fakecuda: Path, tm
     assert lines[at + 4].strip().startswith("<- load_batch <- train_step <- main")
     assert "call sites: most bytes allocated" in lines
     assert all(len(l) <= 80 for l in lines), [l for l in lines if len(l) > 80]
+
+
+def test_cpp_functions_are_named_as_their_source_names_them() -> None:
+    """PyTorch's frames as the H200 showed them, through the host's own
+    libstdc++ demangler; C names and what it refuses stay as they are."""
+    assert demangle("_ZN2at6nativeL16copy_kernel_cudaERNS_14TensorIteratorEb") == (
+        "at::native::copy_kernel_cuda(at::TensorIterator&, bool)"
+    )
+    assert (
+        demangle("_ZN2at6native5copy_ERNS_6TensorERKS1_b") == "at::native::copy_(at::Tensor&, at::Tensor const&, bool)"
+    )
+    assert demangle("cudaMemcpyAsync") == "cudaMemcpyAsync"
+    assert demangle("_Znot-a-name") == "_Znot-a-name"

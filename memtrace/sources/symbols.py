@@ -14,10 +14,14 @@ through pyelftools), loaded once per file, when first asked for.
 from __future__ import annotations
 
 import bisect
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from elftools.common.exceptions import ELFError
@@ -36,6 +40,45 @@ _CLONE = re.compile(r"(?:\.(?:constprop|isra|part|cold|lto_priv|localalias|llvm)
 
 def source_name(symbol: str) -> str:
     return _CLONE.sub("", symbol) or symbol
+
+
+@functools.cache
+def _cxa_demangle() -> tuple[Callable[..., int], Callable[[int], None]] | None:
+    """libstdc++'s own demangler (the one c++filt and gdb use), and free();
+    None where the host has no libstdc++."""
+    try:
+        cxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    f = cxx.__cxa_demangle
+    f.restype = ctypes.c_void_p
+    f.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+    free = libc.free
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = None
+    return f, free
+
+
+@functools.lru_cache(maxsize=65536)
+def demangle(name: str) -> str:
+    """A C++ symbol as its source names it (at::native::copy_(at::Tensor&,
+    at::Tensor const&, bool)); any other name, or one the demangler refuses,
+    as it is."""
+    if not name.startswith("_Z"):
+        return name
+    api = _cxa_demangle()
+    if api is None:
+        return name
+    f, free = api
+    status = ctypes.c_int(-1)
+    p = f(name.encode(), None, None, ctypes.byref(status))
+    if not p:
+        return name
+    try:
+        return ctypes.string_at(p).decode("utf-8", "replace") if status.value == 0 else name
+    finally:
+        free(p)
 
 
 def load_segments(elf: ELFFile) -> list[tuple[int, int, int]]:
@@ -94,7 +137,7 @@ class ElfSymbols:
         i = bisect.bisect_right(self.starts, v) - 1
         if i < 0 or v >= self.ends[i]:
             return None
-        return self.names[i]
+        return demangle(self.names[i])
 
 
 def build_id_of(fd: int) -> str:
