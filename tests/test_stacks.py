@@ -205,7 +205,10 @@ def test_a_python_process_met_after_its_libraries_gets_its_frames_from_when_it_i
     ("not taken"). Every call is charged; no call gets another's frames."""
     python = interpreters()[-1]
     work = f"{python} {FIXTURES / 'ctypes_sites.py'} {fakecuda / 'lib'} 40"
-    doc, truth = run_stacks(["sh", "-c", f"{work} && {work}"], tmp_path, fakecuda)
+    # The second is read at its first call, on the control thread: it must
+    # outlive that (its 41 calls take milliseconds, and an exited process's
+    # maps cannot be read; then it has no interpreter, and says nothing).
+    doc, truth = run_stacks(["sh", "-c", f"{work} && SITES_LINGER=1 {work}"], tmp_path, fakecuda)
     assert len(truth) == 2
     for t in truth:
         rows = [s for s in doc["stacks"] if s["pid"] == t["pid"]]
@@ -421,3 +424,45 @@ def test_cpp_functions_are_named_as_their_source_names_them() -> None:
     )
     assert demangle("cudaMemcpyAsync") == "cudaMemcpyAsync"
     assert demangle("_Znot-a-name") == "_Znot-a-name"
+
+
+def test_symbol_tables_read_as_arrays_name_each_function_as_its_elf_symbol_does() -> None:
+    """The symbol tables are read as arrays (a PyTorch library has about a
+    million symbols); every function symbol pyelftools lists, walked one by
+    one, is found at its own address under its own (demangled) name."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    from memtrace.sources.symbols import ElfSymbols
+
+    for path in ("/usr/lib/x86_64-linux-gnu/libstdc++.so.6", "/lib/x86_64-linux-gnu/libc.so.6"):
+        if not os.path.exists(path):
+            path = path.replace("x86_64", "aarch64")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            syms = ElfSymbols(Module(path, fd))
+            checked = 0
+            with open(path, "rb") as f:
+                elf = ELFFile(f)
+                segs = [
+                    (s["p_offset"], s["p_vaddr"], s["p_filesz"])
+                    for s in elf.iter_segments()
+                    if s["p_type"] == "PT_LOAD"
+                ]
+                named: dict[int, set[str]] = {}
+                for sec in elf.iter_sections():
+                    if not isinstance(sec, SymbolTableSection):
+                        continue
+                    for sym in sec.iter_symbols():
+                        if sym["st_info"]["type"] in ("STT_FUNC", "STT_LOOS", "STT_GNU_IFUNC") and sym["st_value"]:
+                            if sym["st_shndx"] != "SHN_UNDEF" and sym.name:
+                                named.setdefault(sym["st_value"], set()).add(demangle(source_name(sym.name)))
+            for value, names in named.items():
+                off = next((value - va + o for o, va, n in segs if va <= value < va + n), None)
+                if off is None:
+                    continue
+                assert syms.function_at(off) in names, (path, hex(value), names)
+                checked += 1
+            assert checked > 1000, (path, checked)
+        finally:
+            os.close(fd)

@@ -13,7 +13,6 @@ through pyelftools), loaded once per file, when first asked for.
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import ctypes.util
 import functools
@@ -24,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
@@ -86,13 +86,47 @@ def load_segments(elf: ELFFile) -> list[tuple[int, int, int]]:
     return [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
 
 
-class ElfSymbols:
-    """One file's function symbols, looked up by file offset."""
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
 
-    def __init__(self, fd: int) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.names: list[str] = []
+
+def _sym_dtype(elfclass: int, little: bool) -> np.dtype:
+    """Elf32_Sym / Elf64_Sym."""
+    e = "<" if little else ">"
+    if elfclass == 64:
+        fields = [
+            ("name", e + "u4"),
+            ("info", "u1"),
+            ("other", "u1"),
+            ("shndx", e + "u2"),
+            ("value", e + "u8"),
+            ("size", e + "u8"),
+        ]
+    else:
+        fields = [
+            ("name", e + "u4"),
+            ("value", e + "u4"),
+            ("size", e + "u4"),
+            ("info", "u1"),
+            ("other", "u1"),
+            ("shndx", e + "u2"),
+        ]
+    return np.dtype(fields)
+
+
+class ElfSymbols:
+    """One file's function symbols, looked up by file offset.
+
+    The symbol tables are read as arrays (a PyTorch library holds about a
+    million symbols: pyelftools' symbol by symbol walk took 28 s for
+    libtorch_cuda.so on the H200) and a name is read from the file's string
+    table only when a frame asks for it."""
+
+    def __init__(self, module: Module) -> None:
+        self.module = module  # names are read through its descriptor, while it is open
+        fd = module.fd
+        self.starts = np.zeros(0, np.uint64)
+        self.ends = np.zeros(0, np.uint64)
+        self.name_at = np.zeros(0, np.uint64)  # file offset of each symbol's name
         self.segments: list[tuple[int, int, int]] = []  # (file offset, vaddr, size) of each PT_LOAD
         if fd < 0:  # let go (Modules.MAX_FILES): no names, never another file's
             return
@@ -104,24 +138,43 @@ class ElfSymbols:
 
     def _load(self, elf: ELFFile) -> None:
         self.segments = load_segments(elf)
-        funcs: dict[int, tuple[int, str]] = {}
+        dt = _sym_dtype(elf.elfclass, elf.little_endian)
+        parts = []
         for secname in (".symtab", ".dynsym"):
             sec = elf.get_section_by_name(secname)
-            if not isinstance(sec, SymbolTableSection):
+            if not isinstance(sec, SymbolTableSection) or sec["sh_entsize"] != dt.itemsize:
                 continue
-            for sym in sec.iter_symbols():
-                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
-                    continue
-                value, size = sym["st_value"], sym["st_size"]
-                if sym["st_shndx"] == "SHN_UNDEF" or not value or not sym.name:
-                    continue
-                if value not in funcs or (size and not funcs[value][0]):
-                    funcs[value] = (size, sym.name)
-        for value in sorted(funcs):
-            size, name = funcs[value]
-            self.starts.append(value)
-            self.ends.append(value + size if size else value + 1)
-            self.names.append(source_name(name))
+            strtab = elf.get_section(sec["sh_link"])
+            raw = os.pread(self.module.fd, sec["sh_size"], sec["sh_offset"])
+            syms = np.frombuffer(raw, dt, len(raw) // dt.itemsize)
+            kind = syms["info"] & 0xF
+            keep = (
+                ((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC))
+                & (syms["shndx"] != 0)
+                & (syms["value"] != 0)
+                & (syms["name"] != 0)
+            )
+            syms = syms[keep]
+            parts.append(
+                (
+                    syms["value"].astype(np.uint64),
+                    syms["size"].astype(np.uint64),
+                    syms["name"].astype(np.uint64) + np.uint64(strtab["sh_offset"]),
+                )
+            )
+        if not parts:
+            return
+        value, size, name = (np.concatenate(x) for x in zip(*parts, strict=True))
+        # One symbol an address: the first seen (.symtab before .dynsym), unless
+        # only a later one has a size. Stable sort by (address, sized first, order).
+        order = np.lexsort((np.arange(len(value)), size == 0, value))
+        value, size, name = value[order], size[order], name[order]
+        first = np.ones(len(value), bool)
+        first[1:] = value[1:] != value[:-1]
+        value, size, name = value[first], size[first], name[first]
+        self.starts = value
+        self.ends = value + np.maximum(size, np.uint64(1))
+        self.name_at = name
 
     def vaddr(self, offset: int) -> int | None:
         for off, vaddr, size in self.segments:
@@ -129,15 +182,33 @@ class ElfSymbols:
                 return offset - off + vaddr
         return None
 
+    def _name(self, at: int) -> str | None:
+        fd = self.module.fd
+        if fd < 0:  # let go: its number may be another file's now
+            return None
+        raw = b""
+        while b"\0" not in raw:
+            chunk = os.pread(fd, 256, at + len(raw))
+            if not chunk:
+                break
+            raw += chunk
+            if len(raw) > 65536:
+                break
+        return source_name(raw.split(b"\0", 1)[0].decode("utf-8", "replace")) or None
+
     def function_at(self, offset: int) -> str | None:
         """The function holding the code at this file offset, or None."""
         v = self.vaddr(offset)
         if v is None:
             return None
-        i = bisect.bisect_right(self.starts, v) - 1
-        if i < 0 or v >= self.ends[i]:
+        i = int(np.searchsorted(self.starts, np.uint64(v), side="right")) - 1
+        if i < 0 or v >= int(self.ends[i]):
             return None
-        return demangle(self.names[i])
+        try:
+            name = self._name(int(self.name_at[i]))
+        except OSError:
+            return None
+        return demangle(name) if name else None
 
 
 def build_id_of(fd: int) -> str:
@@ -249,5 +320,5 @@ class Modules:
     def symbols(self, m: Module) -> ElfSymbols:
         """The file's function symbols, read once (none once the file is let go)."""
         if m.symbols is None:
-            m.symbols = ElfSymbols(m.fd)
+            m.symbols = ElfSymbols(m)
         return m.symbols
