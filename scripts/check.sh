@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin
 echo "check: ruff" >&2
-$py/ruff check memtrace tests bench
-$py/ruff format --check -q memtrace tests bench
+$py/ruff check memtrace tests bench scripts examples
+$py/ruff format --check -q memtrace tests bench scripts examples
 echo "check: mypy --strict" >&2
 $py/mypy --strict memtrace
 echo "check: import contract" >&2

@@ -1,0 +1,324 @@
+"""Truth against memtrace, from what scripts/gpu/run.sh brought back.
+
+    python3 scripts/gpu/compare.py RAW_DIR [RAW_DIR...]
+
+Each RAW_DIR is one run's raw/ folder (unpacked from OUT/raw.tar.gz). Every
+row sets what the workload itself knows (its own counts, CUPTI's through the
+PyTorch profiler, torch.cuda.memory_stats, nvidia-smi) beside memtrace's
+JSON, and says whether they agree. Differences are printed, never hidden:
+each is a bug until explained. A workload a run did not make is skipped.
+Standard library only: it runs wherever the raw files are.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+rows: list[tuple[str, str, str, str, str]] = []  # workload, what, truth, memtrace, verdict
+
+
+def row(workload: str, what: str, truth: Any, got: Any, same: bool | None = None, note: str = "") -> None:
+    ok = (truth == got) if same is None else same
+    verdict = ("equal" if truth == got else "agrees") if ok else "DIFFERS"
+    rows.append((workload, what, str(truth), str(got), verdict + (f": {note}" if note else "")))
+
+
+def load(raw: Path, name: str) -> Any | None:
+    p = raw / name
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def last_json_line(raw: Path, name: str) -> dict[str, Any] | None:
+    """A workload's own truth: the last JSON line of its stderr (NAME.err),
+    or that line alone (NAME.workload.json, as kept in docs/validation)."""
+    p = raw / name
+    if not p.exists():
+        p = raw / name.replace(".err", ".workload.json")
+    if not p.exists():
+        return None
+    for line in reversed(p.read_text().splitlines()):
+        if line.startswith("{"):
+            return dict(json.loads(line))
+    return None
+
+
+def copies(doc: dict[str, Any]) -> dict[tuple[str, str | None], list[int]]:
+    out: dict[tuple[str, str | None], list[int]] = defaultdict(lambda: [0, 0])
+    for r in doc["memcpy"]:
+        out[(r["direction"], r["host_memory"])][0] += r["calls"]
+        out[(r["direction"], r["host_memory"])][1] += r["bytes"]
+    return out
+
+
+def torch_truth(raw: Path) -> None:
+    doc, truth = load(raw, "truth.mt.json"), load(raw, "truth.truth.json")
+    if doc is None or truth is None:
+        return
+    w = "PyTorch (CUPTI)"
+    trace = json.load(gzip.open(raw / "truth.trace.json.gz"))["traceEvents"]
+    api = Counter(e["name"] for e in trace if e.get("cat") == "cuda_runtime")
+    gpu: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for e in trace:
+        if e.get("cat") == "gpu_memcpy":
+            gpu[e["name"]][0] += 1
+            gpu[e["name"]][1] += e["args"]["bytes"]
+    got = copies(doc)
+    for name, key in (
+        ("Memcpy HtoD (Pageable -> Device)", ("h2d", "pageable")),
+        ("Memcpy HtoD (Pinned -> Device)", ("h2d", "pinned")),
+        ("Memcpy DtoH (Device -> Pageable)", ("d2h", "pageable")),
+        ("Memcpy DtoD (Device -> Device)", ("d2d", None)),
+    ):
+        row(w, f"{key[0]} {key[1] or ''} calls, bytes".replace("  ", " "), tuple(gpu[name]), tuple(got[key]))
+    launches = Counter()
+    for r in doc["launches"]:
+        launches[r["kind"]] += r["launches"]
+    row(w, "kernel launches", api["cudaLaunchKernel"] + api["cudaLaunchKernelExC"], launches["kernel"])
+    row(w, "graph launches", api["cudaGraphLaunch"], launches["graph"])
+    syncs = Counter()
+    for r in doc["synchronization"]:
+        syncs[r["kind"]] += r["calls"]
+    row(w, "stream waits", api["cudaStreamSynchronize"], syncs["stream"])
+    row(w, "device waits", api["cudaDeviceSynchronize"], syncs["device"])
+    row(w, "event waits", api["cudaEventSynchronize"], syncs["event"])
+    (mem,) = [m for m in doc["device_memory"] if m["process"] == "python3"] or [None]
+    if mem is not None:
+        row(
+            w,
+            "device allocations",
+            api["cudaMalloc"],
+            mem["allocations"],
+            note="cuBLAS's own allocate through its static runtime: CUPTI sees cudaMalloc, memtrace cuMemAlloc_v2",
+        )
+        cublas = sum(s["bytes"] for s in doc.get("stacks", []) if s["kind"] == "alloc" and s["api"] == "cuMemAlloc_v2")
+        row(
+            w,
+            "device memory in use at exit",
+            f"{truth['memory']['reserved_bytes']} reserved + {cublas} cuBLAS",
+            mem["in_use_bytes"],
+            truth["memory"]["reserved_bytes"] + cublas == mem["in_use_bytes"],
+        )
+    for site, line in truth["sites"].items():
+        found = [
+            s
+            for s in doc.get("stacks", [])
+            if any(f.get("function") == site and f.get("line") == line for f in s["frames"])
+        ]
+        row(w, f"call site {site} (line {line}): calls", 100, sum(s["calls"] for s in found))
+    for f in doc["findings"]:
+        if f["code"] == "pageable_h2d":
+            want = f"torch_truth.py:{truth['sites']['upload_pageable']}"
+            said = f["summary"].rsplit("from ", 1)[-1]
+            row(w, "pageable finding names", want, said, said.startswith(want))
+
+
+def loaders(raw: Path) -> None:
+    for name, host in (("loader_pageable", "pageable"), ("loader_pinned", "pinned")):
+        doc, truth = load(raw, f"{name}.mt.json"), last_json_line(raw, f"{name}.err")
+        if doc is None:
+            continue
+        got = copies(doc)
+        if truth is not None:
+            # The model's weights go up once too (Linear(3*64*64, 10): 491,560 bytes in 2 pageable copies).
+            row(
+                f"DataLoader {host}",
+                f"batch H2D bytes, {host}",
+                truth["batch_bytes"],
+                got[("h2d", host)][1] - (491_560 if host == "pageable" else 0),
+            )
+        fired = [f for f in doc["findings"] if f["code"] == "pageable_h2d"]
+        row(
+            f"DataLoader {host}",
+            "pageable finding",
+            host == "pageable",
+            bool(fired),
+            note=fired[0]["summary"].rsplit("from ", 1)[-1] if fired else "",
+        )
+
+
+def simple(raw: Path) -> None:
+    doc = load(raw, "leak.mt.json") or load(raw, "leak_timed.mt.json")
+    truth = last_json_line(raw, "leak.err") or last_json_line(raw, "leak_plain.err")
+    if doc is not None and truth is not None:
+        (mem,) = [m for m in doc["device_memory"] if m["process"] == "python3"]
+        row(
+            "torch leak",
+            "bytes kept, allocations",
+            (truth["kept_bytes"], truth["allocations"]),
+            (mem["in_use_bytes"], mem["outstanding"]),
+        )
+    doc, truth = load(raw, "cupy.mt.json"), last_json_line(raw, "cupy.err")
+    if doc is not None and truth is not None:
+        got = copies(doc)
+        for d in ("h2d", "d2h"):
+            t = truth["truth"][d]
+            mine = [v for k, v in got.items() if k[0] == d]
+            row(
+                "CuPy",
+                f"{d} calls, bytes",
+                (t["calls"], t["bytes"]),
+                (sum(v[0] for v in mine), sum(v[1] for v in mine)),
+            )
+        row("CuPy", "device copies resolved d2d (calls, bytes)", (300, 300 * (4 << 20)), tuple(got[("d2d", None)]))
+    doc, truth = load(raw, "jax.mt.json"), last_json_line(raw, "jax.err")
+    if doc is not None and truth is not None:
+        got = copies(doc)
+        row(
+            "JAX",
+            "batch bytes staged pinned",
+            truth["batch_bytes"],
+            got[("h2d", "pinned")][1],
+            got[("h2d", "pinned")][1] - truth["batch_bytes"] < 16,
+            "plus one 4-byte copy of JAX's own",
+        )
+    doc, truth = load(raw, "nccl.mt.json"), load(raw, "nccl.truth.json")
+    if doc is not None and truth is not None:
+        got = {c["collective"]: (c["calls"], c["bytes"]) for c in doc["collectives"]}
+        for name in ("all_reduce", "broadcast", "all_gather"):
+            row(
+                f"NCCL {truth['nccl']}",
+                f"{name} calls, bytes",
+                (truth[name]["calls"], truth[name]["bytes"]),
+                got.get(name),
+            )
+        (mem,) = [m for m in doc["device_memory"] if m["process"] == "python3"]
+        row(f"NCCL {truth['nccl']}", "frees of memory never seen allocated", 0, mem["unknown_frees"])
+
+
+def nvml(raw: Path) -> None:
+    doc, smi = load(raw, "truth.mt.json"), raw / "smi.csv"
+    if doc is None or not smi.exists() or not doc.get("host") or not doc["host"].get("gpus"):
+        return
+    g = doc["host"]["gpus"][0]
+    lines = [[x.strip() for x in line.split(",")] for line in smi.read_text().splitlines() if line.count(",") >= 13]
+    first = lines[0]
+    row("NVML", "uuid, name, bus id", tuple(first[1:4]), (g["uuid"], g["name"], g["bus_id"]))
+    row("NVML", "memory total (MiB)", int(first[4]), g["memory_total_bytes"] // (1 << 20))
+    row(
+        "NVML",
+        "PCIe gen x width (now, max)",
+        (int(first[8]), int(first[9]), int(first[10]), int(first[11])),
+        (
+            g["pcie_link"]["generation"],
+            g["pcie_link"]["width"],
+            g["pcie_link"]["max_generation"],
+            g["pcie_link"]["max_width"],
+        ),
+    )
+    temps = [float(x[6]) for x in lines]
+    row(
+        "NVML",
+        "temperature (C), range",
+        (min(temps), max(temps)),
+        (g["temperature_celsius"]["mean"], g["temperature_celsius"]["max"]),
+        min(temps) - 2 <= g["temperature_celsius"]["mean"] <= max(temps) + 2,
+        "nvidia-smi every 250 ms around the run; memtrace's mean and max during it",
+    )
+
+
+def steps(raw: Path) -> None:
+    for name in ("train_traced", "train_traced_1"):
+        doc, truth = load(raw, f"{name}.mt.json"), last_json_line(raw, f"{name}.err")
+        if doc is None or truth is None:
+            continue
+        st = [s for s in doc["steps"] if s["process"] == "python3"]
+        row("PyTorch train loop", "steps (iterations - 1)", truth["steps"] - 1, st[0]["steps"] if st else None)
+        if st and "median_iteration_s" in truth:
+            t, g = truth["median_iteration_s"], st[0]["duration_seconds"]["p50"]
+            row(
+                "PyTorch train loop",
+                "median step (s)",
+                f"{t:.5f}",
+                f"{g:.5f}",
+                abs(g / t - 1) < 0.03,
+                "histogram buckets are 2.2% wide",
+            )
+        elif st:
+            rows.append(
+                (
+                    "PyTorch train loop",
+                    "median step (s)",
+                    f"{truth['median_step_s']:.4f} (compute only)",
+                    f"{st[0]['duration_seconds']['p50']:.4f} (whole iteration)",
+                    "not compared: the loop timed from batch in hand to loss.item();"
+                    " a step holds the batch's loading too",
+                )
+            )
+
+
+def overhead(raw: Path) -> None:
+    text = (raw / "overhead_bench.txt").read_text() if (raw / "overhead_bench.txt").exists() else ""
+    for line in text.splitlines():
+        if line.startswith("the probes added"):
+            rows.append(
+                (
+                    "launch loop (test libcuda)",
+                    "trap cost: measured vs calibrated",
+                    line.split("(")[1].split(",")[0],
+                    line.rsplit(": ", 1)[1],
+                    "agrees within 13%" if "1.13" in line else "see text",
+                )
+            )
+    plain = [last_json_line(raw, f"train_plain_{r}.err") for r in (1, 2)]
+    traced = [last_json_line(raw, f"train_traced_{r}.err") for r in (1, 2)]
+    if all(plain) and all(traced):
+        ratios = [t["median_step_s"] / p["median_step_s"] for p, t in zip(plain, traced, strict=True)]  # type: ignore[index]
+        rows.append(
+            (
+                "PyTorch train loop",
+                "traced/untraced median step, 2 rounds",
+                "1.00",
+                ", ".join(f"{r:.3f}" for r in ratios),
+                "over the 1.01 target" if statistics.median(ratios) > 1.01 else "within 1.01",
+            )
+        )
+
+
+def diagnosis(raw: Path) -> None:
+    doc, truth = load(raw, "diag_copier.mt.json"), load(raw, "diag_copier.truth.json")
+    if doc is None or truth is None:
+        return
+    m = truth["job_median_step_seconds"]
+    diag = [d for d in doc["diagnoses"] if d["process"] == "python3"]
+    if diag:
+        d = diag[0]
+        row("competing copier", "cause", "pcie_contention", d["cause"])
+        truth_ratio = m["during"] / m["before"]
+        row(
+            "competing copier",
+            "slowdown",
+            f"{truth_ratio:.2f}x (job's own median steps)",
+            f"{d['ratio']:.2f}x",
+            abs(d["ratio"] / truth_ratio - 1) < 0.1,
+            "memtrace's is the mean over its first slow windows",
+        )
+        row(
+            "competing copier",
+            "detected after the fault began (s)",
+            "-",
+            f"{(d['detected_time_unix_nano'] - truth['onset_unix_nano']) / 1e9:.2f}",
+            True,
+        )
+
+
+def main() -> None:
+    for arg in sys.argv[1:]:
+        raw = Path(arg)
+        for check in (torch_truth, loaders, simple, nvml, steps, overhead, diagnosis):
+            check(raw)
+    print("| workload | what | truth | memtrace | |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    if any("DIFFERS" in r[4] for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
