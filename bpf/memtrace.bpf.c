@@ -94,6 +94,26 @@ struct {
 	__type(value, struct inflight);
 } inflight SEC(".maps");
 
+/*
+ * The first launch each thread made since its last synchronisation
+ * returned (CLOCK_MONOTONIC ns; 0: none yet), by the tid's low bits as
+ * `slots`. The next synchronisation's event carries it (`src`): from a
+ * wait's return to that launch the GPU had nothing of this thread's to do.
+ * Two threads sharing a slot at once overwrite each other's: the model then
+ * falls back to the next copy or wait, an upper bound, as without it.
+ */
+struct mt_first_launch {
+	__u64 tid;
+	__u64 ts;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NSLOTS);
+	__type(key, __u32);
+	__type(value, struct mt_first_launch);
+} first_launch SEC(".maps");
+
 /* Entries now in `inflight` (slot collisions), one counter. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -1100,7 +1120,7 @@ int BPF_KRETPROBE(mt_return)
 	struct mt_totals_key tk = {};
 	struct inflight *f;
 	struct mt_event *e;
-	__u64 dst, aux, start;
+	__u64 dst, aux, src, start;
 
 	f = find_inflight(key);
 	if (!f)
@@ -1116,6 +1136,16 @@ int BPF_KRETPROBE(mt_return)
 	}
 	dst = f->dst;
 	aux = f->stream;
+	src = (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY ? f->src : 0;
+	if ((ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_SYNC) {
+		__u32 i = (__u32)id & (NSLOTS - 1);
+		struct mt_first_launch *fl = bpf_map_lookup_elem(&first_launch, &i);
+
+		if (fl && fl->tid == (__u32)id) {
+			src = fl->ts; /* launched since its last wait: when it began */
+			fl->ts = 0;
+		}
+	}
 	if ((ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_MEM && ret == 0) {
 		/* What the call wrote back: the new address or handle, and
 		 * the pitch of a pitched allocation. */
@@ -1132,7 +1162,7 @@ int BPF_KRETPROBE(mt_return)
 		e->bytes = f->bytes;
 		e->stream = aux;
 		e->dst = dst;
-		e->src = (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY ? f->src : 0;
+		e->src = src;
 		e->start_ns = start;
 		e->pid = id >> 32;
 		e->tid = (__u32)id;
@@ -1168,8 +1198,16 @@ int BPF_KPROBE(mt_launch)
 	struct mt_totals_key tk = {};
 	__u64 one = 1, *c;
 
+	__u32 slot = (__u32)id & (NSLOTS - 1);
+	struct mt_first_launch *fl;
+
 	if (!is_traced(id >> 32))
 		return 0;
+	fl = bpf_map_lookup_elem(&first_launch, &slot);
+	if (fl && (fl->tid != (__u32)id || !fl->ts)) {
+		fl->tid = (__u32)id;
+		fl->ts = bpf_ktime_get_ns();
+	}
 	tk.start_ns = current_start();
 	tk.pid = id >> 32;
 	tk.api = bpf_get_attach_cookie(ctx) & 0xffff;

@@ -214,7 +214,7 @@ struct mt_event {
 	__u64 bytes;       /* copy: requested bytes (moved only if ret == 0); mem: size */
 	__u64 stream;      /* copy, sync: stream or event; mem: the auxiliary argument */
 	__u64 dst;         /* copy: destination pointer; mem: the address or handle */
-	__u64 src;         /* copy: source pointer */
+	__u64 src;         /* copy: source pointer; sync: the thread's first launch since its last sync (ns, 0: none) */
 	__u64 start_ns;    /* the process's start (struct mt_proc_key) */
 	__u32 pid;
 	__u32 tid;

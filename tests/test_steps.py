@@ -192,7 +192,7 @@ def test_a_thread_fed_in_small_batches_keeps_a_few_arrays_and_each_symbols_last_
     assert t.stats() is None  # waits at random: no anchor
     (th,) = t.threads.values()
     assert th.pending.count <= MAX_SEARCH_PENDING + (MAX_CHUNKS + 1) * 12
-    _e, ret, _k, _y = th.pending.joined()
+    _e, ret, _k, _y, _la = th.pending.joined()
     want = np.array([r[0] + r[1] for r in rows], np.int64)
     assert ret.tolist() == want[-len(ret) :].tolist()  # the latest events, in order
     ((sym, ring),) = th.seen.items()
@@ -378,3 +378,37 @@ def test_a_step_made_by_a_pool_of_threads_is_no_ones_step() -> None:
     _b, t = recorded("jax_train")
     assert t.stats() is None
     assert any(th.stats.steps for th in t.threads.values())  # a thread alone would have had some
+
+
+def test_the_gpu_is_idle_until_the_first_launch_after_a_wait() -> None:
+    """The PyTorch loop above, its forward and backward launched from 10 us
+    after the second wait returns (t0 + 310 us) until the loss.item() copy:
+    each wait says when its thread first launched since its last (BPF's
+    first-launch slot, in a sync event's `src`). The GPU idles for the host
+    work and those 10 us a step, not the 1 ms of launches before the copy."""
+    rng = np.random.default_rng(6)
+    host = [int(x) for x in rng.uniform(0.5 * MS, 4 * MS, 40)]
+    rows: list[Ev] = []
+    launches: dict[int, int] = {}  # row index of an item() wait -> its first launch
+    t0 = 10**12
+    for h in host:
+        ev, _first, nxt = pytorch_step(t0, h)
+        launches[len(rows) + 5] = t0 + 310 * US
+        rows += ev
+        t0 = nxt
+    b = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (ts, dur, api, stream, d, tid) in enumerate(rows):  # in ring order already: each returns before the next
+        b[i]["ts_ns"], b[i]["duration_ns"], b[i]["api"], b[i]["stream"] = ts, dur, api, stream
+        b[i]["direction"], b[i]["tid"], b[i]["pid"], b[i]["src"] = d, tid, PID, launches.get(i, 0)
+    t = StepTracker(PID)
+    for part in np.array_split(b, 5):
+        t.add(part)
+    st = t.stats()
+    assert st is not None and st.steps == 39
+    assert st.gpu_idle_ns == sum(h + 10 * US for h in host[:39])
+    # Without the launches' times, the upper bound: the launches count as idle.
+    b["src"] = 0
+    t = StepTracker(PID)
+    t.add(b)
+    st = t.stats()
+    assert st is not None and st.gpu_idle_ns == sum(h + 1000 * US for h in host[:39])

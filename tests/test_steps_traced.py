@@ -81,3 +81,18 @@ def test_breakdown_tells_waiting_for_the_gpu_from_host_work(fakecuda: Path, tmp_
         assert r["gpu_idle_share"] == pytest.approx(t["idle_ns"] / t["wall_ns"], abs=0.05)
     assert w["breakdown"]["sync_wait"] > 0.5 > c["breakdown"]["sync_wait"]
     assert c["breakdown"]["host"] > 0.5 > w["breakdown"]["host"]
+
+
+def test_the_gpu_is_not_idle_while_the_host_works_after_launching(fakecuda: Path, tmp_path: Path) -> None:
+    """No H2D copies: each step launches two kernels, works 2 ms on the host
+    while the GPU runs them, then reads the result back and waits. The GPU
+    idles only from the wait's return to the next step's first launch (the
+    1 ms of host work after it): the launch probe's first-launch time says
+    so; the next copy alone would have put those 2 ms in GPU idle too."""
+    doc, (truth,) = traced(
+        fakecuda, tmp_path, "-n", "150", "-c", "0", "-l", "2", "-k", "50", "-p", "2000", "-w", "1000"
+    )
+    r = row(doc, truth["pid"])
+    assert r["steps"] == 149
+    assert r["gpu_idle_share"] == pytest.approx(truth["idle_ns"] / truth["wall_ns"], abs=0.05)
+    assert r["gpu_idle_share"] < 0.5  # the bound without launch times: about 0.97

@@ -111,7 +111,11 @@ METRICS: dict[str, tuple[str, str, str]] = {
         "1",
     ),
     "memtrace.step.duration": ("hist", "Duration of each inferred step", "s"),
-    "memtrace.step.gpu_idle_share": ("gauge", "Share of step time the GPU waited for the host (upper bound)", "1"),
+    "memtrace.step.gpu_idle_share": (
+        "gauge",
+        "Share of step time the GPU waited for the host: a wait's return to the next copy, wait or launch",
+        "1",
+    ),
     "memtrace.process.run_queue.time": ("sum", "Time the process's threads were runnable, waiting for a CPU", "s"),
     "memtrace.process.off_cpu.time": ("sum", "Time the process's threads were blocked (sleeping, I/O, locks)", "s"),
     "memtrace.process.on_cpu.time": ("sum", "Time the process's threads ran", "s"),
