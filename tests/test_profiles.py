@@ -17,8 +17,6 @@ import pytest
 from conftest import FIXTURES, memtrace_cmd
 from test_stacks import interpreters
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="BPF needs root")
-
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -67,6 +65,7 @@ def pprof_raw(path: Path) -> tuple[list[str], list[list[int]]]:
     return types, values
 
 
+@pytest.mark.bpf
 def test_pprof_holds_the_summarys_exact_totals(fakecuda: Path, tmp_path: Path) -> None:
     out, doc = profile(tmp_path, fakecuda)
     types, samples = pprof_raw(out / "memtrace.pb.gz")
@@ -82,6 +81,7 @@ def test_pprof_holds_the_summarys_exact_totals(fakecuda: Path, tmp_path: Path) -
     assert len(samples) == len(doc["stacks"])
 
 
+@pytest.mark.bpf
 def test_pprof_names_the_python_lines(fakecuda: Path, tmp_path: Path) -> None:
     """pprof's own view by function: the Python call sites carry the bytes."""
     out, doc = profile(tmp_path, fakecuda)
@@ -96,6 +96,7 @@ def test_pprof_names_the_python_lines(fakecuda: Path, tmp_path: Path) -> None:
     assert "[module]" in top  # <module>, which pprof would print as nothing
 
 
+@pytest.mark.bpf
 def test_the_flame_graph_is_self_contained_and_weighs_the_copied_bytes(fakecuda: Path, tmp_path: Path) -> None:
     out, doc = profile(tmp_path, fakecuda)
     text = (out / "copies.svg").read_text()
@@ -128,6 +129,7 @@ def test_profile_outputs_without_stacks_are_refused_before_the_command_runs(flag
     assert not marker.exists()
 
 
+@pytest.mark.bpf
 def test_memory_growth_names_where_what_is_in_use_was_allocated(fakecuda: Path, tmp_path: Path) -> None:
     """device_memory_growth (which needs minutes of growth to fire) is
     given the allocating sites of a real run's summary: the sites holding

@@ -21,7 +21,7 @@ from memtrace.core.abi import Hold
 from memtrace.core.errors import BadOption
 from memtrace.sensors.cuda.holds import HELD_MAP
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loads BPF: needs root")
+pytestmark = pytest.mark.bpf
 
 
 @pytest.fixture

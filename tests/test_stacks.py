@@ -23,8 +23,6 @@ from memtrace.runtime.stacks import _Maps, merge
 from memtrace.sources import python as pyframes
 from memtrace.sources.symbols import Mapping, Module, demangle, source_name
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="BPF needs root")
-
 
 def run_stacks(argv: list[str], tmp_path: Path, fakecuda: Path, *extra: str) -> tuple[dict, list[dict]]:
     truth, out = tmp_path / "truth.jsonl", tmp_path / "summary.json"
@@ -49,6 +47,7 @@ def find(doc: dict, kind: str, callers: list[str]) -> list[dict]:
     return [s for s in doc["stacks"] if s["kind"] == kind and functions(s)[1 : 1 + len(callers)] == callers]
 
 
+@pytest.mark.bpf
 @pytest.mark.parametrize("program", ["stackwork_fp", "stackwork_nopie"])
 def test_each_copy_and_allocation_is_charged_to_the_stack_that_made_it(
     program: str, fakecuda: Path, tmp_path: Path
@@ -78,6 +77,7 @@ def test_each_copy_and_allocation_is_charged_to_the_stack_that_made_it(
     assert counts["taken"] == sum(s["calls"] for s in doc["stacks"])
 
 
+@pytest.mark.bpf
 def test_without_frame_pointers_the_caller_is_kept_and_its_callers_are_lost(fakecuda: Path, tmp_path: Path) -> None:
     """What a frame-pointer walk recovers from code built without them: the
     CUDA call and its caller (from the return address at the call's entry),
@@ -93,6 +93,7 @@ def test_without_frame_pointers_the_caller_is_kept_and_its_callers_are_lost(fake
         assert not set(want["callers"][1:]) & set(rest), rest
 
 
+@pytest.mark.bpf
 def test_folded_stacks_weigh_exactly_the_copied_bytes(fakecuda: Path, tmp_path: Path) -> None:
     out = tmp_path / "copies.folded"
     doc, _ = run_stacks([str(fakecuda / "stackwork_fp"), "5"], tmp_path, fakecuda, "--folded", str(out))
@@ -135,6 +136,7 @@ def leaf(function: str) -> str:
     return function.rsplit(".", 1)[-1]
 
 
+@pytest.mark.bpf
 @pytest.mark.parametrize("python", interpreters() or ["none"])
 def test_ctypes_calls_from_python_are_charged_to_the_lines_that_made_them(
     python: str, fakecuda: Path, tmp_path: Path
@@ -168,6 +170,7 @@ def test_ctypes_calls_from_python_are_charged_to_the_lines_that_made_them(
     assert doc["agent"]["stacks"]["python_frames_unnamed"] == 0
 
 
+@pytest.mark.bpf
 @pytest.mark.parametrize("python", interpreters() or ["none"])
 def test_a_thread_gets_its_own_python_frames_and_deep_recursion_keeps_the_innermost(
     python: str, fakecuda: Path, tmp_path: Path
@@ -196,6 +199,7 @@ def test_a_thread_gets_its_own_python_frames_and_deep_recursion_keeps_the_innerm
     assert doc["agent"]["stacks"]["python_frames_unnamed"] == 0
 
 
+@pytest.mark.bpf
 def test_a_python_process_met_after_its_libraries_gets_its_frames_from_when_it_is_found(
     fakecuda: Path, tmp_path: Path
 ) -> None:
@@ -230,6 +234,7 @@ def test_a_python_process_met_after_its_libraries_gets_its_frames_from_when_it_i
     assert {s["python_frames"] for s in first} == {"taken"}  # held at its first CUDA library: all of it
 
 
+@pytest.mark.bpf
 def test_the_pageable_finding_names_the_python_lines_that_copied_most(fakecuda: Path, tmp_path: Path) -> None:
     """pageable_h2d says where the pageable bytes came from: the line in the
     user's code, with each line's bytes and share in its evidence."""
@@ -253,6 +258,7 @@ def other_pythons() -> list[str]:
     return found[-1:]
 
 
+@pytest.mark.bpf
 def test_an_interpreter_memtrace_does_not_walk_gets_native_frames_marked_unsupported(
     fakecuda: Path, tmp_path: Path
 ) -> None:
@@ -392,6 +398,7 @@ def test_compiler_clone_suffixes_name_the_function_the_user_wrote() -> None:
     assert source_name("cudaMemcpy") == "cudaMemcpy" and source_name("_ZN3foo3barEv") == "_ZN3foo3barEv"
 
 
+@pytest.mark.bpf
 def test_the_table_names_the_top_call_sites_within_80_columns(fakecuda: Path, tmp_path: Path) -> None:
     env = dict(os.environ, COLUMNS="80", FAKE_LIBCUDA=str(fakecuda / "lib" / "libcuda.so.1"))
     p = subprocess.run(
