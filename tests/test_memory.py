@@ -31,11 +31,23 @@ def copies_by_host(doc: dict, pid: int) -> dict[tuple[str, str, str], tuple[int,
     return {k: tuple(v) for k, v in out.items()}  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("links", ["multi", "single"])
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_every_classification_and_total_matches_the_truth(build: str, fakecuda: Path, tmp_path: Path) -> None:
+def test_every_classification_and_total_matches_the_truth(
+    build: str, links: str, fakecuda: Path, tmp_path: Path
+) -> None:
+    """Both ways of attaching: a multi-uprobe link per program and library
+    (this kernel has them), and a link per probe (kernels before 6.6, and
+    MEMTRACE_UPROBE_MULTI=0)."""
     exe, layer = BUILDS[build]
-    doc, lines, p = run_traced([str(fakecuda / exe), "-r", "4"], tmp_path)
+    env = {"MEMTRACE_UPROBE_MULTI": "0"} if links == "single" else {}
+    doc, lines, p = run_traced([str(fakecuda / exe), "-r", "4"], tmp_path, env=env)
     assert p.returncode == 0, p.stderr
+    for lib in doc["agent"]["libraries"]:
+        # Copies, memory calls and waits take an entry and a return; launches (driver only) an entry.
+        launches = sum(s.startswith(("cuLaunch", "cuGraphLaunch")) for s in lib["symbols"])
+        per_probe = 2 * (lib["probes"] - launches) + launches
+        assert lib["links"] == ({"runtime": 2, "driver": 3}[lib["layer"]] if links == "multi" else per_probe), lib
     (truth,) = lines
     pid = truth["pid"]
 

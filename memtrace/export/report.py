@@ -34,6 +34,8 @@ class Library(Protocol):
     def layer(self) -> Layer: ...
     @property
     def symbols(self) -> dict[str, int]: ...
+    @property
+    def link_count(self) -> int: ...
 
 
 def summary(
@@ -134,7 +136,13 @@ def summary(
             "collective_events_unmatched": model.collectives_unmatched,
             "collective_waits_dropped": sum(a.dropped for a in model.collective_waits.values()),
             "libraries": [
-                {"path": a.name, "layer": a.layer.label, "probes": len(a.symbols), "symbols": sorted(a.symbols)}
+                {
+                    "path": a.name,
+                    "layer": a.layer.label,
+                    "probes": len(a.symbols),
+                    "links": a.link_count,
+                    "symbols": sorted(a.symbols),
+                }
                 for a in libraries
             ],
             **({"drain": drain} if drain is not None else {}),

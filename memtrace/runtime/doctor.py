@@ -143,6 +143,24 @@ def check_load() -> Check:
         return Check("BPF programs", False, e.message, e.fix)
 
 
+def check_uprobe_multi() -> Check:
+    """Multi-uprobe links (Linux 6.6+): a library's probes attach and go in
+    one operation each way; without them, one by one."""
+    from memtrace.bpf.libbpf import uprobe_multi_supported
+
+    if uprobe_multi_supported():
+        return Check("uprobes", True, "multi-uprobe links: a library's probes are attached and removed at once")
+    return Check(
+        "uprobes",
+        True,
+        "single uprobes (this kernel has no multi-uprobe links, or MEMTRACE_UPROBE_MULTI=0): a library's "
+        "hundred probes are removed one by one, about 0.1 s each, after an agent exits, and processes "
+        "mapping it take their traps until then",
+        "Linux 6.6 or later attaches and removes them at once",
+        warn=True,
+    )
+
+
 SLOW_TRAP_S = 2e-6  # the H100 host of the field notes: 0.8 us
 
 
@@ -284,6 +302,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_tracefs,
     check_pid_namespace,
     check_load,
+    check_uprobe_multi,
     check_probe_cost,
     check_cuda,
     check_nvml,
@@ -299,7 +318,7 @@ def run_checks(console: Console) -> bool:
         except OSError as e:  # a non-root user cannot read everything a check looks at
             c = Check(fn.__name__.removeprefix("check_"), False, f"could not check: {e}", "run as root")
         # A failed prerequisite makes the load check's message redundant.
-        if fn in (check_load, check_probe_cost) and not ok:
+        if fn in (check_load, check_uprobe_multi, check_probe_cost) and not ok:
             continue
         mark = (
             "[green]  ok[/green]" if c.ok and not c.warn else ("[yellow]warn[/yellow]" if c.ok else "[red]FAIL[/red]")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path
-from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer
+from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer, uprobe_multi_supported
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core import apis
 from memtrace.core.abi import (
@@ -79,6 +79,11 @@ def probe_plan(path: str, layer: Layer) -> list[Probe]:
     return [Probe(sym, off, table[sym].cookie(), table[sym].needs_return) for off, sym in sorted(by_offset.items())]
 
 
+# The programs attached at CUDA symbols (Probe.programs); loaded for
+# multi-uprobe links where the kernel has them.
+UPROBE_PROGRAMS = ("mt_enter", "mt_return", "mt_launch")
+
+
 @dataclass
 class Attachment:
     """One file with probes: a CUDA library, or an executable with a static runtime."""
@@ -88,6 +93,7 @@ class Attachment:
     layer: Layer
     symbols: dict[str, int]  # symbol -> file offset, one per distinct offset
     links: list[Link] = field(default_factory=list)
+    link_count: int = 0  # kernel links made: one per probe and program, or one per program (multi-uprobes)
 
     def close(self) -> None:
         destroy_links(self.links)
@@ -230,6 +236,7 @@ class BpfSource:
         self._malformed = 0  # control records of the wrong size or type, skipped
         self._links: list[Link] = []
         self.obj: BpfObject | None = None
+        self.multi = False  # multi-uprobe links (one per program and file), not one per symbol
         self.ring: RingBuffer | None = None  # the control ring (libbpf, per-record callbacks)
         self.events: EventRing | None = None  # the events ring (batched reads)
         self.guardian: Guardian | None = None
@@ -260,6 +267,12 @@ class BpfSource:
         obj.set_max_entries("events", self.opts.ring_bytes)
         if not self.opts.hold_libraries:
             obj.set_autoload("mt_mmap", False)
+        # One link per program and library where the kernel has multi-uprobes
+        # (6.6+): attached and removed at once, not a hundred probes one by one.
+        self.multi = uprobe_multi_supported()
+        if self.multi:
+            for prog in UPROBE_PROGRAMS:
+                obj.load_for_uprobe_multi(prog)
         obj.load()
         self.maps = {
             n: obj.map(n)
@@ -361,14 +374,26 @@ class BpfSource:
         att = Attachment(cand.fid, cand.name, layer, {p.symbol: p.offset for p in plan})
         assert self.obj is not None
         try:
-            for p in plan:
-                for prog, ret in p.programs:
-                    att.links.append(self.obj.attach_uprobe(prog, cand.path, p.offset, p.cookie, ret))
-                    self._progress()
+            if self.multi:
+                # Returns before entries: a call entered between the two has no
+                # entry to return to and is not counted; the other way round it
+                # would be an entry without a return (unreturned_calls).
+                for prog, ret in (("mt_return", True), ("mt_enter", False), ("mt_launch", False)):
+                    mine = [p for p in plan if (prog, ret) in p.programs]
+                    if mine:
+                        offsets, cookies = [p.offset for p in mine], [p.cookie for p in mine]
+                        att.links.append(self.obj.attach_uprobe_multi(prog, cand.path, offsets, cookies, ret))
+                        self._progress()
+            else:
+                for p in plan:
+                    for prog, ret in p.programs:
+                        att.links.append(self.obj.attach_uprobe(prog, cand.path, p.offset, p.cookie, ret))
+                        self._progress()
         except AttachError as e:
             att.close()
             log.warning("%s (pid %d) vanished while attaching: %s", cand.name, cand.pid, e.message)
             return None
+        att.link_count = len(att.links)
         self.attachments[cand.fid] = att
         self._mark(cand.fid, _ATTACHED_LIBRARY)
         log.info("attached %d %s probes to %s", len(plan), layer.label, cand.name)
