@@ -473,3 +473,20 @@ def test_symbol_tables_read_as_arrays_name_each_function_as_its_elf_symbol_does(
             assert checked > 1000, (path, checked)
         finally:
             os.close(fd)
+
+
+def test_a_line_of_text_names_a_cpp_function_without_its_parameters() -> None:
+    """The table and a finding's words (the JSON keeps the whole name)."""
+    from memtrace.export.callsites import site_label, without_parameters
+
+    assert without_parameters("at::native::copy_(at::Tensor&, at::Tensor const&, bool)") == "at::native::copy_"
+    assert without_parameters("foo::operator()(int) const") == "foo::operator()"
+    assert without_parameters("(anonymous namespace)::f(int)") == "(anonymous namespace)::f"
+    assert without_parameters("cudaMemcpy") == "cudaMemcpy"
+    site = {
+        "frames": [
+            {"module": "/x/libcudart.so.13", "function": "cudaMemcpyAsync", "offset": 1},
+            {"module": "/x/libtorch_cuda.so", "function": "at::native::copy_kernel_cuda(at::TensorIterator&, bool)"},
+        ]
+    }
+    assert site_label(site) == "at::native::copy_kernel_cuda (libtorch_cuda.so)"

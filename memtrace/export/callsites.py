@@ -73,10 +73,29 @@ def folded(sites: list[dict[str, Any]], weight: str = "bytes", kind: str | None 
 
 def _short(f: dict[str, Any]) -> str:
     """A frame for a line of text: the function (a Python frame's with its
-    file and line), or the file and offset."""
+    file and line; a C++ function without its parameter list), or the file
+    and offset."""
     if "file" in f:
         return _label(f)
-    return str(f["function"]) if f.get("function") else _label(f)
+    return without_parameters(str(f["function"])) if f.get("function") else _label(f)
+
+
+def without_parameters(name: str) -> str:
+    """A demangled C++ name without its parameter list and qualifiers, for a
+    line of text (the JSON keeps it whole): `at::native::copy_(at::Tensor&,
+    at::Tensor const&, bool)` is `at::native::copy_`."""
+    end = name.rfind(")")
+    if end < 0 or "(" not in name:
+        return name
+    depth = 0
+    for i in range(end, -1, -1):
+        if name[i] == ")":
+            depth += 1
+        elif name[i] == "(":
+            depth -= 1
+            if depth == 0:
+                return name[:i] if i > 0 else name
+    return name
 
 
 def _label(f: dict[str, Any]) -> str:
@@ -84,7 +103,7 @@ def _label(f: dict[str, Any]) -> str:
         where = str(f["file"]).rsplit("/", 1)[-1]
         return f"{f['function']} ({where}:{f['line']})" if f["line"] is not None else f"{f['function']} ({where})"
     base = str(f["module"]).rsplit("/", 1)[-1]
-    return f"{f['function']} ({base})" if f.get("function") else f"{base}+{f['offset']:#x}"
+    return f"{without_parameters(str(f['function']))} ({base})" if f.get("function") else f"{base}+{f['offset']:#x}"
 
 
 TOP_SITES = 5
