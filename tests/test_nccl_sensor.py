@@ -23,10 +23,15 @@ LABELS = {c.label: c for c in Collective}
 COMM = 0x12340000
 
 
-@pytest.fixture
-def sensor() -> Iterator[NcclSensor]:
+@pytest.fixture(params=["multi", "single"])
+def sensor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NcclSensor]:
+    """Attached with a multi-uprobe link per program (this kernel has them),
+    and one link per probe (older kernels, MEMTRACE_UPROBE_MULTI=0)."""
+    if request.param == "single":
+        monkeypatch.setenv("MEMTRACE_UPROBE_MULTI", "0")
     s = NcclSensor()
     s.start()
+    assert s.multi == (request.param == "multi")
     try:
         yield s
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from memtrace.bpf.host import bpf_arch, check_kernel
-from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map
+from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map, uprobe_multi_supported
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core.errors import AttachError
 from memtrace.core.nccl import (
@@ -68,6 +68,7 @@ class NcclSensor:
         self._links: list[Link] = []
         self._seen: dict[tuple[int, Collective], CallTotals] = {}
         self._attach_lock = threading.RLock()  # attach() and scan(): one file once, from any thread
+        self.multi = False  # multi-uprobe links (one per program and file), not one per symbol
 
     # ---- lifecycle ----
 
@@ -80,6 +81,11 @@ class NcclSensor:
         try:
             obj.set_rodata({"filter_pids": pids is not None})
             obj.set_max_entries("events", self.ring_bytes)
+            # One link per program and library where the kernel has multi-uprobes (as the CUDA sensor).
+            self.multi = uprobe_multi_supported()
+            if self.multi:
+                for prog, _ret in PROGRAMS:
+                    obj.load_for_uprobe_multi(prog)
             obj.load()
             self._maps = {n: obj.map(n) for n in ("lost", "stats", "traced", "inflight", "group_depth")}
             for p in pids or ():
@@ -137,9 +143,14 @@ class NcclSensor:
             return None
         att = NcclAttachment(fid, name or path, {p.symbol: p.offset for p in plan})
         try:
-            for p in plan:
-                for prog, ret in PROGRAMS:
-                    att.links.append(self.obj.attach_uprobe(prog, path, p.offset, p.cookie, ret))
+            if self.multi:
+                for prog, ret in sorted(PROGRAMS, key=lambda pr: not pr[1]):  # returns first (CUDA sensor)
+                    offsets, cookies = [p.offset for p in plan], [p.cookie for p in plan]
+                    att.links.append(self.obj.attach_uprobe_multi(prog, path, offsets, cookies, ret))
+            else:
+                for p in plan:
+                    for prog, ret in PROGRAMS:
+                        att.links.append(self.obj.attach_uprobe(prog, path, p.offset, p.cookie, ret))
         except AttachError as e:
             destroy_links(att.links)
             log.warning("%s vanished while attaching: %s", name or path, e.message)
