@@ -103,7 +103,7 @@ def _label(f: dict[str, Any]) -> str:
         where = str(f["file"]).rsplit("/", 1)[-1]
         return f"{f['function']} ({where}:{f['line']})" if f["line"] is not None else f"{f['function']} ({where})"
     base = str(f["module"]).rsplit("/", 1)[-1]
-    return f"{without_parameters(str(f['function']))} ({base})" if f.get("function") else f"{base}+{f['offset']:#x}"
+    return f"{f['function']} ({base})" if f.get("function") else f"{base}+{f['offset']:#x}"
 
 
 TOP_SITES = 5
@@ -150,7 +150,8 @@ def site_label(site: dict[str, Any]) -> str | None:
             where = str(f["file"]).rsplit("/", 1)[-1]
             return f"{where}:{f['line']} in {f['function']}" if f["line"] is not None else f"{where} in {f['function']}"
     if len(site["frames"]) > 1:
-        return _label(site["frames"][1])
+        f = site["frames"][1]
+        return _label({**f, "function": without_parameters(str(f["function"]))} if f.get("function") else f)
     return None
 
 
