@@ -251,6 +251,38 @@ struct {
 	__type(value, __u8);
 } attached SEC(".maps");
 
+/* The overhead budget's launch probes per process. A library in
+ * per-process mode (`attached` MT_ATTACHED_PER_PROCESS) has no launch link
+ * for every process: each process that maps it gets its own, pid-filtered
+ * (the kernel writes the breakpoints into that process's memory alone), so
+ * a process over its budget can have them detached for a while without
+ * blinding the others. `launch_own`: processes whose launches their own
+ * links count (the library-wide link, until it is gone, skips them);
+ * deleted at exit, so a reused pid is never taken for one. `launch_linked`:
+ * which libraries a process has its own link to; a process mapping one it
+ * has none for is held like one mapping a new library. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, struct mt_launch_sample);
+} launch_own SEC(".maps");
+
+/* Processes whose budget window is open: their own launch links attached. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, __u8);
+} launch_window SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, struct mt_launch_lib);
+	__type(value, __u8);
+} launch_linked SEC(".maps");
+
 /* Processes stopped by this agent and not yet continued, by host tgid (the
  * same key in every agent's map, so agents see each other's holds): when
  * held and the pid to continue it by. The agent continues a process once
@@ -919,6 +951,29 @@ static __always_inline void count_traps(__u64 id, __u64 n)
 	}
 }
 
+/* An exact call of a process whose launches the budget samples: it closes
+ * the interval of launches since its last one (struct mt_launch_sample). */
+static __always_inline void launch_interval(__u32 tgid)
+{
+	struct mt_launch_sample *s = bpf_map_lookup_elem(&launch_own, &tgid);
+	__u64 p;
+
+	if (!s)
+		return;
+	p = s->pending;
+	__sync_fetch_and_sub(&s->pending, p); /* launches made meanwhile stay pending */
+	if (!bpf_map_lookup_elem(&launch_window, &tgid)) {
+		s->primed = 0;
+		return;
+	}
+	if (s->primed) {
+		__sync_fetch_and_add(&s->launches, p);
+		__sync_fetch_and_add(&s->calls, 1);
+	} else {
+		s->primed = 1;
+	}
+}
+
 /*
  * Entry of every probed call but launches: stash what the return needs.
  * A driver call made by the runtime on the same thread is the runtime
@@ -940,6 +995,7 @@ int BPF_KPROBE(mt_enter)
 	if (!is_traced(id >> 32))
 		return 0;
 	count_traps(id, 2); /* this entry, and the return probe's */
+	launch_interval(id >> 32);
 	if (layer == MT_LAYER_DRIVER) {
 		rkey = ((__u64)(__u32)id << 1) | MT_LAYER_RUNTIME;
 		if (find_inflight(rkey)) {
@@ -1198,11 +1254,20 @@ int BPF_KPROBE(mt_launch)
 	struct mt_totals_key tk = {};
 	__u64 one = 1, *c;
 
-	__u32 slot = (__u32)id & (NSLOTS - 1);
+	__u32 slot = (__u32)id & (NSLOTS - 1), tgid = id >> 32;
 	struct mt_first_launch *fl;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	bool own_link = (cookie >> MT_CK_OWN_SHIFT) & 1;
+	struct mt_launch_sample *sample;
 
-	if (!is_traced(id >> 32))
+	if (!is_traced(tgid))
 		return 0;
+	/* Each launch is counted by one link: the process's own once it has one. */
+	sample = bpf_map_lookup_elem(&launch_own, &tgid);
+	if (own_link != (sample != NULL))
+		return 0;
+	if (sample)
+		__sync_fetch_and_add(&sample->pending, 1);
 	fl = bpf_map_lookup_elem(&first_launch, &slot);
 	if (fl && (fl->tid != (__u32)id || !fl->ts)) {
 		fl->tid = (__u32)id;
@@ -1210,7 +1275,7 @@ int BPF_KPROBE(mt_launch)
 	}
 	tk.start_ns = current_start();
 	tk.pid = id >> 32;
-	tk.api = bpf_get_attach_cookie(ctx) & 0xffff;
+	tk.api = cookie & 0xffff;
 	c = bpf_map_lookup_elem(&counts, &tk);
 	if (c) {
 		__sync_fetch_and_add(c, 1);
@@ -1324,13 +1389,24 @@ int BPF_KPROBE(mt_calibrate)
 	return 0;
 }
 
-static __always_inline bool known(struct file *file)
+/* Has user space dealt with this file, for this process? A library in
+ * per-process mode is known to a process once it has its own launch link. */
+static __always_inline bool known(struct file *file, __u32 tgid)
 {
-	struct mt_inode_key ik = {};
+	struct mt_launch_lib ll = {};
+	__u8 *v;
 
-	ik.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
-	ik.ino = BPF_CORE_READ(file, f_inode, i_ino);
-	return bpf_map_lookup_elem(&attached, &ik) != NULL;
+	if (!file)
+		return false;
+	ll.lib.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	ll.lib.ino = BPF_CORE_READ(file, f_inode, i_ino);
+	v = bpf_map_lookup_elem(&attached, &ll.lib);
+	if (!v)
+		return false;
+	if (*v != MT_ATTACHED_PER_PROCESS)
+		return true;
+	ll.pid = tgid;
+	return bpf_map_lookup_elem(&launch_own, &tgid) && bpf_map_lookup_elem(&launch_linked, &ll);
 }
 
 /*
@@ -1364,7 +1440,7 @@ int mt_mmap(struct trace_event_raw_sys_enter *ctx)
 	if (!has_prefix(base, "libcuda.so", 10) && !has_prefix(base, "libcudart.so", 12) &&
 	    !(hold_nccl && has_prefix(base, "libnccl.so", 10)))
 		return 0;
-	if (known(file) && known(BPF_CORE_READ(task, mm, exe_file)))
+	if (known(file, id >> 32) && known(BPF_CORE_READ(task, mm, exe_file), id >> 32))
 		return 0;
 	/* `memtrace run` waits for its command without job control, so its
 	 * own processes are held even in the foreground. */
@@ -1442,6 +1518,8 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	pk.start_ns = current_start();
 	pk.pid = tgid;
 	bpf_map_delete_elem(&seen, &pk); /* its notice is out: keep the room for the living */
+	bpf_map_delete_elem(&launch_own, &tgid);
+	bpf_map_delete_elem(&launch_window, &tgid);
 	host_tgid = bpf_get_current_pid_tgid() >> 32;
 	bpf_map_delete_elem(&mt_held, &host_tgid);
 	if (filter_pids)

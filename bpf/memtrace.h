@@ -89,6 +89,17 @@ enum mt_family {
 #define MT_CK_DST_SHIFT 40
 #define MT_CK_SRC_SHIFT 44
 #define MT_CK_NIBBLE 0xfULL
+/* A launch cookie's bit 63: the probe belongs to one process's own launch
+ * link (the overhead budget's), not to the library's link for every process. */
+#define MT_CK_OWN_SHIFT 63
+
+/* `attached` values (memtrace/sensors/cuda/source.py). PER_PROCESS: a
+ * library whose launch probes are attached per process (the overhead
+ * budget): a process that maps it needs its own launch link first. */
+#define MT_ATTACHED_LIBRARY 1
+#define MT_ATTACHED_EXECUTABLE 2
+#define MT_ATTACHED_OTHER 3
+#define MT_ATTACHED_PER_PROCESS 4
 
 /* CUDA_MEMCPY2D (cuda.h, 64-bit): the offsets BPF reads. The struct is
  * 128 bytes; CUmemorytype is a 4-byte enum padded to 8. */
@@ -384,6 +395,28 @@ struct mt_hold {
 struct mt_inode_key {
 	__u64 dev;
 	__u64 ino;
+};
+
+/* A `launch_own` value: a process whose launches its own links count, and
+ * what the overhead budget's extrapolation needs from its windows. Between
+ * two exact calls (any traced entry) made while its launch window is open
+ * (`launch_window`), every launch is counted: `launches` and `calls` hold
+ * only such complete intervals, so the window's edges, which cut an
+ * interval, never bias launches per exact call. */
+struct mt_launch_sample {
+	__u64 pending;	/* launches since its last exact call */
+	__u64 launches; /* launches in complete intervals */
+	__u64 calls;	/* exact calls that closed one */
+	__u32 primed;	/* an exact call was seen since the window opened */
+	__u32 pad;
+};
+
+/* A `launch_linked` key: a process (its tgid as the agent names it) that
+ * has its own launch link to a library in per-process mode. */
+struct mt_launch_lib {
+	__u32 pid;
+	__u32 pad;
+	struct mt_inode_key lib;
 };
 
 #endif /* __MEMTRACE_H */

@@ -54,7 +54,10 @@ int main(void) {
   O(mt_ctl_event, host_pid);
   S(mt_hold); O(mt_hold, ts_ns); O(mt_hold, pid);
   O(mt_ctl_event, start_ns); O(mt_ctl_event, cgroup_id); O(mt_ctl_event, comm); O(mt_ctl_event, cpu_ns); C(MT_COMM_LEN);
-  S(mt_inode_key);
+  S(mt_inode_key); S(mt_launch_lib); S(mt_launch_sample); O(mt_launch_sample, pending);
+  O(mt_launch_sample, launches); O(mt_launch_sample, calls); O(mt_launch_sample, primed); O(mt_launch_lib, lib);
+  C(MT_CK_OWN_SHIFT);
+  C(MT_ATTACHED_LIBRARY); C(MT_ATTACHED_EXECUTABLE); C(MT_ATTACHED_OTHER); C(MT_ATTACHED_PER_PROCESS);
   C(MT_DIR_H2H); C(MT_DIR_H2D); C(MT_DIR_D2H); C(MT_DIR_D2D); C(MT_DIR_DEFAULT); C(MT_DIR_PEER); C(MT_DIR_UNKNOWN);
   C(MT_LAYER_RUNTIME); C(MT_LAYER_DRIVER); C(MT_DIRSRC_FIXED); C(MT_DIRSRC_KIND); C(MT_DIRSRC_DESC2D);
   C(MT_DIRSRC_DESC3D); C(MT_DIRSRC_PARMS3D); C(MT_FAM_COPY); C(MT_FAM_MEM); C(MT_FAM_SYNC); C(MT_FAM_LAUNCH);
@@ -135,12 +138,17 @@ def test_map_structs_match(header: dict[str, int]) -> None:
         (abi.PyProc, "mt_py_proc"),
         (abi.PyCodeKey, "mt_py_code_key"),
         (abi.PyCode, "mt_py_code"),
+        (abi.LaunchSample, "mt_launch_sample"),
     ):
         assert ctypes.sizeof(cls) == header[f"sizeof {cname}"], cname
         for f, _ in cls._fields_:
             if f"{cname}.{f}" in header:
                 assert getattr(cls, f).offset == header[f"{cname}.{f}"], (cname, f)
     assert ctypes.sizeof(abi.InodeKey) == header["sizeof mt_inode_key"]
+    assert ctypes.sizeof(abi.LaunchLib) == header["sizeof mt_launch_lib"]
+    assert abi.LaunchLib.lib.offset == header["mt_launch_lib.lib"]
+    for name in ("LIBRARY", "EXECUTABLE", "OTHER", "PER_PROCESS"):
+        assert getattr(abi, f"ATTACHED_{name}") == header[f"MT_ATTACHED_{name}"], name
     assert (abi.PY_DEPTH, abi.PY_NONE, abi.PY_ENTRY) == (
         header["MT_PY_DEPTH"],
         header["MT_PY_NONE"],
@@ -195,7 +203,7 @@ def test_enums_match(header: dict[str, int]) -> None:
 
 
 def test_cookie_and_descriptor_constants_match(header: dict[str, int]) -> None:
-    for name in ("API", "BYTES", "MUL", "DIRSRC", "DIRARG", "STREAM", "LAYER", "FAMILY", "DST", "SRC"):
+    for name in ("API", "BYTES", "MUL", "DIRSRC", "DIRARG", "STREAM", "LAYER", "FAMILY", "DST", "SRC", "OWN"):
         assert header[f"MT_CK_{name}_SHIFT"] == getattr(abi, f"CK_{name}_SHIFT")
     for prefix in ("M2D", "M3D", "P3D"):
         names = [k.split("_", 2)[2] for k in header if k.startswith(f"MT_{prefix}_")]

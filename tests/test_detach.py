@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,45 @@ def test_no_breakpoint_is_left_in_a_library_once_the_run_is_over(fakecuda: Path,
     assert all(breakpoint_in(c) for c in first_instructions(lib, offsets, traced=True))
     # Over: the same code as before, at once, in the next process to map the library.
     assert first_instructions(lib, offsets) == clean
+
+
+@pytest.mark.parametrize("budget", ["1%", "off"])
+def test_sampled_launch_probes_are_in_the_sampled_process_alone(fakecuda: Path, tmp_path: Path, budget: str) -> None:
+    """With the budget on, a sampled process's library has its launch probes
+    per process (pid-filtered links): another process mapping the library
+    meanwhile finds no breakpoint on the launch functions, only on the
+    copies (whose probes stay for every process). With the budget off the
+    launch probes are the library's, for every process: breakpoints there."""
+    assert uprobe_multi_supported()
+    lib = tmp_path / "libcuda.so.1"
+    shutil.copy(fakecuda / "lib" / "libcuda.so.1", lib)
+    plan = probe_plan(str(lib), Layer.DRIVER)
+    launches = [p.offset for p in plan if not p.needs_return]
+    copy = next(p.offset for p in plan if p.symbol == "cuMemcpyHtoDAsync_v2")
+    out = tmp_path / "run.json"
+    loop = [str(fakecuda / "launchloop"), str(lib), "400000", "10000", "100"]
+    argv = [*memtrace_cmd(), "run", "--no-host", "--overhead-budget", budget, "--format", "json", "-o", str(out)]
+    run = subprocess.Popen(
+        [*argv, "--", *loop],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, MEMTRACE_UPROBE_MULTI="1"),
+    )
+    try:
+        seen = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.5)
+            codes = first_instructions(lib, [*launches, copy])
+            attached = breakpoint_in(codes[-1])  # the copy's probe: every process's
+            if attached and (budget == "off" or not any(breakpoint_in(c) for c in codes[:-1])):
+                seen = codes
+                break
+        assert seen is not None, "the loop ended before its launch probes became its own"
+        assert [breakpoint_in(c) for c in seen[:-1]] == [budget == "off"] * len(launches)
+    finally:
+        _, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    (row,) = json.loads(out.read_text())["launches"]
+    assert row["estimated"] is (budget == "1%")

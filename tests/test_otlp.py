@@ -441,7 +441,7 @@ def test_what_the_probes_cost_a_process_is_exported_with_its_finding() -> None:
     m.add_events(events(10, np.random.default_rng(3)))
     (key,) = (k for k in m.processes if k.pid == PID)
     m.set_traps(key, 20)  # ten copies' entries and returns
-    m.set_launches(key, 100, 1000)
+    m.set_launches(key, {100: 1000})
     m.process_exited(key, cpu_ns=150_000_000)
     m.trap_cost = TrapCost(2e-6, 4e-6)
     assert TRAPS_API != 100

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,8 @@ def one_row(doc: dict[str, Any]) -> dict[str, Any]:
 def test_every_launch_and_copy_trap_is_counted(fakecuda: Path, tmp_path: Path) -> None:
     """A launch takes one trap (an entry probe), a copy two (its entry and
     its return): the kernel's count equals the loop's own, exactly."""
-    doc = traced([str(fakecuda / "launchloop"), str(fakecuda / "lib" / "libcuda.so.1"), "5000", "10", "7"], tmp_path)
+    argv = [str(fakecuda / "launchloop"), str(fakecuda / "lib" / "libcuda.so.1"), "5000", "10", "7"]
+    doc = traced(argv, tmp_path, "--overhead-budget", "off")  # every launch probed: no sampling
     truth = dict(zip(*[iter(doc["_stdout"].split())] * 2, strict=True))
     launches, copies = int(truth["launches"]), int(truth["copies"])
     assert (launches, copies) == (5000, 715)
@@ -94,7 +96,8 @@ def test_a_runtime_call_pays_for_the_driver_call_it_makes(fakecuda: Path, tmp_pa
     nested driver call is invisible in the events; its traps are not."""
     script = tmp_path / "runtime_loop.py"
     script.write_text(RUNTIME_LOOP)
-    doc = traced([sys.executable, str(script), str(fakecuda / "lib"), "300", "200"], tmp_path)
+    argv = [sys.executable, str(script), str(fakecuda / "lib"), "300", "200"]
+    doc = traced(argv, tmp_path, "--overhead-budget", "off")
     assert doc["totals"]["h2d"]["calls"] == 300
     assert sum(r["launches"] for r in doc["launches"]) == 200
     row = one_row(doc)
@@ -138,28 +141,108 @@ def test_cpu_time_at_exit_counts_every_thread_that_ran(fakecuda: Path, tmp_path:
     assert own <= row["cpu_seconds"] <= own + 0.5
 
 
-def test_a_process_over_its_budget_is_a_finding_and_off_means_none(fakecuda: Path, tmp_path: Path) -> None:
-    """A launch loop with ~10 us of work a launch: its launch traps cost it
-    far more than 1% of its CPU time. Reported, with the launches named as
-    the cost; with the budget off (flag or environment), no finding."""
-    argv = [str(fakecuda / "launchloop"), str(fakecuda / "lib" / "libcuda.so.1"), "30000", "10000", "0"]
+def launch_loop(fakecuda: Path, tmp_path: Path, launches: int, work: int, copy_every: int) -> list[str]:
+    """The launch loop on a library of its own (a fresh inode: no other
+    test's probes, and its own per-process mode)."""
+    lib = tmp_path / "lib" / "libcuda.so.1"
+    lib.parent.mkdir(exist_ok=True)
+    shutil.copy(fakecuda / "lib" / "libcuda.so.1", lib)
+    return [str(fakecuda / "launchloop"), str(lib), str(launches), str(work), str(copy_every)]
+
+
+def loop_truth(doc: dict[str, Any]) -> dict[str, int]:
+    words = doc["_stdout"].split()
+    return {k: int(words[words.index(k) + 1]) for k in ("launches", "copies", "bytes")}
+
+
+def test_the_budget_samples_launches_and_keeps_copies_exact(fakecuda: Path, tmp_path: Path) -> None:
+    """A CPU-bound launch loop (~10 us of work a launch, a copy every 100)
+    costs far more than 1% in launch traps: with the default budget its
+    launch probes are duty-cycled. It takes fewer launch traps than it makes
+    launches; the launches reported are marked estimated and within 2% of
+    the loop's own count (extrapolated per exact call: a copy every 100
+    launches); its copies, never sampled, are exact to the byte."""
+    argv = launch_loop(fakecuda, tmp_path, 200_000, 10_000, 100)
+    doc = traced(argv, tmp_path)
+    truth = loop_truth(doc)
+    (launches,) = doc["launches"]
+    assert launches["estimated"] is True and launches["partial"] is False
+    assert launches["launches"] == pytest.approx(truth["launches"], rel=0.02)
+    row = one_row(doc)
+    assert row["launch_traps"] < truth["launches"] // 2  # sampled: most launches took no trap
+    assert 0 < row["launch_duty"] < 1
+    assert row["traps"] - row["launch_traps"] == 2 * truth["copies"]  # every copy's entry and return
+    assert doc["totals"]["h2d"]["calls"] == truth["copies"]
+    assert doc["totals"]["h2d"]["bytes"] == truth["bytes"]
+
+
+def test_budget_off_counts_every_launch_exactly(fakecuda: Path, tmp_path: Path) -> None:
+    """The same loop with the budget off: every launch probed and counted,
+    nothing estimated (the flag, or the environment variable)."""
+    argv = launch_loop(fakecuda, tmp_path, 100_000, 10_000, 100)
+    for doc in (
+        traced(argv, tmp_path, "--overhead-budget", "off"),
+        traced(argv, tmp_path, env={"MEMTRACE_OVERHEAD_BUDGET": "off"}),
+    ):
+        truth = loop_truth(doc)
+        (launches,) = doc["launches"]
+        assert launches["launches"] == truth["launches"] and launches["estimated"] is False
+        row = one_row(doc)
+        assert row["launch_traps"] == truth["launches"] and row["launch_duty"] is None
+        assert row["budget"] is None and row["over_budget"] is False
+        assert not [f for f in doc["findings"] if f["code"] == "overhead_budget_exceeded"]
+
+
+def test_a_process_under_its_budget_keeps_exact_launch_counts(fakecuda: Path, tmp_path: Path) -> None:
+    """A loop with ~10 ms of CPU work a launch: a trap is a sliver of it, so
+    its launch probes stay, every launch is counted and none is estimated."""
+    argv = launch_loop(fakecuda, tmp_path, 100, 10_000_000, 10)
+    doc = traced(argv, tmp_path)
+    truth = loop_truth(doc)
+    (launches,) = doc["launches"]
+    assert launches["launches"] == truth["launches"] and launches["estimated"] is False
+    row = one_row(doc)
+    assert row["launch_traps"] == truth["launches"] and row["launch_duty"] is None
+    assert row["over_budget"] is False
+
+
+def test_a_process_over_its_budget_anyway_is_a_finding(fakecuda: Path, tmp_path: Path) -> None:
+    """A short launch loop with no other call: the budget samples it, but
+    the time before it acts (about 0.1 s of CPU, every launch probed) is
+    most of a short run, so it ends over budget. Reported, saying that its
+    launches were sampled; in the table too."""
+    argv = launch_loop(fakecuda, tmp_path, 30_000, 10_000, 0)
     doc = traced(argv, tmp_path)
     row = one_row(doc)
     assert row["over_budget"] is True and row["budget"] == 0.01
     (f,) = [f for f in doc["findings"] if f["code"] == "overhead_budget_exceeded"]
     assert f["pid"] == row["pid"] and f["value"] == row["share_of_cpu"]
-    assert f["evidence"]["launch_traps"] == 30000
-    assert "launch" in f["fix"] and "--overhead-budget" in f["fix"]
-    off = traced(argv, tmp_path, "--overhead-budget", "off")
-    assert one_row(off)["budget"] is None and one_row(off)["over_budget"] is False
-    assert not [f for f in off["findings"] if f["code"] == "overhead_budget_exceeded"]
-    env_off = traced(argv, tmp_path, env={"MEMTRACE_OVERHEAD_BUDGET": "off"})
-    assert not [f for f in env_off["findings"] if f["code"] == "overhead_budget_exceeded"]
-    # The table says it too.
+    assert f["evidence"]["launch_traps"] == row["launch_traps"]
+    if row["launch_duty"] is not None:  # the budget acted before it ended (it uses 0.1 s of CPU or more)
+        assert "sampled" in f["summary"] and f["evidence"]["launch_duty"] == row["launch_duty"]
+    assert "--overhead-budget" in f["fix"]
     table = subprocess.run(
         [*memtrace_cmd(), "run", "--no-host", "--", *argv], capture_output=True, text=True, timeout=300
     )
     assert "overhead:" in table.stderr and "over budget" in table.stderr
+
+
+def test_a_process_that_maps_the_library_later_gets_its_own_exact_launch_probes(fakecuda: Path, tmp_path: Path) -> None:
+    """Once one process is sampled its library's launch probes are per
+    process: a second process that maps the library afterwards is held on
+    the mapping until it has its own link, and, being light, keeps every
+    launch counted exactly, while the heavy one is sampled."""
+    heavy = launch_loop(fakecuda, tmp_path, 200_000, 10_000, 100)
+    light = [heavy[0], heavy[1], "150", "10000000", "10"]  # ~10 ms of work a launch
+    out = tmp_path / "heavy.out"
+    script = f"{' '.join(heavy)} > {out} & sleep 1.5; {' '.join(light)}; wait"
+    doc = traced(["sh", "-c", script], tmp_path)
+    rows = {r["launches"]: r for r in doc["launches"]}
+    assert 150 in rows, doc["launches"]
+    assert rows[150]["estimated"] is False and rows[150]["partial"] is False
+    (other,) = [r for n, r in rows.items() if n != 150]
+    assert other["estimated"] is True
+    assert other["launches"] == pytest.approx(200_000, rel=0.02)
 
 
 def test_a_bad_budget_is_an_error_with_a_fix_before_anything_runs(tmp_path: Path) -> None:

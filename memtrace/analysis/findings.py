@@ -12,7 +12,9 @@ a healthy job:
   loop should do; a process without steps gives no such evidence and has
   no finding;
 - overhead_budget_exceeded: memtrace's own probes cost the process more of
-  its CPU time than the budget (default 1%), by the calibrated trap cost;
+  its CPU time than the budget (default 1%), by the calibrated trap cost,
+  even with its launch probes sampled (runtime/budget.py): its exact probes
+  alone, or the time before the budget acted, or no way to sample them;
 - device_memory_growth: the bytes in use keep rising after warm-up (most
   30-second windows higher than the one before, at least 1 GiB above the
   end of warm-up). A caching allocator that fills up and then holds its
@@ -222,12 +224,30 @@ def _over_budget(model: Model, key: ProcessKey, proc: Process, budget: float, mi
         return None
     share = o.share or 0.0  # known: it is over
     launch_share = o.launch_traps * o.cost.entry_seconds / o.traps_seconds if o.traps_seconds else 0.0
+    exact_share = (o.traps_seconds - o.launch_traps * o.cost.entry_seconds) / o.cpu_seconds if o.cpu_seconds else 0.0
     fix = "raise the budget (--overhead-budget, MEMTRACE_OVERHEAD_BUDGET) if this cost is acceptable"
-    if launch_share >= 0.5:
-        fix = (
-            "most of it is one trap per kernel launch: fewer, larger launches cost less (CUDA graphs replay many "
-            "launches as one: torch.cuda.graphs, jax.jit); or " + fix
+    if proc.launch_duty is not None:
+        # The budget sampled its launches; what is left is the exact probes and the time before it acted.
+        kept = (
+            f"its launch probes were sampled (attached {proc.launch_duty:.1%} of the time at the end), but its "
+            f"copies, memory calls and waits, never sampled, cost {exact_share:.1%} alone, and the budget acts "
+            "after about 0.1 s of CPU"
         )
+        if exact_share > budget:
+            fix = (
+                "fewer, larger copies and fewer waits cost less (a batch of copies as one, a wait per step "
+                "rather than per call); or " + fix
+            )
+    else:
+        kept = (
+            "its launch probes were not sampled (the kernel has no multi-uprobe links, or the process used "
+            "little CPU before the budget could act)"
+        )
+        if launch_share >= 0.5:
+            fix = (
+                "most of it is one trap per kernel launch: fewer, larger launches cost less (CUDA graphs replay "
+                "many launches as one: torch.cuda.graphs, jax.jit); or " + fix
+            )
     return Finding(
         "overhead_budget_exceeded",
         key,
@@ -236,13 +256,15 @@ def _over_budget(model: Model, key: ProcessKey, proc: Process, budget: float, mi
         f"memtrace's probes cost this process about {share:.1%} of its CPU time "
         f"({o.traps:,} traps, {launch_share:.0%} of the cost from launches, at "
         f"{o.cost.entry_seconds * 1e6:.1f} us a trap{'' if o.cost.calibrated else ', not calibrated'}), "
-        f"over the {budget:.1%} budget; the budget is reported, not yet enforced",
+        f"over the {budget:.1%} budget: {kept}",
         fix,
         {
             "share_of_cpu": share,
             "budget": budget,
             "traps": o.traps,
             "launch_traps": o.launch_traps,
+            "launch_duty": proc.launch_duty,
+            "exact_share_of_cpu": exact_share,
             "estimated_seconds": o.seconds,
             "cpu_seconds": o.cpu_seconds,
         },

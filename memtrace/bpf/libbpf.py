@@ -370,7 +370,9 @@ def _sys_bpf(cmd: int, attr: ctypes.Structure) -> int:
     return ret if ret >= 0 else -ctypes.get_errno()
 
 
-def _uprobe_multi_link(prog_fd: int, path: str, offsets: list[int], cookies: list[int], retprobe: bool) -> int:
+def _uprobe_multi_link(
+    prog_fd: int, path: str, offsets: list[int], cookies: list[int], retprobe: bool, pid: int = 0
+) -> int:
     n = len(offsets)
     offs = (ctypes.c_uint64 * n)(*offsets)
     cks = (ctypes.c_uint64 * n)(*cookies)
@@ -383,6 +385,7 @@ def _uprobe_multi_link(prog_fd: int, path: str, offsets: list[int], cookies: lis
         cookies=ctypes.addressof(cks),
         cnt=n,
         multi_flags=BPF_F_UPROBE_MULTI_RETURN if retprobe else 0,
+        pid=pid,
     )
     return _sys_bpf(BPF_LINK_CREATE, attr)
 
@@ -583,11 +586,16 @@ class BpfObject:
             )
         return Link(self.lib, int(link), f"{path}+{offset:#x}")
 
-    def attach_uprobe_multi(self, prog: str, path: str, offsets: list[int], cookies: list[int], retprobe: bool) -> Link:
+    def attach_uprobe_multi(
+        self, prog: str, path: str, offsets: list[int], cookies: list[int], retprobe: bool, pid: int = 0
+    ) -> Link:
         """One link for every offset of a file, each with its cookie (the
-        program was loaded with load_for_uprobe_multi); every process."""
+        program was loaded with load_for_uprobe_multi); every process, or
+        the process `pid` (as this process's pid namespace names it) only:
+        the kernel then writes the breakpoints into that process's memory
+        alone, and no other process takes their traps."""
         fd = self.lib.lib.bpf_program__fd(self._prog(prog))
-        link = _uprobe_multi_link(fd, path, offsets, cookies, retprobe)
+        link = _uprobe_multi_link(fd, path, offsets, cookies, retprobe, pid)
         if link < 0:
             err = -link
             if err in (errno.EPERM, errno.EACCES):

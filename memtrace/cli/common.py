@@ -23,8 +23,9 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 BUDGET_HELP = (
-    "The share of a process's CPU time memtrace's probes may cost it (1%, 0.01, or off); "
-    "a process over it is reported (finding overhead_budget_exceeded), not yet throttled. "
+    "The share of a process's CPU time memtrace's probes may cost it (1%, 0.01, or off). "
+    "A process that would exceed it has its launch probes sampled (launch counts estimated; "
+    "bytes stay exact); one over it anyway is reported (finding overhead_budget_exceeded). "
     "Default: $MEMTRACE_OVERHEAD_BUDGET, else 1%."
 )
 

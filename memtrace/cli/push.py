@@ -77,7 +77,7 @@ def push(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with Agent(opts, measure_overhead=True) as agent:
+        with Agent(opts, measure_overhead=True, budget=cfg.overhead_budget) as agent:
             agent.scan()
             if host:
                 push_with_host_signals(agent, cfg, stop, host_interval)

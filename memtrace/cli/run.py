@@ -143,7 +143,7 @@ def run(
             sys.stdout.flush()
             json_fd = os.dup(1)
             os.dup2(2, 1)
-        with Agent(opts, measure_overhead=True) as agent:
+        with Agent(opts, measure_overhead=True, budget=budget_share) as agent:
             signals = HostSignals(HostOptions(interval_s=host_interval), agent.pids) if host else None
             diagnosis = LiveDiagnosis(agent, signals) if signals is not None else None
             if signals is not None and diagnosis is not None:

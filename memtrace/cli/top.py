@@ -71,8 +71,9 @@ def top(
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
     try:
-        view = TopView(interval, detail, overhead_budget(budget))
-        with Agent(Options(), measure_overhead=True) as agent:
+        share = overhead_budget(budget)
+        view = TopView(interval, detail, share)
+        with Agent(Options(), measure_overhead=True, budget=share) as agent:
             agent.scan()
             n = 0
             # The host signals for the live diagnosis and --detail's run-queue p99 (NCCL: `memtrace run`).

@@ -113,6 +113,7 @@ CK_LAYER_SHIFT = 36
 CK_FAMILY_SHIFT = 37
 CK_DST_SHIFT = 40
 CK_SRC_SHIFT = 44
+CK_OWN_SHIFT = 63  # a launch probe of one process's own link (the overhead budget's)
 
 M2D_SRC_MEMTYPE_OFF = 16
 M2D_DST_MEMTYPE_OFF = 72
@@ -198,6 +199,31 @@ class Hold(ctypes.Structure):
 
 class InodeKey(ctypes.Structure):
     _fields_ = [("dev", ctypes.c_uint64), ("ino", ctypes.c_uint64)]
+
+
+class LaunchLib(ctypes.Structure):
+    """struct mt_launch_lib: a process with its own launch link to a library."""
+
+    _fields_ = [("pid", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("lib", InodeKey)]
+
+
+class LaunchSample(ctypes.Structure):
+    """struct mt_launch_sample: a `launch_own` value."""
+
+    _fields_ = [
+        ("pending", ctypes.c_uint64),
+        ("launches", ctypes.c_uint64),
+        ("calls", ctypes.c_uint64),
+        ("primed", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+# `attached` map values (bpf/memtrace.h MT_ATTACHED_*).
+ATTACHED_LIBRARY = 1
+ATTACHED_EXECUTABLE = 2
+ATTACHED_OTHER = 3  # another sensor's library (libnccl)
+ATTACHED_PER_PROCESS = 4  # launch probes per process: a process mapping it needs its own first
 
 
 # struct mt_event, decoded in batches (80 bytes).

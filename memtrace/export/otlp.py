@@ -571,10 +571,16 @@ class MetricsBuilder:
             if waited:
                 wall = proc.wall_ns(now, self.start_ns)
                 gauge("gpu.sync.wall_time_share", {}, waited / wall if wall else 0.0)
+            sampled = proc.launch_duty is not None
             for (_, api_id), n in sorted(proc.launches.items()):
                 a = apis.BY_ID.get(api_id)
-                la = {"api": apis.api_name(api_id), "kind": a.launch.value if a and a.launch else "kernel"}
-                sums(("launch", key, api_id), la, ("gpu.launches",), (n,))
+                lattrs: dict[str, Any] = {
+                    "api": apis.api_name(api_id),
+                    "kind": a.launch.value if a and a.launch else "kernel",
+                }
+                if sampled:  # the budget sampled its launch probes: partly extrapolated (a series of its own)
+                    lattrs["estimated"] = True
+                sums(("launch", key, api_id, sampled), lattrs, ("gpu.launches",), (n,))
             if m.allocations or m.unknown_frees or m.failed_allocations:
                 cur = (m.allocations, m.allocated_bytes, m.frees, m.freed_bytes, m.unknown_frees, m.failed_allocations)
                 start = sums(("mem", key), {}, MEMORY_COUNTERS, cur)

@@ -169,6 +169,8 @@ def overhead(model: Model, budget: float | None) -> list[dict[str, Any]]:
                 **o.as_dict(),
                 "budget": budget,
                 "over_budget": o.over(budget),
+                # The share of the time its launch probes were attached (None: always, exact).
+                "launch_duty": p.launch_duty,
             }
         )
     return out
@@ -254,6 +256,10 @@ def launches(model: Model) -> list[dict[str, Any]]:
                 "api": apis.api_name(api),
                 "kind": a.launch.value if a and a.launch else "kernel",
                 "launches": n,
+                # Sampled by the overhead budget: counted in its windows, extrapolated between them.
+                "estimated": bool(p and p.launch_duty is not None),
+                # Its own launch probes came after it may have launched: a floor.
+                "partial": bool(p and p.launches_partial),
             }
         )
     return out

@@ -585,8 +585,22 @@ class Model:
         p = self.processes.get(key)
         return p.lost_memory_calls() if p else 0
 
-    def set_launches(self, key: ProcessKey, api: int, count: int) -> None:
-        self._process(key).launches[LaunchKey(key, api)] = count
+    def set_launches(
+        self, key: ProcessKey, counts: dict[int, int], traps: int | None = None, duty: float | None = None
+    ) -> None:
+        """A process's launches by api. `traps`: the launch traps it took,
+        when that is not their sum (the budget sampled them: `duty`, and the
+        counts are partly extrapolated)."""
+        p = self._process(key)
+        for api, n in counts.items():
+            p.launches[LaunchKey(key, api)] = n
+        p.launch_traps = sum(counts.values()) if traps is None else traps
+        if duty is not None:
+            p.launch_duty = duty
+
+    def mark_launches_partial(self, key: ProcessKey) -> None:
+        """It may have launched before it had launch probes of its own."""
+        self._process(key).launches_partial = True
 
     # ---- views ----
 
@@ -641,7 +655,7 @@ class Model:
         p = self.processes.get(key)
         if p is None or self.trap_cost is None:
             return None
-        launch_traps = sum(p.launches.values())
+        launch_traps = p.launch_traps
         if not p.traps and not launch_traps:
             return None
         cpu = p.cpu_ns / 1e9 if p.cpu_ns is not None else None

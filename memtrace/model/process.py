@@ -159,7 +159,14 @@ class Process:
     sites: dict[SiteKey, SiteStats] = field(default_factory=dict)  # with stacks on
     # What memtrace's probes cost it (core/overhead.py): traps from the kernel,
     # CPU time from /proc while it runs and from the kernel at its exit.
-    traps: int = 0  # entry and return traps (launch traps are its launch counts)
+    traps: int = 0  # entry and return traps
+    launch_traps: int = 0  # launch traps taken: its launches, or those counted while sampled
+    # The overhead budget's duty cycle for its launch probes (None: never
+    # sampled: `launches` are exact; otherwise they are partly extrapolated).
+    launch_duty: float | None = None
+    # It got its own launch link only after it may have launched (a child
+    # forked from a process that had mapped the library): launches before are missing.
+    launches_partial: bool = False
     cpu_ns: int | None = None
     cpu_final: bool = False
 

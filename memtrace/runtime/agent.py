@@ -51,6 +51,7 @@ from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
 from memtrace.core.stacks import Stack
 from memtrace.model import Model
+from memtrace.runtime.budget import LaunchBudget
 from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.runtime.overhead import Calibration
 from memtrace.runtime.stacks import StackTable
@@ -71,6 +72,7 @@ class _Update(Enum):
     HELD = 3
     INTRODUCED = 4  # a process's first event: who BPF saw
     MISSED = 5  # not held (a foreground job, or its hold expired): calls may have been missed
+    LAUNCHES_MISSED = 7  # its own launch link came after it may have launched (the budget's per-process mode)
     COLLECTIVES = 6  # the NCCL sensor's events, and the time up to which they are complete
 
 
@@ -84,9 +86,11 @@ _Value = (
 
 
 class Agent:
-    def __init__(self, opts: Options, measure_overhead: bool = False) -> None:
+    def __init__(self, opts: Options, measure_overhead: bool = False, budget: float | None = None) -> None:
         """`measure_overhead`: time a probe's trap at start (runtime/overhead.py),
-        so that each process's overhead can be told (Model.overhead)."""
+        so that each process's overhead can be told (Model.overhead).
+        `budget` (with it): keep each process's overhead under this share of
+        its CPU time by sampling its launch probes (runtime/budget.py)."""
         # `memtrace run` traces a command from its first instruction: every
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
@@ -111,6 +115,8 @@ class Agent:
         self._failure: BaseException | None = None
         self.libraries: list[Attachment] = []
         self._measure_overhead = measure_overhead
+        self._budget_share = budget if measure_overhead else None
+        self.budget: LaunchBudget | None = None
         self.calibration: Calibration | None = None
         self.source = BpfSource(
             opts,
@@ -121,6 +127,7 @@ class Agent:
             on_missed=self._on_missed,
             on_process=self._on_process,
         )
+        self.source.on_launches_missed = self._on_launches_missed
         self.stacks: StackTable | None = None
         if opts.stacks:
             self.model.stacks = True
@@ -150,6 +157,8 @@ class Agent:
     def _on_exit(self, key: ProcessKey, cpu_ns: int) -> None:
         if self.stacks is not None:
             self.stacks.forget(key)
+        if self.budget is not None:
+            self.budget.exited(key)
         self._queue(_Update.EXITED, (key, cpu_ns))
 
     def _on_held(self, key: ProcessKey) -> None:
@@ -157,6 +166,9 @@ class Agent:
 
     def _on_missed(self, key: ProcessKey) -> None:
         self._queue(_Update.MISSED, key)
+
+    def _on_launches_missed(self, key: ProcessKey) -> None:
+        self._queue(_Update.LAUNCHES_MISSED, key)
 
     def _on_process(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
         self._queue(_Update.INTRODUCED, (key, name, cgroup_id))
@@ -230,6 +242,8 @@ class Agent:
             assert isinstance(value, ProcessKey)
             if kind is _Update.MISSED:
                 self.model.mark_incomplete(value)
+            elif kind is _Update.LAUNCHES_MISSED:
+                self.model.mark_launches_partial(value)
             else:
                 self.model.mark_complete(value)  # held before its CUDA library ran: nothing was missed
         flush()
@@ -246,10 +260,17 @@ class Agent:
         if self._measure_overhead and self.source.obj is not None:
             self.calibration = Calibration(self.source.obj, self._calibrated)
             self.calibration.start()
+            if self._budget_share is not None:
+                self.budget = LaunchBudget(self.source, self._budget_share, self._live, lambda: self.model.trap_cost)
+                self.budget.start()
         self.model.forked_since_start = self.source.is_fresh
         if self.model.complete_after_ns is not None:
             # A process that started after now (its start as BPF reads it) started after the probes went live.
             self.model.complete_after_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+    def _live(self) -> list[ProcessKey]:
+        """The processes the model has met that have not exited (a copy: no lock)."""
+        return [k for k, p in list(self.model.processes.items()) if not p.exited]
 
     def _calibrated(self, cost: TrapCost) -> None:
         with self.lock:
@@ -412,11 +433,21 @@ class Agent:
             for k, v in self.source.lost():
                 key = ProcessKey(k.pid, k.start_ns)
                 self.model.set_lost(key, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
+            per: dict[ProcessKey, tuple[dict[int, int], list[int]]] = {}
             for k, n in self.source.counts():
+                launches, traps = per.setdefault(ProcessKey(k.pid, k.start_ns), ({}, [0]))
                 if k.api == TRAPS_API:
-                    self.model.set_traps(ProcessKey(k.pid, k.start_ns), n)
+                    traps[0] = n
                 else:
-                    self.model.set_launches(ProcessKey(k.pid, k.start_ns), k.api, n)
+                    launches[k.api] = n
+            for key, (launches, traps) in per.items():
+                self.model.set_traps(key, traps[0])
+                if launches:
+                    if self.budget is None:
+                        self.model.set_launches(key, launches)
+                        continue
+                    reported, duty = self.budget.estimate(key, launches, traps[0])
+                    self.model.set_launches(key, reported, sum(launches.values()), duty)
             for key, ns in cpu.items():
                 self.model.set_cpu(key, ns)
 
@@ -425,6 +456,8 @@ class Agent:
         with self.lock:
             self.model.forget(key)
             self.source.forget_process(key)
+        if self.budget is not None:
+            self.budget.forget(key)
 
     def forget_unread(self, keys: list[ProcessKey]) -> None:
         """Forget processes whose kernel totals may not have been read since
@@ -477,6 +510,8 @@ class Agent:
             self.stop_draining()
         except Exception as e:  # noqa: BLE001 - already logged by the drain thread; closing goes on
             log.debug("drain thread had failed: %s", e)
+        if self.budget is not None:
+            self.budget.close()  # its links use the BPF object
         if self.calibration is not None:
             self.calibration.close()  # its probes use the BPF object
             self.calibration = None

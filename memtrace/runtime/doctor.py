@@ -149,13 +149,19 @@ def check_uprobe_multi() -> Check:
     from memtrace.bpf.libbpf import uprobe_multi_supported
 
     if uprobe_multi_supported():
-        return Check("uprobes", True, "multi-uprobe links: a library's probes are attached and removed at once")
+        return Check(
+            "uprobes",
+            True,
+            "multi-uprobe links: a library's probes are attached and removed at once, and the overhead budget "
+            "is kept (launch probes per process, sampled)",
+        )
     return Check(
         "uprobes",
         True,
         "single uprobes (this kernel has no multi-uprobe links, or MEMTRACE_UPROBE_MULTI=0): a library's "
         "hundred probes are removed one by one, about 0.1 s each, after an agent exits, and processes "
-        "mapping it take their traps until then",
+        "mapping it take their traps until then; the overhead budget is reported, not kept (sampling "
+        "launch probes needs links attached and removed in milliseconds)",
         "Linux 6.6 or later attaches and removes them at once",
         warn=True,
     )
@@ -195,7 +201,7 @@ def check_probe_cost() -> Check:
         True,
         detail,
         "traps are slow on this machine (a VM?): launch-heavy processes pay more here; `memtrace run` and "
-        "`top --detail` show each process's overhead, and --overhead-budget flags those over it",
+        "`top --detail` show each process's overhead, and --overhead-budget samples launch probes to keep it",
         warn=True,
     )
 

@@ -22,10 +22,16 @@ from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer, uprobe_mult
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core import apis
 from memtrace.core.abi import (
+    ATTACHED_EXECUTABLE,
+    ATTACHED_LIBRARY,
+    ATTACHED_OTHER,
+    ATTACHED_PER_PROCESS,
     EVENT_DTYPE,
     STAT_COUNT,
+    TRAPS_API,
     CtlEvent,
     CtlType,
+    Family,
     HoldState,
     InodeKey,
     Layer,
@@ -41,15 +47,12 @@ from memtrace.core.errors import AttachError, MemtraceError, ProcMismatch
 from memtrace.core.ids import ProcessKey
 from memtrace.sensors.cuda import discovery, elf
 from memtrace.sensors.cuda.holds import HELD_MAP, HOLD_LIMIT_S, Guardian, refresh, release, release_all
+from memtrace.sensors.cuda.launches import LAUNCH_PROGRAM, LaunchLinks, LaunchTarget
 
 log = logging.getLogger("memtrace")
 
-# `attached` map values
-_ATTACHED_LIBRARY = 1
-_CHECKED_EXECUTABLE = 2
-_OTHER_LIBRARY = 3  # another sensor's (libnccl), handled by on_library_mapped
-
 DEFAULT_RING_BYTES = 16 << 20
+LAUNCH_APIS = tuple(a.id for a in apis.APIS if a.family == Family.LAUNCH)
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,16 @@ class Attachment:
     symbols: dict[str, int]  # symbol -> file offset, one per distinct offset
     links: list[Link] = field(default_factory=list)
     link_count: int = 0  # kernel links made: one per probe and program, or one per program (multi-uprobes)
+    # Its launch probes (multi-uprobes only): the link for every process, and
+    # what a process's own link needs (sensors/cuda/launches.py).
+    launch_link: Link | None = None
+    launch: LaunchTarget | None = None
 
     def close(self) -> None:
         destroy_links(self.links)
         self.links.clear()
+        if self.launch is not None:
+            self.launch.close()
 
 
 # Benchmarks that attach and detach in a loop turn this off: they must not
@@ -205,6 +214,9 @@ class BpfSource:
         self.on_library = on_library
         self.on_held = on_held  # held before its new library ran: nothing missed
         self.on_missed = on_missed  # not held (foreground job, hold expired): calls may have been missed
+        # Its library had probes but it had no launch link of its own yet (the
+        # overhead budget's per-process mode): launches, only, may have been missed.
+        self.on_launches_missed: Callable[[ProcessKey], None] = lambda key: None
         # Attaching runs on the control thread and in scan(): one at a time.
         self._attach_lock = threading.RLock()
         # Process notices from the control thread, applied by poll() in order
@@ -240,6 +252,7 @@ class BpfSource:
         self.ring: RingBuffer | None = None  # the control ring (libbpf, per-record callbacks)
         self.events: EventRing | None = None  # the events ring (batched reads)
         self.guardian: Guardian | None = None
+        self.launch_links: LaunchLinks | None = None
         self.started_ns = time.time_ns()
 
     # ---- lifecycle ----
@@ -278,9 +291,15 @@ class BpfSource:
             n: obj.map(n)
             for n in (
                 "lost", "counts", "stats", "traced", "attached", HELD_MAP, "inflight", "fresh", "stack_frames",
-                "py_procs", "py_codes",
+                "py_procs", "py_codes", "launch_own", "launch_linked", "launch_window",
             )
         }  # fmt: skip
+        # Launch probes per process, for the overhead budget: multi-uprobe links only
+        # (single ones take ~0.1-1 s each to attach or detach).
+        if self.multi:
+            self.launch_links = LaunchLinks(
+                obj, self.maps, self._scope, lambda fid: self._mark(fid, ATTACHED_PER_PROCESS)
+            )
         # Fork the guardian before any link exists, so it never inherits one.
         self.guardian = Guardian(self.maps[HELD_MAP], self.opts.hold_limit_s)
         progs = ["mt_fork", "mt_exit"]
@@ -301,9 +320,13 @@ class BpfSource:
         self._stop_control()
         if self.obj is not None and self.obj.loaded:
             release_all(self.maps[HELD_MAP], self.opts.hold_limit_s)
+        if self.launch_links is not None:
+            self.launch_links.close()
         destroy_links([link for a in self.attachments.values() for link in a.links])
         for a in self.attachments.values():
             a.links.clear()
+            if a.launch is not None:
+                a.launch.close()
         if self.ring:
             self.ring.close()
             self.ring = None
@@ -318,6 +341,24 @@ class BpfSource:
             self.obj = None
 
     # ---- processes and libraries ----
+
+    def _scope(self) -> list[int]:
+        """The pids this agent traces now: `run`'s (the `traced` map), or the host's."""
+        if self.opts.only_traced:
+            return [k.value for k in self.maps["traced"].keys(ctypes.c_uint32)]
+        return list(discovery.pids())
+
+    def launches_per_process(self, fid: discovery.FileId) -> int:
+        """Put a library's launch probes in per-process mode (the budget's
+        lever, sensors/cuda/launches.py). Returns the processes linked."""
+        with self._attach_lock:
+            att = self.attachments.get(fid)
+            if att is None or att.launch is None or self.launch_links is None:
+                return 0
+            wide, att.launch_link = att.launch_link, None
+            if wide is not None:
+                att.links.remove(wide)
+            return self.launch_links.go_per_process(att.launch, wide)
 
     def trace_pid(self, pid: int) -> None:
         one = ctypes.c_uint8(1)
@@ -346,7 +387,7 @@ class BpfSource:
                 self.attach(exe)
             finally:
                 self._checked_executables.add(exe.fid)
-                self._mark(exe.fid, _CHECKED_EXECUTABLE)
+                self._mark(exe.fid, ATTACHED_EXECUTABLE)
 
     def _mark(self, fid: discovery.FileId, value: int) -> None:
         try:
@@ -378,24 +419,29 @@ class BpfSource:
                 # Returns before entries: a call entered between the two has no
                 # entry to return to and is not counted; the other way round it
                 # would be an entry without a return (unreturned_calls).
-                for prog, ret in (("mt_return", True), ("mt_enter", False), ("mt_launch", False)):
+                for prog, ret in (("mt_return", True), ("mt_enter", False), (LAUNCH_PROGRAM, False)):
                     mine = [p for p in plan if (prog, ret) in p.programs]
                     if mine:
                         offsets, cookies = [p.offset for p in mine], [p.cookie for p in mine]
+                        if prog == LAUNCH_PROGRAM and self.launch_links is not None:
+                            att.launch = LaunchTarget.open(cand.path, cand.fid, cand.name, offsets, cookies)
                         att.links.append(self.obj.attach_uprobe_multi(prog, cand.path, offsets, cookies, ret))
+                        if prog == LAUNCH_PROGRAM:
+                            att.launch_link = att.links[-1]
                         self._progress()
             else:
                 for p in plan:
                     for prog, ret in p.programs:
                         att.links.append(self.obj.attach_uprobe(prog, cand.path, p.offset, p.cookie, ret))
                         self._progress()
-        except AttachError as e:
+        except (AttachError, OSError) as e:
             att.close()
-            log.warning("%s (pid %d) vanished while attaching: %s", cand.name, cand.pid, e.message)
+            why = e.message if isinstance(e, AttachError) else str(e)
+            log.warning("%s (pid %d) vanished while attaching: %s", cand.name, cand.pid, why)
             return None
         att.link_count = len(att.links)
         self.attachments[cand.fid] = att
-        self._mark(cand.fid, _ATTACHED_LIBRARY)
+        self._mark(cand.fid, ATTACHED_LIBRARY)
         log.info("attached %d %s probes to %s", len(plan), layer.label, cand.name)
         self.on_library(att)
         return att
@@ -447,6 +493,8 @@ class BpfSource:
                 self.on_held(key)
             elif kind == "missed":
                 self.on_missed(key)
+            elif kind == "launches_missed":
+                self.on_launches_missed(key)
         if events:
             self._read_events()
         n = self.decode_pending()
@@ -540,12 +588,21 @@ class BpfSource:
             self._notice("proc", ev, ev.comm.decode(errors="replace"), ev.cgroup_id)
             if self.on_proc_notice is not None:
                 self.on_proc_notice(ProcessKey(ev.pid, ev.start_ns))
+            if self.launch_links is not None and self.launch_links.adopt(ev.pid):
+                self._notice("launches_missed", ev)  # it may have launched before its own link
             return
         held = ev.held == HoldState.HELD
         cuda = True  # a CUDA library's hold: the model hears whether the process was held
+        only_launches = False  # its library had probes: only its own launch link was missing
         try:
             opened = discovery.opened_file(ev.pid, ev.fd)
             cuda = not self._other_library(ev.pid, opened, held)
+            only_launches = (
+                opened is not None
+                and self.launch_links is not None
+                and self.launch_links.per_process(opened.fid)
+                and self._exe_known(ev.pid)
+            )
             self._attach_mapped(ev.pid, opened)
             if self.on_map_notice is not None:
                 self.on_map_notice(ProcessKey(ev.pid, ev.start_ns))
@@ -567,9 +624,15 @@ class BpfSource:
                         "CUDA" if cuda else "NCCL",
                         self.opts.hold_limit_s,
                     )
+            elif only_launches:
+                self._notice("launches_missed", ev)
             elif cuda:
                 self.not_held += 1
                 self._notice("missed", ev)
+
+    def _exe_known(self, pid: int) -> bool:
+        exe = discovery.executable(pid)
+        return exe is not None and (exe.fid in self._checked_executables or exe.fid in self.attachments)
 
     def _other_library(self, pid: int, cand: discovery.Candidate | None, held: bool) -> bool:
         """Hand a mapped file that is not CUDA's (libnccl) to the sensor that
@@ -585,7 +648,7 @@ class BpfSource:
             log.warning("pid %d: %s not attached: %s: %s", pid, cand.name, type(e).__name__, e)
             return True
         if handled:
-            self._mark(cand.fid, _OTHER_LIBRARY)
+            self._mark(cand.fid, ATTACHED_OTHER)
         return True
 
     def _attach_mapped(self, pid: int, cand: discovery.Candidate | None) -> None:
@@ -599,9 +662,12 @@ class BpfSource:
             if cand is not None and cand.layer is not None:
                 if self.attach(cand) is None:
                     cand = None
+                elif self.launch_links is not None:
+                    self.launch_links.mapped(pid, cand.fid)
             if cand is None or cand.layer is None:
                 for c in discovery.mapped_libraries(pid):
-                    self.attach(c)
+                    if self.attach(c) is not None and self.launch_links is not None:
+                        self.launch_links.mapped(pid, c.fid)
             exe = discovery.executable(pid)
             if exe is not None:
                 self.check_executable(exe)
@@ -633,6 +699,19 @@ class BpfSource:
                 out.append((k, v.value))
                 self._index("counts", k)
         return out
+
+    def process_counts(self, key: ProcessKey) -> tuple[dict[int, int], int]:
+        """One process's launch counts by api and its entry and return traps,
+        read key by key (never a walk of the map): what the budget reads
+        at each window's edge."""
+        m = self.maps["counts"]
+        v = ctypes.c_uint64()
+        launches = {}
+        for api in LAUNCH_APIS:
+            if m.lookup(TotalsKey(key.start_ns, key.pid, api, 0, 0), v):
+                launches[api] = v.value
+        traps = v.value if m.lookup(TotalsKey(key.start_ns, key.pid, TRAPS_API, 0, 0), v) else 0
+        return launches, traps
 
     def is_fresh(self, key: ProcessKey) -> bool:
         """Was the process forked after the programs were attached?"""

@@ -1,0 +1,278 @@
+"""Launch probes per process: the lever the overhead budget pulls.
+
+Launches are the hottest CUDA calls and the only ones whose exact count is
+not needed for exact bytes. A library's launch probes start as one link
+for every process (exact, as every other probe). When a process goes over
+its budget, the library is put in per-process mode:
+
+1. `attached` says PER_PROCESS: from then on a process that maps the
+   library without its own launch link is held like one mapping a new
+   library (bpf/memtrace.bpf.c mt_mmap), and linked before it runs on;
+2. every process mapping it now gets its own link, pid-filtered (the
+   kernel writes the breakpoints into that process's memory alone: another
+   process calling the same function takes no trap), and `launch_own`
+   moves the counting of its launches from the library-wide link to it;
+3. the library-wide launch link goes.
+
+A process's own links can then be detached and attached again (the duty
+cycle, runtime/budget.py) without blinding any other process. With
+multi-uprobe links (Linux 6.6+) attaching one takes about 8 ms and
+detaching one about 30 ms on a small VM, in the agent's time, not the
+process's. Without them (single uprobes, ~0.1-1 s each) the budget is
+not kept: reported only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from memtrace.bpf.libbpf import BpfObject, Link, Map
+from memtrace.core.abi import CK_OWN_SHIFT, InodeKey, LaunchLib, LaunchSample
+from memtrace.core.errors import AttachError
+from memtrace.sensors.cuda import discovery
+
+log = logging.getLogger("memtrace")
+
+LAUNCH_PROGRAM = "mt_launch"
+
+
+@dataclass
+class LaunchTarget:
+    """A library's launch probes: where to attach a process's own link."""
+
+    fid: discovery.FileId
+    name: str
+    offsets: tuple[int, ...]
+    cookies: tuple[int, ...]  # the library-wide link's; own links add the OWN bit
+    fd: int = -1  # the file, held open by the agent: the process it was found in may be gone
+
+    @classmethod
+    def open(cls, path: str, fid: discovery.FileId, name: str, offsets: list[int], cookies: list[int]) -> LaunchTarget:
+        """Keep the file open (through the path it was attached by, which
+        lasts only as long as the process it names)."""
+        return cls(fid, name, tuple(offsets), tuple(cookies), os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+
+    @property
+    def path(self) -> str:
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass
+class _Own:
+    """One process's own launch links, one per library in per-process mode."""
+
+    start_ticks: int
+    libs: set[discovery.FileId] = field(default_factory=set)
+    links: dict[discovery.FileId, Link] = field(default_factory=dict)
+    on: bool = True  # the duty cycle's state: its links attached
+
+
+def start_ticks(pid: int) -> int:
+    """The process's start in clock ticks (/proc/PID/stat), -1 if it is gone:
+    a pid read twice with the same start is the same process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+class LaunchLinks:
+    """Each process's own launch links, for the libraries in per-process mode.
+
+    Called from the control thread (a process held on a mapping: `mapped`)
+    and from the budget's thread (everything else); one lock."""
+
+    def __init__(
+        self,
+        obj: BpfObject,
+        maps: dict[str, Map],
+        scope: Callable[[], Iterable[int]],
+        mark_per_process: Callable[[discovery.FileId], None],
+    ) -> None:
+        self.obj = obj
+        self.own_map = maps["launch_own"]
+        self.linked_map = maps["launch_linked"]
+        self.window_map = maps["launch_window"]
+        self.scope = scope  # the pids this agent traces (all of the host's, or `run`'s)
+        self.mark_per_process = mark_per_process
+        self.targets: dict[discovery.FileId, LaunchTarget] = {}  # libraries in per-process mode
+        self._procs: dict[int, _Own] = {}
+        self._lock = threading.RLock()
+        self.linked_late = 0  # processes given their own links after they may have launched
+
+    # ---- libraries ----
+
+    def per_process(self, fid: discovery.FileId) -> bool:
+        return fid in self.targets
+
+    def go_per_process(self, target: LaunchTarget, library_wide: Link | None) -> int:
+        """Put a library in per-process mode (see the module's doc); returns
+        the processes linked. `library_wide`: its link for every process,
+        destroyed once each process that maps the library has its own."""
+        with self._lock:
+            if target.fid in self.targets:
+                return 0
+            self.targets[target.fid] = target
+            self.mark_per_process(target.fid)  # new mappings are held from here on
+            linked = 0
+            for pid in list(self.scope()):
+                if pid == os.getpid():
+                    continue
+                if any(c.fid == target.fid for c in discovery.mapped_libraries(pid)):
+                    linked += self._link(pid, target)
+        if library_wide is not None:
+            library_wide.destroy()
+        log.info("%s: launch probes per process now (%d processes linked)", target.name, linked)
+        return linked
+
+    # ---- processes ----
+
+    def mapped(self, pid: int, fid: discovery.FileId) -> bool:
+        """A process mapped a library (held on it, or noticed): give it its
+        own launch link if the library is in per-process mode. True if it
+        was linked now."""
+        with self._lock:
+            target = self.targets.get(fid)
+            if target is None:
+                return False
+            return self._link(pid, target) > 0
+
+    def adopt(self, pid: int) -> bool:
+        """A process noticed at its first traced call (a child forked from a
+        process that had mapped the library: no mapping of its own to hold
+        it on). Links it to every library in per-process mode it maps; True
+        if it had none yet: launches it made before now were not counted."""
+        with self._lock:
+            if not self.targets or pid in self._procs:
+                return False
+            mapped = {c.fid for c in discovery.mapped_libraries(pid)}
+            made = sum(self._link(pid, t) for fid, t in self.targets.items() if fid in mapped)
+            if made:
+                self.linked_late += 1
+            return made > 0
+
+    def has_own(self, pid: int) -> bool:
+        with self._lock:
+            return pid in self._procs
+
+    def set_on(self, pid: int, on: bool) -> bool:
+        """Open (attach its own launch links, then open the window BPF
+        counts launch intervals in) or close (the window, then detach) a
+        process's launch window: the duty cycle. False if the process has
+        no own links (or is gone)."""
+        pid32 = ctypes.c_uint32(pid)
+        with self._lock:
+            own = self._procs.get(pid)
+            if own is None:
+                return False
+            if on:
+                if not own.on:
+                    own.on = True
+                    for fid in own.libs:
+                        link = self._attach(pid, self.targets[fid])
+                        if link is not None:
+                            own.links[fid] = link
+                self.window_map.update(pid32, ctypes.c_uint8(1))
+                return True
+            self.window_map.delete(pid32)
+            if not own.on:
+                return True
+            own.on = False
+            links, own.links = list(own.links.values()), {}
+        for link in links:
+            link.destroy()
+        return True
+
+    def sample(self, pid: int) -> tuple[int, int]:
+        """Launches in complete intervals between exact calls made while
+        its window was open, and those intervals (struct mt_launch_sample)."""
+        v = LaunchSample()
+        if not self.own_map.lookup(ctypes.c_uint32(pid), v):
+            return 0, 0
+        return v.launches, v.calls
+
+    def exited(self, pid: int, ticks: int) -> None:
+        """The process `pid` that started at `ticks` is gone: its links and
+        its `launch_linked` entries go (BPF deleted its `launch_own` at the
+        exit)."""
+        with self._lock:
+            own = self._procs.get(pid)
+            if own is None or own.start_ticks != ticks:
+                return  # not linked, or a later process of that pid
+            del self._procs[pid]
+        for fid in own.libs:
+            self.linked_map.delete(LaunchLib(pid, 0, _inode(fid)))
+        for link in own.links.values():
+            link.destroy()
+
+    def close(self) -> None:
+        with self._lock:
+            procs, self._procs = self._procs, {}
+        for own in procs.values():
+            for link in own.links.values():
+                link.destroy()
+        for t in self.targets.values():
+            t.close()
+
+    # ---- the kernel's side ----
+
+    def _attach(self, pid: int, target: LaunchTarget) -> Link | None:
+        cookies = [c | (1 << CK_OWN_SHIFT) for c in target.cookies]
+        try:
+            return self.obj.attach_uprobe_multi(
+                LAUNCH_PROGRAM, target.path, list(target.offsets), cookies, False, pid=pid
+            )
+        except AttachError as e:  # gone, or the library with it
+            log.debug("pid %d: own launch link to %s: %s", pid, target.name, e.message)
+            return None
+
+    def _link(self, pid: int, target: LaunchTarget) -> int:
+        """Give a process its own link to a library: the link (its program
+        skips the process until `launch_own` says otherwise), then the maps.
+        1 if linked now, 0 if it was already or is gone."""
+        ticks = start_ticks(pid)
+        if ticks < 0:
+            return 0
+        own = self._procs.get(pid)
+        if own is not None and own.start_ticks != ticks:  # a process of that pid that is gone
+            self._procs.pop(pid)
+            for gone in own.links.values():
+                gone.destroy()
+            own = None
+        if own is not None and target.fid in own.libs:
+            return 0
+        link = self._attach(pid, target) if own is None or own.on else None
+        if link is None and (own is None or own.on):
+            return 0
+        pid32 = ctypes.c_uint32(pid)
+        self.linked_map.update(LaunchLib(pid, 0, _inode(target.fid)), ctypes.c_uint8(1))
+        if own is None:
+            self.own_map.update(pid32, LaunchSample())
+        if start_ticks(pid) != ticks:  # exited meanwhile: a reused pid must not find these
+            if own is None:
+                self.own_map.delete(pid32)
+            self.linked_map.delete(LaunchLib(pid, 0, _inode(target.fid)))
+            if link is not None:
+                link.destroy()
+            return 0
+        if own is None:
+            own = self._procs[pid] = _Own(ticks)
+        own.libs.add(target.fid)
+        if link is not None:
+            own.links[target.fid] = link
+        return 1
+
+
+def _inode(fid: discovery.FileId) -> InodeKey:
+    return InodeKey(fid.dev, fid.ino)
