@@ -5,11 +5,16 @@ duty cycle on real uprobes is in test_overhead.py and test_detach.py."""
 
 from __future__ import annotations
 
-import pytest
-
-from memtrace.runtime.budget import _Sampled, _Window
+from memtrace.runtime.budget import NEAR, _Sampled, _Window
 
 API = 100  # cuLaunchKernel
+
+
+def gap_from(s: _Sampled, traps: int, now: float) -> dict[int, int]:
+    """What the current gap adds to the report (the report less the rest)."""
+    s.on = False
+    rest = {a: s.base.get(a, 0) + s.counted.get(a, 0) + s.estimated.get(a, 0.0) for a in s.counted}
+    return {a: n - round(rest.get(a, 0)) for a, n in s.report({}, traps, now).items()}
 
 
 def test_a_gap_is_extrapolated_per_exact_call_from_complete_intervals() -> None:
@@ -17,10 +22,9 @@ def test_a_gap_is_extrapolated_per_exact_call_from_complete_intervals() -> None:
     saw 3 complete intervals of 100; a gap of 40 traps (20 copies) is 2,000
     launches, whatever the windows' edges cut."""
     s = _Sampled(1, 0.01, base={API: 5_000})
-    s.windows.append(_Window({API: 350}, interval_launches=300, intervals=3, seconds=0.05))
-    s.counted[API] = 350
-    s.on, s.phase_traps, s.phase_start = False, 1_000, 10.0
-    assert s.gap_estimate(traps_now=1_040, now=11.0) == {API: pytest.approx(2_000)}
+    s.close_window(_Window({API: 350}, interval_launches=300, intervals=3, seconds=0.05))
+    s.phase_traps, s.phase_start = 1_000, 10.0
+    assert gap_from(s, traps=1_040, now=11.0) == {API: 2_000}
     assert s.per_call is True
     # Reported: before sampling, the window, and the gap so far.
     assert s.report({API: 9_999_999}, traps_now=1_040, now=11.0) == {API: 5_000 + 350 + 2_000}
@@ -31,12 +35,12 @@ def test_a_process_with_no_exact_call_is_extrapolated_per_second() -> None:
     over the gap's time (a floor for a loop the probes slow), and none after
     the process ended."""
     s = _Sampled(1, 0.01, base={})
-    s.windows.append(_Window({API: 1_000}, interval_launches=0, intervals=0, seconds=0.5))
-    s.on, s.phase_traps, s.phase_start = False, 0, 10.0
-    assert s.gap_estimate(traps_now=0, now=12.0) == {API: pytest.approx(4_000)}
+    s.close_window(_Window({API: 1_000}, interval_launches=0, intervals=0, seconds=0.5))
+    s.phase_traps, s.phase_start = 0, 10.0
+    assert gap_from(s, traps=0, now=12.0) == {API: 4_000}
     assert s.per_call is False
     s.ended = 11.0
-    assert s.gap_estimate(traps_now=0, now=20.0) == {API: pytest.approx(2_000)}
+    assert gap_from(s, traps=0, now=20.0) == {API: 2_000}
 
 
 def test_an_open_window_counts_what_the_kernel_counted_since_it_opened() -> None:
@@ -51,6 +55,26 @@ def test_an_open_window_counts_what_the_kernel_counted_since_it_opened() -> None
 def test_launches_split_by_api_as_the_windows_saw_them() -> None:
     """Kernel and graph launches are extrapolated in the mix the windows counted."""
     s = _Sampled(1, 0.01, base={})
-    s.windows.append(_Window({100: 300, 102: 100}, interval_launches=400, intervals=4, seconds=0.1))
-    s.on, s.phase_traps = False, 0
-    assert s.gap_estimate(traps_now=20, now=0.0) == {100: pytest.approx(750), 102: pytest.approx(250)}
+    s.close_window(_Window({100: 300, 102: 100}, interval_launches=400, intervals=4, seconds=0.1))
+    s.phase_traps = 0
+    assert gap_from(s, traps=20, now=0.0) == {100: 750, 102: 250}
+
+
+def test_a_gap_is_extrapolated_from_the_windows_on_both_sides_of_it() -> None:
+    """Launches in lumps: 41 between one pair of a step's four exact calls,
+    none between the others. One window's complete intervals cut steps
+    (37 intervals holding 369 launches: 9.97 a call, not 10.25); the gap
+    before the next windows is re-extrapolated as they come, and settled
+    once NEAR windows followed it."""
+    s = _Sampled(1, 0.01, base={})
+    s.close_window(_Window({API: 392}, interval_launches=369, intervals=37, seconds=0.025))
+    s.phase_traps = 0
+    s.gaps.append(s.current_gap(traps_now=8_000, now=0.0))  # 4,000 calls: 1,000 steps, 41,000 launches
+    first = s.report({}, 8_000, 0.0)[API] - 392
+    assert first == round(369 / 37 * 4_000)  # the first window alone: 2.7% low
+    s.close_window(_Window({API: 410}, interval_launches=410, intervals=39, seconds=0.025))
+    both = round(s.report({}, 8_000, 0.0)[API] - 392 - 410)
+    assert both == round((369 + 410) / (37 + 39) * 4_000)  # 0.1% off
+    for _ in range(NEAR - 1):
+        s.close_window(_Window({API: 410}, interval_launches=410, intervals=40, seconds=0.025))
+    assert s.gaps == [] and s.estimated[API] > 0  # settled

@@ -16,13 +16,16 @@ estimated:
 - A process first sampled puts the libraries it launches through in
   per-process mode (sensors/cuda/launches.py): its own pid-filtered link,
   which the budget can detach without blinding any other process.
-- A window (probes attached) lasts duty x PERIOD_S, at least MIN_ON_S; the
-  period stretches so that the duty holds. Launches counted in a window
-  are exact; between windows they are extrapolated per exact trap (the
-  calls that are never sampled: a loop's copies and waits keep their
-  rhythm with its launches, and a probed loop's slower pace does not bias
-  it), or per second for a process that makes no other call. The ratio is
-  taken over the last WINDOWS windows.
+- A window (probes attached) lasts duty x PERIOD_S, at least MIN_ON_S,
+  longer (up to MAX_STRETCH times) until it holds WINDOW_INTERVALS
+  complete intervals; the gap after it grows so that the duty holds.
+  Launches counted in a window are exact; between windows they are
+  extrapolated per exact call (the calls that are never sampled: a loop's
+  copies and waits keep their rhythm with its launches, and a probed
+  loop's slower pace does not bias it), from the launches BPF counted in
+  complete intervals between exact calls inside the windows around the
+  gap; or per second of window for a process that makes no other call (a
+  floor: the probes slowed the loop while they counted).
 - A process whose exact probes alone cost more than the budget keeps them
   (bytes stay exact) at the smallest duty and is reported by the finding
   overhead_budget_exceeded, never silently blinded.
@@ -33,7 +36,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,14 +54,14 @@ MIN_DUTY = 0.005
 # A window stays open, up to MAX_STRETCH times its length, until it has seen
 # this many complete intervals between exact calls (a loop's copies or waits
 # may be far apart). The gap after it grows to match.
-WINDOW_INTERVALS = 2
+WINDOW_INTERVALS = 64
 MAX_STRETCH = 4.0
 FIRST_DECIDE_S = 0.05  # a new process is weighed this often until it has used MIN_CPU_S
 DECIDE_S = 0.5  # then this often
 IDLE_DECIDE_S = 1.0  # a process that has not launched yet is looked at again this often
 SAFETY = 0.7  # aim this far under the budget: the calibration's error, the windows' edges
 MIN_CPU_S = 0.05  # CPU time an interval needs before it is weighed
-WINDOWS = 64  # the windows an extrapolation ratio is taken over
+NEAR = 8  # a gap is extrapolated from up to this many windows on each side of it
 MIN_INTERVALS = 1  # complete intervals in those windows for a ratio per exact call (else per second)
 
 
@@ -72,12 +74,42 @@ class _Window:
 
 
 @dataclass
+class _Gap:
+    """Time between two windows: its exact calls and its length."""
+
+    after: int  # the number of windows before it
+    calls: float  # exact calls (two traps each)
+    seconds: float
+
+
+def _rates(windows: list[_Window]) -> tuple[float, bool, dict[int, float]]:
+    """Launches per exact call over these windows' complete intervals
+    (True), or per second of window (False); and each api's share."""
+    by_api: dict[int, int] = {}
+    for w in windows:
+        for api, n in w.launches.items():
+            by_api[api] = by_api.get(api, 0) + n
+    total = sum(by_api.values())
+    shares = {api: n / total for api, n in by_api.items()} if total else {}
+    intervals = sum(w.intervals for w in windows)
+    if intervals >= MIN_INTERVALS:
+        return sum(w.interval_launches for w in windows) / intervals, True, shares
+    secs = sum(w.seconds for w in windows)
+    return (total / secs if secs > 0 else 0.0), False, shares
+
+
+@dataclass
 class _Sampled:
     """A process whose launch probes are duty-cycled, and its estimate.
 
     Reported launches: those counted before sampling began, those counted
-    in closed windows, those extrapolated over closed gaps, and the current
-    phase's (counted if a window, extrapolated if a gap). Launches the
+    in windows, and those extrapolated over gaps (the current phase's
+    counted if a window, extrapolated if a gap). A gap is extrapolated from
+    the windows around it, NEAR on each side: while later windows come, its
+    estimate improves (a window's complete intervals hold a whole number of
+    exact calls, not a whole number of a loop's steps: a window of a loop
+    whose launches come in one lump between four calls can be a few percent
+    off alone); once NEAR windows followed it, it is settled. Launches the
     kernel counts outside windows (while a link is being attached or
     removed) are left out: the gaps' extrapolation covers that time."""
 
@@ -91,48 +123,53 @@ class _Sampled:
     phase_sample: tuple[int, int] = (0, 0)  # (interval launches, intervals) at its start
     next_toggle: float = 0.0
     counted: dict[int, int] = field(default_factory=dict)  # launches counted in closed windows
-    estimated: dict[int, float] = field(default_factory=dict)  # launches extrapolated over closed gaps
-    windows: deque[_Window] = field(default_factory=lambda: deque(maxlen=WINDOWS))
+    estimated: dict[int, float] = field(default_factory=dict)  # launches extrapolated over settled gaps
+    windows: list[_Window] = field(default_factory=list)  # the last 2 x NEAR + 1
+    closed: int = 0  # windows closed so far
+    gaps: list[_Gap] = field(default_factory=list)  # closed gaps not settled yet
     ended: float | None = None
     per_call: bool = False  # the last extrapolation was per exact call (else per second)
 
-    def _rates(self) -> tuple[float, bool, dict[int, float]]:
-        """Launches per exact call over the last windows' complete intervals
-        (True), or per second of window (False); and each api's share."""
-        by_api: dict[int, int] = {}
-        for w in self.windows:
-            for api, n in w.launches.items():
-                by_api[api] = by_api.get(api, 0) + n
-        total = sum(by_api.values())
-        shares = {api: n / total for api, n in by_api.items()} if total else {}
-        intervals = sum(w.intervals for w in self.windows)
-        if intervals >= MIN_INTERVALS:
-            return sum(w.interval_launches for w in self.windows) / intervals, True, shares
-        secs = sum(w.seconds for w in self.windows)
-        return (total / secs if secs > 0 else 0.0), False, shares
+    def _near(self, after: int) -> list[_Window]:
+        """The windows around a gap that followed `after` windows, as far as kept."""
+        first = self.closed - len(self.windows)  # index of self.windows[0]
+        lo, hi = max(after - NEAR, first), min(after + NEAR, self.closed)
+        return self.windows[lo - first : hi - first]
 
-    def gap_estimate(self, traps_now: int, now: float) -> dict[int, float]:
-        """Launches by api since the current gap began."""
-        rate, per_call, shares = self._rates()
-        if per_call:
-            n = rate * max(traps_now - self.phase_traps, 0) / 2  # two traps per exact call
-        else:
-            end = self.ended if self.ended is not None else now
-            n = rate * max(end - self.phase_start, 0.0)
+    def _extrapolate(self, gap: _Gap) -> dict[int, float]:
+        rate, per_call, shares = _rates(self._near(gap.after))
         self.per_call = per_call
+        n = rate * (gap.calls if per_call else gap.seconds)
         return {api: n * sh for api, sh in shares.items()}
+
+    def current_gap(self, traps_now: int, now: float) -> _Gap:
+        end = self.ended if self.ended is not None else now
+        return _Gap(self.closed, max(traps_now - self.phase_traps, 0) / 2, max(end - self.phase_start, 0.0))
+
+    def close_window(self, w: _Window) -> None:
+        self.windows.append(w)
+        self.closed += 1
+        for a, n in w.launches.items():
+            self.counted[a] = self.counted.get(a, 0) + n
+        while self.gaps and self.closed - self.gaps[0].after >= NEAR:  # enough windows after it
+            for a, est in self._extrapolate(self.gaps.pop(0)).items():
+                self.estimated[a] = self.estimated.get(a, 0.0) + est
+        keep = 2 * NEAR + 1
+        if len(self.windows) > keep:
+            del self.windows[:-keep]
 
     def report(self, counts: dict[int, int], traps_now: int, now: float) -> dict[int, int]:
         totals: dict[int, float] = {}
-        for part in (self.base, self.counted, self.estimated):
+        parts: list[dict[int, float]] = [{a: float(n) for a, n in self.base.items()}]
+        parts += [{a: float(n) for a, n in self.counted.items()}, self.estimated]
+        parts += [self._extrapolate(g) for g in self.gaps]
+        if self.on:
+            parts.append({api: float(n - self.phase_counts.get(api, 0)) for api, n in counts.items()})
+        else:
+            parts.append(self._extrapolate(self.current_gap(traps_now, now)))
+        for part in parts:
             for api, n in part.items():
                 totals[api] = totals.get(api, 0.0) + n
-        if self.on:
-            current = {api: float(n - self.phase_counts.get(api, 0)) for api, n in counts.items()}
-        else:
-            current = self.gap_estimate(traps_now, now)
-        for api, n in current.items():
-            totals[api] = totals.get(api, 0.0) + n
         return {api: round(n) for api, n in totals.items()}
 
 
@@ -361,9 +398,7 @@ class LaunchBudget:
                 intervals - s.phase_sample[1],
                 t - s.phase_start,
             )
-            s.windows.append(w)
-            for a, n in w.launches.items():
-                s.counted[a] = s.counted.get(a, 0) + n
+            s.close_window(w)
             s.on, s.phase_start, s.phase_counts, s.phase_traps = False, t, counts, traps
             s.next_toggle = t + w.seconds * (1.0 / s.duty - 1.0)  # the duty holds for a stretched window
         log.debug(
@@ -382,8 +417,7 @@ class LaunchBudget:
         sample = links.sample(key.pid)
         t = time.monotonic()
         with self._lock:
-            for a, n in s.gap_estimate(traps, t).items():
-                s.estimated[a] = s.estimated.get(a, 0.0) + n
+            s.gaps.append(s.current_gap(traps, t))
             s.on, s.phase_start, s.phase_counts, s.phase_traps = True, t, counts, traps
             s.phase_sample = sample
             s.next_toggle = t + self._on_s(s.duty)
