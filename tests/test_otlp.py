@@ -459,3 +459,27 @@ def test_what_the_probes_cost_a_process_is_exported_with_its_finding() -> None:
     with pytest.raises(KeyError):
         metric(batch, "memtrace.finding")
     assert metric(batch, "memtrace.overhead").data.data_points[0].value == pytest.approx(cost / 0.15)
+
+
+def test_sampled_launches_are_a_series_marked_estimated() -> None:
+    """A process whose launch probes the budget sampled: gpu.launches carries
+    `estimated`, as a series of its own (with its own zero point: it never
+    continues the exact series), and the traps are those taken, not the
+    launches."""
+    from memtrace.core.overhead import TrapCost
+
+    m = Model(identify=read_process)
+    m.add_events(events(10, np.random.default_rng(3)))
+    (key,) = (k for k in m.processes if k.pid == PID)
+    m.trap_cost = TrapCost(2e-6, 4e-6)
+    m.set_traps(key, 20)
+    m.set_launches(key, {100: 1000})
+    b = MetricsBuilder(resolve({}, endpoint="http://x:1"), {"host.name": "h"})
+    # A new series' first point is its zero at its start, then its value.
+    *_, exact = metric(b.build(m, {}, 2), "gpu.launches").data.data_points
+    assert exact.value == 1000 and "estimated" not in exact.attributes
+    m.set_launches(key, {100: 50_000}, traps=1_200, duty=0.02)
+    points = metric(b.build(m, {}, 3), "gpu.launches").data.data_points
+    assert all(p.attributes["estimated"] is True for p in points)
+    assert [p.value for p in points] == [0, 50_000]  # its own true zero first
+    assert [p.value for p in metric(b.build(m, {}, 4), "memtrace.probe.traps").data.data_points][-1] == 1_220

@@ -299,8 +299,11 @@ class LaunchBudget:
             if due > now:
                 soonest = min(soonest, due)
                 continue
-            self._next[key] = self._weigh(key, now, cost)
-            soonest = min(soonest, self._next[key])
+            due = self._weigh(key, now, cost)
+            with self._lock:
+                if not any(k == key for k in self._exits):  # gone meanwhile: forget, not weigh again
+                    self._next[key] = due
+            soonest = min(soonest, due)
         return soonest
 
     def _weigh(self, key: ProcessKey, now: float, cost: TrapCost) -> float:
@@ -316,11 +319,12 @@ class LaunchBudget:
         launches = float(sum(est.values()))
         # Before its first reading: nothing (exact for a process that started
         # after the agent; one that ran before is weighed again soon).
-        prev = self._readings.get(key) or _Reading(0, 0.0, 0)
-        dcpu = (cpu - prev.cpu_ns) / 1e9
-        if dcpu < MIN_CPU_S:
-            return now + FIRST_DECIDE_S
-        self._readings[key] = _Reading(cpu, launches, exact)
+        with self._lock:
+            prev = self._readings.get(key) or _Reading(0, 0.0, 0)
+            dcpu = (cpu - prev.cpu_ns) / 1e9
+            if dcpu < MIN_CPU_S:
+                return now + FIRST_DECIDE_S
+            self._readings[key] = _Reading(cpu, launches, exact)
         self._set_duty(key, now, cost, dcpu, launches - prev.launches, exact - prev.exact)
         return now + DECIDE_S
 
