@@ -145,7 +145,7 @@ def launch_loop(fakecuda: Path, tmp_path: Path, launches: int, work: int, copy_e
     """The launch loop on a library of its own (a fresh inode: no other
     test's probes, and its own per-process mode)."""
     lib = tmp_path / "lib" / "libcuda.so.1"
-    lib.parent.mkdir(exist_ok=True)
+    lib.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(fakecuda / "lib" / "libcuda.so.1", lib)
     return [str(fakecuda / "launchloop"), str(lib), str(launches), str(work), str(copy_every)]
 
@@ -299,3 +299,27 @@ def test_the_measured_cost_is_kept_for_this_boot_only(tmp_path: Path) -> None:
     assert calibration.load_cached(path) is None
     path.write_text("{not json")
     assert calibration.load_cached(path) is None
+
+
+def test_top_marks_a_launch_rate_the_budget_extrapolates(fakecuda: Path, tmp_path: Path) -> None:
+    """`memtrace top --detail`, host-wide, on a launch loop already running:
+    once the budget samples it, its launches/s carry `~`; with the budget
+    off, never."""
+    for budget, marked in (("1%", True), ("off", False)):
+        argv = launch_loop(fakecuda, tmp_path / budget, 400_000, 10_000, 100)
+        loop = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        try:
+            top = subprocess.run(
+                [*memtrace_cmd(), "top", "--detail", "-n", "4", "-i", "1", "--overhead-budget", budget],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=dict(os.environ, COLUMNS="250"),
+            )
+        finally:
+            loop.kill()
+            loop.wait()
+        assert top.returncode == 0, top.stderr
+        last = top.stdout.split("memtrace top:")[-1]
+        (line,) = [l for l in last.splitlines() if l.strip().startswith(f"{loop.pid} ")]
+        assert ("~" in line) is marked, line

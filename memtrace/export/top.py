@@ -123,7 +123,10 @@ class TopView:
                     human_bytes(p.d2h),
                     human_bytes(p.d2d),
                     str(p.errors) if p.errors else "",
-                    f"{(launches.get(key, 0) - pl) / dt:,.0f}" if key in launches else "",
+                    # "~": the budget samples its launch probes, the rate is extrapolated
+                    f"{'~' if proc and proc.launch_duty is not None else ''}{(launches.get(key, 0) - pl) / dt:,.0f}"
+                    if key in launches
+                    else "",
                 ]
                 tracker = model.step_trackers.get(key)
                 steps = tracker.stats() if tracker is not None else None
