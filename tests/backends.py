@@ -126,7 +126,11 @@ class Collector:
             **env,
         )
         self.proc = subprocess.Popen(
-            [str(otelcol()), "--config", str(config)], env=e, stdout=self.log, stderr=subprocess.STDOUT
+            # As deploy/kubernetes runs it: the profiles signal is behind a feature gate.
+            [str(otelcol()), "--config", str(config), "--feature-gates=service.profilesSupport"],
+            env=e,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         wait_port(self.http_port)
 
@@ -200,3 +204,98 @@ class OtlpLogSink:
 def _any(v: object) -> object:
     kind = v.WhichOneof("value")  # type: ignore[attr-defined]
     return getattr(v, kind) if kind else None
+
+
+class OtlpProfileSink:
+    """An OTLP/HTTP receiver that keeps the profiles it gets (POST
+    /v1development/profiles, protobuf, gzip or not), decoded with the OTLP
+    protobuf definitions; any other signal is answered and dropped. Each
+    sample as a dict: its process, its type, its value, its attributes and
+    its frames (innermost first: a Python frame's function, file and line;
+    a native frame's module, offset and function)."""
+
+    def __init__(self) -> None:
+        import gzip
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+            ExportProfilesServiceRequest,
+            ExportProfilesServiceResponse,
+        )
+
+        self.samples: list[dict] = []
+        self.requests = 0
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if self.path.endswith("/profiles"):
+                    req = ExportProfilesServiceRequest()
+                    req.ParseFromString(body)
+                    sink.requests += 1
+                    sink.samples.extend(_profile_samples(req))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                reply = ExportProfilesServiceResponse().SerializeToString()
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def _profile_samples(req) -> list[dict]:  # type: ignore[no-untyped-def]
+    d = req.dictionary
+    st = d.string_table
+
+    def frame(loc_index: int) -> dict:
+        loc = d.location_table[loc_index]
+        line = loc.lines[0]
+        fn = d.function_table[line.function_index]
+        if loc.mapping_index:
+            return {
+                "module": st[d.mapping_table[loc.mapping_index].filename_strindex],
+                "offset": loc.address,
+                "function": st[fn.name_strindex],
+            }
+        return {"function": st[fn.name_strindex], "file": st[fn.filename_strindex], "line": line.line}
+
+    out = []
+    for rp in req.resource_profiles:
+        res = {a.key: _any(a.value) for a in rp.resource.attributes}
+        for sp in rp.scope_profiles:
+            for prof in sp.profiles:
+                kind = st[prof.sample_type.type_strindex]
+                for s in prof.samples:
+                    attrs = {}
+                    for i in s.attribute_indices:
+                        kv = d.attribute_table[i]
+                        attrs[st[kv.key_strindex]] = _any(kv.value)
+                    out.append(
+                        {
+                            "resource": res,
+                            "type": kind,
+                            "unit": st[prof.sample_type.unit_strindex],
+                            "value": sum(s.values),
+                            "attributes": attrs,
+                            "frames": [frame(i) for i in d.stack_table[s.stack_index].location_indices],
+                            "time_unix_nano": prof.time_unix_nano,
+                        }
+                    )
+    return out

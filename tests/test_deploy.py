@@ -26,8 +26,24 @@ def test_collector_config_validates_in_the_real_collector(config: Path) -> None:
         MEMTRACE_EXPORT_ENDPOINT="http://backend:8428/opentelemetry",
         BACKEND_OTLP_ENDPOINT="http://backend:8428/opentelemetry",
     )
-    p = subprocess.run([str(otelcol()), "validate", "--config", str(config)], capture_output=True, text=True, env=env)
+    # With the flags the manifests give the collector (the profiles pipeline is behind a feature gate).
+    (args,) = [
+        c["args"]
+        for m in MANIFESTS
+        if m.name != "kustomization.yaml"
+        for d in docs(m)
+        if d["kind"] in ("DaemonSet", "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c.get("args") and f"/etc/otelcol/{config.name}" in c["args"]
+    ]
+    p = subprocess.run(
+        [str(otelcol()), "validate", "--config", str(config), *args[2:]],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
+    assert "--feature-gates=service.profilesSupport" in args
 
 
 def docs(path: Path) -> list[dict]:

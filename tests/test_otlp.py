@@ -483,3 +483,58 @@ def test_sampled_launches_are_a_series_marked_estimated() -> None:
     assert all(p.attributes["estimated"] is True for p in points)
     assert [p.value for p in points] == [0, 50_000]  # its own true zero first
     assert [p.value for p in metric(b.build(m, {}, 4), "memtrace.probe.traps").data.data_points][-1] == 1_220
+
+
+def test_profiles_carry_deltas_since_the_last_push_that_arrived() -> None:
+    """Each push's profiles hold the calls and bytes since the last push
+    that arrived: one that failed is sent again whole with the next, never
+    counted twice; a batch built before another arrived is never sent;
+    the bytes in use are the current figure, not a delta."""
+    from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+        ExportProfilesServiceRequest,
+    )
+
+    from memtrace.export.otlp_profiles import ProfilesBuilder
+
+    def sites(calls: int, nbytes: int, in_use: int) -> list[dict]:
+        py = [{"function": "upload", "file": "/app/train.py", "line": 42}]
+        native = [{"module": "/usr/lib/libcudart.so.13", "offset": 4096, "function": "cudaMemcpy"}]
+        return [
+            {"pid": 7, "process": "train", "kind": "copy", "api": "cudaMemcpy", "direction": "h2d",
+             "host_memory": "pinned", "calls": calls, "bytes": nbytes, "frames": native + py},
+            {"pid": 7, "process": "train", "kind": "alloc", "api": "cudaMalloc", "direction": None,
+             "host_memory": "unknown", "calls": 1, "bytes": 4096, "in_use_bytes": in_use, "frames": py},
+        ]  # fmt: skip
+
+    def values(req: ExportProfilesServiceRequest) -> dict[str, int]:
+        st = req.dictionary.string_table
+        (rp,) = req.resource_profiles
+        assert {a.key: a.value.int_value for a in rp.resource.attributes}["process.pid"] == 7
+        return {
+            st[p.sample_type.type_strindex]: sum(v for s in p.samples for v in s.values)
+            for sp in rp.scope_profiles
+            for p in sp.profiles
+        }
+
+    b = ProfilesBuilder({"host.name": "h"})
+    procs = {7: {"process.pid": 7}}
+    first = b.build(sites(10, 1000, 4096), procs)
+    assert first.request is not None
+    assert values(first.request) == {
+        "copies": 10, "copy_bytes": 1000, "allocations": 1, "allocated_bytes": 4096, "in_use_bytes": 4096,
+    }  # fmt: skip
+    # It did not arrive: the next carries everything since the start.
+    second = b.build(sites(15, 1500, 4096), procs)
+    assert second.request is not None and values(second.request)["copies"] == 15
+    b.commit(second)
+    assert not b.current(first)  # built before the second arrived: never sent now
+    third = b.build(sites(18, 1800, 0), procs)
+    assert third.request is not None
+    assert values(third.request) == {"copies": 3, "copy_bytes": 300}  # nothing in use, no new allocation
+    # Frames: the CUDA call's caller first, Python frames with their line.
+    d = third.request.dictionary
+    (stack,) = {s.stack_index for rp in third.request.resource_profiles for sp in rp.scope_profiles
+                for p in sp.profiles for s in p.samples}  # fmt: skip
+    locs = [d.location_table[i] for i in d.stack_table[stack].location_indices]
+    names = [d.string_table[d.function_table[loc.lines[0].function_index].name_strindex] for loc in locs]
+    assert names == ["cudaMemcpy", "upload"] and locs[1].lines[0].line == 42 and locs[0].address == 4096

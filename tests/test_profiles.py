@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -151,3 +152,76 @@ def test_memory_growth_names_where_what_is_in_use_was_allocated(fakecuda: Path, 
     assert site["in_use_bytes"] == in_use == 1 << 16 and site["share"] == 1.0
     assert re.fullmatch(r"ctypes_sites\.py:\d+ in main", site["site"]), site
     assert finding["summary"] == f"device memory grew; 100% of what is in use allocated at {site['site']}"
+
+
+def test_push_sends_call_sites_as_otlp_profiles_through_the_real_collector(fakecuda: Path, tmp_path: Path) -> None:
+    """`memtrace push --stacks` to the real collector (deploy/otelcol/agent.yaml,
+    its profiles pipeline behind the feature gate the manifests set), which
+    sends them on over OTLP/HTTP to a receiver here: every call site of a
+    Python workload arrives with its Python frames (function, file, the
+    line of the call), and its calls and bytes, summed over the pushes'
+    deltas, are the workload's own, exactly; the bytes still in use too."""
+    from backends import Collector, OtlpProfileSink
+    from conftest import REPO
+    from test_push import start_push, stop_push
+
+    sink = OtlpProfileSink()
+    col = Collector(
+        tmp_path,
+        REPO / "deploy" / "otelcol" / "agent.yaml",
+        {"MEMTRACE_EXPORT_ENDPOINT": sink.url, "MEMTRACE_PROFILES_ENDPOINT": sink.url},
+    )
+    push = start_push(
+        ["--endpoint", f"http://127.0.0.1:{col.http_port}", "--protocol", "http/protobuf", "--interval", "1"]
+        + ["--no-host", "--stacks"]
+    )
+    try:
+        truth_path = tmp_path / "truth.jsonl"
+        env = dict(os.environ, WORKLOAD_TRUTH=str(truth_path), SITES_LINGER="1.5")
+        python = interpreters()[-1]
+        for rounds in ("3", "5"):  # two processes, the second across a push or two
+            # Its own copy of the libraries: held on their mapping, so its Python frames are
+            # known from its first call (a process mapping libraries already attached is
+            # looked at after its first call, as README's known limits say).
+            lib = tmp_path / f"lib{rounds}"
+            shutil.copytree(fakecuda / "lib", lib)
+            argv = [python, str(FIXTURES / "ctypes_sites.py"), str(lib), rounds]
+            subprocess.run(argv, env=env, check=True, timeout=120)
+        truths = [json.loads(line) for line in truth_path.read_text().splitlines()]
+        time.sleep(2.5)
+        rc, _, err = stop_push(push)
+        assert rc == 0, err
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+            any(s["resource"].get("process.pid") == t["pid"] for s in sink.samples) for t in truths
+        ):
+            time.sleep(0.2)
+        for t in truths:
+            mine = [s for s in sink.samples if s["resource"].get("process.pid") == t["pid"]]
+            assert mine, (t["pid"], col.log_path.read_text()[-3000:], err)
+            assert {s["resource"]["process.executable.name"] for s in mine} <= {"python3", os.path.basename(python)}
+            for site in t["sites"]:
+
+                def at_site(s: dict, site: dict = site, file: str = t["file"]) -> bool:
+                    py = [(f["function"].rsplit(".", 1)[-1], f["line"]) for f in s["frames"] if "file" in f]
+                    return py[: len(site["python"])] == [tuple(x) for x in site["python"]] and all(
+                        f["file"] == file for f in s["frames"] if "file" in f
+                    )
+
+                here = [s for s in mine if at_site(s)]
+                assert here, (site, [(s["type"], s["frames"][:4]) for s in mine][:6])
+                if site["kind"] == "copy":
+                    calls = sum(s["value"] for s in here if s["type"] == "copies")
+                    nbytes = sum(s["value"] for s in here if s["type"] == "copy_bytes")
+                    assert {s["attributes"]["memtrace.direction"] for s in here} == {site["direction"]}
+                else:
+                    calls = sum(s["value"] for s in here if s["type"] == "allocations")
+                    nbytes = sum(s["value"] for s in here if s["type"] == "allocated_bytes")
+                    in_use = [s for s in here if s["type"] == "in_use_bytes"]
+                    assert in_use and in_use[-1]["value"] == site["in_use_bytes"]
+                assert (calls, nbytes) == (site["calls"], site["bytes"]), (site, here)
+    finally:
+        if push.poll() is None:
+            push.kill()
+        col.stop()
+        sink.stop()

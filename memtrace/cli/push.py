@@ -46,6 +46,12 @@ def push(
         0.5, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
     budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
+    stacks: bool = typer.Option(
+        False,
+        "--stacks",
+        help="Take the call stack of each copy and allocation and push the call sites as OTLP profiles "
+        "(the collector's profiles pipeline: deploy/otelcol).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
 ) -> None:
     """Trace every CUDA process on this host and push OTLP metrics to a collector.
@@ -67,7 +73,7 @@ def push(
             histogram=histogram,
         )
         cfg = dataclasses.replace(cfg, overhead_budget=overhead_budget(budget))
-        opts = Options(ring_bytes=ring_bytes(ring_size), hold_nccl=host)
+        opts = Options(ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
     except MemtraceError as e:

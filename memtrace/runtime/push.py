@@ -7,9 +7,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from typing import Any
 
+from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
-from memtrace.export.otlp import Batch, Exporter, MetricsBuilder
+from memtrace.export.otlp import Batch, Exporter, MetricsBuilder, process_resource
+from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, ProfilesSender
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.diagnose import LiveDiagnosis
 from memtrace.runtime.hostsignals import HostSignals
@@ -24,6 +27,47 @@ def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
     if failures == 0:
         return interval
     return float(min(interval * 2 ** min(failures, 10), max(cap, interval)))
+
+
+class Profiles:
+    """`push --stacks`: each push's call sites as OTLP profiles, sent after
+    its metrics on the export thread (export/otlp_profiles.py)."""
+
+    def __init__(self, cfg: PushConfig) -> None:
+        from memtrace import __version__
+
+        self.builder = ProfilesBuilder(
+            {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}, __version__
+        )
+        self.sender = ProfilesSender(cfg)
+        self.failures = 0
+
+    def build(self, agent: Agent) -> ProfileBatch:
+        """Under the model lock."""
+        model = agent.model
+        resources = {}
+        for key, p in model.processes.items():
+            attrs = process_resource(key, p.start_ns)
+            if p.name:
+                attrs["process.executable.name"] = p.name
+            resources[key.pid] = attrs
+        return self.builder.build(call_sites(model, agent.stack_frames()), resources)
+
+    def send(self, batch: ProfileBatch) -> None:
+        """On the export thread: a batch that arrived is the next one's base;
+        one that did not is sent again, whole, with the next."""
+        if not self.builder.current(batch):
+            return  # built before the last one arrived: the next batch carries its calls
+        why = self.sender.send(batch.request) if batch.request is not None else ""
+        if not why:
+            self.builder.commit(batch)
+            if self.failures:
+                log.warning("profiles push to %s works again", self.sender.url)
+            self.failures = 0
+            return
+        self.failures += 1
+        if self.failures == 1:
+            log.warning("profiles push to %s failed: %s; sent again with the next push", self.sender.url, why)
 
 
 TRIM_INTERVAL_S = 0.5  # the bound on exited processes is kept at least this often
@@ -55,6 +99,8 @@ def push_forever(
     the oldest beyond that are dropped, counted and logged."""
     builder = builder or MetricsBuilder(cfg, host_attributes())
     exporter = exporter or Exporter(cfg)
+    profiles = Profiles(cfg) if agent.stacks is not None else None
+    pending_profiles: list[ProfileBatch] = []  # built with the metrics batch in flight
     pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")
     inflight: tuple[Future[tuple[bool, str, int]], Batch] | None = None
     failures = 0
@@ -91,6 +137,8 @@ def push_forever(
                 model.process_exited(key)  # its exit notice was lost: never keep its series forever
             trim_exited()
             gap = agent.take_drain_gap_window()
+            if profiles is not None:
+                pending_profiles.append(profiles.build(agent))
             if host is None:
                 return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=gap)
             counts = diagnosis.counts() if diagnosis is not None else None
@@ -113,6 +161,8 @@ def push_forever(
                 batch.commit()
                 for key in batch.exited:  # sent a final time: drop the series
                     agent.forget(key)
+                if profiles is not None:
+                    profiles.builder.forget({key.pid for key in batch.exited})
             else:
                 batch.rollback()
         if ok:
@@ -134,6 +184,15 @@ def push_forever(
             else:
                 log.debug("push failed again (%d): %s", failures, reason)
 
+    def export(data: Any) -> tuple[bool, str, int]:
+        """On the export thread: the metrics, then the profiles built with them."""
+        result = exporter.export(data)
+        if profiles is not None and pending_profiles:
+            latest = pending_profiles[-1]
+            del pending_profiles[:]  # older ones are superseded by the latest, built since
+            profiles.send(latest)
+        return result
+
     freeze_long_lived()  # the libraries, the BPF objects and the model so far
     try:
         with agent.draining(drain_interval):
@@ -145,7 +204,7 @@ def push_forever(
                     give_back_free_memory()
                 if inflight is None and time.monotonic() >= next_at:
                     batch = build()
-                    inflight = (pool.submit(exporter.export, batch.data), batch)
+                    inflight = (pool.submit(export, batch.data), batch)
                     next_at = time.monotonic() + backoff(cfg.interval, failures)
                 # Exits are folded by the drain thread between pushes, and a push
                 # may be backed off for long: keep the bound meanwhile too.
@@ -167,7 +226,7 @@ def push_forever(
                 # final GPU and NIC readings) goes out with the last push.
                 host.finish()
             batch = build()
-            fut = pool.submit(exporter.export, batch.data)
+            fut = pool.submit(export, batch.data)
             try:
                 ok, reason, delivered = fut.result(timeout=max(0.5, deadline - time.monotonic()))
                 settle(ok, reason, delivered, batch)
