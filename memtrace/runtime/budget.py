@@ -192,14 +192,12 @@ class LaunchBudget:
         processes: Callable[[], list[ProcessKey]],
         cost: Callable[[], TrapCost | None],
         period_s: float = PERIOD_S,
-        decide_s: float = DECIDE_S,
     ) -> None:
         self.source = source
         self.budget = budget
         self.processes = processes  # the live processes that launched, as the model has them
         self.cost = cost
         self.period_s = period_s
-        self.decide_s = decide_s
         self._lock = threading.Lock()
         self._sampled: dict[ProcessKey, _Sampled] = {}
         self._readings: dict[ProcessKey, _Reading] = {}
@@ -210,6 +208,7 @@ class LaunchBudget:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.enforced = source.launch_links is not None
+        self.failures = 0
 
     # ---- lifecycle ----
 
@@ -240,10 +239,6 @@ class LaunchBudget:
                 return counts, None
             return s.report(counts, exact, time.monotonic()), s.duty
 
-    def sampled(self) -> dict[ProcessKey, float]:
-        with self._lock:
-            return {k: s.duty for k, s in self._sampled.items()}
-
     def exited(self, key: ProcessKey) -> None:
         with self._lock:
             self._exits.append(key)
@@ -266,8 +261,10 @@ class LaunchBudget:
                 self._apply_exits(now)
                 next_decision = self._decide(now)
                 self._toggle(time.monotonic())
-            except Exception:  # noqa: BLE001 - the budget failing must not stop the agent: counts stay exact
-                log.exception("overhead budget")
+            except Exception:  # noqa: BLE001 - the budget failing must not stop the agent
+                self.failures += 1
+                if self.failures == 1:
+                    log.exception("overhead budget (launches of processes it samples are estimated from then on)")
             with self._lock:
                 due = [s.next_toggle for s in self._sampled.values() if s.ended is None]
             wait = min([next_decision, *due]) - time.monotonic()
