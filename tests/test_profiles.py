@@ -225,3 +225,77 @@ def test_push_sends_call_sites_as_otlp_profiles_through_the_real_collector(fakec
             push.kill()
         col.stop()
         sink.stop()
+
+
+RUNNING = """
+import ctypes, os, sys, time
+lib, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.environ["FAKE_LIBCUDA"] = os.path.join(lib, "libcuda.so.1")
+rt = ctypes.CDLL(os.path.join(lib, "libcudart.so.13"))
+rt.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+host = ctypes.create_string_buffer(4096)
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+rt.cudaMemcpy(ctypes.c_void_p(0x1000), host, 1, 1)  # the first call memtrace sees: it learns of the process
+time.sleep(0.5)
+
+
+def upload():
+    for _ in range(n):
+        assert rt.cudaMemcpy(ctypes.c_void_p(0x1000), host, 4096, 1) == 0  # site
+upload()
+print("done", flush=True)
+"""
+
+
+def test_profile_a_running_process_by_pid(fakecuda: Path, tmp_path: Path) -> None:
+    """`memtrace profile --pid`: a Python process that was already running
+    (its libraries mapped before memtrace started) is profiled until it
+    exits: every copy it made from then on, exactly, the ones after its
+    first with their Python call site; it runs on unharmed."""
+    script = tmp_path / "running.py"
+    script.write_text(RUNNING)
+    go = tmp_path / "go"
+    python = interpreters()[-1]
+    work = subprocess.Popen(
+        [python, str(script), str(fakecuda / "lib"), str(go), "40"], stdout=subprocess.PIPE, text=True
+    )
+    assert work.stdout is not None and work.stdout.readline().strip() == "ready"
+    out = tmp_path / "prof"
+    prof = subprocess.Popen(
+        [*memtrace_cmd(), "profile", "-v", "--pid", str(work.pid), "--duration", "60", "-o", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert prof.stderr is not None
+        for line in prof.stderr:  # its libraries attached: the calls from now on are seen
+            if "attached" in line and "libcudart" in line:
+                break
+        go.touch()
+        assert work.stdout.readline().strip() == "done"
+        assert work.wait(timeout=60) == 0
+        assert prof.wait(timeout=60) == 0
+    finally:
+        for p in (work, prof):
+            if p.poll() is None:
+                p.kill()
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["command"]["pid"] == work.pid
+    assert doc["totals"]["h2d"]["calls"] == 41 and doc["totals"]["h2d"]["bytes"] == 40 * 4096 + 1
+    (site,) = [s for s in doc["stacks"] if s["bytes"] == 40 * 4096]
+    assert site["calls"] == 40
+    py = [f for f in site["frames"] if "file" in f]
+    line = next(i for i, text in enumerate(RUNNING.splitlines(), 1) if text.endswith("# site"))
+    assert py and py[0]["file"] == str(script) and py[0]["line"] == line, site["frames"]
+    assert py[0]["function"].endswith("upload")
+    assert sorted(os.listdir(out)) == ["copies.folded", "copies.svg", "memtrace.pb.gz", "summary.json"]
+
+
+def test_profile_asks_for_a_command_or_a_pid(tmp_path: Path) -> None:
+    for argv in ([], ["--pid", "1", "--", "true"], ["--pid", "999999999"]):
+        p = subprocess.run(
+            [*memtrace_cmd(), "profile", "-o", str(tmp_path / "p"), *argv], capture_output=True, text=True, timeout=60
+        )
+        assert p.returncode == 2 and "fix:" in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)

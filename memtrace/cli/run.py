@@ -114,13 +114,37 @@ def run(
 
     The table goes to stderr and JSON to stdout; with JSON on stdout, CMD's own
     stdout is sent to stderr so the two never mix. -o FILE takes either."""
+    trace_and_report(
+        cmd, fmt, output, detail, ring_size, host, host_interval, budget, stacks, folded, pprof, flamegraph, verbose
+    )
+
+
+def trace_and_report(
+    cmd: list[str],
+    fmt: Format,
+    output: str | None,
+    detail: bool,
+    ring_size: float,
+    host: bool,
+    host_interval: float,
+    budget: str | None,
+    stacks: bool,
+    folded: str | None,
+    pprof: str | None,
+    flamegraph: str | None,
+    verbose: bool,
+    pid: int | None = None,
+    seconds: float = 0.0,
+) -> None:
+    """`run`'s work: trace CMD until it exits, or (`pid`) a running process
+    for `seconds`, then write the summary and the profiles asked for."""
     setup_logging(verbose)
     from memtrace.export import profiles
     from memtrace.export.callsites import call_sites
     from memtrace.export.callsites import folded as fold_stacks
     from memtrace.export.report import print_table, summary
     from memtrace.runtime.agent import Agent, Options
-    from memtrace.runtime.command import run_command
+    from memtrace.runtime.command import run_command, watch_pid
     from memtrace.runtime.diagnose import LiveDiagnosis
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
@@ -149,14 +173,19 @@ def run(
             if signals is not None and diagnosis is not None:
                 signals.on_tick = diagnosis.tick
                 signals.follow(agent)
-            done = run_command(agent, cmd, host=signals)
+            if pid is None:
+                done = run_command(agent, cmd, host=signals)
+                command: dict[str, object] = {"argv": cmd, "exit_code": done.exit_code}
+            else:
+                done = watch_pid(agent, pid, seconds)
+                command = {"pid": pid, "exit_code": None}
             if not agent.wait_calibrated(CALIBRATION_WAIT_S):
                 log.warning("a probe's trap cost is not measured yet: the summary has no overhead")
             doc = summary(
                 agent.model,
                 agent.stats(),
                 agent.libraries,
-                {"argv": cmd, "exit_code": done.exit_code, "wall_seconds": done.wall_seconds},
+                {**command, "wall_seconds": done.wall_seconds},
                 agent.source.malformed,
                 drain=agent.drain_stats().as_dict(),
                 host=signals.view(agent.names()) if signals else None,
@@ -172,7 +201,7 @@ def run(
             if pprof is not None:
                 write_file(pprof, profiles.pprof(doc["stacks"]), "the pprof profile")
             if flamegraph is not None:
-                what = " ".join([os.path.basename(cmd[0]), *cmd[1:]])
+                what = " ".join([os.path.basename(cmd[0]), *cmd[1:]]) if cmd else f"pid {pid}"
                 if len(what) > 100:
                     what = what[:97] + "..."
                 svg = profiles.flame_graph(copies, f"memtrace: bytes copied by {what}")

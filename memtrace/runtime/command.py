@@ -1,4 +1,5 @@
-"""`memtrace run`: trace a command from its first instruction until it exits."""
+"""`memtrace run`: trace a command from its first instruction until it
+exits; `memtrace profile --pid`: a running process for a while."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import contextlib
 import os
 import shutil
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
-from memtrace.core.errors import CommandNotFound
+from memtrace.core.errors import BadOption, CommandNotFound
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.hostsignals import HostSignals
+from memtrace.sensors.cuda.discovery import alive
 
 
 @dataclass
@@ -124,3 +127,30 @@ def run_command(
             agent.fold()  # and what it read goes into the model
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+
+
+def watch_pid(agent: Agent, pid: int, seconds: float, drain_interval: float = DRAIN_INTERVAL_S) -> Finished:
+    """Trace a running process, and the children it forks from now on, for
+    `seconds` or until it exits (or ^C): the libraries it has mapped are
+    attached at once. Its calls before then were not seen: host memory that
+    was allocated before is `unknown`, and its Python frames are taken from
+    its first call memtrace sees on. Exit code 0."""
+    if not alive(pid):
+        raise BadOption(f"no process {pid}", "give --pid a running process (as this pid namespace names it)")
+    agent.source.trace_pid(pid)
+    agent.scan([pid])
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    try:
+        with agent.draining(drain_interval):
+            while not stop.wait(0.05):
+                if time.monotonic() - started >= seconds or not alive(pid):
+                    break
+        agent.source.read_control_now()
+        agent.poll()
+        agent.sync_totals()
+        return Finished(0, time.monotonic() - started)
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
