@@ -320,9 +320,8 @@ class BpfSource:
         self._stop_control()
         if self.obj is not None and self.obj.loaded:
             release_all(self.maps[HELD_MAP], self.opts.hold_limit_s)
-        if self.launch_links is not None:
-            self.launch_links.close()
-        destroy_links([link for a in self.attachments.values() for link in a.links])
+        own = self.launch_links.close() if self.launch_links is not None else []
+        destroy_links(own + [link for a in self.attachments.values() for link in a.links])
         for a in self.attachments.values():
             a.links.clear()
             if a.launch is not None:
