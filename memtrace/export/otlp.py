@@ -51,6 +51,7 @@ from memtrace.core.ids import ProcessKey, iso8601_ns
 from memtrace.export.config import HistogramKind, Protocol, PushConfig, Temporality
 from memtrace.model import Model, describe
 from memtrace.model.host import HostBook
+from memtrace.model.process import Process
 
 log = logging.getLogger("memtrace.otlp")
 
@@ -241,12 +242,44 @@ def _printable(s: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in s)
 
 
+def grpc_insecure(cfg: PushConfig) -> bool:
+    """Plaintext gRPC: asked for, or an http:// endpoint."""
+    return cfg.insecure or cfg.endpoint.startswith("http://")
+
+
+def grpc_credentials(cfg: PushConfig) -> Any:
+    """TLS credentials for gRPC from the configured CA and client key and
+    certificate (None when plaintext)."""
+    import grpc
+
+    if grpc_insecure(cfg):
+        return None
+    root = open(cfg.certificate, "rb").read() if cfg.certificate else None
+    key = open(cfg.client_key, "rb").read() if cfg.client_key else None
+    chain = open(cfg.client_certificate, "rb").read() if cfg.client_certificate else None
+    return grpc.ssl_channel_credentials(root, key, chain)
+
+
 def process_resource(key: ProcessKey, start_ns: int) -> dict[str, Any]:
     """Who a process is, as OTel's semantic conventions name it: its pid, and
     its start (two processes with one pid are two resources)."""
     attrs: dict[str, Any] = {"process.pid": key.pid}
     if start_ns:
         attrs["process.creation.time"] = iso8601_ns(start_ns)
+    return attrs
+
+
+def resource_of(base: dict[str, Any], key: ProcessKey, proc: Process) -> dict[str, Any]:
+    """A process's OTLP resource (its metrics' and its profiles'): `base` (the
+    configured and host attributes), then what the host said of the process
+    (its container, pod), then BPF's identity, which wins; the host's
+    executable name is the untruncated one, BPF's comm the fallback."""
+    attrs = dict(base)
+    attrs.update(proc.attributes)
+    attrs.update(process_resource(key, proc.start_ns))
+    if proc.name:
+        attrs.setdefault("process.executable.name", _printable(proc.name))
+    attrs.setdefault("service.name", "memtrace")
     return attrs
 
 
@@ -523,15 +556,7 @@ class MetricsBuilder:
             if proc.exited:
                 exited.append(key)
             keys.append(key)
-            attrs: dict[str, Any] = dict(self.cfg.resource_attributes)
-            attrs.update(self.host)
-            attrs.update(proc.attributes)
-            # BPF's identity wins over what the host said; the host's
-            # executable name is the untruncated one, BPF's comm the fallback.
-            attrs.update(process_resource(key, proc.start_ns))
-            if proc.name:
-                attrs.setdefault("process.executable.name", _printable(proc.name))
-            attrs.setdefault("service.name", "memtrace")
+            attrs = resource_of({**self.cfg.resource_attributes, **self.host}, key, proc)
             # A cumulative series starts when its counters were certainly zero:
             # the process's start, or this agent's if the agent came later.
             pp = _Points(
@@ -887,18 +912,12 @@ class Exporter:
             import grpc
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-            creds = None
-            if not cfg.insecure and not cfg.endpoint.startswith("http://"):
-                root = open(cfg.certificate, "rb").read() if cfg.certificate else None
-                key = open(cfg.client_key, "rb").read() if cfg.client_key else None
-                chain = open(cfg.client_certificate, "rb").read() if cfg.client_certificate else None
-                creds = grpc.ssl_channel_credentials(root, key, chain)
             if cfg.compression:
                 compression = grpc.Compression.Gzip
             self._exp = GrpcExporter(
                 endpoint=cfg.endpoint,
-                insecure=cfg.insecure or cfg.endpoint.startswith("http://"),
-                credentials=creds,
+                insecure=grpc_insecure(cfg),
+                credentials=grpc_credentials(cfg),
                 headers=cfg.headers,
                 timeout=cfg.timeout,
                 compression=compression,

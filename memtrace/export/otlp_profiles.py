@@ -176,7 +176,7 @@ class ProfilesBuilder:
 
     def build(self, sites: list[dict[str, Any]], processes: Mapping[int, Mapping[str, Any]]) -> ProfileBatch:
         """`sites`: call sites (export/callsites.py); `processes`: each pid's
-        resource attributes beyond the host's."""
+        resource (export/otlp.py resource_of, as its metrics have it)."""
         now = time.time_ns()
         d = _Dictionary()
         sent = dict(self._sent)
@@ -203,7 +203,7 @@ class ProfilesBuilder:
             return ProfileBatch(None, sent, now, 0, self.commits)
         resource_profiles = []
         for pid, by_type in sorted(per_pid.items()):
-            resource = {**self.host, **processes.get(pid, {"process.pid": pid})}
+            resource = processes.get(pid) or {**self.host, "process.pid": pid}
             profiles = []
             for t, samples in by_type.items():
                 instant = t == IN_USE
@@ -262,14 +262,13 @@ class ProfilesSender:
                 ProfilesServiceStub,
             )
 
+            from memtrace.export.otlp import grpc_credentials, grpc_insecure
+
             target = cfg.endpoint.split("://", 1)[-1].rstrip("/")
-            if cfg.insecure or cfg.endpoint.startswith("http://"):
+            if grpc_insecure(cfg):
                 channel = grpc.insecure_channel(target)
             else:
-                root = open(cfg.certificate, "rb").read() if cfg.certificate else None
-                key = open(cfg.client_key, "rb").read() if cfg.client_key else None
-                chain = open(cfg.client_certificate, "rb").read() if cfg.client_certificate else None
-                channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root, key, chain))
+                channel = grpc.secure_channel(target, grpc_credentials(cfg))
             self._stub = ProfilesServiceStub(channel)  # type: ignore[no-untyped-call]
             self.url = target
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
-from memtrace.export.otlp import Batch, Exporter, MetricsBuilder, process_resource
+from memtrace.export.otlp import Batch, Exporter, MetricsBuilder, resource_of
 from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, ProfilesSender
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.diagnose import LiveDiagnosis
@@ -36,21 +36,16 @@ class Profiles:
     def __init__(self, cfg: PushConfig) -> None:
         from memtrace import __version__
 
-        self.builder = ProfilesBuilder(
-            {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}, __version__
-        )
+        self.base = {**cfg.resource_attributes, **host_attributes()}  # as the metrics' resources start
+        self.builder = ProfilesBuilder({"service.name": "memtrace", **self.base}, __version__)
         self.sender = ProfilesSender(cfg)
         self.failures = 0
 
     def build(self, agent: Agent) -> ProfileBatch:
-        """Under the model lock."""
+        """Under the model lock. Each process's resource is its metrics' (its
+        container and pod included, for the collector's k8sattributes)."""
         model = agent.model
-        resources = {}
-        for key, p in model.processes.items():
-            attrs = process_resource(key, p.start_ns)
-            if p.name:
-                attrs["process.executable.name"] = p.name
-            resources[key.pid] = attrs
+        resources = {key.pid: resource_of(self.base, key, p) for key, p in model.processes.items()}
         return self.builder.build(call_sites(model, agent.stack_frames()), resources)
 
     def send(self, batch: ProfileBatch) -> None:
