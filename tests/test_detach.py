@@ -82,10 +82,12 @@ def test_no_breakpoint_is_left_in_a_library_once_the_run_is_over(fakecuda: Path,
 @pytest.mark.parametrize("budget", ["1%", "off"])
 def test_sampled_launch_probes_are_in_the_sampled_process_alone(fakecuda: Path, tmp_path: Path, budget: str) -> None:
     """With the budget on, a sampled process's library has its launch probes
-    per process (pid-filtered links): another process mapping the library
-    meanwhile finds no breakpoint on the launch functions, only on the
-    copies (whose probes stay for every process). With the budget off the
-    launch probes are the library's, for every process: breakpoints there."""
+    per process (pid-filtered links): beside the sampled loop, a light one
+    whose own launch probes stay attached all along; a third process,
+    untraced, mapping the library meanwhile finds no breakpoint on the
+    launch functions (neither loop's link reaches it), only on the copies
+    (whose probes stay for every process). With the budget off the launch
+    probes are the library's, for every process: breakpoints there."""
     assert uprobe_multi_supported()
     lib = tmp_path / "libcuda.so.1"
     shutil.copy(fakecuda / "lib" / "libcuda.so.1", lib)
@@ -93,10 +95,11 @@ def test_sampled_launch_probes_are_in_the_sampled_process_alone(fakecuda: Path, 
     launches = [p.offset for p in plan if not p.needs_return]
     copy = next(p.offset for p in plan if p.symbol == "cuMemcpyHtoDAsync_v2")
     out = tmp_path / "run.json"
-    loop = [str(fakecuda / "launchloop"), str(lib), "400000", "10000", "100"]
+    heavy = [str(fakecuda / "launchloop"), str(lib), "400000", "10000", "100"]
+    light = [str(fakecuda / "launchloop"), str(lib), "400", "10000000", "10"]  # ~10 ms of work a launch
     argv = [*memtrace_cmd(), "run", "--no-host", "--overhead-budget", budget, "--format", "json", "-o", str(out)]
     run = subprocess.Popen(
-        [*argv, "--", *loop],
+        [*argv, "--", "sh", "-c", f"{' '.join(light)} & {' '.join(heavy)}; wait"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -117,5 +120,7 @@ def test_sampled_launch_probes_are_in_the_sampled_process_alone(fakecuda: Path, 
     finally:
         _, err = run.communicate(timeout=300)
     assert run.returncode == 0, err
-    (row,) = json.loads(out.read_text())["launches"]
+    rows = {row["launches"]: row for row in json.loads(out.read_text())["launches"]}
+    assert rows[400]["estimated"] is False  # the light loop: under budget, exact
+    (row,) = [r for n, r in rows.items() if n != 400]
     assert row["estimated"] is (budget == "1%")
