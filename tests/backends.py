@@ -140,45 +140,23 @@ class Collector:
         self.log.close()
 
 
-class OtlpLogSink:
-    """An OTLP/HTTP logs receiver (POST /v1/logs, protobuf, gzip or not):
-    the records it got, decoded with the OTLP protobuf definitions."""
+class _OtlpReceiver:
+    """An OTLP/HTTP receiver on loopback: each POST's body (gunzipped) goes to
+    `take(path, body)`, whose reply (a protobuf response) is sent back."""
 
     def __init__(self) -> None:
         import gzip
         import http.server
         import threading
 
-        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-            ExportLogsServiceRequest,
-            ExportLogsServiceResponse,
-        )
-
-        self.records: list[dict] = []
-        sink = self
+        receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
-                req = ExportLogsServiceRequest()
-                req.ParseFromString(body)
-                for rl in req.resource_logs:
-                    res = {a.key: _any(a.value) for a in rl.resource.attributes}
-                    for sl in rl.scope_logs:
-                        for r in sl.log_records:
-                            sink.records.append(
-                                {
-                                    "resource": res,
-                                    "event_name": r.event_name,
-                                    "body": _any(r.body),
-                                    "severity": r.severity_text,
-                                    "time_unix_nano": r.time_unix_nano,
-                                    "attributes": {a.key: _any(a.value) for a in r.attributes},
-                                }
-                            )
-                out = ExportLogsServiceResponse().SerializeToString()
+                out = receiver.take(self.path, body)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(out)))
@@ -192,6 +170,9 @@ class OtlpLogSink:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def take(self, path: str, body: bytes) -> bytes:
+        raise NotImplementedError
+
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -201,12 +182,45 @@ class OtlpLogSink:
         self.server.server_close()
 
 
+class OtlpLogSink(_OtlpReceiver):
+    """An OTLP/HTTP logs receiver (POST /v1/logs, protobuf, gzip or not):
+    the records it got, decoded with the OTLP protobuf definitions."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        super().__init__()
+
+    def take(self, path: str, body: bytes) -> bytes:
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+            ExportLogsServiceRequest,
+            ExportLogsServiceResponse,
+        )
+
+        req = ExportLogsServiceRequest()
+        req.ParseFromString(body)
+        for rl in req.resource_logs:
+            res = {a.key: _any(a.value) for a in rl.resource.attributes}
+            for sl in rl.scope_logs:
+                for r in sl.log_records:
+                    self.records.append(
+                        {
+                            "resource": res,
+                            "event_name": r.event_name,
+                            "body": _any(r.body),
+                            "severity": r.severity_text,
+                            "time_unix_nano": r.time_unix_nano,
+                            "attributes": {a.key: _any(a.value) for a in r.attributes},
+                        }
+                    )
+        return ExportLogsServiceResponse().SerializeToString()
+
+
 def _any(v: object) -> object:
     kind = v.WhichOneof("value")  # type: ignore[attr-defined]
     return getattr(v, kind) if kind else None
 
 
-class OtlpProfileSink:
+class OtlpProfileSink(_OtlpReceiver):
     """An OTLP/HTTP receiver that keeps the profiles it gets (POST
     /v1development/profiles, protobuf, gzip or not), decoded with the OTLP
     protobuf definitions; any other signal is answered and dropped. Each
@@ -215,49 +229,22 @@ class OtlpProfileSink:
     a native frame's module, offset and function)."""
 
     def __init__(self) -> None:
-        import gzip
-        import http.server
-        import threading
+        self.samples: list[dict] = []
+        self.requests = 0
+        super().__init__()
 
+    def take(self, path: str, body: bytes) -> bytes:
         from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
             ExportProfilesServiceRequest,
             ExportProfilesServiceResponse,
         )
 
-        self.samples: list[dict] = []
-        self.requests = 0
-        sink = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                if self.headers.get("content-encoding") == "gzip":
-                    body = gzip.decompress(body)
-                if self.path.endswith("/profiles"):
-                    req = ExportProfilesServiceRequest()
-                    req.ParseFromString(body)
-                    sink.requests += 1
-                    sink.samples.extend(_profile_samples(req))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                reply = ExportProfilesServiceResponse().SerializeToString()
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
+        if path.endswith("/profiles"):
+            req = ExportProfilesServiceRequest()
+            req.ParseFromString(body)
+            self.requests += 1
+            self.samples.extend(_profile_samples(req))
+        return ExportProfilesServiceResponse().SerializeToString()
 
 
 def _profile_samples(req) -> list[dict]:  # type: ignore[no-untyped-def]

@@ -169,7 +169,7 @@ def test_push_sends_call_sites_as_otlp_profiles_through_the_real_collector(fakec
     col = Collector(
         tmp_path,
         REPO / "deploy" / "otelcol" / "agent.yaml",
-        {"MEMTRACE_EXPORT_ENDPOINT": sink.url, "MEMTRACE_PROFILES_ENDPOINT": sink.url},
+        {"MEMTRACE_EXPORT_ENDPOINT": sink.endpoint, "MEMTRACE_PROFILES_ENDPOINT": sink.endpoint},
     )
     push = start_push(
         ["--endpoint", f"http://127.0.0.1:{col.http_port}", "--protocol", "http/protobuf", "--interval", "1"]
