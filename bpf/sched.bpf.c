@@ -183,7 +183,7 @@ static __always_inline void charge_preemptor(__u32 tgid, struct task_struct *nex
 	struct sc_preempt_key key = { .cgroup_id = cgid, .tgid = tgid };
 	struct sc_preempt *v = bpf_map_lookup_elem(&preempts, &key);
 	struct zeroes *z;
-	__u32 zk = 0;
+	__u32 zk = 0, kthread;
 
 	if (!v) {
 		z = bpf_map_lookup_elem(&zero, &zk);
@@ -199,7 +199,14 @@ static __always_inline void charge_preemptor(__u32 tgid, struct task_struct *nex
 			return;
 	}
 	__sync_fetch_and_add(&v->count, 1);
+	/* The cgroup is named by a user process that preempted: kernel threads
+	 * sharing it (kworkers, rcu, some of them doing uprobe work for memtrace
+	 * itself) are the host's housekeeping, named only until one is seen. */
+	kthread = (BPF_CORE_READ(next, flags) & SC_PF_KTHREAD) ? 1 : 0;
+	if (kthread && v->last_tgid && !v->last_kthread)
+		return;
 	v->last_tgid = BPF_CORE_READ(next, tgid);
+	v->last_kthread = kthread;
 	BPF_CORE_READ_STR_INTO(&v->last_comm, next, comm);
 }
 

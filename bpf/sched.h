@@ -11,6 +11,7 @@
  * (slot 0 also takes 0 us); the last slot takes everything longer. */
 #define SC_SLOTS 26
 #define SC_COMM_LEN 16
+#define SC_PF_KTHREAD 0x00200000 /* task_struct.flags: a kernel thread (include/linux/sched.h) */
 
 /* A bitmap in front of the `traced` hash: bit (tgid % SC_FILTER_BITS) is set
  * when some traced process has that remainder, so the switches of untraced
@@ -44,7 +45,7 @@ struct sc_preempt {
 	__u64 wait_ns; /* run-queue wait of the traced threads that followed them */
 	__u32 last_tgid; /* the last preempting process seen (0: the idle task) */
 	char last_comm[SC_COMM_LEN];
-	__u32 pad;
+	__u32 last_kthread; /* it was a kernel thread: named only until a user process preempts */
 };
 
 /* Health counters, one slot each in the per-CPU `stats` array. */

@@ -34,7 +34,7 @@ class Preempt(ctypes.Structure):
         ("wait_ns", ctypes.c_uint64),
         ("last_tgid", ctypes.c_uint32),
         ("last_comm", ctypes.c_char * COMM_LEN),
-        ("pad", ctypes.c_uint32),
+        ("last_kthread", ctypes.c_uint32),
     ]
 
 
