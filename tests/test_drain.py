@@ -24,6 +24,7 @@ from memtrace.export.otlp import Batch, MetricsBuilder
 from memtrace.export.report import summary
 from memtrace.model import Model
 from memtrace.runtime.agent import Agent
+from memtrace.runtime.drain import DrainGaps
 from memtrace.runtime.push import push_forever
 from memtrace.sensors.cuda.source import Options
 
@@ -267,3 +268,17 @@ def test_the_fold_thread_takes_shares_in_ring_order_and_splits_a_large_batch() -
     assert agent.model.events == sum(sizes) and agent._pending_events == 0
     assert (ts == np.arange(1, sum(sizes) + 1)).all()  # each once, in ring order
     assert max(len(x) for x in folded_order) <= FOLD_SHARE_EVENTS
+
+
+def test_a_drain_put_off_on_purpose_is_not_a_gap_but_lateness_still_is() -> None:
+    """While the ring is quiet the drain thread puts drains off (up to a few
+    periods): the gap statistic counts only what came later than that."""
+    g = DrainGaps()
+    g.started(10.0)
+    g.started(10.005)  # on time: 5 ms
+    g.started(10.025, put_off=0.015)  # put off 15 ms on purpose, 5 ms late
+    assert g.count == 3 and g.max == pytest.approx(0.005)
+    g.started(10.065, put_off=0.015)  # 25 ms later than its stretched time
+    assert g.max == pytest.approx(0.025) and g.take_window_max() == pytest.approx(0.025)
+    g.started(10.066, put_off=0.015)  # a reader's drain soon after: never a negative gap
+    assert g.quantile(0.0) >= 0 and g.max == pytest.approx(0.025)

@@ -8,7 +8,8 @@ reads into the model runs on another. Two locks keep the threads apart:
   drain holds it while it reads the rings and acts on control events:
   attaching new libraries and continuing held processes. It never touches
   the model: what it decodes (event batches, exits, holds) is queued, in
-  ring order, as pending model updates, and the fold thread is woken.
+  ring order, as pending model updates; the fold thread is woken once a
+  share of them waits, and folds every FOLD_LATENCY_S otherwise.
 - `Agent.lock`, the model's: whoever reads or changes the model holds it
   (an export's build, a report, top's refresh, the fold thread). The fold
   thread folds the pending updates FOLD_SHARE_EVENTS at a time, taking the
@@ -63,7 +64,19 @@ __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
 log = logging.getLogger("memtrace")
 
 DRAIN_INTERVAL_S = 0.005
+# While the events ring is quiet (a drain reads under 1/QUIET_SHARE of what
+# it holds), the next drain is put off, doubling up to this many base periods:
+# an idle agent wakes 50 times a second, not 200. The ring still holds what a
+# burst of several million events a second brings in the longest interval;
+# the first drain that reads more goes back to the base period.
+IDLE_STRETCH = 4
+QUIET_SHARE = 64
 FOLD_SHARE_EVENTS = 4096  # events the fold thread folds per hold of the model lock, at most
+# The fold thread folds when a share is waiting, else at this age: a fold
+# costs about the same for 10 events as for 1000 (numpy per call), and
+# folding after every 5 ms drain of a slow trickle was most of an idle
+# agent's CPU. Readers never see the delay: they fold what is pending first.
+FOLD_LATENCY_S = 0.1
 
 
 class _Update(Enum):
@@ -108,6 +121,7 @@ class Agent:
         self._reads_deferred = 0
         self._pending_max = 0
         self._interval = 0.0
+        self._put_off = 0.0  # how much later than its period the drain thread will start the next drain
         self._thread: threading.Thread | None = None  # drains
         self._folder: threading.Thread | None = None  # folds
         self._fold_wanted = threading.Event()
@@ -292,7 +306,8 @@ class Agent:
         everything pending into the model (waiting for its lock); without
         (the drain thread), leave that to the fold thread. Returns the events read."""
         with self._drain_lock:
-            self._gaps.started(time.monotonic())
+            # What the drain thread put off on purpose (a quiet ring) is not lateness.
+            self._gaps.started(time.monotonic(), self._put_off)
             room = self._pending_events < self.max_pending_events
             if not room:
                 self._reads_deferred += 1
@@ -300,7 +315,7 @@ class Agent:
         if wait:
             with self.lock:
                 self._fold()
-        elif self._pending:
+        elif self._pending_events >= FOLD_SHARE_EVENTS:
             self._fold_wanted.set()
         return read
 
@@ -312,11 +327,15 @@ class Agent:
 
     def _drain_forever(self, interval: float) -> None:
         next_at = time.monotonic()
+        now = interval  # the period the next drain is scheduled at
+        quiet = max(self.max_pending_events // QUIET_SHARE, 1)
         try:
             while not self._stop.wait(max(next_at - time.monotonic(), 0.0)):
-                self._drain(wait=False)
+                read = self._drain(wait=False)
+                now = interval if read >= quiet else min(now * 2, interval * IDLE_STRETCH)
+                self._put_off = now - interval
                 # A fixed rate: a late drain is followed by the next at once, not a period later.
-                next_at = max(next_at + interval, time.monotonic() - interval)
+                next_at = max(next_at + now, time.monotonic() - now)
         except BaseException as e:  # noqa: BLE001 - handed to the owner, who re-raises it
             self._failure = e
             log.error("draining stopped: %s", e)
@@ -326,7 +345,7 @@ class Agent:
         the model lock between shares so that readers wait for one at most."""
         try:
             while not self._stop.is_set():
-                self._fold_wanted.wait(self._interval or DRAIN_INTERVAL_S)
+                self._fold_wanted.wait(FOLD_LATENCY_S)
                 self._fold_wanted.clear()
                 while self._pending and not self._stop.is_set():
                     if not self.lock.acquire(blocking=False):
@@ -364,6 +383,7 @@ class Agent:
             t.join()
         if f is not None:
             f.join()
+        self._put_off = 0.0
         failure, self._failure = self._failure, None
         if failure is not None:
             raise failure

@@ -3,7 +3,10 @@
 A drain reads the rings and acts on control events (attaching new
 libraries, continuing held processes). A late drain means a held process
 stays stopped longer and the events ring fills, so the agent measures every
-interval between the starts of consecutive drains and reports the worst."""
+interval between the starts of consecutive drains and reports the worst.
+While the events ring is quiet the drain thread puts drains off on purpose
+(up to a few periods: runtime/agent.py, IDLE_STRETCH); an interval counts
+without what was put off, so a gap is always the period plus lateness."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ class DrainStats:
 
     interval_seconds: float  # the period drains are scheduled at (0: no drain thread ran)
     drains: int  # drains started
-    gap_max_seconds: float  # the worst interval between the starts of two consecutive drains
+    gap_max_seconds: float  # the worst interval between the starts of two consecutive drains (less any put-off)
     gap_p99_seconds: float  # the 99th percentile of those intervals (to within 19%)
     folds_deferred: int  # times the fold thread found the model busy (an export or a report) and waited for it
     reads_deferred: int  # drains that left the events ring unread because the pending events reached their bound
@@ -47,13 +50,14 @@ class DrainGaps:
         self._last: float | None = None
         self._buckets = [0] * _BUCKETS
 
-    def started(self, now: float) -> None:
-        """A drain starts at `now` (time.monotonic seconds)."""
+    def started(self, now: float, put_off: float = 0.0) -> None:
+        """A drain starts at `now` (time.monotonic seconds), `put_off`
+        seconds later than its period on purpose (not counted as a gap)."""
         self.count += 1
         last, self._last = self._last, now
         if last is None:
             return
-        gap = max(now - last, 0.0)
+        gap = max(now - last - put_off, 0.0)
         self.max = max(self.max, gap)
         self.window_max = max(self.window_max, gap)
         i = 0 if gap <= _FLOOR_S else math.floor(math.log2(gap / _FLOOR_S) * _PER_OCTAVE)

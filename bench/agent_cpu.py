@@ -1,0 +1,109 @@
+"""What the agent's drain and fold threads cost while a job trickles events
+(issue 16: the agent at most 1% of a core; the diagnosis benchmark measured
+it at 13-21% for `memtrace run`).
+
+    sudo .venv/bin/python bench/agent_cpu.py [--seconds S] [--rounds N]
+
+A training-like job (tests/fixtures/trainjob.c through the test CUDA
+libraries: a 30 ms step of copies, kernels and a wait, about 400 events a
+second) is traced by an agent in this process, which drains and folds as
+`memtrace run` does (no host sampling, no diagnosis: those are
+bench/host_sampling.py's). Two schedules, alternating in rounds, side by
+side in one run:
+
+  every drain   the previous design: a drain every 5 ms, and a fold of what
+                it read after each one (here: the fold thread woken every
+                5 ms)
+  quiet ring    this one: drains put off, doubling up to 20 ms, while a drain
+                reads under 1/64 of the ring; a fold once 4096 events wait,
+                or every 100 ms
+
+Printed: this process's CPU (every thread) as a share of one core, per
+round and the median, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def copies(model: object) -> int:
+    """Copy calls the model holds, every process."""
+    procs = model.processes.values()  # type: ignore[attr-defined]
+    return sum(c.calls for p in procs for c in p.copy_view().values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=6.0, help="each measurement")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("agent_cpu: run as root (it loads BPF programs)")
+    from memtrace.runtime import agent as agent_mod
+    from memtrace.runtime.agent import Agent
+    from memtrace.sensors.cuda.source import Options
+
+    fx = Path(tempfile.mkdtemp(prefix="memtrace-agent-cpu-"))
+    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    link = fx / "pcie"
+    link.write_bytes((0).to_bytes(8, "little") + (2 << 30).to_bytes(8, "little"))
+    cpus = os.cpu_count() or 1
+    schedules = {
+        "every drain": (1, agent_mod.DRAIN_INTERVAL_S),
+        "quiet ring": (agent_mod.IDLE_STRETCH, agent_mod.FOLD_LATENCY_S),
+    }
+    seconds = (a.seconds + 1.5) * len(schedules) * a.rounds + 20
+    job_cmd = [str(fx / "trainjob"), "-t", str(seconds), "-L", "3000000", "-w", "1500000", "-k", "1500"]
+    job_cmd += ["-c", "8", "-b", str(1 << 20)]
+    if cpus > 1:
+        job_cmd = ["taskset", "-c", str(cpus - 1), *job_cmd]
+        os.sched_setaffinity(0, {0})  # the agent on another CPU than the job's
+    results: dict[str, list[float]] = {k: [] for k in schedules}
+    events: dict[str, list[float]] = {k: [] for k in schedules}
+    with Agent(Options(only_traced=True)) as agent:
+        job = subprocess.Popen(job_cmd, env=dict(os.environ, FAKE_PCIE=str(link), WORKLOAD_TRUTH="/dev/null"))
+        try:
+            time.sleep(0.5)
+            agent.source.trace_pid(job.pid)
+            agent.scan([job.pid])
+            print(f"machine: {platform.machine()}, {cpus} cpus, kernel {platform.release()}; {a.seconds:g} s a round")
+            for r in range(a.rounds):
+                for name, (stretch, fold) in schedules.items():
+                    agent_mod.IDLE_STRETCH, agent_mod.FOLD_LATENCY_S = stretch, fold
+                    with agent.draining():
+                        time.sleep(1.0)  # settle into the schedule
+                        with agent.locked() as model:
+                            before_events = copies(model)
+                        c0, t0 = time.process_time(), time.monotonic()
+                        time.sleep(a.seconds)
+                        c1, t1 = time.process_time(), time.monotonic()
+                        with agent.locked() as model:
+                            after_events = copies(model)
+                    results[name].append((c1 - c0) / (t1 - t0))
+                    events[name].append((after_events - before_events) / (t1 - t0))
+                    print(
+                        f"round {r + 1}  {name:12s} {results[name][-1]:6.2%} of one core"
+                        f"  ({events[name][-1]:,.0f} copies/s folded)",
+                        flush=True,
+                    )
+        finally:
+            job.kill()
+            job.wait()
+    old, new = statistics.median(results["every drain"]), statistics.median(results["quiet ring"])
+    print(f"median: every drain {old:.2%}, quiet ring {new:.2%} of one core; ratio {new / old:.2f}")
+
+
+if __name__ == "__main__":
+    main()
