@@ -917,7 +917,8 @@ static __noinline __u8 copy_args(struct inflight *f, const struct args *a, __u64
 		f->dst = W(&d, MT_P3D_DST_PTR_OFF);
 		return f->direction;
 	case MT_DIRSRC_BATCH:
-		/* dst and src are the arrays; BYTES named the sizes array. */
+	case MT_DIRSRC_BATCH3D:
+		/* dst and src are the arrays (none for 3D); BYTES named the sizes (operations) array. */
 		f->sizes = f->bytes;
 		f->bytes = arg_at(a, n); /* the count */
 		f->direction = MT_DIR_DEFAULT;
@@ -1165,6 +1166,75 @@ static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, co
 		count_lost(&tk, rest, ret, 0, false);
 }
 
+/* One operation of a 3D batch: its bytes (0 with a CUDA array, counted),
+ * and its pointers (0 for an array side). */
+static __always_inline __u64 b3d_op(const struct desc *d, __u64 *dst, __u64 *src)
+{
+	bool ptrs = W32(d, MT_B3D_SRC_TYPE_OFF) == MT_OPERAND_POINTER && W32(d, MT_B3D_DST_TYPE_OFF) == MT_OPERAND_POINTER;
+
+	*src = W32(d, MT_B3D_SRC_TYPE_OFF) == MT_OPERAND_POINTER ? W(d, MT_B3D_SRC_PTR_OFF) : 0;
+	*dst = W32(d, MT_B3D_DST_TYPE_OFF) == MT_OPERAND_POINTER ? W(d, MT_B3D_DST_PTR_OFF) : 0;
+	if (!ptrs) {
+		stat_inc(MT_STAT_BATCH_ARRAY_COPIES);
+		return 0;
+	}
+	return W(d, MT_B3D_WIDTH_OFF) * W(d, MT_B3D_HEIGHT_OFF) * W(d, MT_B3D_DEPTH_OFF);
+}
+
+/*
+ * The return of a 3D batch copy: as batch_return, from the operations
+ * array. Not inlined: its operation buffer is then not part of
+ * mt_return's frame.
+ */
+static __noinline int batch3d_return(const struct inflight *f, __u64 cookie, __s32 ret, __u64 dur, __u64 start)
+{
+	struct mt_totals_key tk = {};
+	__u64 id = current_id();
+	__u64 n = f->bytes, ops = f->sizes, ts = f->ts_ns, stream = f->stream, stack = f->stack;
+	__u64 d, s, sz, rest = 0;
+	struct desc op;
+	__u32 i;
+
+	tk.start_ns = start;
+	tk.pid = id >> 32;
+	tk.api = cookie & 0xffff;
+	tk.direction = MT_DIR_DEFAULT;
+	if (ret != 0 || n == 0) {
+		if (queue_copy(id, start, cookie, ts, dur, 0, stream, 0, 0, ret, MT_DIR_DEFAULT, 0, stack))
+			stat_inc(MT_STAT_EVENTS);
+		else
+			count_lost(&tk, 0, ret, dur, true);
+		return 0;
+	}
+	for (i = 0; i < MT_BATCH_EACH; i++) {
+		if (i >= n)
+			break;
+		d = s = sz = 0;
+		if (bpf_probe_read_user(&op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
+			sz = b3d_op(&op, &d, &s);
+		if (queue_copy(id, start, cookie, ts, i ? 0 : dur, sz, stream, d, s, ret, MT_DIR_DEFAULT,
+			       i ? MT_EV_MORE : 0, stack)) {
+			if (i == 0)
+				stat_inc(MT_STAT_EVENTS);
+		} else {
+			count_lost(&tk, sz, ret, i ? 0 : dur, i == 0);
+		}
+	}
+	if (n <= MT_BATCH_EACH)
+		return 0;
+	for (i = MT_BATCH_EACH; i < MT_BATCH_MAX; i++) {
+		if (i >= n)
+			break;
+		if (bpf_probe_read_user(&op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
+			rest += b3d_op(&op, &d, &s);
+	}
+	if (n > MT_BATCH_MAX)
+		stat_inc(MT_STAT_BATCH_TRUNCATED);
+	if (!queue_copy(id, start, cookie, ts, 0, rest, stream, 0, 0, ret, MT_DIR_DEFAULT, MT_EV_MORE | MT_EV_SUM, stack))
+		count_lost(&tk, rest, ret, 0, false);
+	return 0;
+}
+
 SEC("uretprobe")
 int BPF_KRETPROBE(mt_return)
 {
@@ -1187,6 +1257,11 @@ int BPF_KRETPROBE(mt_return)
 	introduce(id, start);
 	if (ck(cookie, MT_CK_DIRSRC_SHIFT) == MT_DIRSRC_BATCH && (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY) {
 		batch_return(id, start, cookie, f, ret, now - f->ts_ns);
+		drop_inflight(key);
+		return 0;
+	}
+	if (ck(cookie, MT_CK_DIRSRC_SHIFT) == MT_DIRSRC_BATCH3D && (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY) {
+		batch3d_return(f, cookie, ret, now - f->ts_ns, start);
 		drop_inflight(key);
 		return 0;
 	}

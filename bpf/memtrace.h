@@ -39,6 +39,9 @@ enum mt_dirsrc {
 	MT_DIRSRC_BATCH = 5,   /* arrays of copies: DST, SRC and BYTES index the dsts, srcs and
 				* sizes arrays, DIRARG the count; each copy's direction comes
 				* from its pointers (MT_DIR_DEFAULT), as for a unified copy */
+	MT_DIRSRC_BATCH3D = 6, /* an array of 3D copy operations (CUDA_MEMCPY3D_BATCH_OP,
+				* cudaMemcpy3DBatchOp): BYTES indexes it, DIRARG the count;
+				* as MT_DIRSRC_BATCH, each copy's direction from its pointers */
 };
 
 /* What a probed symbol does; the generic programs branch on it. */
@@ -149,6 +152,27 @@ enum mt_family {
  * (its duration, its result); the others have MT_EV_MORE in `layer` and
  * carry bytes only, the summed one MT_EV_SUM as well. A failed call queues one record, with no bytes.
  */
+/*
+ * 3D batch copies (cuMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync, CUDA
+ * 12.8+): the same records as above, from an array of operations, each a
+ * source and a destination operand (a pointer, or a CUDA array) and an
+ * extent in elements. Between two pointers an element is a byte; a copy to
+ * or from a CUDA array moves elements of the array's format, which memtrace
+ * does not read: such a copy is counted with no bytes and in
+ * MT_STAT_BATCH_ARRAY_COPIES, so the bytes not known are said, not guessed.
+ * The driver's and the runtime's layouts are the same (112 bytes).
+ */
+#define MT_B3D_OP_SIZE 112
+#define MT_B3D_SRC_TYPE_OFF 0
+#define MT_B3D_SRC_PTR_OFF 8
+#define MT_B3D_DST_TYPE_OFF 40
+#define MT_B3D_DST_PTR_OFF 48
+#define MT_B3D_WIDTH_OFF 80
+#define MT_B3D_HEIGHT_OFF 88
+#define MT_B3D_DEPTH_OFF 96
+#define MT_B3D_READ 104 /* what is read of each operation: up to the extent's end */
+#define MT_OPERAND_POINTER 1 /* CU_MEMCPY_OPERAND_TYPE_POINTER, cudaMemcpyOperandTypePointer */
+
 #define MT_BATCH_EACH 32
 #define MT_BATCH_MAX 1024
 #define MT_EV_MORE 0x80 /* mt_event.layer: a further copy of a batch call, not a call */
@@ -182,7 +206,9 @@ enum mt_stat {
 	MT_STAT_STACKS = 13,          /* call stacks taken (copies and memory calls, with stacks on) */
 	MT_STAT_STACK_FAILED = 14,    /* stacks the kernel could not take: the call has none */
 	MT_STAT_STACKS_FULL = 15,     /* stacks not kept: `stack_frames` full; the call has none */
-	MT_STAT_COUNT = 16,
+	MT_STAT_BATCH_ARRAY_COPIES = 16, /* copies of 3D batches to or from a CUDA array: counted,
+					  * their bytes not known (the array's element size) */
+	MT_STAT_COUNT = 17,
 };
 
 /* Control events: what user space must act on. */

@@ -76,6 +76,9 @@ int main(void) {
   C(MT_M3D_DST_HOST_OFF); C(MT_M3D_DST_DEVICE_OFF); C(MT_M3D_WIDTH_OFF); C(MT_M3D_HEIGHT_OFF); C(MT_M3D_DEPTH_OFF);
   C(MT_M3D_SIZE); C(MT_P3D_SRC_ARRAY_OFF); C(MT_P3D_SRC_PTR_OFF); C(MT_P3D_DST_ARRAY_OFF); C(MT_P3D_DST_PTR_OFF);
   C(MT_P3D_WIDTH_OFF); C(MT_P3D_HEIGHT_OFF); C(MT_P3D_DEPTH_OFF); C(MT_P3D_KIND_OFF); C(MT_P3D_SIZE);
+  C(MT_DIRSRC_BATCH3D); C(MT_STAT_BATCH_ARRAY_COPIES); C(MT_OPERAND_POINTER); C(MT_B3D_OP_SIZE); C(MT_B3D_READ);
+  C(MT_B3D_SRC_TYPE_OFF); C(MT_B3D_SRC_PTR_OFF); C(MT_B3D_DST_TYPE_OFF); C(MT_B3D_DST_PTR_OFF);
+  C(MT_B3D_WIDTH_OFF); C(MT_B3D_HEIGHT_OFF); C(MT_B3D_DEPTH_OFF);
   /* The offsets BPF reads, against the struct as cuda.h declares it. */
   printf("\"cuda srcMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY2D, srcMemoryType));
   printf("\"cuda dstMemoryType\": %zu,\n", offsetof(CUDA_MEMCPY2D, dstMemoryType));
@@ -104,7 +107,28 @@ int main(void) {
   printf("\"cuda P3D height\": %zu,\n", offsetof(struct cudaMemcpy3DParms, extent.height));
   printf("\"cuda P3D depth\": %zu,\n", offsetof(struct cudaMemcpy3DParms, extent.depth));
   printf("\"cuda P3D kind\": %zu,\n", offsetof(struct cudaMemcpy3DParms, kind));
-  printf("\"cuda P3D sizeof\": %zu\n}\n", sizeof(struct cudaMemcpy3DParms));
+  printf("\"cuda P3D sizeof\": %zu,\n", sizeof(struct cudaMemcpy3DParms));
+  /* 3D batch operations: the driver's and the runtime's, the same layout. */
+  printf("\"cuda B3D src.type\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, src.type));
+  printf("\"cuda B3D src.ptr\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, src.op.ptr.ptr));
+  printf("\"cuda B3D dst.type\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, dst.type));
+  printf("\"cuda B3D dst.ptr\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, dst.op.ptr.ptr));
+  printf("\"cuda B3D width\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, extent.width));
+  printf("\"cuda B3D height\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, extent.height));
+  printf("\"cuda B3D depth\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, extent.depth));
+  printf("\"cuda B3D extent end\": %zu,\n", offsetof(CUDA_MEMCPY3D_BATCH_OP, srcAccessOrder));
+  printf("\"cuda B3D sizeof\": %zu,\n", sizeof(CUDA_MEMCPY3D_BATCH_OP));
+  printf("\"cudart B3D src.type\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, src.type));
+  printf("\"cudart B3D src.ptr\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, src.op.ptr.ptr));
+  printf("\"cudart B3D dst.type\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, dst.type));
+  printf("\"cudart B3D dst.ptr\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, dst.op.ptr.ptr));
+  printf("\"cudart B3D width\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, extent.width));
+  printf("\"cudart B3D height\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, extent.height));
+  printf("\"cudart B3D depth\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, extent.depth));
+  printf("\"cudart B3D extent end\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, srcAccessOrder));
+  printf("\"cudart B3D sizeof\": %zu,\n", sizeof(struct cudaMemcpy3DBatchOp));
+  printf("\"cuda operand pointer\": %d,\n", (int)CU_MEMCPY_OPERAND_TYPE_POINTER);
+  printf("\"cudart operand pointer\": %d\n}\n", (int)cudaMemcpyOperandTypePointer);
   return 0;
 }
 """
@@ -237,6 +261,20 @@ def test_cookie_and_descriptor_constants_match(header: dict[str, int]) -> None:
         ("MT_P3D_SIZE", "cuda P3D sizeof"),
     ):
         assert header[mine] == header[theirs], mine
+    for lib in ("cuda", "cudart"):  # 3D batch operations: one layout for both
+        for mine, theirs in (
+            ("MT_B3D_SRC_TYPE_OFF", "src.type"),
+            ("MT_B3D_SRC_PTR_OFF", "src.ptr"),
+            ("MT_B3D_DST_TYPE_OFF", "dst.type"),
+            ("MT_B3D_DST_PTR_OFF", "dst.ptr"),
+            ("MT_B3D_WIDTH_OFF", "width"),
+            ("MT_B3D_HEIGHT_OFF", "height"),
+            ("MT_B3D_DEPTH_OFF", "depth"),
+            ("MT_B3D_READ", "extent end"),
+            ("MT_B3D_OP_SIZE", "sizeof"),
+        ):
+            assert header[mine] == header[f"{lib} B3D {theirs}"], (lib, mine)
+        assert header["MT_OPERAND_POINTER"] == header[f"{lib} operand pointer"]
     assert header["MT_M2D_SRC_MEMTYPE_OFF"] == header["cuda srcMemoryType"]
     assert header["MT_M2D_DST_MEMTYPE_OFF"] == header["cuda dstMemoryType"]
     assert header["MT_M2D_WIDTH_OFF"] == header["cuda WidthInBytes"]

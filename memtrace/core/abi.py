@@ -42,6 +42,7 @@ class DirSrc(enum.IntEnum):
     DESC3D = 3
     PARMS3D = 4
     BATCH = 5
+    BATCH3D = 6
 
 
 class Family(enum.IntEnum):
@@ -71,9 +72,10 @@ class Stat(enum.IntEnum):
     STACKS = 13
     STACK_FAILED = 14
     STACKS_FULL = 15
+    BATCH_ARRAY_COPIES = 16
 
 
-STAT_COUNT = 16
+STAT_COUNT = 17
 
 # Batch copies (memtrace.h): the first BATCH_EACH copies one record each,
 # the rest up to BATCH_MAX summed in one record; EV_MORE in an event's

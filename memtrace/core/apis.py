@@ -126,7 +126,7 @@ class Api:
 R, D = Layer.RUNTIME, Layer.DRIVER
 COPY, MEM, SYNC, LAUNCH = Family.COPY, Family.MEM, Family.SYNC, Family.LAUNCH
 KIND, FIXED, DESC, DESC3, PARMS3 = DirSrc.KIND, DirSrc.FIXED, DirSrc.DESC2D, DirSrc.DESC3D, DirSrc.PARMS3D
-BATCH = DirSrc.BATCH
+BATCH, BATCH3D = DirSrc.BATCH, DirSrc.BATCH3D
 H2D, D2H, D2D, PEER, DEFAULT = Direction.H2D, Direction.D2H, Direction.D2D, Direction.PEER, Direction.DEFAULT
 
 
@@ -166,6 +166,12 @@ APIS: tuple[Api, ...] = (
     # numAttrs, stream) as in CUDA 13 (libcudart.so.13); 12.8's had size_t *failIdx before the stream,
     # so with a libcudart.so.12 the event's stream field holds failIdx (bytes and pointers are the same).
     _copy(9, "cudaMemcpyBatchAsync", R, 3, BATCH, 4, 1, 2, stream_arg=8, variants=("cudaMemcpyBatchAsync" + PZ,)),
+    # cudaMemcpy3DBatchAsync(numOps, opList, flags, stream) as in CUDA 13 (12.8's had size_t *failIdx
+    # before the flags: with a libcudart.so.12 the stream field holds the flags); each operation's
+    # extent and operands from the list (memtrace.h, MT_DIRSRC_BATCH3D)
+    _copy(
+        10, "cudaMemcpy3DBatchAsync", R, 2, BATCH3D, 1, 0, 0, stream_arg=4, variants=("cudaMemcpy3DBatchAsync" + PZ,)
+    ),
     # ---- copies: libcuda ----
     # cuMemcpy(dst, src, ByteCount): unified addressing, direction from the pointers
     _copy(20, "cuMemcpy", D, 3, FIXED, DEFAULT, 1, 2, variants=("cuMemcpy" + PT,)),
@@ -190,6 +196,12 @@ APIS: tuple[Api, ...] = (
     _copy(35, "cuMemcpyBatchAsync", D, 3, BATCH, 4, 1, 2, stream_arg=9, variants=("cuMemcpyBatchAsync" + PZ,)),
     # cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream): CUDA 13's
     _copy(36, "cuMemcpyBatchAsync_v2", D, 3, BATCH, 4, 1, 2, stream_arg=8, variants=("cuMemcpyBatchAsync_v2" + PZ,)),
+    # cuMemcpy3DBatchAsync(numOps, opList, size_t *failIdx, flags, hStream): CUDA 12.8's
+    _copy(37, "cuMemcpy3DBatchAsync", D, 2, BATCH3D, 1, 0, 0, stream_arg=5, variants=("cuMemcpy3DBatchAsync" + PZ,)),
+    # cuMemcpy3DBatchAsync_v2(numOps, opList, flags, hStream): CUDA 13's
+    _copy(
+        38, "cuMemcpy3DBatchAsync_v2", D, 2, BATCH3D, 1, 0, 0, stream_arg=4, variants=("cuMemcpy3DBatchAsync_v2" + PZ,)
+    ),
     # ---- memory: libcudart ----
     _mem(40, "cudaMalloc", R, MemOp.DEVICE_ALLOC, out_arg=1, bytes_arg=2),  # (void **devPtr, size)
     _mem(41, "cudaFree", R, MemOp.DEVICE_FREE, dst_arg=1),

@@ -129,6 +129,8 @@ def summary(
             "unreturned_calls": stats.get(Stat.UNRETURNED, 0),
             # Batch copies with more copies than BPF reads: the bytes past the bound are missing.
             "batch_truncated_calls": stats.get(Stat.BATCH_TRUNCATED, 0),
+            # Copies of 3D batches to or from a CUDA array: counted, their bytes not known.
+            "batch_array_copies": stats.get(Stat.BATCH_ARRAY_COPIES, 0),
             "holds": stats.get(Stat.HOLDS, 0),
             "hold_missed": stats.get(Stat.HOLD_MISSED, 0),
             "malformed_records": malformed,
@@ -448,6 +450,12 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
             console,
             f"[yellow]{a['batch_truncated_calls']:,} batch copy calls had more than {BATCH_MAX} copies: "
             f"the bytes of the copies past the first {BATCH_MAX} are not counted.[/yellow]",
+        )
+    if a.get("batch_array_copies"):
+        say(
+            console,
+            f"[yellow]{a['batch_array_copies']:,} copies of 3D batches went to or from a CUDA array: counted, "
+            "but their bytes are not (an array's element size is not read).[/yellow]",
         )
     if any(not r["synchronous"] for r in doc["memcpy"]):
         say(
