@@ -236,6 +236,37 @@ def test_the_slow_rank_is_named_a_straggler_and_its_peers_wait_for_it() -> None:
     assert by_pid[100].evidence["waits_for_pid"] == 102
 
 
+def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as_evidence() -> None:
+    """The slowed rank's own signals say input starvation (its GPU idles while
+    its host work grew); its peers wait for it in collectives. The job's cause
+    is the straggler, and why it straggles is its evidence. Two ranks suffice."""
+    ranks = [ProcessKey(200 + r, 1) for r in range(2)]
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for r, key in enumerate(ranks):
+            w = proc(17.0 if slow else 10.0, key=key)
+            w.collective_ns = int(w.step_ns * 0.3)
+            if slow and r == 0:  # loading took 7 ms more: its GPU idled for it, it waited for nobody
+                w.collective_ns = int(w.step_ns * 0.18)
+                w.host_ns = int(w.step_ns * 0.65)
+                w.gpu_idle_ns = int(w.step_ns * 0.5)
+            elif slow:  # waited 7 ms more for rank 0 after its all-reduce
+                w.collective_ns = int(w.step_ns * 0.59)
+                w.host_ns = int(w.step_ns * 0.24)
+                w.gpu_idle_ns = int(w.step_ns * 0.06)
+            ws.append(w)
+        return ws, host(i)
+
+    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    d, made = run(windows)
+    assert {c for _, c in made} == {"straggler"} and len(made) == 2
+    by_pid = {x.key.pid: x for x in d.diagnoses}
+    slow = by_pid[200].evidence
+    assert slow["own_cause"] == "input_starvation" and slow["own_evidence"]["gpu_idle_share"] == 0.5
+    assert by_pid[201].evidence["waits_for_pid"] == 200 and "own_cause" not in by_pid[201].evidence
+
+
 def test_a_slowdown_nothing_explains_is_unknown_not_a_guess() -> None:
     windows = healthy(30) + [([proc(20.0)], host(i)) for i in range(30, 36)]
     d, made = run(windows)

@@ -108,6 +108,28 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def _ran_as_rank(pid: int, control: Path) -> bool:
+    """A trainjob process with this control file, that has run (used 50 ms of CPU)."""
+    try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() != "trainjob":
+            return False
+        if f"TRAINJOB_CONTROL={control}".encode() not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return False
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12]) >= 5
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 def replace_file(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
@@ -252,3 +274,62 @@ def test_push_sends_a_diagnosis_as_an_otlp_event_through_the_collector(
         col.stop()
         sink.stop()
         vm.stop()
+
+
+def test_a_slow_rank_is_diagnosed_as_a_straggler_and_its_peers_wait_for_it(
+    fakecuda: Path, fakenvml: Path, tmp_path: Path
+) -> None:
+    """A data-parallel job of three ranks that all-reduce through the test
+    NCCL every step; its barrier holds each rank's next wait until all have
+    arrived (NCCL returns at once; the ranks wait in the synchronisation
+    after). Part-way, rank 0's loading does 4x the work: it is the straggler,
+    and its peers, if diagnosed, wait for it. Every all-reduce is counted."""
+    (tmp_path / "barrier").write_bytes(bytes(8))
+    out, truth = tmp_path / "summary.json", tmp_path / "truth.jsonl"
+    ranks = []
+    for r in range(3):
+        (tmp_path / f"control{r}").write_text("gpu=1 loader=1\n")
+        ranks.append(
+            f"env TRAINJOB_CONTROL={tmp_path / f'control{r}'} {fakecuda / 'trainjob'} -t {SECONDS} "
+            f"-L 3000000 -w 1000000 -k 2000 -c 2 -b {1 << 20} -a {4 << 20} &"
+        )
+    env = dict(
+        os.environ,
+        LD_LIBRARY_PATH=f"{fakenvml}:{fakecuda / 'nccl'}",
+        FAKE_NVML_SCRIPT=str(tmp_path / "nvml.script"),
+        FAKE_NCCL_BARRIER=str(tmp_path / "barrier"),
+        FAKE_NCCL_RANKS="3",
+        WORKLOAD_TRUTH=str(truth),
+    )
+    (tmp_path / "nvml.script").write_text(nvml())
+    p = subprocess.Popen(
+        [*memtrace_cmd(), "run", "--format", "json", "-o", str(out), "--", "sh", "-c", " ".join(ranks) + " wait"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    slow = None
+    deadline = time.monotonic() + 60
+    while slow is None and time.monotonic() < deadline:
+        slow = next((pid for pid in _descendants(p.pid) if _ran_as_rank(pid, tmp_path / "control0")), None)
+        time.sleep(0.02)
+    assert slow is not None, "rank 0 never started"
+    time.sleep(FAULT_AT)
+    onset = time.time_ns()
+    (tmp_path / "control0").write_text("gpu=1 loader=4\n")
+    _, err = p.communicate(timeout=SECONDS * 4 + 60)
+    assert p.returncode == 0, err
+    doc = json.loads(out.read_text())
+    steps = {x["pid"]: x["steps"] for x in map(json.loads, truth.read_text().splitlines())}
+    assert slow in steps and len(steps) == 3
+    # Exact: one all-reduce of 4 MiB a step, every rank.
+    reduces = {c["pid"]: c for c in doc["collectives"] if c["collective"] == "all_reduce"}
+    assert {pid: c["calls"] for pid, c in reduces.items()} == steps
+    assert all(c["bytes"] == (4 << 20) * steps[pid] for pid, c in reduces.items())
+    (d, *_) = diagnosed(doc, slow)
+    assert d["cause"] == "straggler", doc["diagnoses"]
+    assert d["detected_time_unix_nano"] >= onset
+    assert d["evidence"]["peers_collective_share"] > d["evidence"]["collective_share"]
+    for peer in set(steps) - {slow}:
+        for x in diagnosed(doc, peer):  # a peer that slowed waits for the straggler
+            assert x["cause"] == "straggler" and x["evidence"]["waits_for_pid"] == slow, x

@@ -3,7 +3,10 @@ job at random times, against healthy runs; a confusion matrix, precision
 and recall per cause, detection and naming latency, false diagnoses per
 hour of healthy running, and the agent's CPU.
 
-    sudo .venv/bin/python bench/diagnose/run.py [--trials-per-fault N] [--seconds S] [--seed N]
+    sudo .venv/bin/python bench/diagnose/run.py [--trials-per-fault N] [--seconds S] [--seed N] [--faults A,B]
+
+With MEMTRACE_BENCH_LOGS=DIR, each trial's agent runs with -v and its log
+(every window's step time and baseline, per process) is kept in DIR.
 
 The job is tests/fixtures/trainjob.c through the test CUDA libraries: a
 fixed amount of real CPU work per step (data loading and host work),
@@ -11,10 +14,13 @@ host-to-device copies over an emulated PCIe link shared between processes
 (the test driver's FAKE_PCIE token bucket: a copy waits for its bytes to
 go through), and kernels on the fake GPU. Each trial runs it under
 `memtrace run` (pinned to one CPU) for S seconds; a fault starts at a
-random time between 35% and 65% of the run and lasts to the end:
+random time between 35% and 65% of the job's run (from its first
+instruction) and lasts to the end:
 
-  cpu_hog           a busy loop on the job's CPU             -> cpu_interference
-  cpu_quota         the job moved into a cgroup at 30% of a CPU -> cpu_interference
+  cpu_hog           two busy loops on the job's CPU (a neighbour's
+                    parallel build)                           -> cpu_interference
+  cpu_quota         the job moved into a cgroup at 20% of a CPU
+                    (it uses about 40% of one)                -> cpu_interference
   gpu_thermal       the test NVML reports thermal throttling and the
                     fake GPU's kernels take 2x as long        -> gpu_throttling
   pcie_degraded     the test NVML reports the link at x8 of x16 and the
@@ -31,6 +37,13 @@ random time between 35% and 65% of the run and lasts to the end:
                     cache); at onset it is moved into a memory cgroup
                     limited to 16 MiB and the file's cache is dropped, so
                     each step's reads reclaim and refault  -> host_memory_pressure
+  slow_rank         a data-parallel job of three ranks (each pinned to no
+                    CPU) that all-reduce their gradients every step through
+                    the test NCCL, whose barrier holds each rank's next wait
+                    until all have arrived; one rank's loading does 4x the
+                    work, and the others wait for it      -> straggler
+                    (on the slowed rank; its peers may be named stragglers'
+                    waiters, which is right, not false)
   none              nothing (healthy control)                 -> no diagnosis
 
 Only the nic_contention trials run the job in a network namespace with the
@@ -39,9 +52,8 @@ trials read a data set.
 
 The faults are simulations of what the hardware and neighbours do, driven
 through the same interfaces memtrace reads in production (the scheduler,
-cgroups, NVML through nvidia-ml-py, the copy calls' own times). A fault not
-injected here (no harness yet): a straggler rank; its cause is tested on
-scripted windows in tests/test_diagnosis.py.
+cgroups, NVML through nvidia-ml-py, the copy calls' own times, the NCCL
+calls and the waits after them).
 
 A trial's prediction is the first diagnosis of the job's process at or
 after the fault's onset ("none" if there is none); a diagnosis before the
@@ -82,12 +94,90 @@ EXPECTED = {
     "slow_loader": "input_starvation",
     "nic_contention": "nic_contention",
     "memory_pressure": "host_memory_pressure",
+    "slow_rank": "straggler",
     "none": "none",
 }
 DATA_BYTES = 64 << 20  # memory_pressure: the job's data set, read whole each step
 MEMORY_LIMIT = 16 << 20  # and the limit it is moved under at onset
-LINK_RATE = 2 << 30  # the emulated link, bytes per second: the job's copies take about a third of a step
+LINK_RATE = 2 << 30  # the emulated link, bytes per second
+# The job's step, in thirds or so, so that a fault that halves one resource
+# slows it by a quarter or more: CPU work (loading, then host work after the
+# wait), copies over the emulated link, and the fake GPU's three kernels.
+LOAD_MS, HOST_MS = 8.0, 4.0  # 12 ms of CPU
+COPIES, COPY_BYTES = 4, 4 << 20  # 16 MiB at LINK_RATE: 7.8 ms
+KERNEL_US = 3000  # 9 ms of GPU
+_shape: list[str] = []
+
+
+_ns_per_iter: list[float] = []
+
+
+def ns_per_iter(fc: Path) -> float:
+    """What one iteration of trainjob's CPU work takes on this machine (timed once)."""
+    if not _ns_per_iter:
+        iters = 10_000_000
+        truth = fc / "calibrate.jsonl"
+        env = dict(os.environ, WORKLOAD_TRUTH=str(truth))
+        argv = ["taskset", "-c", CPU, str(fc / "trainjob"), "-t", "1", "-c", "0", "-k", "0", "-w", "0"]
+        subprocess.run([*argv, "-L", str(iters)], env=env, check=True)
+        ends = json.loads(truth.read_text().splitlines()[0])["step_end_ns"]
+        truth.unlink()
+        _ns_per_iter.append(statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False)) / iters)
+        print(f"job: {_ns_per_iter[0]:.3f} ns per work iteration here", flush=True)
+    return _ns_per_iter[0]
+
+
+def job_shape(fc: Path) -> list[str]:
+    """trainjob's flags for the step above."""
+    if not _shape:
+        n = ns_per_iter(fc)
+        _shape.extend(
+            ["-L", str(int(LOAD_MS * 1e6 / n)), "-w", str(int(HOST_MS * 1e6 / n))]
+            + ["-k", str(KERNEL_US), "-c", str(COPIES), "-b", str(COPY_BYTES)]
+        )
+        print(f"job: trainjob {' '.join(_shape)}", flush=True)
+    return _shape
+
+
+# slow_rank: a data-parallel job of RANKS processes. Each step: 3 ms of loading
+# and 1 ms of host work, two 1 MiB copies, three 2 ms kernels, and an
+# all-reduce of 4 MiB of gradients through the test NCCL, whose barrier makes
+# every rank's next wait last until all have arrived (as NCCL's ranks wait).
+RANKS = 3
+RANK_LOAD_MS, RANK_HOST_MS, RANK_KERNEL_US = 3.0, 1.0, 2000
+SLOW_LOADER = 4  # the slowed rank's loading, times its own
+
+
+def rank_shape(fc: Path) -> list[str]:
+    n = ns_per_iter(fc)
+    return ["-L", str(int(RANK_LOAD_MS * 1e6 / n)), "-w", str(int(RANK_HOST_MS * 1e6 / n))] + [
+        "-k",
+        str(RANK_KERNEL_US),
+        "-c",
+        "2",
+        "-b",
+        str(1 << 20),
+        "-a",
+        str(4 << 20),
+    ]
+
+
+def pid_with_env(name: str, value: str) -> int | None:
+    """The process whose environment has name=value (one trial runs at a time)."""
+    want = f"{name}={value}".encode()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() == "trainjob" and want in (d / "environ").read_bytes().split(b"\0"):
+                    return int(d.name)
+            except OSError:
+                continue
+    return None
+
+
 CPU = str((os.cpu_count() or 1) - 1)
+LOGS = Path(os.environ["MEMTRACE_BENCH_LOGS"]) if os.environ.get("MEMTRACE_BENCH_LOGS") else None  # agents' stderr
+SETTLED_S = 2.5  # the agent has loaded its programs, attached and calibrated by then
 
 
 def nvml_script(**over: object) -> str:
@@ -113,17 +203,21 @@ class Trial:
     onset_ns: int = 0
     onset_mono_ns: int = 0  # CLOCK_MONOTONIC, the job's step clock
     slowdown: float | None = None  # the job's own median step after the onset (1 s on) over before it
+    evidence: dict | None = None  # the prediction's
+    spread: float | None = None  # healthy runs: the job's slowest half-second window over its median one
     predicted: str = "none"
     detect_s: float | None = None
     name_s: float | None = None
     false: list[str] = field(default_factory=list)
     agent_cpu_s: float = 0.0
     wall_s: float = 0.0
+    steady_cpu_s: float = 0.0  # the agent's CPU from SETTLED_S after its start to its last reading
+    steady_wall_s: float = 0.0
 
 
 def cpu_quota_cgroup() -> BenchCgroup:
-    """A cpu cgroup at 30% of one CPU."""
-    return BenchCgroup("cpu", {"cpu.max": "30000 100000"}, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "30000"})
+    """A cpu cgroup at 20% of one CPU (the job uses about 40% of one)."""
+    return BenchCgroup("cpu", {"cpu.max": "20000 100000"}, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "20000"})
 
 
 def memory_cgroup() -> BenchCgroup:
@@ -257,6 +351,16 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def job_started(agent: subprocess.Popen[bytes], deadline: float) -> float:
+    """When a trainjob process under the agent first ran (used CPU time)."""
+    while time.monotonic() < deadline and agent.poll() is None:
+        pid = job_pid()
+        if pid is not None and (cpu_seconds(pid) or 0) > 0:
+            return time.monotonic()
+        time.sleep(0.01)
+    return time.monotonic()
+
+
 def job_pid() -> int | None:
     """The trainjob process under `memtrace run` (one trial runs at a time)."""
     for d in Path("/proc").iterdir():
@@ -280,24 +384,7 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     write_atomic(script, nvml_script())
     out = tmp / "summary.json"
     at = rnd.uniform(0.35, 0.65) * seconds
-    job = [
-        "taskset",
-        "-c",
-        CPU,
-        str(fc / "trainjob"),
-        "-t",
-        str(seconds),
-        "-L",
-        "3000000",
-        "-w",
-        "1500000",
-        "-k",
-        "1500",
-        "-c",
-        "8",
-        "-b",
-        str(4 << 20),
-    ]
+    job = ["taskset", "-c", CPU, str(fc / "trainjob"), "-t", str(seconds), *job_shape(fc)]
     net: NetPair | None = None
     data = tmp / "dataset"
     if fault == "memory_pressure":
@@ -309,43 +396,69 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     if fault == "nic_contention":
         net = NetPair()
         job += ["-n", str(NET_BYTES)]
+    libs = str(nvml)
     if fault == "competing_copier":
         copier = f"{fc / 'trainjob'} -t {seconds} -L 0 -w 0 -k 0 -c 16 -b 8388608"
         argv = ["sh", "-c", f'"$@" & (sleep {at:.3f}; exec {copier}) & wait', "sh", *job]
+    elif fault == "slow_rank":
+        (tmp / "barrier").write_bytes(bytes(8))
+        ranks = []
+        for r in range(RANKS):
+            (tmp / f"control{r}").write_text("gpu=1 loader=1\n")
+            rank = ["env", f"TRAINJOB_CONTROL={tmp / f'control{r}'}", str(fc / "trainjob"), "-t", str(seconds)]
+            ranks.append(" ".join([*rank, *rank_shape(fc)]) + " &")
+        argv = ["sh", "-c", " ".join(ranks) + " wait"]
+        libs += f":{fc / 'nccl'}"
     else:
         argv = job
     env = dict(
         os.environ,
         FAKE_PCIE=str(link),
         TRAINJOB_CONTROL=str(control),
-        LD_LIBRARY_PATH=str(nvml),
+        LD_LIBRARY_PATH=libs,
+        FAKE_NCCL_BARRIER=str(tmp / "barrier"),
+        FAKE_NCCL_RANKS=str(RANKS),
         FAKE_NVML_SCRIPT=str(script),
         WORKLOAD_TRUTH=str(tmp / "truth.jsonl"),
         TRAINJOB_PEER=PEER,
     )
     cmd = ["taskset", "-c", "0", sys.executable, "-m", "memtrace", "run", "--format", "json", "-o", str(out)]
+    cmd += ["-v"] if LOGS else []  # each window's step time and baseline in the log
     cmd += ["--", *argv]
     start = time.monotonic()
-    agent = subprocess.Popen(net.in_a(cmd) if net else cmd, env=env, stderr=subprocess.DEVNULL, cwd=REPO)
+    log = open(LOGS / f"{fault}-{time.strftime('%H%M%S')}.log", "w") if LOGS else subprocess.DEVNULL
+    agent = subprocess.Popen(net.in_a(cmd) if net else cmd, env=env, stderr=log, cwd=REPO)
     hog: subprocess.Popen[bytes] | None = None
+    slowed: int | None = None
     quota: BenchCgroup | None = None
     last_cpu = [0.0]
+    settled: list[tuple[float, float]] = []  # (time, CPU) once started, and last
 
     def watch() -> None:
         while agent.poll() is None:
             c = cpu_seconds(agent.pid)
             if c is not None:
                 last_cpu[0] = c
+                if time.monotonic() - start >= SETTLED_S:
+                    settled[1:] = [(time.monotonic(), c)]
+                    if len(settled) == 1:
+                        settled.append(settled[0])
             time.sleep(0.2)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        time.sleep(max(0.0, start + at - time.monotonic()))
+        # From the job's start, not the agent's: the agent takes a second or
+        # so to load and attach, and a fault before the engine's baseline
+        # (MIN_BASELINE windows) would be learnt as the job's normal.
+        began = job_started(agent, start + 30)
+        time.sleep(max(0.0, began + at - time.monotonic()))
         t.onset_ns = time.time_ns()
         t.onset_mono_ns = time.monotonic_ns()
         if fault == "cpu_hog":
-            hog = subprocess.Popen(["taskset", "-c", CPU, "sh", "-c", "while :; do :; done"])
+            hog = subprocess.Popen(
+                ["taskset", "-c", CPU, "sh", "-c", "while :; do :; done & while :; do :; done"], start_new_session=True
+            )
         elif fault == "cpu_quota":
             pid = job_pid()
             if pid is not None:
@@ -365,12 +478,15 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
             set_link(link, LINK_RATE // 2)
         elif fault == "slow_loader":
             control.write_text("gpu=1 loader=4\n")
+        elif fault == "slow_rank":
+            slowed = pid_with_env("TRAINJOB_CONTROL", str(tmp / "control0"))
+            (tmp / "control0").write_text(f"gpu=1 loader={SLOW_LOADER}\n")
         elif fault == "nic_contention" and net is not None:
-            hog = subprocess.Popen(net.in_a(["taskset", "-c", "0", sys.executable, "-c", BULK]))
+            hog = subprocess.Popen(net.in_a(["taskset", "-c", "0", sys.executable, "-c", BULK]), start_new_session=True)
         agent.wait(timeout=seconds * 3 + 60)
     finally:
         if hog is not None:
-            hog.send_signal(signal.SIGKILL)
+            os.killpg(hog.pid, signal.SIGKILL)  # the shell and its loops
             hog.wait()
         if agent.poll() is None:
             agent.kill()
@@ -380,8 +496,13 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         if net is not None:
             net.close()
     watcher.join()
+    if LOGS:
+        log.close()  # type: ignore[union-attr]
     t.wall_s = time.monotonic() - start
     t.agent_cpu_s = last_cpu[0]
+    if len(settled) == 2 and settled[1][0] > settled[0][0]:
+        t.steady_cpu_s = settled[1][1] - settled[0][1]
+        t.steady_wall_s = settled[1][0] - settled[0][0]
     doc = json.loads(out.read_text())
     truth = [json.loads(line) for line in (tmp / "truth.jsonl").read_text().splitlines()]
     (tmp / "truth.jsonl").unlink()
@@ -389,18 +510,40 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     job_pids = set(pids)
     if fault == "competing_copier":
         job_pids = {min(truth, key=lambda x: x["start_ns"])["pid"]}  # the job started first; the copier at onset
-    t.slowdown = job_slowdown(next(x for x in truth if x["pid"] in job_pids), t.onset_mono_ns)
+    if fault == "slow_rank":
+        job_pids = {slowed} if slowed is not None else set()
+        if not job_pids:
+            raise SystemExit("slow_rank: the rank to slow was not found")
+    job_truth = next(x for x in truth if x["pid"] in job_pids)
+    t.slowdown = job_slowdown(job_truth, t.onset_mono_ns)
+    if fault == "none":
+        t.spread = window_spread(job_truth)
     for d in doc.get("diagnoses", []):
         if d["pid"] not in pids:
             continue
+        if fault == "slow_rank" and d["pid"] not in job_pids and d["cause"] == "straggler":
+            continue  # a rank that waits for the slowed one, named so: right
         if fault == "none" or d["detected_time_unix_nano"] < t.onset_ns or d["pid"] not in job_pids:
             t.false.append(d["cause"])
             continue
         if t.predicted == "none":
             t.predicted = d["cause"]
+            t.evidence = d["evidence"]
             t.detect_s = (d["detected_time_unix_nano"] - t.onset_ns) / 1e9
             t.name_s = (d["named_time_unix_nano"] - d["detected_time_unix_nano"]) / 1e9
     return t
+
+
+def window_spread(truth: dict, window_ns: int = 500_000_000) -> float | None:
+    """A healthy job's noise as the engine sees it: its largest mean step
+    over a half-second window (the engine's) against the median of those
+    means, from its third window on (the engine has no baseline before)."""
+    ends = truth["step_end_ns"]
+    means: dict[int, list[int]] = {}
+    for a, b in zip(ends, ends[1:], strict=False):
+        means.setdefault((b - ends[0]) // window_ns, []).append(b - a)
+    ms = [statistics.mean(v) for k, v in sorted(means.items()) if k >= 2]
+    return max(ms) / statistics.median(ms) if len(ms) > 2 else None
 
 
 def job_slowdown(truth: dict, onset_mono_ns: int) -> float | None:
@@ -439,7 +582,10 @@ def main() -> None:
                 f"[{i + 1}/{len(faults)}] {fault:17s} -> {t.predicted:20s}"
                 + (f" job {t.slowdown:.2f}x" if t.slowdown is not None else "")
                 + (f" detected {t.detect_s:.2f} s after onset" if t.detect_s is not None else "")
-                + (f"; false: {t.false}" if t.false else ""),
+                + (f"; false: {t.false}" if t.false else "")
+                + (
+                    f"\n    evidence: {json.dumps(t.evidence)}" if t.evidence and t.predicted != EXPECTED[fault] else ""
+                ),
                 flush=True,
             )
     report(trials, args)
@@ -479,6 +625,12 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
         print(f"detection after onset: p50 {statistics.median(det):.2f} s, p95 {p95:.2f} s")
         print(f"cause named after detection: p50 {statistics.median(name):.2f} s, max {max(name):.2f} s")
     healthy = [t for t in trials if t.fault == "none"]
+    spreads = [t.spread for t in healthy if t.spread is not None]
+    if spreads:
+        print(
+            f"healthy jobs' slowest half-second window against their median window: at most {max(spreads):.3f}x "
+            f"(the engine's threshold is 1.2x, two windows in a row)"
+        )
     healthy_s = sum(t.wall_s for t in healthy)
     false = sum(len(t.false) for t in trials)
     false_healthy = sum(len(t.false) for t in healthy)
@@ -488,7 +640,13 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
             f"({false_healthy / (healthy_s / 3600):.1f} per hour)"
         )
     cpu = sum(t.agent_cpu_s for t in trials) / sum(t.wall_s for t in trials)
-    print(f"agent CPU (memtrace run, host sampling at 10 Hz, diagnosis every 0.5 s): {cpu:.1%} of one core")
+    wall = sum(t.steady_wall_s for t in trials)
+    steady = sum(t.steady_cpu_s for t in trials) / wall if wall else float("nan")
+    print(
+        f"agent CPU (memtrace run, host sampling at 10 Hz, diagnosis every 0.5 s): {steady:.1%} of one core "
+        f"once started ({SETTLED_S:g} s on); {cpu:.1%} over whole trials, start-up (BPF load, attach, "
+        "calibration) included"
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,12 @@ from memtrace.core.ids import ProcessKey
 WINDOW_S = 0.5
 BASELINE = 20  # normal windows in a baseline
 MIN_BASELINE = 6  # before this many, no judgement
-SLOW_RATIO = 1.3
+# A fault that halves one of three resources a step uses in equal parts slows
+# it by a sixth to a third; a healthy job's half-second means stay within a
+# few percent of its median (bench/diagnose prints the spread it saw).
+SLOW_RATIO = 1.2
 DETECT_AFTER = 2
-CLEAR_RATIO = 1.15
+CLEAR_RATIO = 1.1
 CLEAR_AFTER = 4
 REFINE_WINDOWS = 4  # NVML's slow readings (link width) come every second or so
 
@@ -101,7 +104,7 @@ class ProcWindow:
     off_cpu_ns: int = 0
     preemptors: dict[int, tuple[int, str, str]] = field(default_factory=dict)  # cgroup -> (wait ns, path, comm)
     quota_throttled_ns: int = 0
-    collective_ns: int = 0  # time inside NCCL calls
+    collective_ns: int = 0  # time in NCCL calls and in the waits that followed them (charged to them)
     netns: int | None = None
 
 
@@ -214,6 +217,15 @@ class Diagnoser:
     def forget(self, key: ProcessKey) -> None:
         self.seen.pop(key, None)
 
+    def state(self, key: ProcessKey) -> str:
+        """Where a process stands, for a debug log: its baseline, slow windows, slowdown."""
+        s = self.seen.get(key)
+        if s is None:
+            return "not seen"
+        base = f"baseline {statistics.median(s.normal) * 1e-6:.3g} ms" if s.normal else "no baseline"
+        active = f", slowdown ({s.active.cause})" if s.active is not None else ""
+        return f"{base} of {len(s.normal)} windows, {len(s.slow)} slow{active}"
+
     def observe(self, procs: list[ProcWindow], host: HostWindow) -> list[Diagnosis]:
         """Fold one window; returns the diagnoses made (or re-named) in it."""
         self.windows += 1
@@ -317,6 +329,16 @@ class Diagnoser:
                 scores.append(r)
         if not scores:
             return "unknown", {"score": 0.0}
+        # A straggler is the job's cause: its peers wait for it (or this rank
+        # waits for one). What slowed the straggler itself, if a signal says,
+        # is its evidence: the fix is on that rank's host.
+        straggler = [t for t in scores if t[1] == "straggler" and t[0] >= 1.0]
+        if straggler:
+            score, cause, ev = straggler[0]
+            own = max((t for t in scores if t[1] != "straggler"), key=lambda t: t[0], default=None)
+            if own is not None and own[0] >= 1.0 and "waits_for_pid" not in ev:
+                ev = {**ev, "own_cause": own[1], "own_evidence": {k: v for k, v in own[2].items() if k != "fix_key"}}
+            return cause, {"score": round(score, 3), **ev}
         score, cause, ev = max(scores, key=lambda t: t[0])
         if score < 1.0:
             return "unknown", {"score": 0.0, "closest": cause, "closest_score": round(score, 3)}
@@ -495,27 +517,41 @@ class Diagnoser:
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], peers: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
         me = after[-1][0]
-        others = [p for p in peers if p.key != me.key and p.steps]
-        if len(others) < 2:
+        # Its peers: the processes of the same executable that step and make collectives.
+        others = [p for p in peers if p.key != me.key and p.steps and p.collective_ns]
+        if not others or not any(w.collective_ns for w, _ in before):
             return None
+
+        def per_step(ws: list[ProcWindow]) -> tuple[float, float]:
+            steps = sum(w.steps for w in ws)
+            return (sum(w.step_ns for w in ws) / steps, sum(w.collective_ns for w in ws) / steps) if steps else (0, 0)
 
         def coll_share(w: ProcWindow) -> float:
             return _share(w.collective_ns, w.step_ns)
 
-        mine = coll_share(me)
-        theirs = statistics.median(coll_share(p) for p in others)
-        mine_b = statistics.median(_share(w.collective_ns, w.step_ns) for w, _ in before)
-        # The straggler waits least in collectives while its peers wait for it.
-        if theirs - mine >= 0.15 and mine <= mine_b + 0.05:
-            return (theirs - mine) / 0.15, "straggler", {"collective_share": mine, "peers_collective_share": theirs}
-        if mine - mine_b >= 0.15:
+        (step_b, coll_b), (step_a, coll_a) = per_step([w for w, _ in before]), per_step([w for w, _ in after])
+        grew = step_a - step_b
+        if grew <= 0:
+            return 0.0, "straggler", {}
+        waited = (coll_a - coll_b) / grew  # the share of its extra step time spent waiting in collectives
+        ev: dict[str, Any] = {
+            "collective_seconds_per_step_before": round(coll_b / 1e9, 6),
+            "collective_seconds_per_step": round(coll_a / 1e9, 6),
+        }
+        # It waits for a peer: most of its step's growth is time in collectives.
+        if waited >= 0.5:
             slow = min(others, key=coll_share)
+            return waited / 0.5, "straggler", {**ev, "waits_for_pid": slow.key.pid}
+        # The peers wait for it: they spend a larger share of their steps in collectives than it does
+        # now (ranks in lockstep share one step time), while its own growth is not waiting.
+        mine, theirs = coll_share(me), statistics.median(coll_share(p) for p in others)
+        if waited <= 0.25 and theirs - mine >= 0.1:
             return (
-                (mine - mine_b) / 0.15,
+                (theirs - mine) / 0.1,
                 "straggler",
-                {"collective_share": mine, "collective_share_before": mine_b, "waits_for_pid": slow.key.pid},
+                {**ev, "collective_share": round(mine, 4), "peers_collective_share": round(theirs, 4)},
             )
-        return 0.0, "straggler", {}
+        return 0.0, "straggler", ev
 
 
 def _share_of(ws: list[tuple[ProcWindow, HostWindow]], uuid: str, pred: Callable[[GpuWindow], bool]) -> float:

@@ -74,6 +74,7 @@ class LiveDiagnosis:
         self._prev_t = mono
         procs: dict[ProcessKey, ProcWindow] = {}
         copy_bytes: dict[ProcessKey, int] = {}
+        calls_ns: dict[ProcessKey, int] = {}  # time in collective calls within steps, this window
         with self.agent.locked() as model:
             live = [(k, p) for k, p in model.processes.items() if not p.exited]
             for key, proc in live:
@@ -88,10 +89,15 @@ class LiveDiagnosis:
                     if steps is not None
                     else (0, 0, 0, 0, 0)
                 )
-                d = self._delta(("p", key), (*s, nbytes, nsum))
+                # The waits charged to its collectives: NCCL returns at once, and a rank
+                # waits for its peers in the synchronisation that follows.
+                att = model.collective_waits.get(key)
+                waited = sum(ns for _n, ns in att.by_collective.values()) if att is not None else 0
+                d = self._delta(("p", key), (*s, nbytes, nsum, waited))
                 if d is None:
                     continue
                 copy_bytes[key] = d[5]
+                calls_ns[key] = d[4]
                 procs[key] = ProcWindow(
                     key=key,
                     name=proc.name,
@@ -101,7 +107,7 @@ class LiveDiagnosis:
                     step_ns=d[1],
                     gpu_idle_ns=d[2],
                     host_ns=d[3],
-                    collective_ns=d[4],
+                    collective_ns=d[4] + d[7],  # in the calls, and waiting for them after
                     copy_bytes=d[5],
                     copy_ns=d[6],
                 )
@@ -127,8 +133,9 @@ class LiveDiagnosis:
                     self._prev_quota[key.pid] = q[1]
                 coll = sum(t.duration_ns for (pid, _c), t in book.collectives.items() if pid == key.pid)
                 dc = self._delta(("c", key), (coll,))
-                if dc is not None and dc[0]:
-                    w.collective_ns = dc[0]  # the NCCL sensor's, where the steps have none
+                if dc is not None and dc[0] > calls_ns.get(key, 0):
+                    # The calls' own time as the NCCL sensor has it, where the steps have less (none).
+                    w.collective_ns += dc[0] - calls_ns.get(key, 0)
                 w.netns = book.netns_of(key.pid)
             for g in book.gpus.values():
                 latest, last = g.latest, g.last
@@ -153,6 +160,12 @@ class LiveDiagnosis:
         if first:
             return []
         made = self.engine.observe(list(procs.values()), hw)
+        if log.isEnabledFor(logging.DEBUG):
+            gpus = ", ".join(f"{g.index}: throttled {g.throttled} x{g.link_width}" for g in hw.gpus)
+            log.debug("diagnosis window: %.2f s; GPUs %s; memory stall %s ns", hw.seconds, gpus, hw.memory_stall_ns)
+            for key, w in procs.items():
+                mean = f"{w.step_ns / w.steps * 1e-6:.3g} ms" if w.steps else "no steps"
+                log.debug("diagnosis window: pid %d %s: %s; %s", key.pid, w.name, mean, self.engine.state(key))
         names = CgroupNames() if made else None
         for diag in made:
             who = diag.evidence.get("taken_by")
