@@ -267,6 +267,29 @@ def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as
     assert by_pid[201].evidence["waits_for_pid"] == 200 and "own_cause" not in by_pid[201].evidence
 
 
+def test_ranks_of_another_job_of_the_same_executable_are_not_peers() -> None:
+    """Two data-parallel jobs of one executable on one host (each rank a child
+    of its own launcher). Job A's ranks all slow alike (nobody waits for
+    anybody): none of them is a straggler, although job B's ranks now spend
+    a larger share of their steps in collectives than A's."""
+    a = [ProcessKey(300 + r, 1) for r in range(2)]
+    b = [ProcessKey(400 + r, 1) for r in range(2)]
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for key in a + b:
+            w = proc(20.0 if slow and key in a else 10.0, key=key, ppid=30 if key in a else 40)
+            w.collective_ns = int(w.step_ns * 0.3)
+            if slow and key in a:
+                w.collective_ns = int(10.0 * 0.3 * MS) * w.steps  # the same time a step: not waiting more
+            ws.append(w)
+        return ws, host(i)
+
+    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    d, made = run(windows)
+    assert {x.key for x in d.diagnoses} == set(a) and "straggler" not in {c for _, c in made}, made
+
+
 def test_a_slowdown_nothing_explains_is_unknown_not_a_guess() -> None:
     windows = healthy(30) + [([proc(20.0)], host(i)) for i in range(30, 36)]
     d, made = run(windows)

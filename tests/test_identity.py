@@ -83,11 +83,13 @@ def test_the_bpf_name_wins_and_a_reused_pid_is_not_read_from_proc() -> None:
     tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     mine = ProcessKey(me, process_start_ticks(me) * tick_ns)
     assert read_process(mine).exe == os.path.realpath(sys.executable)
+    assert read_process(mine).ppid == os.getppid()  # a job's ranks are told apart by their launcher
     # The same pid with another start: another process, gone; /proc says nothing of it.
     assert read_process(ProcessKey(me, mine.start_ns + 5 * tick_ns)) == ProcessInfo()
-    m = Model(identify=lambda key: ProcessInfo(name="from-proc", exe="/bin/x"))
+    m = Model(identify=lambda key: ProcessInfo(name="from-proc", exe="/bin/x", ppid=77))
     m.introduce(mine, "from-bpf", 3)
     assert m.processes[mine].name == "from-bpf" and m.processes[mine].exe == "/bin/x"
+    assert m.processes[mine].ppid == 77
 
 
 def _by_start(rows: list[dict], pid: int) -> dict[int, list[dict]]:

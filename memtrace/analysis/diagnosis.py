@@ -92,6 +92,7 @@ class ProcWindow:
     key: ProcessKey
     name: str = ""
     exe: str = ""
+    ppid: int = 0  # its parent: the processes of one executable and one parent are one job's ranks
     start_ns: int = 0  # the process's start, wall clock
     steps: int = 0
     step_ns: int = 0
@@ -230,13 +231,15 @@ class Diagnoser:
         """Fold one window; returns the diagnoses made (or re-named) in it."""
         self.windows += 1
         out: list[Diagnosis] = []
-        by_exe: dict[str, list[ProcWindow]] = {}
+        # A job's ranks: one executable, one parent (torchrun, mpirun's daemon,
+        # a pod's launcher); another job of the same executable is not a peer.
+        jobs: dict[tuple[str, int], list[ProcWindow]] = {}
         for w in procs:
-            by_exe.setdefault(w.exe or w.name, []).append(w)
+            jobs.setdefault((w.exe or w.name, w.ppid), []).append(w)
         for w in procs:
             s = self.seen.setdefault(w.key, _Seen())
             s.windows.append((w, host))
-            d = self._symptom(s, w, host, by_exe.get(w.exe or w.name, []))
+            d = self._symptom(s, w, host, jobs.get((w.exe or w.name, w.ppid), []))
             if d is not None:
                 out.append(d)
         return out
@@ -517,7 +520,7 @@ class Diagnoser:
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], peers: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
         me = after[-1][0]
-        # Its peers: the processes of the same executable that step and make collectives.
+        # Its peers: its job's other ranks (observe) that step and make collectives.
         others = [p for p in peers if p.key != me.key and p.steps and p.collective_ns]
         if not others or not any(w.collective_ns for w, _ in before):
             return None

@@ -33,3 +33,4 @@ class ProcessInfo:
     name: str = ""  # used only when BPF could not say (its notice was lost)
     exe: str = ""
     attributes: dict[str, str | int] = field(default_factory=dict)  # OTLP resource: container, pod, executable
+    ppid: int = 0  # its parent when memtrace met it (0: not known): a job's ranks share a launcher

@@ -156,6 +156,7 @@ class Model:
                 key,
                 name=info.name,
                 exe=info.exe,
+                ppid=info.ppid,
                 start_ns=self.boot_wall_ns + key.start_ns if key.start_ns else 0,
                 attributes=dict(info.attributes),
             )

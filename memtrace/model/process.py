@@ -140,6 +140,7 @@ class Process:
     key: ProcessKey
     name: str = ""  # the command name, from BPF at its first event
     exe: str = ""
+    ppid: int = 0  # its parent when memtrace met it (0: not known)
     cgroup_id: int = 0  # from BPF at its first event (0: not said)
     first_seen_ns: int = field(default_factory=time.time_ns)
     start_ns: int = 0  # when the process started, wall clock (0: unknown)

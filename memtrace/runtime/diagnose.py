@@ -102,6 +102,7 @@ class LiveDiagnosis:
                     key=key,
                     name=proc.name,
                     exe=proc.exe.rsplit("/", 1)[-1] if proc.exe else proc.name,
+                    ppid=proc.ppid,
                     start_ns=proc.start_ns,
                     steps=d[0],
                     step_ns=d[1],

@@ -113,6 +113,7 @@ def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
     if not is_running(key, proc):
         return ProcessInfo()
     name = exe = ""
+    ppid = 0
     try:
         name = (proc / str(key.pid) / "comm").read_text().strip()
     except OSError:
@@ -121,10 +122,14 @@ def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
         exe = str((proc / str(key.pid) / "exe").readlink())
     except OSError:
         pass
+    try:
+        ppid = int(_stat_fields(key.pid, proc)[1])
+    except (OSError, ValueError, IndexError):
+        pass
     attrs = process_attributes(key.pid, name, exe, proc)
     if not is_running(key, proc):  # replaced while being read
         return ProcessInfo()
-    return ProcessInfo(name, exe, attrs)
+    return ProcessInfo(name, exe, attrs, ppid=ppid)
 
 
 def process_cpu_ns(key: ProcessKey, proc: Path = Path("/proc")) -> int | None:
