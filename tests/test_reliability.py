@@ -444,7 +444,7 @@ PYTHON_READS = {
 
 def test_bpf_reads_only_arguments_and_descriptors() -> None:
     """Every user-memory read in the BPF source is at an argument slot, a
-    copy descriptor, a batch copy's pointer and size arrays, the return
+    copy descriptor, a batch copy's pointer and size arrays or operations, the return
     address at a call's entry (for its stack), or the interpreter's own
     state (for Python frames): never the memory being copied."""
     bpf = Path(__file__).parent.parent / "bpf"
@@ -462,6 +462,10 @@ def test_bpf_reads_only_arguments_and_descriptors() -> None:
             # the call's arguments, never the memory they point at
             assert re.fullmatch(r"sizeof\((d|s|sz|chunk)\)", size), r
             assert (size == "sizeof(chunk)") == src.startswith("(void *)(sizes + 8 * base)"), r
+        elif size == "MT_B3D_READ":
+            # a 3D batch's operation (its operands and extent, up to the extent's end), one per copy in the
+            # operations array the call names: a descriptor, never the memory its operands point at
+            assert dst == "&op" and re.match(r"\(void \*\)\(ops \+ MT_B3D_OP_SIZE \* i\)\)", src), r
         elif size == "sizeof(ret)":
             # the return address at the stack pointer, at a function's entry (x86-64): the caller's frame
             assert (dst, src) == ("&ret", "(void *)PT_REGS_SP(ctx)"), r
