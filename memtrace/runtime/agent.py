@@ -65,7 +65,7 @@ log = logging.getLogger("memtrace")
 
 DRAIN_INTERVAL_S = 0.005
 # While the events ring is quiet (a drain reads under 1/QUIET_SHARE of what
-# it holds), the next drain is put off, doubling up to this many base periods:
+# it holds, and no more than that waits for the model), the next drain is put off, doubling up to this many base periods:
 # an idle agent wakes 50 times a second, not 200. The ring still holds what a
 # burst of several million events a second brings in the longest interval;
 # the first drain that reads more goes back to the base period.
@@ -332,7 +332,9 @@ class Agent:
         try:
             while not self._stop.wait(max(next_at - time.monotonic(), 0.0)):
                 read = self._drain(wait=False)
-                now = interval if read >= quiet else min(now * 2, interval * IDLE_STRETCH)
+                # Busy: a drain that read much, or a model behind (reads deferred, the ring filling).
+                busy = read >= quiet or self._pending_events >= quiet
+                now = interval if busy else min(now * 2, interval * IDLE_STRETCH)
                 self._put_off = now - interval
                 # A fixed rate: a late drain is followed by the next at once, not a period later.
                 next_at = max(next_at + now, time.monotonic() - now)
