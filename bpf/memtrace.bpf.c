@@ -853,6 +853,15 @@ struct desc {
 #define W(d, off) ((d)->w[(off) / 8])
 #define W32(d, off) ((__u32)W(d, off)) /* a 4-byte enum at an 8-aligned offset */
 
+/* A 3D batch's operation while it is read: mt_return's frame cannot spare
+ * it (on 6.1 kernels its 200 bytes put mt_return over the 512-byte stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct desc);
+} b3d_scratch SEC(".maps");
+
 /* The host or device pointer a descriptor side names, by its memory type. */
 static __always_inline __u64 side_ptr(__u32 type, __u64 host, __u64 dev)
 {
@@ -1183,35 +1192,34 @@ static __always_inline __u64 b3d_op(const struct desc *d, __u64 *dst, __u64 *src
 
 /*
  * The return of a 3D batch copy: as batch_return, from the operations
- * array. Not inlined: its operation buffer is then not part of
- * mt_return's frame.
+ * array, each operation read into a per-CPU buffer (b3d_scratch).
  */
-static __noinline int batch3d_return(const struct inflight *f, __u64 cookie, __s32 ret, __u64 dur, __u64 start)
+static __always_inline void batch3d_return(__u64 id, __u64 start, __u64 cookie, const struct inflight *f, __s32 ret,
+					   __u64 dur)
 {
 	struct mt_totals_key tk = {};
-	__u64 id = current_id();
 	__u64 n = f->bytes, ops = f->sizes, ts = f->ts_ns, stream = f->stream, stack = f->stack;
 	__u64 d, s, sz, rest = 0;
-	struct desc op;
-	__u32 i;
+	__u32 i, zero = 0;
+	struct desc *op = bpf_map_lookup_elem(&b3d_scratch, &zero);
 
 	tk.start_ns = start;
 	tk.pid = id >> 32;
 	tk.api = cookie & 0xffff;
 	tk.direction = MT_DIR_DEFAULT;
-	if (ret != 0 || n == 0) {
+	if (ret != 0 || n == 0 || !op) {
 		if (queue_copy(id, start, cookie, ts, dur, 0, stream, 0, 0, ret, MT_DIR_DEFAULT, 0, stack))
 			stat_inc(MT_STAT_EVENTS);
 		else
 			count_lost(&tk, 0, ret, dur, true);
-		return 0;
+		return;
 	}
 	for (i = 0; i < MT_BATCH_EACH; i++) {
 		if (i >= n)
 			break;
 		d = s = sz = 0;
-		if (bpf_probe_read_user(&op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
-			sz = b3d_op(&op, &d, &s);
+		if (bpf_probe_read_user(op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
+			sz = b3d_op(op, &d, &s);
 		if (queue_copy(id, start, cookie, ts, i ? 0 : dur, sz, stream, d, s, ret, MT_DIR_DEFAULT,
 			       i ? MT_EV_MORE : 0, stack)) {
 			if (i == 0)
@@ -1221,18 +1229,17 @@ static __noinline int batch3d_return(const struct inflight *f, __u64 cookie, __s
 		}
 	}
 	if (n <= MT_BATCH_EACH)
-		return 0;
+		return;
 	for (i = MT_BATCH_EACH; i < MT_BATCH_MAX; i++) {
 		if (i >= n)
 			break;
-		if (bpf_probe_read_user(&op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
-			rest += b3d_op(&op, &d, &s);
+		if (bpf_probe_read_user(op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
+			rest += b3d_op(op, &d, &s);
 	}
 	if (n > MT_BATCH_MAX)
 		stat_inc(MT_STAT_BATCH_TRUNCATED);
 	if (!queue_copy(id, start, cookie, ts, 0, rest, stream, 0, 0, ret, MT_DIR_DEFAULT, MT_EV_MORE | MT_EV_SUM, stack))
 		count_lost(&tk, rest, ret, 0, false);
-	return 0;
 }
 
 SEC("uretprobe")
@@ -1261,7 +1268,7 @@ int BPF_KRETPROBE(mt_return)
 		return 0;
 	}
 	if (ck(cookie, MT_CK_DIRSRC_SHIFT) == MT_DIRSRC_BATCH3D && (ck(cookie, MT_CK_FAMILY_SHIFT) & 7) == MT_FAM_COPY) {
-		batch3d_return(f, cookie, ret, now - f->ts_ns, start);
+		batch3d_return(id, start, cookie, f, ret, now - f->ts_ns);
 		drop_inflight(key);
 		return 0;
 	}

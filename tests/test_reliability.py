@@ -463,9 +463,10 @@ def test_bpf_reads_only_arguments_and_descriptors() -> None:
             assert re.fullmatch(r"sizeof\((d|s|sz|chunk)\)", size), r
             assert (size == "sizeof(chunk)") == src.startswith("(void *)(sizes + 8 * base)"), r
         elif size == "MT_B3D_READ":
-            # a 3D batch's operation (its operands and extent, up to the extent's end), one per copy in the
-            # operations array the call names: a descriptor, never the memory its operands point at
-            assert dst == "&op" and re.match(r"\(void \*\)\(ops \+ MT_B3D_OP_SIZE \* i\)\)", src), r
+            # a 3D batch's operation (its operands and extent, up to the extent's end; into a per-CPU
+            # buffer), one per copy in the operations array the call names: a descriptor, never the
+            # memory its operands point at
+            assert dst == "op" and re.match(r"\(void \*\)\(ops \+ MT_B3D_OP_SIZE \* i\)\)", src), r
         elif size == "sizeof(ret)":
             # the return address at the stack pointer, at a function's entry (x86-64): the caller's frame
             assert (dst, src) == ("&ret", "(void *)PT_REGS_SP(ctx)"), r

@@ -125,6 +125,9 @@ class Agent:
         self._pending_events = 0
         # One ring's worth of events may wait in memory for the model, then the ring itself.
         self.max_pending_events = max(opts.ring_bytes // EVENT_DTYPE.itemsize, 1)
+        # The fold thread is woken at a share of events, or at half the bound
+        # (a small ring): never left asleep while drains stop reading.
+        self._fold_wake = max(min(FOLD_SHARE_EVENTS, self.max_pending_events // 2), 1)
         self._gaps = DrainGaps()
         self._folds_deferred = 0
         self._reads_deferred = 0
@@ -315,6 +318,11 @@ class Agent:
         """Read the rings and act on control events. With `wait`, then fold
         everything pending into the model (waiting for its lock); without
         (the drain thread), leave that to the fold thread. Returns the events read."""
+        if wait:
+            # Fold first, so that this drain has room to read everything the
+            # ring holds: a last drain before a report must leave nothing there.
+            with self.lock:
+                self._fold()
         with self._drain_lock:
             # What the drain thread put off on purpose (a quiet ring) is not lateness.
             self._gaps.started(time.monotonic(), self._put_off)
@@ -325,7 +333,7 @@ class Agent:
         if wait:
             with self.lock:
                 self._fold()
-        elif self._pending_events >= FOLD_SHARE_EVENTS:
+        elif self._pending_events >= self._fold_wake:
             self._fold_wanted.set()
         return read
 
