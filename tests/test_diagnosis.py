@@ -267,6 +267,28 @@ def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as
     assert by_pid[201].evidence["waits_for_pid"] == 200 and "own_cause" not in by_pid[201].evidence
 
 
+def test_ranks_whose_collectives_all_slow_alike_have_no_straggler() -> None:
+    """Every rank's waits after its all-reduces grow alike (the collectives'
+    network slowed, not a rank): nobody waits for anybody in particular, so
+    no rank is a straggler; the link's shaper says why."""
+    ns = 4026532100
+    ranks = [ProcessKey(500 + r, 1) for r in range(3)]
+    quiet = LinkWindow(ns, "eth0", 0.2, 0, 0, 0)
+    held = LinkWindow(ns, "eth0", 0.5, 40, 900, 1 << 20)
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for key in ranks:
+            w = proc(16.0 if slow else 10.0, key=key, netns=ns)
+            w.collective_ns = int((3.0 + (6.0 if slow else 0.0)) * MS) * w.steps
+            ws.append(w)
+        return ws, host(i, links=[held if slow else quiet])
+
+    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    d, made = run(windows)
+    assert {c for _, c in made} == {"nic_contention"} and len(made) == 3, made
+
+
 def test_ranks_of_another_job_of_the_same_executable_are_not_peers() -> None:
     """Two data-parallel jobs of one executable on one host (each rank a child
     of its own launcher). Job A's ranks all slow alike (nobody waits for

@@ -541,9 +541,11 @@ class Diagnoser:
             "collective_seconds_per_step_before": round(coll_b / 1e9, 6),
             "collective_seconds_per_step": round(coll_a / 1e9, 6),
         }
-        # It waits for a peer: most of its step's growth is time in collectives.
-        if waited >= 0.5:
-            slow = min(others, key=coll_share)
+        # It waits for a peer: most of its step's growth is time in collectives, and a peer
+        # spends a smaller share of the (shared) step there: the one it waits for. If every
+        # rank waits alike, the collectives themselves slowed (their network): no straggler.
+        slow = min(others, key=coll_share)
+        if waited >= 0.5 and coll_share(me) - coll_share(slow) >= 0.1:
             return waited / 0.5, "straggler", {**ev, "waits_for_pid": slow.key.pid}
         # The peers wait for it: they spend a larger share of their steps in collectives than it does
         # now (ranks in lockstep share one step time), while its own growth is not waiting.
