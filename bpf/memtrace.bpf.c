@@ -1106,6 +1106,41 @@ static __always_inline bool queue_copy(__u64 id, __u64 start, __u64 cookie, __u6
 
 #define BATCH_CHUNK 16
 
+/* A batch call's key in the kernel's `lost` totals (its records' direction is default). */
+static __always_inline void batch_key(struct mt_totals_key *tk, __u64 id, __u64 start, __u64 cookie)
+{
+	tk->start_ns = start;
+	tk->pid = id >> 32;
+	tk->api = cookie & 0xffff;
+	tk->direction = MT_DIR_DEFAULT;
+}
+
+/* Record i of a batch call (memtrace.h): the first carries the call (its
+ * duration, counted as an event queued), the others bytes only. A record the
+ * ring cannot take is counted in `lost` the same way. */
+static __always_inline void batch_record(struct mt_totals_key *tk, __u64 id, __u64 start, __u64 cookie,
+					 const struct inflight *f, __u32 i, __u64 dur, __u64 sz, __u64 d, __u64 s,
+					 __s32 ret, __u8 more)
+{
+	if (queue_copy(id, start, cookie, f->ts_ns, i ? 0 : dur, sz, f->stream, d, s, ret, MT_DIR_DEFAULT, more,
+		       f->stack)) {
+		if (i == 0)
+			stat_inc(MT_STAT_EVENTS); /* calls queued: the further copies are not calls */
+	} else {
+		count_lost(tk, sz, ret, i ? 0 : dur, i == 0);
+	}
+}
+
+/* The summed record of copies MT_BATCH_EACH..MT_BATCH_MAX-1, and the call
+ * counted as truncated if it had more. */
+static __always_inline void batch_rest(struct mt_totals_key *tk, __u64 id, __u64 start, __u64 cookie,
+				       const struct inflight *f, __u64 n, __u64 rest, __s32 ret)
+{
+	if (n > MT_BATCH_MAX)
+		stat_inc(MT_STAT_BATCH_TRUNCATED);
+	batch_record(tk, id, start, cookie, f, MT_BATCH_EACH, 0, rest, 0, 0, ret, MT_EV_MORE | MT_EV_SUM);
+}
+
 /*
  * The return of a batch copy: one record per copy for the first
  * MT_BATCH_EACH, then one with the summed sizes of the copies up to
@@ -1116,19 +1151,13 @@ static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, co
 					 __u64 dur)
 {
 	struct mt_totals_key tk = {};
-	__u64 n = f->bytes, dsts = f->dst, srcs = f->src, sizes = f->sizes, ts = f->ts_ns, stream = f->stream;
+	__u64 n = f->bytes, dsts = f->dst, srcs = f->src, sizes = f->sizes;
 	__u64 d, s, sz, rest = 0, chunk[BATCH_CHUNK];
 	__u32 i, j, base;
 
-	tk.start_ns = start;
-	tk.pid = id >> 32;
-	tk.api = cookie & 0xffff;
-	tk.direction = MT_DIR_DEFAULT;
+	batch_key(&tk, id, start, cookie);
 	if (ret != 0 || n == 0) {
-		if (queue_copy(id, start, cookie, ts, dur, 0, stream, 0, 0, ret, MT_DIR_DEFAULT, 0, f->stack))
-			stat_inc(MT_STAT_EVENTS);
-		else
-			count_lost(&tk, 0, ret, dur, true);
+		batch_record(&tk, id, start, cookie, f, 0, dur, 0, 0, 0, ret, 0);
 		return;
 	}
 	for (i = 0; i < MT_BATCH_EACH; i++) {
@@ -1138,13 +1167,7 @@ static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, co
 		bpf_probe_read_user(&d, sizeof(d), (void *)(dsts + 8 * i));
 		bpf_probe_read_user(&s, sizeof(s), (void *)(srcs + 8 * i));
 		bpf_probe_read_user(&sz, sizeof(sz), (void *)(sizes + 8 * i));
-		if (queue_copy(id, start, cookie, ts, i ? 0 : dur, sz, stream, d, s, ret, MT_DIR_DEFAULT,
-			       i ? MT_EV_MORE : 0, f->stack)) {
-			if (i == 0)
-				stat_inc(MT_STAT_EVENTS); /* calls queued: the further copies are not calls */
-		} else {
-			count_lost(&tk, sz, ret, i ? 0 : dur, i == 0);
-		}
+		batch_record(&tk, id, start, cookie, f, i, dur, sz, d, s, ret, i ? MT_EV_MORE : 0);
 	}
 	if (n <= MT_BATCH_EACH)
 		return;
@@ -1168,11 +1191,7 @@ static __always_inline void batch_return(__u64 id, __u64 start, __u64 cookie, co
 			rest += sz;
 		}
 	}
-	if (n > MT_BATCH_MAX)
-		stat_inc(MT_STAT_BATCH_TRUNCATED);
-	if (!queue_copy(id, start, cookie, ts, 0, rest, stream, 0, 0, ret, MT_DIR_DEFAULT, MT_EV_MORE | MT_EV_SUM,
-			f->stack))
-		count_lost(&tk, rest, ret, 0, false);
+	batch_rest(&tk, id, start, cookie, f, n, rest, ret);
 }
 
 /* One operation of a 3D batch: its bytes (0 with a CUDA array, counted),
@@ -1198,20 +1217,14 @@ static __always_inline void batch3d_return(__u64 id, __u64 start, __u64 cookie, 
 					   __u64 dur)
 {
 	struct mt_totals_key tk = {};
-	__u64 n = f->bytes, ops = f->sizes, ts = f->ts_ns, stream = f->stream, stack = f->stack;
+	__u64 n = f->bytes, ops = f->sizes;
 	__u64 d, s, sz, rest = 0;
 	__u32 i, zero = 0;
 	struct desc *op = bpf_map_lookup_elem(&b3d_scratch, &zero);
 
-	tk.start_ns = start;
-	tk.pid = id >> 32;
-	tk.api = cookie & 0xffff;
-	tk.direction = MT_DIR_DEFAULT;
+	batch_key(&tk, id, start, cookie);
 	if (ret != 0 || n == 0 || !op) {
-		if (queue_copy(id, start, cookie, ts, dur, 0, stream, 0, 0, ret, MT_DIR_DEFAULT, 0, stack))
-			stat_inc(MT_STAT_EVENTS);
-		else
-			count_lost(&tk, 0, ret, dur, true);
+		batch_record(&tk, id, start, cookie, f, 0, dur, 0, 0, 0, ret, 0);
 		return;
 	}
 	for (i = 0; i < MT_BATCH_EACH; i++) {
@@ -1220,13 +1233,7 @@ static __always_inline void batch3d_return(__u64 id, __u64 start, __u64 cookie, 
 		d = s = sz = 0;
 		if (bpf_probe_read_user(op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
 			sz = b3d_op(op, &d, &s);
-		if (queue_copy(id, start, cookie, ts, i ? 0 : dur, sz, stream, d, s, ret, MT_DIR_DEFAULT,
-			       i ? MT_EV_MORE : 0, stack)) {
-			if (i == 0)
-				stat_inc(MT_STAT_EVENTS);
-		} else {
-			count_lost(&tk, sz, ret, i ? 0 : dur, i == 0);
-		}
+		batch_record(&tk, id, start, cookie, f, i, dur, sz, d, s, ret, i ? MT_EV_MORE : 0);
 	}
 	if (n <= MT_BATCH_EACH)
 		return;
@@ -1236,10 +1243,7 @@ static __always_inline void batch3d_return(__u64 id, __u64 start, __u64 cookie, 
 		if (bpf_probe_read_user(op, MT_B3D_READ, (void *)(ops + MT_B3D_OP_SIZE * i)) == 0)
 			rest += b3d_op(op, &d, &s);
 	}
-	if (n > MT_BATCH_MAX)
-		stat_inc(MT_STAT_BATCH_TRUNCATED);
-	if (!queue_copy(id, start, cookie, ts, 0, rest, stream, 0, 0, ret, MT_DIR_DEFAULT, MT_EV_MORE | MT_EV_SUM, stack))
-		count_lost(&tk, rest, ret, 0, false);
+	batch_rest(&tk, id, start, cookie, f, n, rest, ret);
 }
 
 SEC("uretprobe")
