@@ -6,6 +6,7 @@ that comes and goes) that must stay silent or be reported once."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -65,6 +66,13 @@ def run(windows: list[tuple[list[ProcWindow], HostWindow]]) -> tuple[Diagnoser, 
         for x in d.observe(procs, h):
             made.append((i, x.cause))
     return d, made
+
+
+def thirty_then_six(
+    window: Callable[[int, bool], tuple[list[ProcWindow], HostWindow]],
+) -> list[tuple[list[ProcWindow], HostWindow]]:
+    """Thirty normal windows (a baseline), then six slow ones: window(i, slow)."""
+    return [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
 
 
 def healthy(n: int, seed: int = 1) -> list[tuple[list[ProcWindow], HostWindow]]:
@@ -228,7 +236,7 @@ def test_the_slow_rank_is_named_a_straggler_and_its_peers_wait_for_it() -> None:
             ws.append(w)
         return ws, host(i)
 
-    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    windows = thirty_then_six(window)
     d, made = run(windows)
     assert {c for _, c in made} == {"straggler"} and len(made) == 4
     by_pid = {x.key.pid: x for x in d.diagnoses}
@@ -258,7 +266,7 @@ def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as
             ws.append(w)
         return ws, host(i)
 
-    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    windows = thirty_then_six(window)
     d, made = run(windows)
     assert {c for _, c in made} == {"straggler"} and len(made) == 2
     by_pid = {x.key.pid: x for x in d.diagnoses}
@@ -284,7 +292,7 @@ def test_ranks_whose_collectives_all_slow_alike_have_no_straggler() -> None:
             ws.append(w)
         return ws, host(i, links=[held if slow else quiet])
 
-    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    windows = thirty_then_six(window)
     d, made = run(windows)
     assert {c for _, c in made} == {"nic_contention"} and len(made) == 3, made
 
@@ -307,7 +315,7 @@ def test_ranks_of_another_job_of_the_same_executable_are_not_peers() -> None:
             ws.append(w)
         return ws, host(i)
 
-    windows = [window(i, False) for i in range(30)] + [window(i, True) for i in range(30, 36)]
+    windows = thirty_then_six(window)
     d, made = run(windows)
     assert {x.key for x in d.diagnoses} == set(a) and "straggler" not in {c for _, c in made}, made
 
