@@ -151,7 +151,37 @@ def child(a: argparse.Namespace) -> None:
             "both at 10 Hz: all but names and GPU details every sample", lambda: (net.sample(pids), slow.sample()), 10.0
         )
     slow.close()
-    print(json.dumps({"rows": rows, "interfaces": interfaces, "gpus": a.gpus}))
+
+    # As memtrace ships it: the C thread reads the NIC counters and the GPUs' utilisation and clock
+    # events at the rate; Python takes its window at 10 Hz with the queues and XIDs, names and GPU
+    # details at 1 Hz. Whole-process CPU, nothing netted out: the timer loop is part of the cost.
+    from memtrace.core.gpu import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+    from memtrace.sources.fastsample import FastSampler
+
+    mask = sum(bit for bit, name in CLOCK_EVENT_REASONS.items() if name in THROTTLE_REASONS)
+    fast_rows = {}
+    for label, gpus_too in (("NICs", False), ("NICs and GPUs", True)):
+        fast = FastSampler(a.rate, mask)
+        shipped_nv = NvmlSource.connect(detail_every=10) if gpus_too else None
+        with NetdevSource(qdisc_every=1, link_every=10, fast=fast) as net:
+            if shipped_nv is not None:
+                shipped_nv.hand_to(fast)
+            fast.start()
+
+            def shipped(fast: FastSampler = fast, net: NetdevSource = net, nv: NvmlSource | None = shipped_nv) -> None:
+                w = fast.take()
+                net.sample(pids, fast=w)
+                if nv is not None:
+                    nv.sample(fast=w)
+
+            c0, t0 = fast.take().cpu_ns, fast.ticks()
+            run(f"shipped, {label}: C thread {a.rate:.0f} Hz + Python 10 Hz", shipped, 10.0)
+            c1, t1 = fast.take().cpu_ns, fast.ticks()
+        fast.close()
+        if shipped_nv is not None:
+            shipped_nv.close()
+        fast_rows[label] = {"c_thread_us_per_tick": (c1 - c0) / 1e3 / max(1, t1 - t0), "ticks": t1 - t0}
+    print(json.dumps({"rows": rows, "interfaces": interfaces, "gpus": a.gpus, "fast": fast_rows}))
 
 
 def main() -> None:
@@ -218,7 +248,8 @@ def main() -> None:
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     out = json.loads(r.stdout)
     rows = out["rows"]
-    idle = rows[0][1][0]
+    by = {name: v for name, v in rows}
+    idle, idle10 = by["idle loop (the timer alone)"][0], by["idle loop at 10 Hz"][0]
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}, "
         f"python {platform.python_version()}; {a.rate:.0f} Hz for {a.seconds:.0f} s per row"
@@ -226,18 +257,24 @@ def main() -> None:
     print(f"{out['interfaces']} interfaces in 3 network namespaces (one tbf); {out['gpus']} GPUs on the test NVML")
     print(f"{'configuration':<64} {'CPU % core':>10} {'net of idle':>11} {'us/sample':>10}")
     for name, (pct, us, n) in rows:
-        base = rows[-2][1][0] if "10 Hz" in name and name.startswith(("idle", "both at 10")) else idle
-        print(f"{name:<64} {pct:>9.2f}% {pct - base:>10.2f}% {us:>10.1f}  ({n} samples)")
-    both = rows[-4][1][0] - idle
-    rec = rows[-3][1][0] - idle
-    ten = rows[-1][1][0] - rows[-2][1][0]
-    verdict = "met" if both <= 0.5 else "not met"
-    print(f"both at {a.rate:.0f} Hz, tiered, net of the timer: {both:.2f}% of one core (target <= 0.5%: {verdict})")
-    print(f"NICs at {a.rate:.0f} Hz and GPUs at 10 Hz, net of the timer: {rec:.2f}% of one core")
-    print(f"both at 10 Hz, net of the 10 Hz timer: {ten:.2f}% of one core")
+        base = idle10 if "10 Hz" in name and name.startswith(("idle", "both at 10")) else idle
+        net = f"{pct - base:>10.2f}%" if not name.startswith("shipped") else f"{'':>11}"
+        print(f"{name:<64} {pct:>9.2f}% {net} {us:>10.1f}  ({n} samples)")
+    both = by["both at 100 Hz, tiered as above"][0] - idle if a.rate == 100 else float("nan")
+    ten = by["both at 10 Hz: all but names and GPU details every sample"][0] - idle10
+    for label, f in out["fast"].items():
+        print(f"  the C thread alone, {label}: {f['c_thread_us_per_tick']:.1f} us of CPU per tick ({f['ticks']} ticks)")
+    shipped = [v for name, v in rows if name.startswith("shipped, NICs and GPUs")][0][0]
+    verdict = "met" if shipped <= 0.5 else "not met"
+    print(f"Python alone, both at {a.rate:.0f} Hz, tiered, net of its timer: {both:.2f}% of one core")
+    print(f"Python alone, both at 10 Hz, net of the 10 Hz timer: {ten:.2f}% of one core")
     print(
-        f"SUMMARY | host sampling at {a.rate:.0f} Hz ({out['gpus']} test GPUs, {out['interfaces']} interfaces, tiered) "
-        f"| {both:.2f}% of a core (GPUs at 10 Hz: {rec:.2f}%; all at 10 Hz: {ten:.2f}%) | <= 0.5% | {verdict}"
+        f"shipped (C thread at {a.rate:.0f} Hz, Python at 10 Hz), whole process: {shipped:.2f}% of one core "
+        f"(target <= 0.5%: {verdict})"
+    )
+    print(
+        f"SUMMARY | host sampling at {a.rate:.0f} Hz ({out['gpus']} test GPUs, {out['interfaces']} interfaces) "
+        f"| {shipped:.2f}% of a core, whole process (Python alone: {both:.2f}% net of its timer) | <= 0.5% | {verdict}"
     )
 
 

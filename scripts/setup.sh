@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what memtrace needs on a Debian/Ubuntu host into ./.venv.
-#   scripts/setup.sh          runtime: libbpf1 and the Python package
-#   scripts/setup.sh --demo   also gcc and make: to build the simulated workload (scripts/demo.sh)
+#   scripts/setup.sh          runtime: libbpf1, gcc (the fast host sampler) and the Python package
+#   scripts/setup.sh --demo   also make: to build the simulated workload (scripts/demo.sh)
 #   scripts/setup.sh --dev    also clang, bpftool, qemu, cross compilers: to build objects and run the tests
 #   scripts/setup.sh LEVEL --print   list the apt packages LEVEL wants, install nothing
 set -euo pipefail
@@ -15,8 +15,13 @@ case $level in
 esac
 
 want=(libbpf1 libelf1 zlib1g)
+# The fast host sampler (memtrace/native/fastsample.c) is built at install: a C
+# compiler, and the Python headers where this python3 has none.
+want+=(gcc libc6-dev)
+python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' \
+  || want+=(python3-dev)
 # The simulated workload's test CUDA libraries (tests/fixtures) are C.
-[ $demo = 1 ] && want+=(gcc make libc6-dev)
+[ $demo = 1 ] && want+=(make)
 if [ $dev = 1 ]; then
   # Build the objects; boot other kernels (qemu) with an arm64 cross
   # toolchain for the portability tests.

@@ -58,6 +58,7 @@ SLEEPER = textwrap.dedent(
     v, i = switches()
     print(json.dumps({"pid": os.getpid(), "voluntary": v, "involuntary": i, "voluntary_here": v - v0,
                       "involuntary_here": i - i0, "cpu_ns": time.process_time_ns()}), file=sys.stderr, flush=True)
+    os._exit(0)  # no interpreter teardown after the last read: only the write and the exit follow it
     """
 )
 
@@ -115,6 +116,10 @@ def test_run_reports_the_traffic_of_its_network_namespace_exactly(pair: Pair, tm
     for counter in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets", "tx_dropped", "rx_dropped"):
         assert veth[counter] == after[counter] - before[counter], (counter, veth, before, after)
     assert veth["tx_bytes"] > payload  # the payload and its headers
+    # The fast sampler read the counters at 100 Hz: the busiest tick ran at the tbf's rate, far above
+    # the mean over the run (the command's start and exit were quiet).
+    assert doc["host"]["fast_sampler"]["state"] == "on" and doc["host"]["fast_sampler"]["ticks"] > 0
+    assert veth["peak_tx_bytes_per_second"] > veth["tx_bytes_per_second"] > 0, veth
     (tbf,) = [q for q in net["qdiscs"] if q["interface"] == pair.va and q["kind"] == "tbf"]
     assert tbf["bytes"] >= payload and tbf["overlimits"] > 0  # 3 MiB through a 50 Mbit/s bucket waits
 

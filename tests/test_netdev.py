@@ -25,6 +25,7 @@ import pytest
 from conftest import NOBODY, python_for_nobody
 
 from memtrace.core.netdev import IFACE_COUNTERS, InterfaceSample, NetSnapshot, net_rates
+from memtrace.sources.fastsample import FastSampler
 from memtrace.sources.netdev import NetdevSource
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make network namespaces")
@@ -147,35 +148,54 @@ def iface(snap: NetSnapshot, netns: int, name: str) -> InterfaceSample:
 
 
 def quiet_sample(
-    source: NetdevSource, pair: Pair, pids: list[int], reads: list[tuple[str, str]]
+    source: NetdevSource,
+    pair: Pair,
+    pids: list[int],
+    reads: list[tuple[str, str]],
+    fast: FastSampler | None = None,
+    seen: list[NetSnapshot] | None = None,
 ) -> tuple[NetSnapshot, list[dict[str, int]]]:
-    """A snapshot taken while the kernel's own counters stood still (read before and after it)."""
+    """A snapshot taken while the kernel's own counters stood still (read before and after it). With
+    `fast`, the snapshot's counters are the fast sampler's last tick's: the tick must have come after
+    the traffic too, so the snapshot must also hold the counters read after it."""
     for _ in range(20):
         before = [pair.sysfs(ns, dev) for ns, dev in reads]
-        snap = source.sample(pids)
+        snap = source.sample(pids, fast=fast.take() if fast is not None else None)
+        if seen is not None:
+            seen.append(snap)
         after = [pair.sysfs(ns, dev) for ns, dev in reads]
-        if before == after:
+        held = [next(i for i in snap.interfaces if i.name == dev) for _ns, dev in reads]
+        if before == after and all(i.tx_bytes == k["tx_bytes"] for i, k in zip(held, after, strict=True)):
             return snap, after
     raise AssertionError("the links never went quiet")
 
 
-def test_counters_are_the_kernels_and_both_ends_agree(pair: Pair) -> None:
+@pytest.mark.parametrize("with_fast", [False, True], ids=["python", "fast"])
+def test_counters_are_the_kernels_and_both_ends_agree(pair: Pair, with_fast: bool) -> None:
+    """With the fast sampler (memtrace's C thread at 200 Hz here) the counters are its own, read
+    through sockets it was handed for each namespace: the same figures, and each tick's rates."""
     server = pair.run(pair.b, SERVER, "tcp", "5001")
     idle = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
-    source = NetdevSource()
+    fast = FastSampler(200) if with_fast else None
+    source = NetdevSource(fast=fast)
     try:
+        if fast is not None:
+            fast.start()
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
         pids = [server.pid, idle.pid]
         ends = [(pair.a, pair.va), (pair.b, pair.vb)]
-        first, _ = quiet_sample(source, pair, pids, ends)
+        first, _ = quiet_sample(source, pair, pids, ends, fast)
         payload = 3_000_000
         client = pair.run(pair.a, CLIENT, "tcp", pair.ip_b, "5001", str(payload), "65536")
         assert client.communicate(timeout=60)[0].strip() == "done"
         assert server.stdout.readline().strip() == str(payload)
-        last, (kernel_a, kernel_b) = quiet_sample(source, pair, pids, ends)
+        seen: list[NetSnapshot] = []
+        last, (kernel_a, kernel_b) = quiet_sample(source, pair, pids, ends, fast, seen)
     finally:
         source.close()
+        if fast is not None:
+            fast.close()
         for p in (server, idle):
             p.communicate(timeout=30)
     ns_a, ns_b = ns_inode_of(last, idle.pid), ns_inode_of(last, server.pid)
@@ -197,6 +217,20 @@ def test_counters_are_the_kernels_and_both_ends_agree(pair: Pair) -> None:
     assert ra.per_second("tx_bytes") == ra.deltas["tx_bytes"] / rates.interval_s
     assert a.speed_bits_per_s == 10_000_000_000  # what veth reports through ethtool
     assert ra.utilization is not None and 0 < ra.utilization < 1
+    if with_fast:
+        assert a.fast_ticks >= 1 and b.fast_ticks >= 1
+        # The snapshots are stamped with their last tick, and the ticks between two snapshots cover
+        # the time between them: their busiest is at least as busy as the mean over it (1% for the
+        # microseconds between reading one namespace and the next).
+        peak_tx = max(iface(s, ns_a, pair.va).peak_tx_bytes_per_s or 0.0 for s in seen)
+        peak_rx = max(iface(s, ns_b, pair.vb).peak_rx_bytes_per_s or 0.0 for s in seen)
+        mean_tx, mean_rx = ra.per_second("tx_bytes"), rb.per_second("rx_bytes")
+        assert peak_tx >= 0.99 * mean_tx > 0 and peak_rx >= 0.99 * mean_rx > 0, (peak_tx, mean_tx, peak_rx, mean_rx)
+        # ...and a tick sees the link's rate, not the mean over a sample: the tbf (50 Mbit/s) ran
+        # flat out for the transfer, far longer than a tick (5 ms), while the samples straddle it.
+        assert peak_tx > mean_tx, (peak_tx, mean_tx)
+    else:
+        assert a.fast_ticks == 0 and a.peak_tx_bytes_per_s is None
 
 
 def ns_inode_of(snap: NetSnapshot, pid: int) -> int:

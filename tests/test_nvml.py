@@ -175,10 +175,45 @@ def test_unsupported_readings_are_none_not_zero(tmp_path: Path, fakenvml: Path) 
     }
 
 
-def test_gpu_lost_mid_run_is_reported_not_raised(tmp_path: Path, fakenvml: Path) -> None:
+# The fast sampler (memtrace's C thread, at 500 Hz here) reading utilisation and clock events, or not.
+# It reads clock events at every tick and utilisation at 10 Hz (every 50th tick here), so a sample
+# folds 50 ticks: one utilisation reading at least.
+FAST = pytest.mark.parametrize("fast", [{}, {"FAST_HZ": "500", "FAST_TICKS": "50"}], ids=["python", "fast"])
+
+
+def test_the_fast_sampler_folds_utilisation_and_throttling_exactly(tmp_path: Path, fakenvml: Path) -> None:
+    """Every tick of a sample's window saw one script (tests/fixtures/nvml_sampler.py), so the means,
+    maxima and throttled ticks the C thread folded are exact; gpu_idle alone is not throttling."""
+    calm = script(
+        count=2,
+        **gpu(0, uuid="GPU-aaaa", **HEALTHY),
+        **gpu(1, uuid="GPU-bbbb", **{**HEALTHY, "util_gpu": 13, "util_mem": 2}),
+    )
+    hot = script(
+        count=2,
+        **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "reasons": 0x20 | 0x1}),
+        **gpu(1, uuid="GPU-bbbb", **{**HEALTHY, "util_gpu": 0, "util_mem": 0, "reasons": 0x1}),
+    )
+    out = sample(tmp_path, [calm, hot], fakenvml, env={"FAST_HZ": "500", "FAST_TICKS": "120"})
+    (c0, c1), (h0, h1) = (step["gpus"] for step in out["steps"])
+    for g in (c0, c1, h0, h1):
+        # Clock events at every tick; utilisation every 50th (10 Hz: NVML's own period is 1/6 s or more).
+        assert g["clock_readings"] >= 120, g
+        assert g["utilization_readings"] in (g["clock_readings"] // 50, g["clock_readings"] // 50 + 1), g
+    assert (c0["sm_utilization_percent"], c0["memory_utilization_percent"], c0["sm_utilization_max"]) == (97, 41, 97)
+    assert (c1["sm_utilization_percent"], c1["memory_utilization_percent"], c1["memory_utilization_max"]) == (13, 2, 2)
+    assert c0["throttled_readings"] == c1["throttled_readings"] == 0 and c0["clock_event_mask"] == 0
+    assert h0["throttled_readings"] == h0["clock_readings"] and h0["clock_event_mask"] == 0x21
+    assert h0["throttled"] is True and h0["clock_event_reasons"] == ["gpu_idle", "sw_thermal_slowdown"]
+    assert h1["throttled_readings"] == 0 and h1["throttled"] is False and h1["sm_utilization_percent"] == 0
+    assert out["steps"][1]["errors"] == {}
+
+
+@FAST
+def test_gpu_lost_mid_run_is_reported_not_raised(tmp_path: Path, fakenvml: Path, fast: dict[str, str]) -> None:
     both = script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY), **gpu(1, uuid="GPU-bbbb", **HEALTHY))
     lost = script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY), **gpu(1, uuid="GPU-bbbb", lost=1, **HEALTHY))
-    out = sample(tmp_path, [both, lost, lost, both], fakenvml)
+    out = sample(tmp_path, [both, lost, lost, both], fakenvml, env=fast)
     steps = out["steps"]
     assert [s["gpus"][1]["lost"] for s in steps] == [False, True, True, False]
     gone = steps[1]["gpus"][1]
@@ -191,11 +226,14 @@ def test_gpu_lost_mid_run_is_reported_not_raised(tmp_path: Path, fakenvml: Path)
     assert steps[3]["gpus"][1]["temperature_celsius"] == 64  # answers again: read again
 
 
-def test_details_every_nth_sample_and_the_rest_every_sample(tmp_path: Path, fakenvml: Path) -> None:
+@FAST
+def test_details_every_nth_sample_and_the_rest_every_sample(
+    tmp_path: Path, fakenvml: Path, fast: dict[str, str]
+) -> None:
     calm = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY))
     hot = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "util_gpu": 12, "reasons": 0x40}, xids="31"))
     lost = script(count=1, **gpu(0, uuid="GPU-aaaa", lost=1, **HEALTHY))
-    out = sample(tmp_path, [calm, hot, lost, calm], fakenvml, env={"DETAIL_EVERY": "3"})
+    out = sample(tmp_path, [calm, hot, lost, calm], fakenvml, env={"DETAIL_EVERY": "3", **fast})
     s0, s1, s2, s3 = (step["gpus"][0] for step in out["steps"])
     assert [s["detail"] for s in (s0, s1, s2, s3)] == [True, False, False, True]
     assert s0["temperature_celsius"] == 64 and s3["memory_used_bytes"] == 20 * GIB

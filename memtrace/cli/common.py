@@ -29,6 +29,12 @@ BUDGET_HELP = (
     "Default: $MEMTRACE_OVERHEAD_BUDGET, else 1%."
 )
 
+HOST_RATE_HELP = (
+    "How often a C thread reads the NIC counters and the GPUs' utilisation and clock events, for "
+    "the busiest 1/HZ second's rates and the share of readings throttled (0: read at each "
+    "--host-interval instead)."
+)
+
 MIN_RING = 4096
 MAX_RING = 1 << 30
 
@@ -76,6 +82,11 @@ def main(
     version: bool = typer.Option(False, "--version", callback=version_cb, is_eager=True, help="Print the version."),
 ) -> None:
     pass
+
+
+def check_host_rate(hz: float) -> None:
+    if hz != 0 and not 1 <= hz <= 1000:
+        raise BadOption(f"--host-rate {hz:g} is out of range", "give 1 to 1000 Hz, or 0 for no fast sampling")
 
 
 def overhead_budget(text: str | None) -> float | None:

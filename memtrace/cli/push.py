@@ -9,7 +9,16 @@ import threading
 
 import typer
 
-from memtrace.cli.common import BUDGET_HELP, app, fail, overhead_budget, ring_bytes, setup_logging
+from memtrace.cli.common import (
+    BUDGET_HELP,
+    HOST_RATE_HELP,
+    app,
+    check_host_rate,
+    fail,
+    overhead_budget,
+    ring_bytes,
+    setup_logging,
+)
 from memtrace.core.errors import BadOption, MemtraceError
 
 
@@ -45,6 +54,7 @@ def push(
     host_interval: float = typer.Option(
         0.5, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
+    host_rate: float = typer.Option(100, "--host-rate", metavar="HZ", help=HOST_RATE_HELP),
     budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
     stacks: bool = typer.Option(
         False,
@@ -76,6 +86,7 @@ def push(
         opts = Options(ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
+        check_host_rate(host_rate)
     except MemtraceError as e:
         fail(e)
         return
@@ -86,7 +97,7 @@ def push(
         with Agent(opts, measure_overhead=True, budget=cfg.overhead_budget) as agent:
             agent.scan()
             if host:
-                push_with_host_signals(agent, cfg, stop, host_interval)
+                push_with_host_signals(agent, cfg, stop, host_interval, host_rate)
             else:
                 push_forever(agent, cfg, stop)
     except MemtraceError as e:

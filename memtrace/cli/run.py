@@ -13,7 +13,18 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
-from memtrace.cli.common import BUDGET_HELP, Format, app, err, fail, overhead_budget, ring_bytes, setup_logging
+from memtrace.cli.common import (
+    BUDGET_HELP,
+    HOST_RATE_HELP,
+    Format,
+    app,
+    check_host_rate,
+    err,
+    fail,
+    overhead_budget,
+    ring_bytes,
+    setup_logging,
+)
 from memtrace.core.errors import BadOption, MemtraceError
 
 log = logging.getLogger("memtrace")
@@ -84,6 +95,7 @@ def run(
     host_interval: float = typer.Option(
         0.1, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
+    host_rate: float = typer.Option(100, "--host-rate", metavar="HZ", help=HOST_RATE_HELP),
     budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
     stacks: bool = typer.Option(
         False, "--stacks", help="Take the call stack of each copy and allocation: the top call sites."
@@ -115,7 +127,20 @@ def run(
     The table goes to stderr and JSON to stdout; with JSON on stdout, CMD's own
     stdout is sent to stderr so the two never mix. -o FILE takes either."""
     trace_and_report(
-        cmd, fmt, output, detail, ring_size, host, host_interval, budget, stacks, folded, pprof, flamegraph, verbose
+        cmd,
+        fmt,
+        output,
+        detail,
+        ring_size,
+        host,
+        host_interval,
+        budget,
+        stacks,
+        folded,
+        pprof,
+        flamegraph,
+        verbose,
+        host_rate=host_rate,
     )
 
 
@@ -135,6 +160,7 @@ def trace_and_report(
     verbose: bool,
     pid: int | None = None,
     seconds: float = 0.0,
+    host_rate: float = 100.0,
 ) -> None:
     """`run`'s work: trace CMD until it exits, or (`pid`) a running process
     for `seconds`, then write the summary and the profiles asked for."""
@@ -159,6 +185,7 @@ def trace_and_report(
         budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
+        check_host_rate(host_rate)
         if output:
             out, created = open_output(output)
         elif fmt == Format.json:
@@ -168,7 +195,8 @@ def trace_and_report(
             json_fd = os.dup(1)
             os.dup2(2, 1)
         with Agent(opts, measure_overhead=True, budget=budget_share) as agent:
-            signals = HostSignals(HostOptions(interval_s=host_interval), agent.pids) if host else None
+            hopts = HostOptions(interval_s=host_interval, fast_hz=host_rate)
+            signals = HostSignals(hopts, agent.pids) if host else None
             diagnosis = LiveDiagnosis(agent, signals) if signals is not None else None
             if signals is not None and diagnosis is not None:
                 signals.on_tick = diagnosis.tick

@@ -64,8 +64,8 @@ class GpuSample:
     link_width: int | None = None
     max_link_generation: int | None = None  # the most this GPU and this slot can do together
     max_link_width: int | None = None
-    sm_utilization_percent: int | None = None
-    memory_utilization_percent: int | None = None
+    sm_utilization_percent: float | None = None
+    memory_utilization_percent: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     temperature_celsius: int | None = None
@@ -74,6 +74,15 @@ class GpuSample:
     ecc_corrected_volatile: int | None = None  # since the driver loaded
     ecc_uncorrected_volatile: int | None = None
     xids: tuple[int, ...] = ()  # XID critical errors raised since the previous sample, in order
+    # Read by the fast sampler (100 Hz) since the previous sample: the utilisations above are then
+    # the means of utilization_readings readings (these the maxima), the clock-event mask every reason
+    # seen in clock_readings readings, throttled_readings of them with a throttling reason.
+    # None: read once, at the sample.
+    sm_utilization_max: int | None = None
+    memory_utilization_max: int | None = None
+    utilization_readings: int | None = None
+    clock_readings: int | None = None
+    throttled_readings: int | None = None
     processes: tuple[GpuProcess, ...] = ()
 
     @property

@@ -41,6 +41,11 @@ class InterfaceSample:
     tx_errors: int
     rx_dropped: int
     tx_dropped: int
+    # The busiest tick's rates since the previous sample, when the fast sampler read the counters
+    # (fast_ticks times); None when it did not (the counters were read once, at the sample).
+    peak_rx_bytes_per_s: float | None = None
+    peak_tx_bytes_per_s: float | None = None
+    fast_ticks: int = 0
 
     @property
     def key(self) -> tuple[int, int, str]:

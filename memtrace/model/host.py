@@ -55,12 +55,14 @@ class _Series:
     total: float = 0.0
     most: float | None = None
 
-    def add(self, v: float | None) -> None:
-        if v is None:
+    def add(self, v: float | None, n: int = 1, most: float | None = None) -> None:
+        """One reading, or the mean `v` of n readings whose maximum was `most`."""
+        if v is None or n <= 0:
             return
-        self.n += 1
-        self.total += v
-        self.most = v if self.most is None else max(self.most, v)
+        self.n += n
+        self.total += v * n
+        m = v if most is None else most
+        self.most = m if self.most is None else max(self.most, m)
 
     def row(self, scale: float = 1.0) -> dict[str, float] | None:
         if not self.n or self.most is None:
@@ -102,13 +104,18 @@ class GpuSeries:
             self.lost_samples += 1
             self.xids.extend(s.xids)
             return
-        self.sm.add(s.sm_utilization_percent)
-        self.mem_util.add(s.memory_utilization_percent)
+        n = s.utilization_readings if s.utilization_readings is not None else 1
+        self.sm.add(s.sm_utilization_percent, n, s.sm_utilization_max)
+        self.mem_util.add(s.memory_utilization_percent, n, s.memory_utilization_max)
         self.xids.extend(s.xids)
         if s.clock_event_mask is not None:
-            self.clock_samples += 1
             self.reasons.update(s.clock_event_reasons or ())
-            self.throttled_samples += bool(s.throttled)
+            if s.clock_readings is not None and s.throttled_readings is not None:
+                self.clock_samples += s.clock_readings
+                self.throttled_samples += s.throttled_readings
+            else:
+                self.clock_samples += 1
+                self.throttled_samples += bool(s.throttled)
         if not s.detail:
             return
         if self.first is None:
@@ -193,6 +200,8 @@ class _Link:
     windows: int = 0
     peak_utilization: float | None = None
     last_utilization: float | None = None
+    peak_rx: float | None = None  # the busiest fast-sampler tick's rates, bytes per second
+    peak_tx: float | None = None
     peak_backlog_bytes: int = 0
     resets: int = 0
     totals: dict[str, int] = field(default_factory=dict)  # increase of each counter, window by window
@@ -267,9 +276,16 @@ class HostBook:
         for i in snap.interfaces:
             link = self._ifaces.get(i.key)
             if link is None:
-                self._ifaces[i.key] = _Link(i, i, snap.time_ns, snap.time_ns)
+                link = self._ifaces[i.key] = _Link(i, i, snap.time_ns, snap.time_ns)
             else:
                 link.last, link.t_last = i, snap.time_ns
+            if i.peak_rx_bytes_per_s is not None and i.peak_tx_bytes_per_s is not None:
+                # Rates over each fast tick (10 ms at 100 Hz): a burst a longer interval averages away.
+                link.peak_rx = max(link.peak_rx or 0.0, i.peak_rx_bytes_per_s)
+                link.peak_tx = max(link.peak_tx or 0.0, i.peak_tx_bytes_per_s)
+                if i.speed_bits_per_s:
+                    pu = max(i.peak_rx_bytes_per_s, i.peak_tx_bytes_per_s) * 8 / i.speed_bits_per_s
+                    link.peak_utilization = pu if link.peak_utilization is None else max(link.peak_utilization, pu)
         for q in snap.qdiscs or ():
             ql = self._qdiscs.get(q.key)
             if ql is None:
@@ -411,6 +427,8 @@ class HostBook:
                     "rx_bytes_per_second": deltas["rx_bytes"] / interval if interval else None,
                     "tx_bytes_per_second": deltas["tx_bytes"] / interval if interval else None,
                     "peak_utilization": link.peak_utilization,
+                    "peak_rx_bytes_per_second": link.peak_rx,
+                    "peak_tx_bytes_per_second": link.peak_tx,
                     "counter_resets": link.resets,
                 }
             )

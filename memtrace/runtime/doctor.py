@@ -300,6 +300,17 @@ def check_netlink() -> Check:
     return Check("netlink", True, detail)
 
 
+def check_fast_sampler() -> Check:
+    """The C thread that reads NICs and GPUs at 100 Hz; without it they are read at the host interval."""
+    from memtrace.sources.fastsample import FastSampler, FastSamplerUnavailable
+
+    try:
+        with FastSampler():
+            return Check("fast sampler", True, "built: NICs and GPUs are read at up to 1 kHz (--host-rate)")
+    except FastSamplerUnavailable as e:
+        return Check("fast sampler", True, e.message, e.fix, warn=True)
+
+
 CHECKS: list[Callable[[], Check]] = [
     check_kernel,
     check_btf,
@@ -313,6 +324,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_cuda,
     check_nvml,
     check_netlink,
+    check_fast_sampler,
 ]
 
 

@@ -49,6 +49,7 @@ from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.cuda.discovery import Candidate
 from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
 from memtrace.sources.cgroup import CgroupNames, cpu_quotas
+from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
 
 log = logging.getLogger("memtrace")
 
@@ -67,6 +68,9 @@ class HostOptions:
     link_every: int = 10
     quota_every: int = 10  # cgroup cpu.stat, per process
     scan_every: int = 10  # /proc/PID/maps of the traced processes, for a libnccl loaded late
+    # The fast sampler's rate (a C thread: NIC counters, GPU utilisation and clock events); 0: none,
+    # those are read in Python at each sample.
+    fast_hz: float = DEFAULT_FAST_HZ
 
 
 def _off(e: BaseException) -> SensorState:
@@ -87,6 +91,9 @@ class HostSignals:
         self._nccl: Any = None
         self._nvml: Any = None
         self._net: Any = None
+        self._fast: Any = None  # sources.fastsample.FastSampler, when it runs
+        self._fast_state = SensorState(False, "not asked for (--host-rate 0)", "")
+        self._fast_last: Any = None  # its last window
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
@@ -115,6 +122,8 @@ class HostSignals:
         """Start every sensor asked for that can run here; trace `pids` from now on."""
         first = set(pids)
         o = self.opts
+        if o.fast_hz > 0 and (o.gpu or o.network):
+            self._start_fast()
         if o.cpu:
             self._start("cpu", self._start_sched, first)
         if o.nccl:
@@ -125,7 +134,31 @@ class HostSignals:
             self._start("network", self._start_net, first)
         self._pids = set(first)
         self._pinned = set(first)
+        if self._fast is not None:
+            try:
+                self._fast.start()
+            except OSError as e:
+                self._fast_off(e)
         self._safe_sample()
+
+    def _start_fast(self) -> None:
+        from memtrace.core.gpu import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+        from memtrace.sources.fastsample import FastSampler
+
+        mask = sum(bit for bit, name in CLOCK_EVENT_REASONS.items() if name in THROTTLE_REASONS)
+        try:
+            self._fast = FastSampler(self.opts.fast_hz, mask)
+        except (MemtraceError, OSError) as e:
+            self._fast_off(e)
+            return
+        self._fast_state = SensorState(True)
+
+    def _fast_off(self, e: BaseException) -> None:
+        self._fast_state = _off(e)
+        log.info("the fast host sampler is off (%s); NICs and GPUs are read at each sample", self._fast_state.reason)
+        if self._fast is not None:
+            self._fast.close()
+            self._fast = None
 
     def _start(self, name: str, fn: Callable[[set[int]], None], pids: set[int]) -> None:
         try:
@@ -157,11 +190,16 @@ class HostSignals:
         src = NvmlSource.connect(self.opts.gpu_detail_every)
         self._nvml = src
         self.book.driver_version = src.driver_version
+        if self._fast is not None:
+            try:
+                src.hand_to(self._fast)
+            except OSError as e:
+                log.info("GPU utilisation and clock events are read at each sample, not by the fast sampler: %s", e)
 
     def _start_net(self, _pids: set[int]) -> None:
         from memtrace.sources.netdev import NetdevSource
 
-        self._net = NetdevSource(link_every=self.opts.link_every)
+        self._net = NetdevSource(link_every=self.opts.link_every, fast=self._fast)
 
     def follow(self, agent: Any) -> None:
         """Wire these signals to an agent (runtime.agent.Agent) before
@@ -208,11 +246,11 @@ class HostSignals:
         self.finish()
         with self._nccl_lock:
             nccl, self._nccl = self._nccl, None
-        for s in (self._sched, nccl, self._nvml, self._net):
+        for s in (self._sched, nccl, self._fast, self._nvml, self._net):
             if s is not None:
                 with contextlib.suppress(MemtraceError, OSError):
                     s.close()
-        self._sched = self._nvml = self._net = None
+        self._sched = self._nvml = self._net = self._fast = None
 
     def __enter__(self) -> HostSignals:
         return self
@@ -251,12 +289,15 @@ class HostSignals:
         pids = set(self._pids)
         if self._nccl is not None:
             self._sample_nccl(pids)
+        fast = self._fast.take() if self._fast is not None else None
+        if fast is not None:
+            self._fast_last = fast
         if self._nvml is not None:
-            gpus = self._nvml.sample(detail=True if final else None)
+            gpus = self._nvml.sample(detail=True if final else None, fast=fast)
             with self.lock:
                 self.book.add_gpus(gpus)
         if self._net is not None:
-            snap = self._net.sample(sorted(pids))
+            snap = self._net.sample(sorted(pids), fast=fast, fresh=final)
             with self.lock:
                 self.book.add_net(snap)
         if self._sched is not None:
@@ -374,7 +415,23 @@ class HostSignals:
             doc = self.book.view({i: n for i in ids if i and (n := cg.path(i)) is not None}, self._pids)
         doc["sample_interval_seconds"] = self.opts.interval_s
         doc["sample_errors"] = self.sample_errors
+        doc["fast_sampler"] = self._fast_view()
         return doc
+
+    def _fast_view(self) -> dict[str, Any]:
+        """The fast sampler: on (its rate, ticks, ticks skipped late, netlink errors, its own CPU) or off and why."""
+        out = self._fast_state.row()
+        w = self._fast_last
+        if self._fast_state.on and w is not None:
+            out.update(
+                rate_hz=self.opts.fast_hz,
+                ticks=w.ticks,
+                late_ticks=w.late,
+                net_errors=w.net_errors,
+                interfaces_dropped=w.interfaces_dropped,
+                cpu_seconds=w.cpu_ns / 1e9,
+            )
+        return out
 
     def collectives_view(
         self, waits: dict[tuple[int, Collective], tuple[int, int]] | None = None

@@ -235,7 +235,9 @@ def push_forever(
         exporter.shutdown()
 
 
-def push_with_host_signals(agent: Agent, cfg: PushConfig, stop: threading.Event, host_interval: float) -> int:
+def push_with_host_signals(
+    agent: Agent, cfg: PushConfig, stop: threading.Event, host_interval: float, host_rate: float = 100.0
+) -> int:
     """push_forever with the host signals sampled beside it and the live
     diagnosis on them: its counts go out with each push (memtrace.diagnoses),
     and each diagnosis as an OTLP event (a log record) to the same collector."""
@@ -244,7 +246,7 @@ def push_with_host_signals(agent: Agent, cfg: PushConfig, stop: threading.Event,
     from memtrace.runtime.hostsignals import HostOptions
 
     resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
-    with HostSignals(HostOptions(interval_s=host_interval), agent.pids) as signals:
+    with HostSignals(HostOptions(interval_s=host_interval, fast_hz=host_rate), agent.pids) as signals:
         events = DiagnosisEvents(cfg, resource)
         diagnosis = LiveDiagnosis(agent, signals, on_diagnosis=lambda d: events.emit(d, d.start_ns))
         signals.on_tick = diagnosis.tick

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from memtrace.core.errors import MemtraceError
 from memtrace.core.netdev import InterfaceSample, Netns, NetSnapshot, QdiscSample
+from memtrace.sources.fastsample import FastSampler, FastWindow, IfWindow
 
 # rtnetlink (linux/netlink.h, linux/rtnetlink.h, linux/if_link.h, linux/gen_stats.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
@@ -111,8 +112,13 @@ def _open_in(fd: int) -> tuple[socket.socket, socket.socket]:
 class NetdevSource:
     """Samples the host's interfaces and those of traced processes' namespaces. One sampling thread."""
 
-    def __init__(self, qdisc_every: int = 1, link_every: int = 1, proc: str = "/proc") -> None:
+    def __init__(
+        self, qdisc_every: int = 1, link_every: int = 1, proc: str = "/proc", fast: FastSampler | None = None
+    ) -> None:
         self._proc = proc
+        # With the fast sampler, the counters come from its C thread (100 Hz, with each tick's rates);
+        # it reads each namespace through a socket of its own, opened here beside ours.
+        self._fast = fast
         # Counters are read at every sample (RTM_GETSTATS: one small message per interface). Names, states
         # and speeds (RTM_GETLINK: about 1.5 kB per interface) every link_every-th sample, and whenever an
         # interface appears; queues (RTM_GETQDISC) every qdisc_every-th.
@@ -125,6 +131,9 @@ class NetdevSource:
         rtnl, inet = _open_host()
         self._ns: dict[int, _Namespace] = {self.host_inode: _Namespace(self.host_inode, rtnl, inet, host=True)}
         self._opener: Callable[[int], tuple[socket.socket, socket.socket]] = _open_in
+        if fast is not None:
+            with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as own:
+                fast.add_netns(self.host_inode, own)
 
     @classmethod
     def open(
@@ -179,6 +188,8 @@ class NetdevSource:
                 try:
                     inode = os.fstat(fd).st_ino  # the namespace we hold, even if the pid moved meanwhile
                     rtnl, inet = self._opener(fd)
+                    if self._fast is not None:
+                        self._give_fast(inode, fd, errors)
                 except (OSError, TimeoutError) as e:
                     errors.append(f"pid {pid}: could not enter its network namespace ({e})")
                     continue
@@ -190,15 +201,31 @@ class NetdevSource:
         for inode in list(self._ns):
             if inode not in wanted:
                 self._ns.pop(inode).close()
+                if self._fast is not None:
+                    self._fast.remove_netns(inode)
                 gone.append(inode)
             else:
                 self._ns[inode].pids = wanted[inode]
         return tuple(gone)
 
+    def _give_fast(self, inode: int, fd: int, errors: list[str]) -> None:
+        """A socket of the fast sampler's own inside the namespace held by fd; without it, Python reads its counters."""
+        try:
+            from pyroute2 import netns
+
+            with netns.create_socket(fd, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as own:
+                self._fast.add_netns(inode, own)  # type: ignore[union-attr]
+        except (OSError, TimeoutError) as e:
+            errors.append(f"netns {inode}: read at the host interval, not by the fast sampler ({e})")
+
     # --- sampling ------------------------------------------------------------
 
-    def sample(self, pids: Iterable[int] = ()) -> NetSnapshot:
-        """Counters of every interface (and every qdisc, each qdisc_every-th call) in the sampled namespaces."""
+    def sample(self, pids: Iterable[int] = (), fast: FastWindow | None = None, fresh: bool = False) -> NetSnapshot:
+        """Counters of every interface (and every qdisc, each qdisc_every-th call) in the sampled namespaces.
+
+        With `fast` (the fast sampler's window, taken by the caller), the counters of the namespaces it
+        reads are its own, as they stood at its last tick, with the busiest tick's rates; `fresh` reads
+        the counters now all the same (a run's last sample: what came after the last tick counts too)."""
         with self._lock:
             errors: list[str] = []
             if self._closed:
@@ -210,15 +237,23 @@ class NetdevSource:
             now = time.monotonic_ns()
             ifaces: list[InterfaceSample] = []
             qdiscs: list[QdiscSample] = []
+            ticked: list[int] = []  # the fast sampler's reading times, if it read every namespace
             for ns in self._ns.values():
+                rows = fast.of_namespace(ns.inode) if fast is not None else {}
+                if rows and not fresh:
+                    ticked.extend(r.time_ns for r in rows.values())
+                else:
+                    ticked.append(-1)  # read here, now
                 try:
-                    links = self._interfaces(ns, read_links)
+                    links = self._interfaces(ns, read_links, rows, fresh)
                     ifaces.extend(links)
                     if read_qdiscs:
                         names = {i.index: i.name for i in links}
                         qdiscs.extend(self._qdiscs(ns, names))
                 except OSError as e:
                     errors.append(f"netns {ns.inode}: netlink dump failed ({e})")
+            if ticked and min(ticked) >= 0:
+                now = max(ticked)  # the counters are as they stood at the last tick
             return NetSnapshot(
                 time_ns=now,
                 namespaces=tuple(Netns(ns.inode, tuple(sorted(ns.pids)), ns.host) for ns in self._ns.values()),
@@ -251,14 +286,17 @@ class NetdevSource:
                     yield buf, off + _NLMSGHDR.size, off + length
                 off += (length + 3) & ~3
 
-    def _interfaces(self, ns: _Namespace, read_links: bool) -> list[InterfaceSample]:
+    def _interfaces(
+        self, ns: _Namespace, read_links: bool, fast: dict[int, IfWindow], fresh: bool = False
+    ) -> list[InterfaceSample]:
         if read_links or ns.links_read < 0:
             self._links(ns)
-        stats = self._stats(ns)
+        stats = {i: w.counters for i, w in fast.items()} if fast and not fresh else self._stats(ns)
         if any(index not in ns.links for index in stats):
             self._links(ns)  # an interface appeared since the last read: name it now
         out = []
         for index, (rx_p, tx_p, rx_b, tx_b, rx_e, tx_e, rx_d, tx_d) in stats.items():
+            w = fast.get(index)
             link = ns.links.get(index)
             if link is None:
                 continue  # created and deleted between the two dumps
@@ -278,6 +316,9 @@ class NetdevSource:
                     tx_errors=tx_e,
                     rx_dropped=rx_d,
                     tx_dropped=tx_d,
+                    peak_rx_bytes_per_s=w.peak_rx_bytes_per_s if w is not None and w.ticks >= 1 else None,
+                    peak_tx_bytes_per_s=w.peak_tx_bytes_per_s if w is not None and w.ticks >= 1 else None,
+                    fast_ticks=w.ticks if w is not None else 0,
                 )
             )
         for index in [i for i in ns.links if i not in stats]:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from memtrace.core.errors import MemtraceError
 from memtrace.core.gpu import GpuProcess, GpuSample
+from memtrace.sources.fastsample import FastSampler, FastWindow, GpuFast
 
 T = TypeVar("T")
 
@@ -83,6 +84,7 @@ class NvmlSource:
         self.lost_count = sum(g.lost for g in gpus)
         self.errors: Counter[str] = Counter()  # "<reading>: <NVML error>" -> count, for readings left None
         self._use_event_reasons = True
+        self._fast_slot: dict[int, int] = {}  # GPU index -> its slot in the fast sampler (hand_to)
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -207,7 +209,19 @@ class NvmlSource:
     def gpu_count(self) -> int:
         return len(self._gpus)
 
-    def sample(self, detail: bool | None = None) -> list[GpuSample]:
+    def hand_to(self, fast: FastSampler) -> None:
+        """Let the fast sampler read utilisation and clock events (through nvidia-ml-py's own
+        libnvidia-ml); sample() then takes them from its window. GPUs lost before they were
+        opened stay here."""
+        lib = getattr(self._nvml, "nvmlLib", None)
+        handle = getattr(lib, "_handle", None)
+        if not handle:
+            raise OSError("nvidia-ml-py's library handle is not reachable")
+        slots = [g for g in self._gpus if g.handle is not None and g.address is not None]
+        fast.set_gpus(handle, [g.address for g in slots if g.address is not None])
+        self._fast_slot = {g.index: slot for slot, g in enumerate(slots)}
+
+    def sample(self, detail: bool | None = None, fast: FastWindow | None = None) -> list[GpuSample]:
         """One reading of every GPU, with the XIDs raised since the previous call.
 
         Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
@@ -215,6 +229,8 @@ class NvmlSource:
         NVML itself refreshes those at about 1 Hz or slower, and reading PCIe throughput samples a
         counter over 20 ms (NVML's documentation). Between, `detail` is False and they are None.
         `detail` True or False overrides the cadence for this call (a run's last sample reads all).
+        With `fast` (the fast sampler's window, after hand_to), utilisation and clock events are its
+        readings since the previous call: means, maxima and the ticks throttled.
         """
         with self._lock:
             if self._closed:
@@ -224,7 +240,12 @@ class NvmlSource:
             self._count += 1
             now = time.monotonic_ns()
             xids = self._drain_xids()
-            return [self._sample_gpu(g, now, tuple(xids.get(g.index, ())), detail) for g in self._gpus]
+            out = []
+            for g in self._gpus:
+                slot = self._fast_slot.get(g.index)
+                row = None if fast is None or slot is None else fast.gpus.get(slot)
+                out.append(self._sample_gpu(g, now, tuple(xids.get(g.index, ())), detail, row))
+            return out
 
     def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
         try:
@@ -251,7 +272,28 @@ class NvmlSource:
                 self._use_event_reasons = False  # a driver older than 535: the older name
         return self._read("clock event reasons", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
 
-    def _sample_gpu(self, g: _Gpu, now: int, xids: tuple[int, ...], detail: bool) -> GpuSample:
+    def _fast_readings(self, row: GpuFast, out: dict[str, Any]) -> None:
+        """The fast sampler's utilisation and clock events since the previous sample, into out."""
+        if row.last_error in LOST_ERRORS and not row.util_ticks and not row.clock_ticks:
+            raise _Lost
+        if row.errors:
+            self.errors[f"fast readings: NVML error {row.last_error}"] += row.errors
+        if row.sm_mean is not None and row.mem_mean is not None:
+            out.update(
+                sm_utilization_percent=row.sm_mean,
+                memory_utilization_percent=row.mem_mean,
+                sm_utilization_max=row.sm_max,
+                memory_utilization_max=row.mem_max,
+                utilization_readings=row.util_ticks,
+            )
+        if row.mask is not None:
+            out.update(
+                clock_event_mask=row.mask, clock_readings=row.clock_ticks, throttled_readings=row.throttled_ticks
+            )
+
+    def _sample_gpu(
+        self, g: _Gpu, now: int, xids: tuple[int, ...], detail: bool, fast: GpuFast | None = None
+    ) -> GpuSample:
         nvml = self._nvml
         h = g.handle
         base: dict[str, Any] = dict(
@@ -260,10 +302,13 @@ class NvmlSource:
         if h is None:
             return GpuSample(**base, lost=True)
         try:
-            util = self._read("utilization", nvml.nvmlDeviceGetUtilizationRates, h)
-            if util is not None:
-                base.update(sm_utilization_percent=int(util.gpu), memory_utilization_percent=int(util.memory))
-            base["clock_event_mask"] = self._clock_events(h)
+            if fast is not None:
+                self._fast_readings(fast, base)
+            else:
+                util = self._read("utilization", nvml.nvmlDeviceGetUtilizationRates, h)
+                if util is not None:
+                    base.update(sm_utilization_percent=int(util.gpu), memory_utilization_percent=int(util.memory))
+                base["clock_event_mask"] = self._clock_events(h)
             if detail:
                 self._detail(g, base)
         except _Lost:

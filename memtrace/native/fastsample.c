@@ -1,0 +1,511 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * memtrace's fast host sampler: the readings that are instantaneous (NIC
+ * counters for their per-tick rates, NVML utilisation and clock-event
+ * reasons) taken on a thread of its own at 100 Hz or more, outside Python,
+ * and folded into one row per interface and per GPU until the agent takes
+ * them (memtrace/sources/fastsample.py, through ctypes, at its own slower
+ * rate). What is cumulative or queued (counters' totals, XIDs, qdisc drops)
+ * loses nothing at the slower rate and stays in Python.
+ *
+ * The agent keeps everything that needs a decision in Python: which
+ * namespaces are sampled (it hands over a netlink socket opened inside each
+ * one, by pyroute2), which GPUs (NVML handles from nvidia-ml-py, whose
+ * library handle it passes so the same libnvidia-ml is called), which
+ * reasons count as throttling. This file only reads and folds.
+ *
+ * Never harmful to the agent: the thread blocks every signal, a netlink or
+ * NVML failure is counted in its row and the thread goes on, a tick that
+ * comes late is skipped and counted, never made up.
+ *
+ * Built by setuptools as the extension module memtrace._fastsample (an
+ * empty module: the functions below are reached through ctypes, as libbpf
+ * is). Without a C compiler the package installs without it and samples
+ * in Python at the slower rate.
+ */
+#define _GNU_SOURCE
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/if_link.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MT_MAX_NS 64
+#define MT_MAX_IF 1024
+#define MT_MAX_GPU 64
+#define MT_RECV_BYTES (64 * 1024)
+#define MT_NVML_SUCCESS 0
+#define MT_NVML_NOT_SUPPORTED 3
+#define MT_NVML_FUNCTION_NOT_FOUND 13
+#define MT_UTIL_HZ 10 /* the most often utilisation is worth reading */
+
+/* One interface's readings since the last take. The counters are the first
+ * eight of rtnl_link_stats64 (rx/tx packets, rx/tx bytes, rx/tx errors,
+ * rx/tx dropped) at the last tick; the peaks are the busiest tick's rates. */
+struct mt_if_row {
+	uint64_t netns;
+	int32_t ifindex;
+	uint32_t ticks;  /* ticks that read it since the last take */
+	uint64_t time_ns; /* CLOCK_MONOTONIC of the last reading */
+	uint64_t counters[8];
+	double peak_rx_bytes_per_s;
+	double peak_tx_bytes_per_s;
+};
+
+/* One GPU's readings since the last take. */
+struct mt_gpu_row {
+	uint32_t slot;  /* the order the agent gave the handles in */
+	uint32_t ticks;
+	uint32_t util_ticks; /* ticks with a utilisation reading */
+	uint32_t clock_ticks; /* ticks with a clock-event reading */
+	uint32_t throttled_ticks; /* ... with a throttling reason set */
+	uint32_t sm_max, mem_max, sm_last, mem_last;
+	int32_t last_error; /* the last NVML error other than not-supported, 0 if none */
+	uint64_t sm_sum, mem_sum;
+	uint64_t mask_or; /* every reason seen */
+	uint64_t mask_last;
+	uint64_t time_ns;
+	uint32_t errors; /* failed readings (not-supported excepted) */
+	uint32_t pad;
+};
+
+struct mt_stats {
+	uint64_t ticks;
+	uint64_t late; /* ticks skipped because the thread woke after the next was due */
+	uint64_t net_errors;
+	uint64_t cpu_ns; /* the sampling thread's own CPU time */
+	int32_t last_errno;
+	uint32_t interfaces_dropped; /* readings of interfaces past MT_MAX_IF */
+};
+
+typedef struct {
+	unsigned int gpu, memory;
+} mt_nvml_util;
+typedef int (*mt_util_fn)(void *, mt_nvml_util *);
+typedef int (*mt_mask_fn)(void *, unsigned long long *);
+
+struct mt_ns {
+	uint64_t inode;
+	int fd;
+	uint32_t seq;
+};
+
+struct mt_fast {
+	pthread_mutex_t lock; /* the rows and stats: held for copies only */
+	pthread_mutex_t cfg; /* the namespace and GPU lists: held by the thread over a tick */
+	pthread_t thread;
+	int running;
+	volatile int stop;
+	uint64_t period_ns;
+	uint64_t throttle_mask;
+	struct mt_ns ns[MT_MAX_NS];
+	int n_ns;
+	struct mt_if_row ifs[MT_MAX_IF];
+	int n_if;
+	void *gpus[MT_MAX_GPU];
+	struct mt_gpu_row gpu_rows[MT_MAX_GPU];
+	int n_gpu;
+	mt_util_fn util_fn;
+	uint32_t util_every;
+	mt_mask_fn mask_fn;
+	mt_mask_fn mask_old_fn;
+	struct mt_stats stats;
+	clockid_t cpu_clock;
+	unsigned char buf[MT_RECV_BYTES];
+};
+
+static uint64_t now_ns(clockid_t clk)
+{
+	struct timespec ts;
+	clock_gettime(clk, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static struct mt_if_row *if_row(struct mt_fast *f, uint64_t netns, int32_t ifindex)
+{
+	for (int i = 0; i < f->n_if; i++)
+		if (f->ifs[i].ifindex == ifindex && f->ifs[i].netns == netns)
+			return &f->ifs[i];
+	if (f->n_if >= MT_MAX_IF) {
+		f->stats.interfaces_dropped++;
+		return NULL;
+	}
+	struct mt_if_row *r = &f->ifs[f->n_if++];
+	memset(r, 0, sizeof(*r));
+	r->netns = netns;
+	r->ifindex = ifindex;
+	return r;
+}
+
+static double rate(uint64_t now, uint64_t before, uint64_t dt_ns)
+{
+	return now >= before ? (double)(now - before) * 1e9 / (double)dt_ns : 0.0; /* a reset counts from zero */
+}
+
+/* Fold one rtnl_link_stats64 reading in, under the lock. */
+static void fold_if(struct mt_fast *f, uint64_t netns, int32_t ifindex, const uint64_t *c, uint64_t t)
+{
+	struct mt_if_row *r = if_row(f, netns, ifindex);
+	if (r == NULL)
+		return;
+	if (r->time_ns && t > r->time_ns) {
+		uint64_t dt = t - r->time_ns;
+		double rx = rate(c[2], r->counters[2], dt), tx = rate(c[3], r->counters[3], dt);
+		if (rx > r->peak_rx_bytes_per_s)
+			r->peak_rx_bytes_per_s = rx;
+		if (tx > r->peak_tx_bytes_per_s)
+			r->peak_tx_bytes_per_s = tx;
+	}
+	memcpy(r->counters, c, sizeof(r->counters));
+	r->time_ns = t;
+	r->ticks++;
+}
+
+/* Forget the interfaces of a namespace that a whole dump begun at t0 did not list: they are gone. */
+static void drop_gone(struct mt_fast *f, uint64_t netns, uint64_t t0)
+{
+	pthread_mutex_lock(&f->lock);
+	int k = 0;
+	for (int i = 0; i < f->n_if; i++)
+		if (f->ifs[i].netns != netns || f->ifs[i].time_ns >= t0)
+			f->ifs[k++] = f->ifs[i];
+	f->n_if = k;
+	pthread_mutex_unlock(&f->lock);
+}
+
+/* One RTM_GETSTATS dump of a namespace, folded as it is read. 0 or an errno. */
+static int read_ns(struct mt_fast *f, struct mt_ns *ns)
+{
+	struct {
+		struct nlmsghdr h;
+		struct if_stats_msg m;
+	} req;
+	memset(&req, 0, sizeof(req));
+	req.h.nlmsg_len = sizeof(req);
+	req.h.nlmsg_type = RTM_GETSTATS;
+	req.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+	req.h.nlmsg_seq = ++ns->seq;
+	req.m.family = AF_UNSPEC;
+	req.m.filter_mask = IFLA_STATS_FILTER_BIT(IFLA_STATS_LINK_64);
+	uint64_t t0 = now_ns(CLOCK_MONOTONIC);
+	if (send(ns->fd, &req, sizeof(req), 0) < 0)
+		return errno;
+	for (;;) {
+		ssize_t n = recv(ns->fd, f->buf, sizeof(f->buf), 0);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno;
+		}
+		uint64_t t = now_ns(CLOCK_MONOTONIC);
+		int len = (int)n;
+		for (struct nlmsghdr *h = (struct nlmsghdr *)f->buf; NLMSG_OK(h, len); h = NLMSG_NEXT(h, len)) {
+			if (h->nlmsg_seq != ns->seq)
+				continue; /* a late answer to an earlier request */
+			if (h->nlmsg_type == NLMSG_DONE) {
+				drop_gone(f, ns->inode, t0);
+				return 0;
+			}
+			if (h->nlmsg_type == NLMSG_ERROR) {
+				struct nlmsgerr *e = NLMSG_DATA(h);
+				return h->nlmsg_len >= NLMSG_LENGTH(sizeof(*e)) && e->error ? -e->error : 0;
+			}
+			if (h->nlmsg_type != RTM_NEWSTATS || h->nlmsg_len < NLMSG_LENGTH(sizeof(struct if_stats_msg)))
+				continue;
+			struct if_stats_msg *m = NLMSG_DATA(h);
+			int alen = (int)h->nlmsg_len - (int)NLMSG_LENGTH(sizeof(*m));
+			struct rtattr *a = (struct rtattr *)((char *)m + NLMSG_ALIGN(sizeof(*m)));
+			for (; RTA_OK(a, alen); a = RTA_NEXT(a, alen)) {
+				if (a->rta_type != IFLA_STATS_LINK_64 || RTA_PAYLOAD(a) < 8 * sizeof(uint64_t))
+					continue;
+				uint64_t c[8];
+				memcpy(c, RTA_DATA(a), sizeof(c));
+				pthread_mutex_lock(&f->lock);
+				fold_if(f, ns->inode, (int32_t)m->ifindex, c, t);
+				pthread_mutex_unlock(&f->lock);
+			}
+		}
+	}
+}
+
+static void read_gpu(struct mt_fast *f, int i, uint64_t t)
+{
+	mt_nvml_util u;
+	unsigned long long mask = 0;
+	/* Utilisation is the share of NVML's own sample period (1/6 s to 1 s) that kernels ran: read every
+	 * util_every-th tick (10 Hz), more would read the same value again. Clock events are instantaneous. */
+	int ru = MT_NVML_NOT_SUPPORTED + 1000; /* not read this tick */
+	if (f->util_fn && f->stats.ticks % f->util_every == 0)
+		ru = f->util_fn(f->gpus[i], &u);
+	int rm = MT_NVML_NOT_SUPPORTED;
+	if (f->mask_fn) {
+		rm = f->mask_fn(f->gpus[i], &mask);
+		if (rm == MT_NVML_FUNCTION_NOT_FOUND) /* a driver older than 535: the older name */
+			f->mask_fn = NULL;
+	}
+	if (!f->mask_fn && f->mask_old_fn)
+		rm = f->mask_old_fn(f->gpus[i], &mask);
+	pthread_mutex_lock(&f->lock);
+	struct mt_gpu_row *r = &f->gpu_rows[i];
+	r->ticks++;
+	r->time_ns = t;
+	if (ru == MT_NVML_SUCCESS) {
+		r->util_ticks++;
+		r->sm_sum += u.gpu;
+		r->mem_sum += u.memory;
+		r->sm_last = u.gpu;
+		r->mem_last = u.memory;
+		if (u.gpu > r->sm_max)
+			r->sm_max = u.gpu;
+		if (u.memory > r->mem_max)
+			r->mem_max = u.memory;
+	} else if (ru != MT_NVML_NOT_SUPPORTED && ru != MT_NVML_NOT_SUPPORTED + 1000) {
+		r->errors++;
+		r->last_error = ru;
+	}
+	if (rm == MT_NVML_SUCCESS) {
+		r->clock_ticks++;
+		r->mask_or |= mask;
+		r->mask_last = mask;
+		r->throttled_ticks += (mask & f->throttle_mask) != 0;
+	} else if (rm != MT_NVML_NOT_SUPPORTED) {
+		r->errors++;
+		r->last_error = rm;
+	}
+	pthread_mutex_unlock(&f->lock);
+}
+
+static void tick(struct mt_fast *f)
+{
+	for (int i = 0; i < f->n_ns; i++) {
+		int err = read_ns(f, &f->ns[i]);
+		if (err) {
+			pthread_mutex_lock(&f->lock);
+			f->stats.net_errors++;
+			f->stats.last_errno = err;
+			pthread_mutex_unlock(&f->lock);
+		}
+	}
+	uint64_t t = now_ns(CLOCK_MONOTONIC);
+	for (int i = 0; i < f->n_gpu; i++)
+		read_gpu(f, i, t);
+}
+
+static void *loop(void *arg)
+{
+	struct mt_fast *f = arg;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the agent's main thread's */
+	pthread_getcpuclockid(pthread_self(), &f->cpu_clock);
+	uint64_t next = now_ns(CLOCK_MONOTONIC);
+	while (!f->stop) {
+		pthread_mutex_lock(&f->cfg);
+		tick(f);
+		pthread_mutex_unlock(&f->cfg);
+		pthread_mutex_lock(&f->lock);
+		f->stats.ticks++;
+		f->stats.cpu_ns = now_ns(f->cpu_clock);
+		pthread_mutex_unlock(&f->lock);
+		next += f->period_ns;
+		uint64_t now = now_ns(CLOCK_MONOTONIC);
+		if (next < now) { /* fell behind (a stopped agent, a slow call): skip, do not burst */
+			uint64_t missed = (now - next) / f->period_ns + 1;
+			pthread_mutex_lock(&f->lock);
+			f->stats.late += missed;
+			pthread_mutex_unlock(&f->lock);
+			next += missed * f->period_ns;
+		}
+		struct timespec ts = {.tv_sec = (time_t)(next / 1000000000ull), .tv_nsec = (long)(next % 1000000000ull)};
+		while (!f->stop && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+			;
+	}
+	return NULL;
+}
+
+/* ---- the ctypes API (memtrace/sources/fastsample.py) ---- */
+
+__attribute__((visibility("default"))) struct mt_fast *mt_fast_open(uint64_t period_ns, uint64_t throttle_mask)
+{
+	if (period_ns < 1000000) /* 1 kHz at most */
+		period_ns = 1000000;
+	struct mt_fast *f = calloc(1, sizeof(*f));
+	if (f == NULL)
+		return NULL;
+	pthread_mutex_init(&f->lock, NULL);
+	pthread_mutex_init(&f->cfg, NULL);
+	f->period_ns = period_ns;
+	f->throttle_mask = throttle_mask;
+	f->util_every = (uint32_t)(1000000000ull / MT_UTIL_HZ / period_ns);
+	if (f->util_every == 0)
+		f->util_every = 1;
+	return f;
+}
+
+/* Sample the namespace whose rtnetlink socket is fd (dup'ed: the caller keeps its own). 0 or an errno. */
+__attribute__((visibility("default"))) int mt_fast_add_netns(struct mt_fast *f, uint64_t inode, int fd)
+{
+	int err = 0;
+	pthread_mutex_lock(&f->cfg);
+	for (int i = 0; i < f->n_ns; i++)
+		if (f->ns[i].inode == inode)
+			goto out;
+	if (f->n_ns >= MT_MAX_NS) {
+		err = ENOSPC;
+		goto out;
+	}
+	int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (dup_fd < 0) {
+		err = errno;
+		goto out;
+	}
+	struct timeval tv = {.tv_sec = 1}; /* a dump never blocks the thread for long */
+	setsockopt(dup_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	f->ns[f->n_ns++] = (struct mt_ns){.inode = inode, .fd = dup_fd};
+out:
+	pthread_mutex_unlock(&f->cfg);
+	return err;
+}
+
+/* Stop sampling a namespace; its interfaces' rows go. 0, or ENOENT. */
+__attribute__((visibility("default"))) int mt_fast_remove_netns(struct mt_fast *f, uint64_t inode)
+{
+	int err = ENOENT;
+	pthread_mutex_lock(&f->cfg);
+	for (int i = 0; i < f->n_ns; i++) {
+		if (f->ns[i].inode != inode)
+			continue;
+		close(f->ns[i].fd);
+		f->ns[i] = f->ns[--f->n_ns];
+		err = 0;
+		break;
+	}
+	pthread_mutex_lock(&f->lock);
+	int k = 0;
+	for (int i = 0; i < f->n_if; i++)
+		if (f->ifs[i].netns != inode)
+			f->ifs[k++] = f->ifs[i];
+	f->n_if = k;
+	pthread_mutex_unlock(&f->lock);
+	pthread_mutex_unlock(&f->cfg);
+	return err;
+}
+
+/* Read these GPUs through the libnvidia-ml already loaded at `lib` (a dlopen handle). 0 or an errno. */
+__attribute__((visibility("default"))) int mt_fast_set_gpus(struct mt_fast *f, void *lib, void **handles, int n)
+{
+	if (n < 0 || n > MT_MAX_GPU || lib == NULL)
+		return EINVAL;
+	pthread_mutex_lock(&f->cfg);
+	pthread_mutex_lock(&f->lock);
+	f->util_fn = (mt_util_fn)dlsym(lib, "nvmlDeviceGetUtilizationRates");
+	f->mask_fn = (mt_mask_fn)dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons");
+	f->mask_old_fn = (mt_mask_fn)dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
+	for (int i = 0; i < n; i++) {
+		f->gpus[i] = handles[i];
+		memset(&f->gpu_rows[i], 0, sizeof(f->gpu_rows[i]));
+		f->gpu_rows[i].slot = (uint32_t)i;
+	}
+	f->n_gpu = n;
+	pthread_mutex_unlock(&f->lock);
+	pthread_mutex_unlock(&f->cfg);
+	return 0;
+}
+
+/* Start the sampling thread. 0 or an errno. */
+__attribute__((visibility("default"))) int mt_fast_start(struct mt_fast *f)
+{
+	if (f->running)
+		return 0;
+	f->stop = 0;
+	int err = pthread_create(&f->thread, NULL, loop, f);
+	if (err == 0)
+		f->running = 1;
+	return err;
+}
+
+/*
+ * Copy out every row (at most the caps; the counts say how many there were)
+ * and start the next window: the counters and last readings stay, the
+ * tick counts, sums and peaks start again.
+ */
+__attribute__((visibility("default"))) int mt_fast_take(struct mt_fast *f, struct mt_if_row *ifs, int if_cap,
+							int *n_if, struct mt_gpu_row *gpus, int gpu_cap, int *n_gpu,
+							struct mt_stats *stats)
+{
+	pthread_mutex_lock(&f->lock);
+	*n_if = f->n_if;
+	*n_gpu = f->n_gpu;
+	for (int i = 0; i < f->n_if && i < if_cap; i++) {
+		ifs[i] = f->ifs[i];
+		f->ifs[i].ticks = 0;
+		f->ifs[i].peak_rx_bytes_per_s = f->ifs[i].peak_tx_bytes_per_s = 0;
+	}
+	for (int i = 0; i < f->n_gpu && i < gpu_cap; i++) {
+		struct mt_gpu_row *r = &f->gpu_rows[i];
+		gpus[i] = *r;
+		r->ticks = r->util_ticks = r->clock_ticks = r->throttled_ticks = r->errors = 0;
+		r->sm_sum = r->mem_sum = r->mask_or = 0;
+		r->sm_max = r->mem_max = 0;
+	}
+	*stats = f->stats;
+	pthread_mutex_unlock(&f->lock);
+	return 0;
+}
+
+/* Ticks done since the start, without taking the window. */
+__attribute__((visibility("default"))) uint64_t mt_fast_ticks(struct mt_fast *f)
+{
+	pthread_mutex_lock(&f->lock);
+	uint64_t n = f->stats.ticks;
+	pthread_mutex_unlock(&f->lock);
+	return n;
+}
+
+/* Stop the thread (within one tick), close the sockets, free. */
+__attribute__((visibility("default"))) void mt_fast_close(struct mt_fast *f)
+{
+	if (f == NULL)
+		return;
+	if (f->running) {
+		f->stop = 1;
+		pthread_join(f->thread, NULL);
+	}
+	for (int i = 0; i < f->n_ns; i++)
+		close(f->ns[i].fd);
+	pthread_mutex_destroy(&f->lock);
+	pthread_mutex_destroy(&f->cfg);
+	free(f);
+}
+
+/* The sizes of the structures, checked by the binding against its own. */
+__attribute__((visibility("default"))) void mt_fast_sizes(uint32_t *out)
+{
+	out[0] = sizeof(struct mt_if_row);
+	out[1] = sizeof(struct mt_gpu_row);
+	out[2] = sizeof(struct mt_stats);
+}
+
+static struct PyModuleDef module = {
+	PyModuleDef_HEAD_INIT,
+	"_fastsample",
+	"memtrace's fast host sampler: a C thread reached through ctypes (memtrace.sources.fastsample).",
+	-1,
+	NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastsample(void)
+{
+	return PyModule_Create(&module);
+}
