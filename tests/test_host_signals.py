@@ -195,6 +195,43 @@ def test_no_host_leaves_the_section_out(tmp_path: Path) -> None:
     assert doc["host"] is None and doc["collectives"] == []
 
 
+def test_host_rate_zero_reads_in_python_and_says_so(pair: Pair, tmp_path: Path) -> None:  # noqa: F811
+    """--host-rate 0: no C thread; the counters are read at each sample, as exact, with no tick peaks."""
+    server = pair.run(pair.b, SERVER, "tcp", "5202")
+    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    try:
+        before = pair.sysfs(pair.a, pair.va)
+        out = tmp_path / "summary.json"
+        client = [sys.executable, "-c", CLIENT, "tcp", pair.ip_b, "5202", str(1 << 20), "65536"]
+        p = subprocess.run(
+            ["ip", "netns", "exec", pair.a, *memtrace_cmd(), "run", "--host-rate", "0", "--format", "json"]
+            + ["-o", str(out), "--", *client],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        after = pair.sysfs(pair.a, pair.va)
+    finally:
+        server.kill()
+        server.wait()
+    doc = json.loads(out.read_text())
+    fast = doc["host"]["fast_sampler"]
+    assert fast["state"] == "off" and "--host-rate 0" in fast["reason"], fast
+    (veth,) = [i for i in doc["host"]["network"]["interfaces"] if i["interface"] == pair.va]
+    assert veth["tx_bytes"] == after["tx_bytes"] - before["tx_bytes"] > 1 << 20
+    assert veth["peak_tx_bytes_per_second"] is None and veth["peak_utilization"] is not None
+
+
+@pytest.mark.parametrize("value", ["0.5", "-1", "5000"])
+def test_a_bad_host_rate_is_refused_with_the_range(value: str) -> None:
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--host-rate", value, "--", "true"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2 and "--host-rate" in p.stderr and "1 to 1000 Hz" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "100"])
 def test_a_bad_host_interval_is_refused_with_the_range(value: str) -> None:
     p = subprocess.run(
