@@ -213,6 +213,7 @@ class Trial:
     wall_s: float = 0.0
     steady_cpu_s: float = 0.0  # the agent's CPU from SETTLED_S after its start to its last reading
     steady_wall_s: float = 0.0
+    fast_hz: float | None = None  # the agent's fast host sampler's rate (None: it was off)
 
 
 def cpu_quota_cgroup() -> BenchCgroup:
@@ -504,6 +505,8 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         t.steady_cpu_s = settled[1][1] - settled[0][1]
         t.steady_wall_s = settled[1][0] - settled[0][0]
     doc = json.loads(out.read_text())
+    fast = (doc.get("host") or {}).get("fast_sampler") or {}
+    t.fast_hz = fast.get("rate_hz") if fast.get("state") == "on" else None
     truth = [json.loads(line) for line in (tmp / "truth.jsonl").read_text().splitlines()]
     (tmp / "truth.jsonl").unlink()
     pids = {x["pid"] for x in truth}
@@ -642,8 +645,14 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
     cpu = sum(t.agent_cpu_s for t in trials) / sum(t.wall_s for t in trials)
     wall = sum(t.steady_wall_s for t in trials)
     steady = sum(t.steady_cpu_s for t in trials) / wall if wall else float("nan")
+    rates = {t.fast_hz for t in trials}
+    sampling = (
+        f"NICs and GPUs at {rates.pop():g} Hz (C thread), the rest at 10 Hz"
+        if len(rates) == 1 and None not in rates
+        else f"host sampling at 10 Hz (fast sampler at {sorted(rates, key=str)} Hz)"
+    )
     print(
-        f"agent CPU (memtrace run, host sampling at 10 Hz, diagnosis every 0.5 s): {steady:.1%} of one core "
+        f"agent CPU (memtrace run, {sampling}, diagnosis every 0.5 s): {steady:.1%} of one core "
         f"once started ({SETTLED_S:g} s on); {cpu:.1%} over whole trials, start-up (BPF load, attach, "
         "calibration) included"
     )

@@ -82,10 +82,14 @@ QUIET_SHARE = 64
 DRAIN_NICE = -10
 FOLD_SHARE_EVENTS = 4096  # events the fold thread folds per hold of the model lock, at most
 # The fold thread folds when a share is waiting, else at this age: a fold
-# costs about the same for 10 events as for 1000 (numpy per call), and
-# folding after every 5 ms drain of a slow trickle was most of an idle
-# agent's CPU. Readers never see the delay: they fold what is pending first.
-FOLD_LATENCY_S = 0.1
+# costs about the same for 10 events as for 1000 (numpy per call: 1.3 ms
+# for a training job's tenth of a second on the 2-vCPU VM), and folding
+# after every 5 ms drain of a slow trickle was most of an idle agent's CPU;
+# at 0.1 s it was still a third of `memtrace run`'s in the diagnosis
+# benchmark. Readers never see the delay: they fold what is pending first
+# (the live diagnosis every 0.5 s, top, an export), and a share waiting
+# wakes the thread at once, so memory stays bounded.
+FOLD_LATENCY_S = 0.5
 
 
 class _Update(Enum):
