@@ -489,12 +489,14 @@ __attribute__((visibility("default"))) void mt_fast_close(struct mt_fast *f)
 	free(f);
 }
 
-/* The sizes of the structures, checked by the binding against its own. */
+/* The sizes of the structures, checked by the binding against its own, and the most rows of each. */
 __attribute__((visibility("default"))) void mt_fast_sizes(uint32_t *out)
 {
 	out[0] = sizeof(struct mt_if_row);
 	out[1] = sizeof(struct mt_gpu_row);
 	out[2] = sizeof(struct mt_stats);
+	out[3] = MT_MAX_IF;
+	out[4] = MT_MAX_GPU;
 }
 
 static struct PyModuleDef module = {

@@ -94,6 +94,7 @@ class HostSignals:
         self._fast: Any = None  # sources.fastsample.FastSampler, when it runs
         self._fast_state = SensorState(False, "not asked for (--host-rate 0)", "")
         self._fast_last: Any = None  # its last window
+        self._fast_gpus = False  # it reads the GPUs
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
@@ -136,6 +137,8 @@ class HostSignals:
         self._pinned = set(first)
         if self._fast is not None:
             try:
+                if self._net is None and not self._fast_gpus:
+                    raise OSError("no network interfaces or GPUs to read here")
                 self._fast.start()
             except OSError as e:
                 self._fast_off(e)
@@ -193,6 +196,7 @@ class HostSignals:
         if self._fast is not None:
             try:
                 src.hand_to(self._fast)
+                self._fast_gpus = src.gpu_count > 0
             except OSError as e:
                 log.info("GPU utilisation and clock events are read at each sample, not by the fast sampler: %s", e)
 

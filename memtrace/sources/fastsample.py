@@ -129,21 +129,7 @@ class FastWindow:
         return {w.index: w for (ns, _i), w in self.interfaces.items() if ns == inode and w.time_ns}
 
 
-def _library() -> ctypes.CDLL:
-    spec = importlib.util.find_spec("memtrace._fastsample")
-    if spec is None or spec.origin is None:
-        raise FastSamplerUnavailable(
-            "memtrace was installed without its C sampler (no C compiler at install): NIC and GPU readings "
-            "are taken in Python at the host interval, not at 100 Hz",
-            "reinstall memtrace with gcc and the Python headers present (apt install gcc python3-dev)",
-        )
-    try:
-        lib = ctypes.CDLL(spec.origin)
-    except OSError as e:
-        raise FastSamplerUnavailable(
-            f"memtrace's C sampler does not load here ({e}): NIC and GPU readings are taken in Python",
-            "reinstall memtrace on this machine so the C sampler is built for it",
-        ) from e
+def _prototypes(lib: ctypes.CDLL) -> None:
     u64, i32, vp = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
     lib.mt_fast_open.argtypes, lib.mt_fast_open.restype = [u64, u64], vp
     lib.mt_fast_add_netns.argtypes, lib.mt_fast_add_netns.restype = [vp, u64, i32], i32
@@ -164,15 +150,40 @@ def _library() -> ctypes.CDLL:
     lib.mt_fast_close.argtypes, lib.mt_fast_close.restype = [vp], None
     lib.mt_fast_ticks.argtypes, lib.mt_fast_ticks.restype = [vp], u64
     lib.mt_fast_sizes.argtypes, lib.mt_fast_sizes.restype = [ctypes.POINTER(ctypes.c_uint32)], None
-    sizes = (ctypes.c_uint32 * 3)()
+
+
+def _library() -> tuple[ctypes.CDLL, tuple[int, int]]:
+    """The C sampler's library and the most interface and GPU rows it holds."""
+    spec = importlib.util.find_spec("memtrace._fastsample")
+    if spec is None or spec.origin is None:
+        raise FastSamplerUnavailable(
+            "memtrace was installed without its C sampler (no C compiler at install): NIC and GPU readings "
+            "are taken in Python at the host interval, not at 100 Hz",
+            "reinstall memtrace with gcc and the Python headers present (apt install gcc python3-dev)",
+        )
+    try:
+        lib = ctypes.CDLL(spec.origin)
+    except OSError as e:
+        raise FastSamplerUnavailable(
+            f"memtrace's C sampler does not load here ({e}): NIC and GPU readings are taken in Python",
+            "reinstall memtrace on this machine so the C sampler is built for it",
+        ) from e
+    try:
+        _prototypes(lib)
+    except AttributeError as e:  # a library built from another version of this file
+        raise FastSamplerUnavailable(
+            f"memtrace's C sampler does not match this version ({e})",
+            "reinstall memtrace so the C sampler is built from the same source",
+        ) from e
+    sizes = (ctypes.c_uint32 * 5)()
     lib.mt_fast_sizes(sizes)
     mine = (ctypes.sizeof(IfRow), ctypes.sizeof(GpuRow), ctypes.sizeof(Stats))
-    if tuple(sizes) != mine:
+    if tuple(sizes[:3]) != mine:
         raise FastSamplerUnavailable(
-            f"memtrace's C sampler does not match this version (row sizes {tuple(sizes)}, expected {mine})",
+            f"memtrace's C sampler does not match this version (row sizes {tuple(sizes[:3])}, expected {mine})",
             "reinstall memtrace so the C sampler is built from the same source",
         )
-    return lib
+    return lib, (int(sizes[3]), int(sizes[4]))
 
 
 def _check(err: int, what: str) -> None:
@@ -185,15 +196,15 @@ class FastSampler:
 
     def __init__(self, rate_hz: float = DEFAULT_RATE_HZ, throttle_mask: int = 0) -> None:
         if not 1 <= rate_hz <= 1000:
-            raise ValueError(f"rate {rate_hz} Hz is out of range (1 to 1000)")
-        self._lib = _library()
+            raise MemtraceError(f"a fast sampling rate of {rate_hz:g} Hz is out of range", "give 1 to 1000 Hz")
+        self._lib, (max_ifs, max_gpus) = _library()
         self.rate_hz = rate_hz
         self._handle = self._lib.mt_fast_open(int(1e9 / rate_hz), throttle_mask)
         if not self._handle:
             raise MemtraceError("the fast sampler could not allocate its state", "free some memory")
-        self._if_cap = 64
-        self._ifs = (IfRow * self._if_cap)()
-        self._gpus = (GpuRow * 64)()
+        # Room for every row the C side can hold: a take copies them all.
+        self._ifs = (IfRow * max_ifs)()
+        self._gpus = (GpuRow * max_gpus)()
         self._stats = Stats()
         self._n_if = ctypes.c_int()
         self._n_gpu = ctypes.c_int()
@@ -219,23 +230,16 @@ class FastSampler:
 
     def take(self) -> FastWindow:
         """Every row folded since the previous take; their windows start again."""
-        while True:
-            self._lib.mt_fast_take(
-                self._handle,
-                self._ifs,
-                self._if_cap,
-                ctypes.byref(self._n_if),
-                self._gpus,
-                len(self._gpus),
-                ctypes.byref(self._n_gpu),
-                ctypes.byref(self._stats),
-            )
-            if self._n_if.value <= self._if_cap:
-                break
-            # More interfaces than room: what this take copied is lost from the window (peaks only:
-            # the counters stay), so grow and take again.
-            self._if_cap = self._n_if.value * 2
-            self._ifs = (IfRow * self._if_cap)()
+        self._lib.mt_fast_take(
+            self._handle,
+            self._ifs,
+            len(self._ifs),
+            ctypes.byref(self._n_if),
+            self._gpus,
+            len(self._gpus),
+            ctypes.byref(self._n_gpu),
+            ctypes.byref(self._stats),
+        )
         ifs = {}
         for r in self._ifs[: self._n_if.value]:
             ifs[(r.netns, r.ifindex)] = IfWindow(
