@@ -471,3 +471,28 @@ def test_source_opens_without_privileges_to_enter_namespaces(tmp_path: Path) -> 
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("True ('pid 1: network namespace not readable (Permission denied)',)"), p.stdout
+
+
+def test_a_closed_fast_sampler_refuses_calls_and_the_source_reads_on_its_own(pair: Pair) -> None:
+    """A fast sampler that could not start is closed: a call on it is an OSError, never a NULL handed
+    to C, and the netdev source it was given reads every counter itself from then on."""
+    import socket
+
+    fast = FastSampler(100)
+    source = NetdevSource(fast=fast)
+    try:
+        fast.close()
+        with pytest.raises(OSError, match="closed"):
+            fast.take()
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s, pytest.raises(OSError):
+            fast.add_netns(1, s)
+        source.stop_fast()
+        idle = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
+        assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
+        snap = source.sample([idle.pid])
+        a = iface(snap, ns_inode(idle.pid), pair.va)
+        assert a.fast_ticks == 0 and a.peak_tx_bytes_per_s is None
+        assert a.tx_bytes == pair.sysfs(pair.a, pair.va)["tx_bytes"] and snap.errors == ()
+        idle.communicate(timeout=30)
+    finally:
+        source.close()

@@ -92,7 +92,9 @@ class HostSignals:
         self._nvml: Any = None
         self._net: Any = None
         self._fast: Any = None  # sources.fastsample.FastSampler, when it runs
-        self._fast_state = SensorState(False, "not asked for (--host-rate 0)", "")
+        self._fast_state = SensorState(
+            False, "not asked for (--host-rate 0)" if opts.fast_hz <= 0 else "no NIC or GPU signals asked for", ""
+        )
         self._fast_last: Any = None  # its last window
         self._fast_gpus = False  # it reads the GPUs
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
@@ -159,6 +161,8 @@ class HostSignals:
     def _fast_off(self, e: BaseException) -> None:
         self._fast_state = _off(e)
         log.info("the fast host sampler is off (%s); NICs and GPUs are read at each sample", self._fast_state.reason)
+        if self._net is not None:
+            self._net.stop_fast()
         if self._fast is not None:
             self._fast.close()
             self._fast = None

@@ -23,6 +23,7 @@ very libnvidia-ml nvidia-ml-py loaded is called.
 from __future__ import annotations
 
 import ctypes
+import errno
 import importlib.util
 import os
 import socket
@@ -209,29 +210,36 @@ class FastSampler:
         self._n_if = ctypes.c_int()
         self._n_gpu = ctypes.c_int()
 
+    def _open(self) -> int:
+        """The C state's address; OSError once closed (a NULL would crash the agent)."""
+        if not self._handle:
+            raise OSError(errno.EBADF, "fast sampler: closed")
+        return int(self._handle)
+
     def add_netns(self, inode: int, sock: socket.socket) -> None:
         """Sample the namespace whose rtnetlink socket this is (the caller may close its own afterwards)."""
-        _check(self._lib.mt_fast_add_netns(self._handle, inode, sock.fileno()), f"netns {inode}")
+        _check(self._lib.mt_fast_add_netns(self._open(), inode, sock.fileno()), f"netns {inode}")
 
     def remove_netns(self, inode: int) -> None:
-        self._lib.mt_fast_remove_netns(self._handle, inode)
+        if self._handle:
+            self._lib.mt_fast_remove_netns(self._handle, inode)
 
     def set_gpus(self, nvml_library: int, handles: list[int]) -> None:
         """Read these NVML device handles (pointer values) through the libnvidia-ml loaded at nvml_library."""
         arr = (ctypes.c_void_p * max(1, len(handles)))(*handles)
-        _check(self._lib.mt_fast_set_gpus(self._handle, nvml_library, arr, len(handles)), "GPUs")
+        _check(self._lib.mt_fast_set_gpus(self._open(), nvml_library, arr, len(handles)), "GPUs")
 
     def start(self) -> None:
-        _check(self._lib.mt_fast_start(self._handle), "thread")
+        _check(self._lib.mt_fast_start(self._open()), "thread")
 
     def ticks(self) -> int:
         """Ticks done since start(), leaving the window as it is."""
-        return int(self._lib.mt_fast_ticks(self._handle))
+        return int(self._lib.mt_fast_ticks(self._open()))
 
     def take(self) -> FastWindow:
         """Every row folded since the previous take; their windows start again."""
         self._lib.mt_fast_take(
-            self._handle,
+            self._open(),
             self._ifs,
             len(self._ifs),
             ctypes.byref(self._n_if),

@@ -208,6 +208,11 @@ class NetdevSource:
                 self._ns[inode].pids = wanted[inode]
         return tuple(gone)
 
+    def stop_fast(self) -> None:
+        """The fast sampler is gone (it could not start): read every counter here from now on."""
+        with self._lock:
+            self._fast = None
+
     def _give_fast(self, inode: int, fd: int, errors: list[str]) -> None:
         """A socket of the fast sampler's own inside the namespace held by fd; without it, Python reads its counters."""
         try:
