@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #define MT_MAX_NS 64
-#define MT_MAX_IF 1024
+#define MT_MAX_IF 4096
 #define MT_MAX_GPU 64
 #define MT_RECV_BYTES (64 * 1024)
 #define MT_NVML_SUCCESS 0
@@ -245,9 +245,8 @@ static void read_gpu(struct mt_fast *f, int i, uint64_t t)
 	unsigned long long mask = 0;
 	/* Utilisation is the share of NVML's own sample period (1/6 s to 1 s) that kernels ran: read every
 	 * util_every-th tick (10 Hz), more would read the same value again. Clock events are instantaneous. */
-	int ru = MT_NVML_NOT_SUPPORTED + 1000; /* not read this tick */
-	if (f->util_fn && f->stats.ticks % f->util_every == 0)
-		ru = f->util_fn(f->gpus[i], &u);
+	int read_util = f->util_fn && f->stats.ticks % f->util_every == 0;
+	int ru = read_util ? f->util_fn(f->gpus[i], &u) : MT_NVML_NOT_SUPPORTED;
 	int rm = MT_NVML_NOT_SUPPORTED;
 	if (f->mask_fn) {
 		rm = f->mask_fn(f->gpus[i], &mask);
@@ -260,7 +259,7 @@ static void read_gpu(struct mt_fast *f, int i, uint64_t t)
 	struct mt_gpu_row *r = &f->gpu_rows[i];
 	r->ticks++;
 	r->time_ns = t;
-	if (ru == MT_NVML_SUCCESS) {
+	if (read_util && ru == MT_NVML_SUCCESS) {
 		r->util_ticks++;
 		r->sm_sum += u.gpu;
 		r->mem_sum += u.memory;
@@ -270,7 +269,7 @@ static void read_gpu(struct mt_fast *f, int i, uint64_t t)
 			r->sm_max = u.gpu;
 		if (u.memory > r->mem_max)
 			r->mem_max = u.memory;
-	} else if (ru != MT_NVML_NOT_SUPPORTED && ru != MT_NVML_NOT_SUPPORTED + 1000) {
+	} else if (ru != MT_NVML_NOT_SUPPORTED) {
 		r->errors++;
 		r->last_error = ru;
 	}
@@ -305,9 +304,6 @@ static void tick(struct mt_fast *f)
 static void *loop(void *arg)
 {
 	struct mt_fast *f = arg;
-	sigset_t all;
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the agent's main thread's */
 	pthread_getcpuclockid(pthread_self(), &f->cpu_clock);
 	uint64_t next = now_ns(CLOCK_MONOTONIC);
 	while (!f->stop) {
@@ -429,7 +425,12 @@ __attribute__((visibility("default"))) int mt_fast_start(struct mt_fast *f)
 	if (f->running)
 		return 0;
 	f->stop = 0;
+	/* Signals are the agent's main thread's: the thread starts with every one blocked. */
+	sigset_t all, was;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &was);
 	int err = pthread_create(&f->thread, NULL, loop, f);
+	pthread_sigmask(SIG_SETMASK, &was, NULL);
 	if (err == 0)
 		f->running = 1;
 	return err;

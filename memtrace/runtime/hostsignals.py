@@ -305,7 +305,9 @@ class HostSignals:
             with self.lock:
                 self.book.add_gpus(gpus)
         if self._net is not None:
-            snap = self._net.sample(sorted(pids), fast=fast, fresh=final)
+            # Past the C side's row limit it drops readings (counted): then every counter is read here.
+            fresh = final or (fast is not None and fast.interfaces_dropped > 0)
+            snap = self._net.sample(sorted(pids), fast=fast, fresh=fresh)
             with self.lock:
                 self.book.add_net(snap)
         if self._sched is not None:
