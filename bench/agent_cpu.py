@@ -8,15 +8,18 @@ A training-like job (tests/fixtures/trainjob.c through the test CUDA
 libraries: a 30 ms step of copies, kernels and a wait, about 400 events a
 second) is traced by an agent in this process, which drains and folds as
 `memtrace run` does (no host sampling, no diagnosis: those are
-bench/host_sampling.py's). Two schedules, alternating in rounds, side by
+bench/host_sampling.py's). Three schedules, alternating in rounds, side by
 side in one run:
 
   every drain   the previous design: a drain every 5 ms, and a fold of what
                 it read after each one (here: the fold thread woken every
                 5 ms)
-  quiet ring    this one: drains put off, doubling up to 20 ms, while a drain
-                reads under 1/64 of the ring; a fold once 4096 events wait,
-                or every 100 ms
+  20 ms, 0.1 s  the design of 2026-11-25: drains put off, doubling up to
+                20 ms, while a drain reads under 1/64 of the ring; a fold
+                once 4096 events wait, or every 100 ms
+  quiet ring    this one: drains put off the same way up to IDLE_STRETCH
+                periods (40 ms), a fold once 4096 events wait or every
+                FOLD_LATENCY_S (0.5 s)
 
 Printed: this process's CPU (every thread) as a share of one core, per
 round and the median, and the ratio.
@@ -62,6 +65,7 @@ def main() -> None:
     cpus = os.cpu_count() or 1
     schedules = {
         "every drain": (1, agent_mod.DRAIN_INTERVAL_S),
+        "20 ms, 0.1 s": (4, 0.1),
         "quiet ring": (agent_mod.IDLE_STRETCH, agent_mod.FOLD_LATENCY_S),
     }
     seconds = (a.seconds + 1.5) * len(schedules) * a.rounds + 20
@@ -102,7 +106,11 @@ def main() -> None:
             job.kill()
             job.wait()
     old, new = statistics.median(results["every drain"]), statistics.median(results["quiet ring"])
-    print(f"median: every drain {old:.2%}, quiet ring {new:.2%} of one core; ratio {new / old:.2f}")
+    mid = statistics.median(results["20 ms, 0.1 s"])
+    print(
+        f"median: every drain {old:.2%}, 20 ms/0.1 s {mid:.2%}, quiet ring {new:.2%} of one core; "
+        f"ratio {new / old:.2f} to every drain, {new / mid:.2f} to 20 ms/0.1 s"
+    )
 
 
 if __name__ == "__main__":

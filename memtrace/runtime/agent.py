@@ -67,11 +67,12 @@ log = logging.getLogger("memtrace")
 DRAIN_INTERVAL_S = 0.005
 # While the events ring is quiet (a drain reads under 1/QUIET_SHARE of what
 # it holds, and no more than that waits for the model), the next drain is
-# put off, doubling up to this many base periods: an idle agent wakes 50
-# times a second, not 200. The ring still holds what a
-# burst of several million events a second brings in the longest interval;
+# put off, doubling up to this many base periods: an idle agent wakes 25
+# times a second, not 200 (each wake costs this 2-vCPU VM's drain thread
+# about 0.2 ms). The ring (16 MiB of 72-byte events) still holds what a
+# burst of 5 million events a second brings in the longest interval (40 ms);
 # the first drain that reads more goes back to the base period.
-IDLE_STRETCH = 4
+IDLE_STRETCH = 8
 QUIET_SHARE = 64
 # The drain thread's niceness: on a host whose CPUs the traced jobs keep
 # busy, a drain waits for a CPU as much as for the interpreter (1000
