@@ -209,7 +209,17 @@ class Agent:
         """The NCCL sensor's events (the host signals poll it), folded into
         the model in turn with the CUDA events: every collective that
         returned by `complete_until_ns` (CLOCK_MONOTONIC) is in them or
-        came before; `users`: the pids with libnccl mapped. From any thread."""
+        came before; `users`: the pids with libnccl mapped. From any thread
+        that holds neither the model lock nor the drain lock.
+
+        With events, the CUDA rings are drained first: a process's CUDA calls
+        (the first of which introduces it to the model, and its waits) come
+        before its collectives, and a drain put off while the ring was quiet
+        would queue them after the poll's collectives, which the model would
+        then find no process for (`collectives_unmatched`) and no wait could
+        be charged to (tests/test_collectives.py saw 19 of 60)."""
+        if len(events):
+            self._drain(wait=False)
         self._queue(_Update.COLLECTIVES, (events, complete_until_ns, users))
 
     def fold(self) -> None:
