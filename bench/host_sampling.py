@@ -163,10 +163,10 @@ def child(a: argparse.Namespace) -> None:
     # As memtrace ships it: the C thread reads the NIC counters and the GPUs' utilisation and clock
     # events at the rate; Python takes its window at 10 Hz with the queues and XIDs, names and GPU
     # details at 1 Hz. Whole-process CPU, nothing netted out: the timer loop is part of the cost.
-    from memtrace.core.gpu import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+    from memtrace.core.gpu import THROTTLE_MASK
     from memtrace.sources.fastsample import FastSampler
 
-    mask = sum(bit for bit, name in CLOCK_EVENT_REASONS.items() if name in THROTTLE_REASONS)
+    mask = THROTTLE_MASK
     fast_rows = {}
     for label, gpus_too in (("NICs", False), ("NICs and GPUs", True)):
         fast = FastSampler(a.rate, mask)

@@ -25,6 +25,8 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
 THROTTLE_REASONS = frozenset(
     {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
+# The same reasons as an NVML clock-event mask (what the fast sampler tests each reading with).
+THROTTLE_MASK = sum(bit for bit, name in CLOCK_EVENT_REASONS.items() if name in THROTTLE_REASONS)
 
 
 def clock_event_names(mask: int) -> tuple[str, ...]:

@@ -147,12 +147,11 @@ class HostSignals:
         self._safe_sample()
 
     def _start_fast(self) -> None:
-        from memtrace.core.gpu import CLOCK_EVENT_REASONS, THROTTLE_REASONS
+        from memtrace.core.gpu import THROTTLE_MASK
         from memtrace.sources.fastsample import FastSampler
 
-        mask = sum(bit for bit, name in CLOCK_EVENT_REASONS.items() if name in THROTTLE_REASONS)
         try:
-            self._fast = FastSampler(self.opts.fast_hz, mask)
+            self._fast = FastSampler(self.opts.fast_hz, THROTTLE_MASK)
         except (MemtraceError, OSError) as e:
             self._fast_off(e)
             return
