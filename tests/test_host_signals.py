@@ -336,3 +336,38 @@ def test_a_gpu_that_falls_off_the_bus_mid_run_is_reported_not_raised(tmp_path: P
     assert 0 < g["lost_samples"] < g["samples"]  # healthy for 0.6 s, then lost to the end
     assert doc["host"]["sample_errors"] == 0 and doc["host"]["sensors"]["gpu"] == {"state": "on"}
     assert g["sm_utilization_percent"]["mean"] == 97.0  # the readings before it was lost, never zeros after
+
+
+THREAD_NAMES = textwrap.dedent(
+    """
+    import os, sys, time
+    want = set(sys.argv[2].split(","))
+    deadline = time.monotonic() + 20
+    while True:  # the agent that runs this command is its parent; its threads start around the exec
+        names = set()
+        for tid in os.listdir(f"/proc/{os.getppid()}/task"):
+            try:
+                names.add(open(f"/proc/{os.getppid()}/task/{tid}/comm").read().strip())
+            except OSError:
+                pass
+        if want <= names or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    open(sys.argv[1], "w").write(",".join(sorted(names)))
+    """
+)
+
+
+def test_the_agents_threads_carry_their_names_where_operators_look(tmp_path: Path, fakenvml: Path) -> None:
+    """`top -H` and `ps -L` show each of the agent's threads by its role (the
+    kernel's comm), so an operator sees which one costs CPU: the command
+    reads its parent's threads' names, as an operator's tools would."""
+    seen = tmp_path / "names"
+    want = ["memtrace-ctl", "memtrace-drain", "memtrace-fold", "memtrace-host", "memtrace-fast"]
+    nvml_script = tmp_path / "nvml.script"
+    nvml_script.write_text(script(count=1, driver="580.65.06", **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
+    env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
+    doc = run([sys.executable, "-c", THREAD_NAMES, str(seen), ",".join(want)], tmp_path, env=env)
+    assert doc["host"]["fast_sampler"]["state"] == "on"
+    names = set(seen.read_text().split(","))
+    assert set(want) <= names, names

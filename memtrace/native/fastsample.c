@@ -432,6 +432,8 @@ __attribute__((visibility("default"))) int mt_fast_start(struct mt_fast *f)
 	int err = pthread_create(&f->thread, NULL, loop, f);
 	pthread_sigmask(SIG_SETMASK, &was, NULL);
 	if (err == 0)
+		pthread_setname_np(f->thread, "memtrace-fast"); /* for top -H and ps -L */
+	if (err == 0)
 		f->running = 1;
 	return err;
 }

@@ -52,6 +52,7 @@ from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, Stat
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
 from memtrace.core.stacks import Stack
+from memtrace.core.threads import thread
 from memtrace.model import Model
 from memtrace.runtime.budget import LaunchBudget
 from memtrace.runtime.drain import DrainGaps, DrainStats
@@ -406,10 +407,8 @@ class Agent:
             return
         self._interval = interval
         self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._drain_forever, args=(interval,), name="memtrace-drain", daemon=True
-        )
-        self._folder = threading.Thread(target=self._fold_forever, name="memtrace-fold", daemon=True)
+        self._thread = thread(self._drain_forever, "memtrace-drain", (interval,))
+        self._folder = thread(self._fold_forever, "memtrace-fold")
         self._thread.start()
         self._folder.start()
 

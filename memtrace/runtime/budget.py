@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
+from memtrace.core.threads import thread
 from memtrace.sensors.cuda import discovery
 from memtrace.sensors.cuda.launches import LaunchLinks
 from memtrace.sensors.cuda.source import BpfSource
@@ -216,7 +217,7 @@ class LaunchBudget:
         if not self.enforced:
             log.info("overhead budget reported, not kept: this kernel has no multi-uprobe links")
             return
-        self._thread = threading.Thread(target=self._loop, name="memtrace-budget", daemon=True)
+        self._thread = thread(self._loop, "memtrace-budget")
         self._thread.start()
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ import numpy as np
 from memtrace.core.errors import MemtraceError
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
 from memtrace.core.nccl import Collective
+from memtrace.core.threads import thread
 from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.cuda.discovery import Candidate
 from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
@@ -399,7 +400,7 @@ class HostSignals:
     def sampling(self) -> Iterator[HostSignals]:
         """Sample on a thread of its own for the duration of the block."""
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="memtrace-host", daemon=True)
+        self._thread = thread(self._loop, "memtrace-host")
         self._thread.start()
         try:
             yield self

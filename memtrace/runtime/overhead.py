@@ -35,6 +35,7 @@ from pathlib import Path
 from memtrace.bpf.libbpf import BpfObject, Link
 from memtrace.core.errors import MemtraceError
 from memtrace.core.overhead import FALLBACK, TrapCost
+from memtrace.core.threads import thread
 
 log = logging.getLogger("memtrace")
 
@@ -151,7 +152,7 @@ def release(links: list[Link]) -> None:
             link.destroy()
 
     if links:
-        threading.Thread(target=detach, name="memtrace-detach", daemon=True).start()
+        thread(detach, "memtrace-detach").start()
 
 
 class Calibration:
@@ -163,7 +164,7 @@ class Calibration:
         self._cost: TrapCost | None = None
         self._done = threading.Event()
         self._links: list[Link] = []
-        self._thread = threading.Thread(target=self._run, name="memtrace-calibrate", daemon=True)
+        self._thread = thread(self._run, "memtrace-calibrate")
 
     def start(self) -> None:
         self._thread.start()

@@ -45,6 +45,7 @@ from memtrace.core.abi import (
 )
 from memtrace.core.errors import AttachError, MemtraceError, ProcMismatch
 from memtrace.core.ids import ProcessKey
+from memtrace.core.threads import thread
 from memtrace.sensors.cuda import discovery, elf
 from memtrace.sensors.cuda.holds import HELD_MAP, HOLD_LIMIT_S, Guardian, refresh, release, release_all
 from memtrace.sensors.cuda.launches import LAUNCH_PROGRAM, LaunchLinks, LaunchTarget
@@ -556,7 +557,7 @@ class BpfSource:
 
     def _start_control(self) -> None:
         self._ctl_stop.clear()
-        self._ctl_thread = threading.Thread(target=self._control_loop, name="memtrace-ctl", daemon=True)
+        self._ctl_thread = thread(self._control_loop, "memtrace-ctl")
         self._ctl_thread.start()
 
     def _stop_control(self) -> None:
