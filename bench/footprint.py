@@ -49,9 +49,11 @@ def rss_mb() -> float:
     return 0.0
 
 
-def export(builder: object, agent: object) -> tuple[object, int]:
+def export(builder: object, agent: object) -> tuple[int, int, float]:
     """One export as `memtrace push` makes it: built, encoded in requests of
-    a few processes each, committed, and the freed memory given back."""
+    a few processes each, committed, dropped, and the freed memory given back.
+    Returns the points, the bytes encoded, and the RSS (MB) while the batch
+    was still held (before 2026-11-26 the push loop held it until the next)."""
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
     from memtrace.export.otlp import REQUEST_POINTS, split_by_resource
@@ -61,8 +63,14 @@ def export(builder: object, agent: object) -> tuple[object, int]:
         batch = builder.build(agent.model, agent.stats(), len(agent.libraries))  # type: ignore[attr-defined]
     size = sum(len(encode_metrics(part).SerializeToString()) for part in split_by_resource(batch.data, REQUEST_POINTS))
     batch.commit()
+    points = sum(
+        len(m.data.data_points) for rm in batch.data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    )
     give_back_free_memory()
-    return batch, size
+    held = rss_mb()
+    del batch
+    give_back_free_memory()
+    return points, size, held
 
 
 def drain_gap_one_thread(agent: object, builder: object, window: float) -> float:
@@ -192,14 +200,8 @@ def main() -> None:
             agent.sync_totals()
             cpu, wall, events = time.process_time() - cpu0, time.monotonic() - t0, agent.model.events - ev0
             te = time.perf_counter()
-            batch, encoded = export(builder, agent)
+            series, encoded, held_mb = export(builder, agent)
             export_ms = (time.perf_counter() - te) * 1e3
-            series = sum(
-                len(m.data.data_points)
-                for rm in batch.data.resource_metrics
-                for sm in rm.scope_metrics
-                for m in sm.metrics
-            )
             gap_before = drain_gap_one_thread(agent, builder, a.gap_window)
             agent.drain_nice = 0
             gap_plain = drain_gap_drain_thread(agent, builder, a.gap_window)
@@ -211,7 +213,8 @@ def main() -> None:
             trail = ", ".join(f"{mb:.1f} MB at {ev:,}" for ev, mb in samples[:: max(len(samples) // 4, 1)])
             print(
                 f"{n:>10} {rate:>10,.0f} {per10k:>12.3f}s {rss_mb():>8.1f} {export_ms:>10.1f} {series:>7} {gaps:>52}"
-                f"  ({encoded:,} B encoded; RSS {trail}, {rss_mb():.1f} MB at {events:,} events and an export)"
+                f"  ({encoded:,} B encoded; RSS {trail}, {rss_mb():.1f} MB at {events:,} events and three exports,"
+                f" {held_mb:.1f} MB while the first export's batch was still held)"
             )
             if n == int(a.counts.split(",")[-1]) and a.soak:
                 soak(agent, builder, a.soak)

@@ -405,3 +405,57 @@ def test_push_refused_with_404_says_status_reason_and_body() -> None:
     assert rc == 0, err
     assert "failed: HTTP 404 Not Found: 404 page not found: this is no OTLP receiver." in err, err
     assert "second line" not in err and "Traceback" not in err, err
+
+
+def test_a_delivered_export_is_let_go_not_held_until_the_next(fakecuda: Path, tmp_path: Path) -> None:
+    """An export's batch (its points: tens of MB at 1000 processes) lives
+    while it is built and sent, not after: once the backend took it, nothing
+    in the push loop keeps it until the next push (the agent's resident size
+    would carry a whole export between pushes)."""
+    import weakref
+
+    from memtrace.export.config import resolve
+    from memtrace.export.otlp import MetricsBuilder
+    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.push import host_attributes, push_forever
+    from memtrace.sensors.cuda.source import Options
+
+    vm = VictoriaMetrics(tmp_path)
+    cfg = resolve({}, endpoint=vm.otlp, interval=2.0)
+    committed: list[weakref.ref[object]] = []
+    built = [0]
+
+    class Watched(MetricsBuilder):
+        def build(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            built[0] += 1
+            batch = super().build(*args, **kwargs)
+            commit, ref = batch.commit, weakref.ref(batch)  # no cycle through the batch: a weak reference
+
+            def watched_commit() -> None:
+                commit()
+                committed.append(ref)
+
+            batch.commit = watched_commit
+            return batch
+
+    stop = threading.Event()
+    try:
+        with Agent(Options()) as agent:
+            builder = Watched(cfg, host_attributes())
+            t = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"builder": builder})
+            t.start()
+            run_workloads(fakecuda, tmp_path)
+            deadline = time.monotonic() + 30
+            while not committed and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert committed, "no push was delivered"
+            first, builds = committed[0], built[0]
+            # The next push is two seconds off: the settled one must be gone before it is built.
+            while first() is not None and built[0] == builds and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert first() is None and built[0] == builds, "the push loop held the export it delivered"
+            stop.set()
+            t.join(timeout=20)
+    finally:
+        stop.set()
+        vm.stop()

@@ -188,6 +188,9 @@ def push_forever(
             profiles.send(latest)
         return result
 
+    def submit(batch: Batch) -> tuple[Future[tuple[bool, str, int]], Batch]:
+        return pool.submit(export, batch.data), batch
+
     freeze_long_lived()  # the libraries, the BPF objects and the model so far
     try:
         with agent.draining(drain_interval):
@@ -198,8 +201,10 @@ def push_forever(
                     inflight = None
                     give_back_free_memory()
                 if inflight is None and time.monotonic() >= next_at:
-                    batch = build()
-                    inflight = (pool.submit(export, batch.data), batch)
+                    # No local keeps the batch: once settled, its points (a whole
+                    # export's objects: tens of MB at 1000 processes) are freed
+                    # and given back, not held until the next push is built.
+                    inflight = submit(build())
                     next_at = time.monotonic() + backoff(cfg.interval, failures)
                 # Exits are folded by the drain thread between pushes, and a push
                 # may be backed off for long: keep the bound meanwhile too.
