@@ -15,6 +15,7 @@ import os
 import site
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -239,7 +240,13 @@ def ns_inode_of(snap: NetSnapshot, pid: int) -> int:
     return inode
 
 
+FORKS: list[int] = []
+os.register_at_fork(before=lambda: FORKS.append(threading.get_native_id()))
+
+
 def test_namespace_of_a_traced_process_is_found_and_shared_once(pair: Pair) -> None:
+    """Entering the namespaces forks nothing (a fork of the multithreaded agent
+    can deadlock its child) and leaves every thread of this process where it was."""
     procs = [
         pair.run(ns, "import sys; print('ready', flush=True); sys.stdin.read()") for ns in (pair.a, pair.a, pair.b)
     ]
@@ -247,7 +254,12 @@ def test_namespace_of_a_traced_process_is_found_and_shared_once(pair: Pair) -> N
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        here = threading.get_native_id()
+        forked = len([t for t in FORKS if t == here])
         snap = source.sample([p.pid for p in procs])
+        assert len([t for t in FORKS if t == here]) == forked, "sampling a namespace forked"
+        own = os.stat("/proc/self/ns/net").st_ino
+        assert {os.stat(f"/proc/self/task/{t}/ns/net").st_ino for t in os.listdir("/proc/self/task")} == {own}
         inodes = [ns_inode(p.pid) for p in procs]  # read by the test, not by memtrace
     finally:
         source.close()

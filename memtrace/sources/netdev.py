@@ -3,9 +3,9 @@
 memtrace's own network namespace is always sampled; so are the namespaces of
 the pids the runtime passes to `sample()` (a pod's interfaces), deduplicated by
 the namespace's inode. pyroute2 opens the sockets inside another namespace
-(its netns.create_socket: a short-lived child enters the namespace and hands
-the socket back), so the agent never changes namespace itself and never runs
-`ip` or `tc`.
+(`sockets_in`: a short-lived thread of the agent's enters the namespace with
+pyroute2's setns, makes them and ends), so the agent's other threads never
+change namespace, nothing forks, and nothing runs `ip` or `tc`.
 
 The per-sample dumps are parsed here, with struct, rather than by pyroute2's
 IPRoute: its message objects cost about 1 ms of CPU per link dump and 0.5 ms
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from memtrace.core.errors import MemtraceError
 from memtrace.core.netdev import InterfaceSample, Netns, NetSnapshot, QdiscSample
+from memtrace.core.threads import thread
 from memtrace.sources.fastsample import FastSampler, FastWindow, IfWindow
 
 # rtnetlink (linux/netlink.h, linux/rtnetlink.h, linux/if_link.h, linux/gen_stats.h)
@@ -98,15 +99,43 @@ def _open_host() -> tuple[socket.socket, socket.socket]:
     )
 
 
-def _open_in(fd: int) -> tuple[socket.socket, socket.socket]:
+NETLINK = (socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+INET = (socket.AF_INET, socket.SOCK_DGRAM, 0)
+
+
+def sockets_in(fd: int, *kinds: tuple[int, int, int]) -> list[socket.socket]:
+    """Sockets of these (family, type, proto) inside the network namespace
+    held by fd, made on a thread of the agent's that enters it and ends there
+    (a thread's network namespace is its own; a socket keeps the namespace
+    it was made in). pyroute2's create_socket forks a child for this, and a
+    fork of the multithreaded agent can deadlock the child on a lock another
+    thread held (Python 3.12+ warns of it); no fork here, the same setns."""
     from pyroute2 import netns
 
-    rtnl = netns.create_socket(fd, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-    try:
-        return rtnl, netns.create_socket(fd, socket.AF_INET, socket.SOCK_DGRAM, 0)
-    except BaseException:
-        rtnl.close()
-        raise
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            netns.setns(fd)  # an open fd: this thread alone moves
+            for k in kinds:
+                made.append(socket.socket(*k))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, below
+            failed.append(e)
+
+    t = thread(enter, "memtrace-netns")
+    t.start()
+    t.join()
+    if failed:
+        for s in made:
+            s.close()
+        raise failed[0]
+    return made
+
+
+def _open_in(fd: int) -> tuple[socket.socket, socket.socket]:
+    rtnl, inet = sockets_in(fd, NETLINK, INET)
+    return rtnl, inet
 
 
 class NetdevSource:
@@ -190,7 +219,7 @@ class NetdevSource:
                     rtnl, inet = self._opener(fd)
                     if self._fast is not None:
                         self._give_fast(inode, fd, errors)
-                except (OSError, TimeoutError) as e:
+                except OSError as e:
                     errors.append(f"pid {pid}: could not enter its network namespace ({e})")
                     continue
                 finally:
@@ -216,11 +245,10 @@ class NetdevSource:
     def _give_fast(self, inode: int, fd: int, errors: list[str]) -> None:
         """A socket of the fast sampler's own inside the namespace held by fd; without it, Python reads its counters."""
         try:
-            from pyroute2 import netns
-
-            with netns.create_socket(fd, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as own:
+            (own,) = sockets_in(fd, NETLINK)
+            with own:
                 self._fast.add_netns(inode, own)  # type: ignore[union-attr]
-        except (OSError, TimeoutError) as e:
+        except OSError as e:
             errors.append(f"netns {inode}: read at the host interval, not by the fast sampler ({e})")
 
     # --- sampling ------------------------------------------------------------
