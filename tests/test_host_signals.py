@@ -74,10 +74,13 @@ def test_run_reports_the_cpu_its_command_got(tmp_path: Path) -> None:
     # Traced from before its first instruction (the gate) to its exit: at
     # least the switches it made while its script ran, at most the kernel's
     # count since the fork (memtrace's child before the gate opened may be
-    # preempted before the sensor is told its pid: CI saw that once) and
-    # one more after its last read (a last block flushing stderr; a preemption).
+    # preempted before the sensor is told its pid: CI saw that once) and a
+    # few after its last read: a last block flushing stderr, and its exit
+    # waking the agent's threads (the parent's wait, the control ring's exit
+    # notice), which preempt it where they share its CPU (two more, every
+    # time, with the test pinned to one CPU).
     for kind in ("voluntary", "involuntary"):
-        assert truth[f"{kind}_here"] <= row[f"{kind}_switches"] <= truth[kind] + 1, report
+        assert truth[f"{kind}_here"] <= row[f"{kind}_switches"] <= truth[kind] + 3, report
     assert row["off_cpu_us"]["count"] >= 100, report  # the hundred sleeps at least
     # 200 ms of spinning and the interpreter's start are on CPU; the
     # process's CPU time as it measured it bounds the sensor's from below.
