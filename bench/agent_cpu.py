@@ -20,6 +20,9 @@ side in one run:
   quiet ring    this one: drains put off the same way up to IDLE_STRETCH
                 periods (40 ms), a fold once 4096 events wait or every
                 FOLD_LATENCY_S (0.5 s)
+  numpy reader  the same, the ring read by the numpy reader rather than
+                memtrace's C reader (memtrace/bpf/ringbuf.py; the numpy
+                one is what runs where the C helpers are not built)
 
 Printed: this process's CPU (every thread) as a share of one core, per
 round and the median, and the ratio.
@@ -64,9 +67,10 @@ def main() -> None:
     link.write_bytes((0).to_bytes(8, "little") + (2 << 30).to_bytes(8, "little"))
     cpus = os.cpu_count() or 1
     schedules = {
-        "every drain": (1, agent_mod.DRAIN_INTERVAL_S),
-        "20 ms, 0.1 s": (4, 0.1),
-        "quiet ring": (agent_mod.IDLE_STRETCH, agent_mod.FOLD_LATENCY_S),
+        "every drain": (1, agent_mod.DRAIN_INTERVAL_S, "c"),
+        "20 ms, 0.1 s": (4, 0.1, "c"),
+        "quiet ring": (agent_mod.IDLE_STRETCH, agent_mod.FOLD_LATENCY_S, "c"),
+        "numpy reader": (agent_mod.IDLE_STRETCH, agent_mod.FOLD_LATENCY_S, "numpy"),
     }
     seconds = (a.seconds + 1.5) * len(schedules) * a.rounds + 20
     job_cmd = [str(fx / "trainjob"), "-t", str(seconds), "-L", "3000000", "-w", "1500000", "-k", "1500"]
@@ -83,9 +87,12 @@ def main() -> None:
             agent.source.trace_pid(job.pid)
             agent.scan([job.pid])
             print(f"machine: {platform.machine()}, {cpus} cpus, kernel {platform.release()}; {a.seconds:g} s a round")
+            ring = agent.source.events
+            c_reader = ring._c  # None where the C helpers are not built: then both rows read with numpy
             for r in range(a.rounds):
-                for name, (stretch, fold) in schedules.items():
+                for name, (stretch, fold, reader) in schedules.items():
                     agent_mod.IDLE_STRETCH, agent_mod.FOLD_LATENCY_S = stretch, fold
+                    ring._c = c_reader if reader == "c" else None
                     with agent.draining():
                         time.sleep(1.0)  # settle into the schedule
                         with agent.locked() as model:
@@ -107,9 +114,11 @@ def main() -> None:
             job.wait()
     old, new = statistics.median(results["every drain"]), statistics.median(results["quiet ring"])
     mid = statistics.median(results["20 ms, 0.1 s"])
+    nump = statistics.median(results["numpy reader"])
     print(
-        f"median: every drain {old:.2%}, 20 ms/0.1 s {mid:.2%}, quiet ring {new:.2%} of one core; "
-        f"ratio {new / old:.2f} to every drain, {new / mid:.2f} to 20 ms/0.1 s"
+        f"median: every drain {old:.2%}, 20 ms/0.1 s {mid:.2%}, quiet ring {new:.2%}, numpy reader {nump:.2%} "
+        f"of one core; ratio {new / old:.2f} to every drain, {new / mid:.2f} to 20 ms/0.1 s, "
+        f"{new / nump:.2f} to the numpy reader" + ("" if c_reader is not None else " (no C reader here: both numpy)")
     )
 
 

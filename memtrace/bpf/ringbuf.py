@@ -38,10 +38,14 @@ barriers cost but change nothing there.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import threading
+from typing import Any
 
 import numpy as np
+
+from memtrace.core import native
 
 BUSY = 1 << 31  # BPF_RINGBUF_BUSY_BIT: reserved, not yet committed
 DISCARD = 1 << 30  # BPF_RINGBUF_DISCARD_BIT
@@ -58,20 +62,66 @@ def _fence() -> None:
         pass
 
 
+def _c_reader() -> Any:
+    """memtrace's C reader (mt_ring_read), or None where the C helpers are not built."""
+    try:
+        f = native.library().mt_ring_read
+    except (native.NativeUnavailable, AttributeError):
+        return None
+    vp, u64 = ctypes.c_void_p, ctypes.c_uint64
+    f.argtypes = [vp, vp, vp, u64, ctypes.c_uint32, vp, u64, ctypes.POINTER(u64)]
+    f.restype = u64
+    return f
+
+
 class EventRing:
-    def __init__(self, fd: int, size: int, dtype: np.dtype) -> None:
+    """Reads with memtrace's C reader where it is built (`reader` "c": the
+    loop libbpf runs, with acquire loads, and a copy per record), else with
+    the vectorised numpy reader below ("numpy"); `reader` may name one."""
+
+    def __init__(self, fd: int, size: int, dtype: np.dtype, reader: str = "auto") -> None:
         if size <= 0 or size & (size - 1) or size % mmap.PAGESIZE:
             raise ValueError(f"ring size {size} is not a power-of-two multiple of the page size")
         page = mmap.PAGESIZE
+        self._maps: tuple[mmap.mmap, ...] = (
+            mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0),
+            mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page),
+        )
+        cons, prod = self._maps
+        self._setup(
+            np.frombuffer(cons, np.uint64, 1),
+            np.frombuffer(prod, np.uint64, 1),
+            np.frombuffer(prod, np.uint8, 2 * size, page),
+            size,
+            dtype,
+            reader,
+        )
+
+    @classmethod
+    def over(
+        cls, cons: np.ndarray, prod: np.ndarray, data: np.ndarray, size: int, dtype: np.dtype, reader: str = "auto"
+    ) -> EventRing:
+        """A reader of memory laid out as the kernel lays out a ring (`data`
+        twice `size` bytes, its second half the first's twin): for records
+        written by hand, in tests and benchmarks."""
+        ring = cls.__new__(cls)
+        ring._maps = ()
+        ring._setup(cons, prod, data, size, dtype, reader)
+        return ring
+
+    def _setup(
+        self, cons: np.ndarray, prod: np.ndarray, data: np.ndarray, size: int, dtype: np.dtype, reader: str
+    ) -> None:
         self.size = size
         self.dtype = dtype
         self.record = (HDR + dtype.itemsize + 7) & ~7
-        self._cons_map = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._prod_map = mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        self._cons = np.frombuffer(self._cons_map, np.uint64, 1)
-        self._prod = np.frombuffer(self._prod_map, np.uint64, 1)
-        self._data = np.frombuffer(self._prod_map, np.uint8, 2 * size, page)
+        self._cons, self._prod, self._data = cons, prod, data
         self.malformed = 0  # records of another size (skipped, counted)
+        self._c: Any = _c_reader() if reader in ("auto", "c") else None
+        if reader == "c" and self._c is None:
+            raise native.NativeUnavailable("memtrace's C ring reader is not built here", "reinstall with gcc")
+        self.reader = "c" if self._c is not None else "numpy"
+        self._c_malformed = ctypes.c_uint64(0)
 
     def read(self) -> np.ndarray:
         """Every committed event now on the ring, in ring order; consumes them."""
@@ -79,6 +129,8 @@ class EventRing:
         prod = int(self._prod[0])
         if prod == cons:
             return np.empty(0, self.dtype)
+        if self._c is not None:
+            return self._read_c(prod - cons)
         _fence()  # acquire: the headers are read after the producer position
         avail = prod - cons
         n = avail // self.record
@@ -96,6 +148,35 @@ class EventRing:
         _fence()  # release: the copies are done before the kernel may reuse the space
         self._cons[0] = cons + k * self.record
         batch: np.ndarray = out
+        return batch
+
+    def _read_c(self, avail: int) -> np.ndarray:
+        parts = []
+        while True:
+            # Room for every record of the event's size seen waiting; smaller
+            # records (malformed) may leave more: read on until a call ends short.
+            cap = avail // self.record + 1
+            out = np.empty(cap, self.dtype)
+            n = int(
+                self._c(
+                    self._cons.ctypes.data,
+                    self._prod.ctypes.data,
+                    self._data.ctypes.data,
+                    self.size - 1,
+                    self.dtype.itemsize,
+                    out.ctypes.data,
+                    cap,
+                    ctypes.byref(self._c_malformed),
+                )
+            )
+            parts.append(out[:n] if n < cap else out)
+            if n < cap:
+                break
+            avail = int(self._prod[0]) - int(self._cons[0])
+            if avail <= 0:
+                break
+        self.malformed = int(self._c_malformed.value)
+        batch: np.ndarray = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return batch
 
     def _read_slow(self, cons: int, prod: int) -> np.ndarray:
@@ -124,5 +205,5 @@ class EventRing:
 
     def close(self) -> None:
         del self._cons, self._prod, self._data
-        self._cons_map.close()
-        self._prod_map.close()
+        for m in self._maps:
+            m.close()

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import importlib.util
 import os
 import socket
 from dataclasses import dataclass
 
+from memtrace.core import native
 from memtrace.core.errors import MemtraceError
 
 DEFAULT_RATE_HZ = 100.0
@@ -155,19 +155,11 @@ def _prototypes(lib: ctypes.CDLL) -> None:
 
 def _library() -> tuple[ctypes.CDLL, tuple[int, int]]:
     """The C sampler's library and the most interface and GPU rows it holds."""
-    spec = importlib.util.find_spec("memtrace._fastsample")
-    if spec is None or spec.origin is None:
-        raise FastSamplerUnavailable(
-            "memtrace was installed without its C sampler (no C compiler at install): NIC and GPU readings "
-            "are taken in Python at the host interval, not at 100 Hz",
-            "reinstall memtrace with gcc and the Python headers present (apt install gcc python3-dev)",
-        )
     try:
-        lib = ctypes.CDLL(spec.origin)
-    except OSError as e:
+        lib = native.library()
+    except native.NativeUnavailable as e:
         raise FastSamplerUnavailable(
-            f"memtrace's C sampler does not load here ({e}): NIC and GPU readings are taken in Python",
-            "reinstall memtrace on this machine so the C sampler is built for it",
+            f"{e.reason}: NIC and GPU readings are taken in Python at the host interval, not at 100 Hz", e.fix
         ) from e
     try:
         _prototypes(lib)
