@@ -374,3 +374,15 @@ def test_the_agents_threads_carry_their_names_where_operators_look(tmp_path: Pat
     assert doc["host"]["fast_sampler"]["state"] == "on"
     names = set(seen.read_text().split(","))
     assert set(want) <= names, names
+
+
+@pytest.mark.parametrize(("interval", "every"), [(0.05, 20), (0.1, 10), (0.5, 2), (1.0, 1), (5.0, 1)])
+def test_the_slow_readings_keep_their_period_in_seconds_at_any_interval(interval: float, every: int) -> None:
+    """GPU details, link names, quotas and the NCCL scan come about once a
+    second whatever the sample interval (push samples every 0.5 s: ten
+    samples were five seconds there), and at every sample once it is a
+    second or more."""
+    from memtrace.runtime.hostsignals import HostOptions
+
+    o = HostOptions(interval_s=interval)
+    assert o.gpu_detail_every == o.link_every == o.quota_every == o.scan_every == every

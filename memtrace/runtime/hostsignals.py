@@ -65,10 +65,34 @@ class HostOptions:
     gpu: bool = True
     network: bool = True
     interval_s: float = DEFAULT_INTERVAL_S
-    gpu_detail_every: int = 10  # NVML refreshes its slow readings at about 1 Hz
-    link_every: int = 10
-    quota_every: int = 10  # cgroup cpu.stat, per process
-    scan_every: int = 10  # /proc/PID/maps of the traced processes, for a libnccl loaded late
+    # The slower readings, in seconds, taken at the sample nearest: whatever
+    # the interval (run's 0.1 s, push's 0.5 s), a degraded link or a hot GPU
+    # is seen within a second, not ten samples.
+    gpu_detail_s: float = 1.0  # NVML refreshes its slow readings at about 1 Hz
+    link_s: float = 1.0  # interface names and speeds
+    quota_s: float = 1.0  # cgroup cpu.stat, per process
+    scan_s: float = 1.0  # /proc/PID/maps of the traced processes, for a libnccl loaded late
+
+    def every(self, seconds: float) -> int:
+        """The samples between two readings taken every `seconds` (at least 1)."""
+        return max(1, round(seconds / self.interval_s))
+
+    @property
+    def gpu_detail_every(self) -> int:
+        return self.every(self.gpu_detail_s)
+
+    @property
+    def link_every(self) -> int:
+        return self.every(self.link_s)
+
+    @property
+    def quota_every(self) -> int:
+        return self.every(self.quota_s)
+
+    @property
+    def scan_every(self) -> int:
+        return self.every(self.scan_s)
+
     # The fast sampler's rate (a C thread: NIC counters, GPU utilisation and clock events); 0: none,
     # those are read in Python at each sample.
     fast_hz: float = DEFAULT_FAST_HZ
@@ -314,7 +338,7 @@ class HostSignals:
             stats = self._sched.read()
             with self.lock:
                 self.book.set_cpu(stats)
-            if final or self._count % self.opts.quota_every == 1:
+            if final or (self._count - 1) % self.opts.quota_every == 0:
                 self._sample_quotas(stats)
 
     def _sample_nccl(self, pids: set[int]) -> None:
@@ -327,7 +351,7 @@ class HostSignals:
         # Look for a newly loaded libnccl in new processes at once, in the others every scan_every-th sample
         # (a /proc/PID/maps read each).
         new = pids - self._nccl_scanned
-        look = pids if self._count % self.opts.scan_every == 1 else new
+        look = pids if (self._count - 1) % self.opts.scan_every == 0 else new
         self._nccl_scanned |= new
         if look and s.scan(sorted(look)):
             # Attached now: what the processes that had it loaded called before is not seen.
