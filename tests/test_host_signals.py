@@ -386,3 +386,34 @@ def test_the_slow_readings_keep_their_period_in_seconds_at_any_interval(interval
 
     o = HostOptions(interval_s=interval)
     assert o.gpu_detail_every == o.link_every == o.quota_every == o.scan_every == every
+
+
+def test_the_diagnosis_ticks_keep_the_samples_schedule_when_samples_take_turns_long_and_short() -> None:
+    """A tick at every sample when both have the same period (push: 0.5 s),
+    whatever each sample cost: a sample that ran long (push's GPU detail read,
+    every other sample) then one that ran short once made the next tick look
+    early, and it was skipped (1 s windows where the diagnosis expects 0.5 s)."""
+    import threading
+    import time
+
+    from memtrace.runtime.hostsignals import HostOptions, HostSignals
+
+    opts = HostOptions(cpu=False, nccl=False, gpu=False, network=False, interval_s=0.05, fast_hz=0)
+    host = HostSignals(opts)
+    samples, ticks = [0], [0]
+    enough = threading.Event()
+
+    def sample(final: bool = False) -> None:
+        samples[0] += 1
+        if samples[0] % 2:
+            time.sleep(0.02)  # the long one
+        if samples[0] >= 40:
+            enough.set()
+
+    host.sample = sample  # type: ignore[method-assign]
+    host.tick_s = 0.05
+    host.on_tick = lambda: ticks.__setitem__(0, ticks[0] + 1)
+    with host.sampling():
+        enough.wait(30)
+    assert samples[0] >= 40
+    assert ticks[0] >= samples[0] - 2, (ticks, samples)

@@ -376,11 +376,14 @@ class HostSignals:
                     self._nccl_mapped[pid] += 1
                     if self._nccl_mapped[pid] > self.opts.scan_every:  # never traced here: its scan will do
                         del self._nccl_mapped[pid]
-        events = np.concatenate(batches)
-        events = events[np.isin(events["pid"], list(pids))]
-        self._nccl_users.update(np.unique(events["pid"]).tolist())
+        events = np.concatenate(batches) if any(len(b) for b in batches) else batches[0]
+        if len(events):
+            events = events[np.isin(events["pid"], list(pids))]
+            self._nccl_users.update(np.unique(events["pid"]).tolist())
         self._nccl_users &= self._pids
-        if self.on_collectives is not None:
+        # With no collective and no process that has libnccl mapped, the model has nothing to
+        # match a wait to: nothing is handed over (most hosts' every sample, at no cost).
+        if self.on_collectives is not None and (len(events) or self._nccl_users):
             self.on_collectives(events, complete_until, frozenset(self._nccl_users))
         with self.lock:
             totals = {k: v for k, v in s.totals().items() if k[0] in self._pids}
@@ -410,13 +413,15 @@ class HostSignals:
         interval = self.opts.interval_s
         nxt = time.monotonic() + interval
         while not self._stop.wait(max(0.0, nxt - time.monotonic())):
-            nxt += interval
+            due, nxt = nxt, nxt + interval
             self._safe_sample()
-            now = time.monotonic()
-            if self.on_tick is not None and now - self._last_tick >= self.tick_s * 0.999:
-                self._last_tick = now
+            # Ticks keep the samples' schedule, not the clock after a sample: a sample that
+            # ran long (a GPU detail read) then one that ran short must not skip a tick
+            # (push's 0.5 s ticks became 1 s windows with details every other sample).
+            if self.on_tick is not None and due - self._last_tick >= self.tick_s * 0.999:
+                self._last_tick = due
                 self.on_tick()
-                now = time.monotonic()
+            now = time.monotonic()
             if nxt < now:  # fell behind (a stopped agent, a slow NVML call): skip, do not burst
                 nxt = now + interval
 
