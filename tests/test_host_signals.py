@@ -28,11 +28,16 @@ GIB = 1 << 30
 
 
 def run(
-    argv: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, prefix: list[str] = ()
+    argv: list[str],
+    tmp_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    prefix: list[str] = (),
+    opts: list[str] = (),
 ) -> dict[str, Any]:
     out = tmp_path / "summary.json"
     p = subprocess.run(
-        [*prefix, *memtrace_cmd(), "run", "--format", "json", "-o", str(out), "--", *argv],
+        [*prefix, *memtrace_cmd(), "run", *opts, "--format", "json", "-o", str(out), "--", *argv],
         env=dict(os.environ, **(env or {})),
         capture_output=True,
         text=True,
@@ -127,6 +132,7 @@ def test_run_reports_the_traffic_of_its_network_namespace_exactly(pair: Pair, tm
     assert tbf["bytes"] >= payload and tbf["overlimits"] > 0  # 3 MiB through a 50 Mbit/s bucket waits
 
 
+TEN_HZ = ["--host-interval", "0.1"]  # samples 0.6 s apart hold several each
 GPU_SCRIPT = """
 import os, sys, time
 time.sleep(0.6)
@@ -156,7 +162,7 @@ def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) 
         ),
     )
     env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
-    doc = run([sys.executable, "-c", GPU_SCRIPT, str(nvml_script), faulty], tmp_path, env=env)
+    doc = run([sys.executable, "-c", GPU_SCRIPT, str(nvml_script), faulty], tmp_path, env=env, opts=TEN_HZ)
     host = doc["host"]
     assert host["sensors"]["gpu"] == {"state": "on"}
     assert host["nvidia_driver"] == "580.65.06"
@@ -334,7 +340,7 @@ def test_a_gpu_that_falls_off_the_bus_mid_run_is_reported_not_raised(tmp_path: P
     nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
     lost = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, lost=1), xids="79")
     env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
-    doc = run([sys.executable, "-c", GPU_SCRIPT, str(nvml_script), lost], tmp_path, env=env)
+    doc = run([sys.executable, "-c", GPU_SCRIPT, str(nvml_script), lost], tmp_path, env=env, opts=TEN_HZ)
     (g,) = doc["host"]["gpus"]
     assert 0 < g["lost_samples"] < g["samples"]  # healthy for 0.6 s, then lost to the end
     assert doc["host"]["sample_errors"] == 0 and doc["host"]["sensors"]["gpu"] == {"state": "on"}

@@ -214,6 +214,8 @@ class Trial:
     steady_cpu_s: float = 0.0  # the agent's CPU from SETTLED_S after its start to its last reading
     steady_wall_s: float = 0.0
     fast_hz: float | None = None  # the agent's fast host sampler's rate (None: it was off)
+    host_interval_s: float | None = None  # the agent's host sample interval
+    steady_threads: dict[str, float] = field(default_factory=dict)  # each agent thread's CPU over steady_wall_s
 
 
 def cpu_quota_cgroup() -> BenchCgroup:
@@ -352,6 +354,23 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds of each of a process's threads, with its name (the agent names its threads)."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name, f = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        out[int(tid)] = (name, (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
 def job_started(agent: subprocess.Popen[bytes], deadline: float) -> float:
     """When a trainjob process under the agent first ran (used CPU time)."""
     while time.monotonic() < deadline and agent.poll() is None:
@@ -434,6 +453,7 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     quota: BenchCgroup | None = None
     last_cpu = [0.0]
     settled: list[tuple[float, float]] = []  # (time, CPU) once started, and last
+    threads: list[dict[int, tuple[str, float]]] = []  # each thread's CPU once started, and last
 
     def watch() -> None:
         while agent.poll() is None:
@@ -442,8 +462,11 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
                 last_cpu[0] = c
                 if time.monotonic() - start >= SETTLED_S:
                     settled[1:] = [(time.monotonic(), c)]
+                    # Threads that ended since keep their last reading.
+                    threads[1:] = [{**(threads[1] if len(threads) > 1 else {}), **thread_seconds(agent.pid)}]
                     if len(settled) == 1:
                         settled.append(settled[0])
+                        threads.append(threads[0])
             time.sleep(0.2)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -504,9 +527,12 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     if len(settled) == 2 and settled[1][0] > settled[0][0]:
         t.steady_cpu_s = settled[1][1] - settled[0][1]
         t.steady_wall_s = settled[1][0] - settled[0][0]
+        for tid, (name, secs) in threads[1].items():
+            t.steady_threads[name] = t.steady_threads.get(name, 0.0) + secs - threads[0].get(tid, (name, 0.0))[1]
     doc = json.loads(out.read_text())
     fast = (doc.get("host") or {}).get("fast_sampler") or {}
     t.fast_hz = fast.get("rate_hz") if fast.get("state") == "on" else None
+    t.host_interval_s = (doc.get("host") or {}).get("sample_interval_seconds")
     truth = [json.loads(line) for line in (tmp / "truth.jsonl").read_text().splitlines()]
     (tmp / "truth.jsonl").unlink()
     pids = {x["pid"] for x in truth}
@@ -646,16 +672,24 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
     wall = sum(t.steady_wall_s for t in trials)
     steady = sum(t.steady_cpu_s for t in trials) / wall if wall else float("nan")
     rates = {t.fast_hz for t in trials}
+    every = ", ".join(f"{i:g} s" for i in sorted({t.host_interval_s for t in trials if t.host_interval_s}))
     sampling = (
-        f"NICs and GPUs at {rates.pop():g} Hz (C thread), the rest at 10 Hz"
+        f"NICs and GPUs at {rates.pop():g} Hz (C thread), the rest every {every}"
         if len(rates) == 1 and None not in rates
-        else f"host sampling at 10 Hz (fast sampler at {sorted(rates, key=str)} Hz)"
+        else f"host sampling every {every} (fast sampler at {sorted(rates, key=str)} Hz)"
     )
     print(
         f"agent CPU (memtrace run, {sampling}, diagnosis every 0.5 s): {steady:.1%} of one core "
         f"once started ({SETTLED_S:g} s on); {cpu:.1%} over whole trials, start-up (BPF load, attach, "
         "calibration) included"
     )
+    if wall:
+        per: dict[str, float] = {}
+        for t in trials:
+            for k, v in t.steady_threads.items():
+                per[k] = per.get(k, 0.0) + v
+        top = sorted(per.items(), key=lambda kv: -kv[1])
+        print("  by thread: " + ", ".join(f"{k} {v / wall:.2%}" for k, v in top if v / wall >= 0.0005))
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def run(
         True, "--host/--no-host", help="Also measure CPU waits, NICs, GPUs (NVML) and NCCL collectives."
     ),
     host_interval: float = typer.Option(
-        0.1, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
+        0.5, "--host-interval", metavar="SECONDS", help="How often the host signals are sampled."
     ),
     host_rate: float = typer.Option(100, "--host-rate", metavar="HZ", help=HOST_RATE_HELP),
     budget: str | None = typer.Option(None, "--overhead-budget", metavar="SHARE", help=BUDGET_HELP),
