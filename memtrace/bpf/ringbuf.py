@@ -121,7 +121,6 @@ class EventRing:
         if reader == "c" and self._c is None:
             raise native.NativeUnavailable("memtrace's C ring reader is not built here", "reinstall with gcc")
         self.reader = "c" if self._c is not None else "numpy"
-        self._c_malformed = ctypes.c_uint64(0)
 
     def read(self) -> np.ndarray:
         """Every committed event now on the ring, in ring order; consumes them."""
@@ -151,12 +150,16 @@ class EventRing:
         return batch
 
     def _read_c(self, avail: int) -> np.ndarray:
+        # Up to the producer position seen on entry, as the numpy reader: a
+        # drain never chases a producer that keeps writing.
+        end = int(self._cons[0]) + avail
         parts = []
-        while True:
+        while avail > 0:
             # Room for every record of the event's size seen waiting; smaller
             # records (malformed) may leave more: read on until a call ends short.
             cap = avail // self.record + 1
             out = np.empty(cap, self.dtype)
+            malformed = ctypes.c_uint64(0)
             n = int(
                 self._c(
                     self._cons.ctypes.data,
@@ -166,16 +169,14 @@ class EventRing:
                     self.dtype.itemsize,
                     out.ctypes.data,
                     cap,
-                    ctypes.byref(self._c_malformed),
+                    ctypes.byref(malformed),
                 )
             )
+            self.malformed += malformed.value
             parts.append(out[:n] if n < cap else out)
             if n < cap:
                 break
-            avail = int(self._prod[0]) - int(self._cons[0])
-            if avail <= 0:
-                break
-        self.malformed = int(self._c_malformed.value)
+            avail = end - int(self._cons[0])
         batch: np.ndarray = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return batch
 
