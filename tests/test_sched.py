@@ -287,10 +287,11 @@ def test_off_cpu_and_on_cpu_time_match_the_truth(sensor: SchedSensor, workload_b
     print(report)
     assert set(everything) == {w.pid}, "only traced processes are measured"
     # 200 sleeps of 5 ms: exactly 200 off-CPU intervals, in the [4096, 8192) us
-    # slot but for a few that began late: a thread preempted inside nanosleep
-    # before it blocked waits in the run queue first, and sleeps less after.
+    # slot but for a few that began late (a thread preempted inside nanosleep
+    # before it blocked waits in the run queue first, and sleeps less after)
+    # or ended late (CI saw one past 8.2 ms: a VM's timer can fire late).
     assert sum(st.offcpu_hist) == 200, report
-    assert st.offcpu_hist[12] >= 190 and sum(st.offcpu_hist[13:]) == 0, report
+    assert st.offcpu_hist[12] >= 190, report
     # Each sleep as the workload timed it holds its off-CPU interval and the
     # run-queue wait after it, plus a few microseconds of the syscall itself.
     assert st.offcpu_ns <= truth["sleep_ns"], report
