@@ -66,7 +66,7 @@ class HostOptions:
     network: bool = True
     interval_s: float = DEFAULT_INTERVAL_S
     # The slower readings, in seconds, taken at the sample nearest: whatever
-    # the interval (run's 0.1 s, push's 0.5 s), a degraded link or a hot GPU
+    # the interval (0.5 s by default, top's 0.1 s), a degraded link or a hot GPU
     # is seen within a second, not ten samples.
     gpu_detail_s: float = 1.0  # NVML refreshes its slow readings at about 1 Hz
     link_s: float = 1.0  # interface names and speeds
