@@ -391,7 +391,7 @@ def test_the_slow_readings_keep_their_period_in_seconds_at_any_interval(interval
     from memtrace.runtime.hostsignals import HostOptions
 
     o = HostOptions(interval_s=interval)
-    assert o.gpu_detail_every == o.link_every == o.quota_every == o.scan_every == every
+    assert [o.every(s) for s in (o.gpu_detail_s, o.link_s, o.quota_s, o.scan_s)] == [every] * 4
 
 
 def test_the_diagnosis_ticks_keep_the_samples_schedule_when_samples_take_turns_long_and_short() -> None:

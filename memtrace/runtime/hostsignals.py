@@ -25,8 +25,8 @@ collectives rows of such a process say so (`counted_from`).
 
 Cost: one sample reads the sched maps (one lookup per traced process), the
 NCCL ring, NVML's fast readings (utilisation, clock events, XIDs; the slow
-ones every `gpu_detail_every`-th sample) and the interface counters
-(RTM_GETSTATS; names and speeds every `link_every`-th). bench/host_sampling.py
+ones about once a second, `gpu_detail_s`) and the interface counters
+(RTM_GETSTATS; names and speeds every `link_s`). bench/host_sampling.py
 measures it.
 """
 
@@ -76,22 +76,6 @@ class HostOptions:
     def every(self, seconds: float) -> int:
         """The samples between two readings taken every `seconds` (at least 1)."""
         return max(1, round(seconds / self.interval_s))
-
-    @property
-    def gpu_detail_every(self) -> int:
-        return self.every(self.gpu_detail_s)
-
-    @property
-    def link_every(self) -> int:
-        return self.every(self.link_s)
-
-    @property
-    def quota_every(self) -> int:
-        return self.every(self.quota_s)
-
-    @property
-    def scan_every(self) -> int:
-        return self.every(self.scan_s)
 
     # The fast sampler's rate (a C thread: NIC counters, GPU utilisation and clock events); 0: none,
     # those are read in Python at each sample.
@@ -218,7 +202,7 @@ class HostSignals:
     def _start_nvml(self, _pids: set[int]) -> None:
         from memtrace.sources.nvml import NvmlSource
 
-        src = NvmlSource.connect(self.opts.gpu_detail_every)
+        src = NvmlSource.connect(self.opts.every(self.opts.gpu_detail_s))
         self._nvml = src
         self.book.driver_version = src.driver_version
         if self._fast is not None:
@@ -231,7 +215,7 @@ class HostSignals:
     def _start_net(self, _pids: set[int]) -> None:
         from memtrace.sources.netdev import NetdevSource
 
-        self._net = NetdevSource(link_every=self.opts.link_every, fast=self._fast)
+        self._net = NetdevSource(link_every=self.opts.every(self.opts.link_s), fast=self._fast)
 
     def follow(self, agent: Any) -> None:
         """Wire these signals to an agent (runtime.agent.Agent) before
@@ -338,7 +322,7 @@ class HostSignals:
             stats = self._sched.read()
             with self.lock:
                 self.book.set_cpu(stats)
-            if final or (self._count - 1) % self.opts.quota_every == 0:
+            if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
                 self._sample_quotas(stats)
 
     def _sample_nccl(self, pids: set[int]) -> None:
@@ -348,10 +332,10 @@ class HostSignals:
         # (a record is submitted as its return is timed; the margin covers that).
         complete_until = time.monotonic_ns() - COMPLETE_MARGIN_NS
         batches = [s.poll()]
-        # Look for a newly loaded libnccl in new processes at once, in the others every scan_every-th sample
+        # Look for a newly loaded libnccl in new processes at once, in the others every scan_s
         # (a /proc/PID/maps read each).
         new = pids - self._nccl_scanned
-        look = pids if (self._count - 1) % self.opts.scan_every == 0 else new
+        look = pids if (self._count - 1) % self.opts.every(self.opts.scan_s) == 0 else new
         self._nccl_scanned |= new
         if look and s.scan(sorted(look)):
             # Attached now: what the processes that had it loaded called before is not seen.
@@ -373,8 +357,8 @@ class HostSignals:
                     self._nccl_users.add(pid)
                     del self._nccl_mapped[pid]
                 else:
-                    self._nccl_mapped[pid] += 1
-                    if self._nccl_mapped[pid] > self.opts.scan_every:  # never traced here: its scan will do
+                    self._nccl_mapped[pid] += 1  # never traced here past a scan period: its scan will do
+                    if self._nccl_mapped[pid] > self.opts.every(self.opts.scan_s):
                         del self._nccl_mapped[pid]
         events = np.concatenate(batches) if any(len(b) for b in batches) else batches[0]
         if len(events):

@@ -92,15 +92,12 @@ class _Namespace:
         self.inet.close()
 
 
-def _open_host() -> tuple[socket.socket, socket.socket]:
-    return (
-        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE),
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 0),
-    )
-
-
 NETLINK = (socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
 INET = (socket.AF_INET, socket.SOCK_DGRAM, 0)
+
+
+def _open_host() -> tuple[socket.socket, socket.socket]:
+    return socket.socket(*NETLINK), socket.socket(*INET)
 
 
 def sockets_in(fd: int, *kinds: tuple[int, int, int]) -> list[socket.socket]:
