@@ -49,6 +49,23 @@ def rss_mb() -> float:
     return 0.0
 
 
+def rss_parts() -> str:
+    """Where the resident memory lies (/proc/self/smaps): BPF maps mapped
+    into the agent (the event rings: kernel memory, resident from the first
+    lap of the ring), files mapped (the interpreter, libraries), and the
+    anonymous rest (the Python heap, numpy's arrays, malloc)."""
+    parts = {"bpf maps": 0, "files": 0, "anonymous": 0}
+    name = ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            name = head[5] if len(head) > 5 else ""
+        elif head and head[0] == "Rss:":
+            kind = "bpf maps" if "bpf" in name else "files" if name.startswith("/") else "anonymous"
+            parts[kind] += int(head[1])
+    return ", ".join(f"{k} {v / 1024:.1f} MB" for k, v in parts.items())
+
+
 def export(builder: object, agent: object) -> tuple[int, int, float]:
     """One export as `memtrace push` makes it: built, encoded in requests of
     a few processes each, committed, dropped, and the freed memory given back.
@@ -216,6 +233,7 @@ def main() -> None:
                 f"  ({encoded:,} B encoded; RSS {trail}, {rss_mb():.1f} MB at {events:,} events and three exports,"
                 f" {held_mb:.1f} MB while the first export's batch was still held)"
             )
+            print(f"{'':>10} resident: {rss_parts()}")
             if n == int(a.counts.split(",")[-1]) and a.soak:
                 soak(agent, builder, a.soak)
             last = (n, rss_mb(), per10k, gap_before, gap_after)  # the agent as shipped: at DRAIN_NICE

@@ -20,6 +20,7 @@ too, and names their code objects.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -47,7 +48,8 @@ def build(tmp: Path) -> tuple[Path, Path]:
     return fx, loop
 
 
-def one(mode: str, loop: list[str], fx: Path, kind: str, calls: int, depth: int) -> float:
+def one(mode: str, loop: list[str], fx: Path, kind: str, calls: int, depth: int) -> tuple[float, dict]:
+    """The loop's ns per call, and (with stacks) what memtrace says of its stacks."""
     # Each run loads its own copy of the libraries (new inodes): probes a
     # previous run left detaching on the shared files must not slow this one.
     with tempfile.TemporaryDirectory() as d:
@@ -56,14 +58,17 @@ def one(mode: str, loop: list[str], fx: Path, kind: str, calls: int, depth: int)
         return _one(mode, loop, Path(d), kind, calls, depth)
 
 
-def _one(mode: str, loop: list[str], lib: Path, kind: str, calls: int, depth: int) -> float:
+def _one(mode: str, loop: list[str], lib: Path, kind: str, calls: int, depth: int) -> tuple[float, dict]:
     argv = ["taskset", "-c", LOOP_CPU, *loop, kind, str(calls), str(depth)]
     env = dict(os.environ, LD_LIBRARY_PATH=str(lib), FAKE_LIBCUDA=str(lib / "libcuda.so.1"))
+    out = lib / "summary.json"
     if mode != "untraced":
         flags = ["--stacks"] if mode == "stacks" else []
-        argv = [sys.executable, "-m", "memtrace", "run", "--no-host", *flags, "-o", os.devnull, "--", *argv]
+        argv = [sys.executable, "-m", "memtrace", "run", "--no-host", *flags, "--format", "json", "-o", str(out),
+                "--", *argv]  # fmt: skip
     p = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO, check=True)
-    return float(p.stdout.split()[-1])
+    stacks = json.loads(out.read_text())["agent"].get("stacks") or {} if mode == "stacks" else {}
+    return float(p.stdout.split()[-1]), stacks
 
 
 def main() -> None:
@@ -84,8 +89,12 @@ def main() -> None:
         for kind in ("copy", "alloc"):
             ns: dict[str, list[float]] = {"untraced": [], "memtrace": [], "stacks": []}
             ratios = []
+            stacks: dict = {}
             for _ in range(a.rounds):
-                r = {m: one(m, loop, fx, kind, a.calls, a.depth) for m in ns}
+                r = {}
+                for m in ns:
+                    r[m], got = one(m, loop, fx, kind, a.calls, a.depth)
+                    stacks = got or stacks
                 for m, v in r.items():
                     ns[m].append(v)
                 base, with_stacks = r["memtrace"] - r["untraced"], r["stacks"] - r["untraced"]
@@ -98,6 +107,12 @@ def main() -> None:
                 f"(+{med['stacks'] - med['untraced']:.1f}); stacks/no stacks cost: {statistics.median(ratios):.2f}x "
                 f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})"
             )
+            if stacks.get("python_frames_walked"):
+                walked, reads = stacks["python_frames_walked"], stacks["python_frame_reads"]
+                print(
+                    f"{'':>22}  last --stacks run: {stacks['taken']:,} stacks, {walked:,} Python frames walked "
+                    f"in {reads:,} reads ({walked / max(reads, 1):.1f} frames a read)"
+                )
 
 
 if __name__ == "__main__":

@@ -208,7 +208,10 @@ enum mt_stat {
 	MT_STAT_STACKS_FULL = 15,     /* stacks not kept: `stack_frames` full; the call has none */
 	MT_STAT_BATCH_ARRAY_COPIES = 16, /* copies of 3D batches to or from a CUDA array: counted,
 					  * their bytes not known (the array's element size) */
-	MT_STAT_COUNT = 17,
+	MT_STAT_PY_FRAMES = 17,       /* Python frames walked (entry shims included) */
+	MT_STAT_PY_READS = 18,        /* reads of a process's memory for them: fewer where one
+				       * read holds many frames (3.11+, MT_PY_WINDOW) */
+	MT_STAT_COUNT = 19,
 };
 
 /* Control events: what user space must act on. */
@@ -333,10 +336,12 @@ struct mt_py_proc {
 	__u8 instr_size;         /* 4: an int (3.10's f_lasti); 8: a pointer */
 	__u8 owner_cstack;       /* FRAME_OWNED_BY_CSTACK */
 	__u8 frame_size;         /* bytes read of a frame, one read each: every field above lies in them */
-	__u8 pad[4];
+	__u8 frames_window;      /* 1: frames lie in a per-thread stack (3.11+), older ones below: read a window */
+	__u8 pad[3];
 };
 
 #define MT_PY_FRAME_READ 120 /* the most bytes read of a frame */
+#define MT_PY_WINDOW 4096    /* the most bytes read at once: a frame's page up to its end (3.11+) */
 
 /*
  * What a new stack's code objects say, kept when the stack is first taken

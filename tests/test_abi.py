@@ -36,7 +36,8 @@ int main(void) {
   O(mt_py_proc, interp_threads); O(mt_py_proc, tstate_next); O(mt_py_proc, tstate_id);
   O(mt_py_proc, tstate_frame); O(mt_py_proc, cframe_frame); O(mt_py_proc, frame_previous); O(mt_py_proc, frame_code);
   O(mt_py_proc, frame_instr); O(mt_py_proc, frame_owner); O(mt_py_proc, frame_is_entry); O(mt_py_proc, match);
-  O(mt_py_proc, instr_size); O(mt_py_proc, owner_cstack); O(mt_py_proc, frame_size); C(MT_PY_FRAME_READ);
+  O(mt_py_proc, instr_size); O(mt_py_proc, owner_cstack); O(mt_py_proc, frame_size); O(mt_py_proc, frames_window);
+  C(MT_PY_FRAME_READ);
   O(mt_py_proc, code_name); O(mt_py_proc, code_filename); O(mt_py_proc, code_firstlineno);
   O(mt_py_proc, code_linetable); O(mt_py_proc, ascii_size); O(mt_py_proc, compact_size);
   C(MT_PY_NAME_LEN); C(MT_PY_FILE_LEN); C(MT_PY_TABLE_LEN); C(MT_PY_CODES_MAX);
@@ -76,7 +77,8 @@ int main(void) {
   C(MT_M3D_DST_HOST_OFF); C(MT_M3D_DST_DEVICE_OFF); C(MT_M3D_WIDTH_OFF); C(MT_M3D_HEIGHT_OFF); C(MT_M3D_DEPTH_OFF);
   C(MT_M3D_SIZE); C(MT_P3D_SRC_ARRAY_OFF); C(MT_P3D_SRC_PTR_OFF); C(MT_P3D_DST_ARRAY_OFF); C(MT_P3D_DST_PTR_OFF);
   C(MT_P3D_WIDTH_OFF); C(MT_P3D_HEIGHT_OFF); C(MT_P3D_DEPTH_OFF); C(MT_P3D_KIND_OFF); C(MT_P3D_SIZE);
-  C(MT_DIRSRC_BATCH3D); C(MT_STAT_BATCH_ARRAY_COPIES); C(MT_OPERAND_POINTER); C(MT_B3D_OP_SIZE); C(MT_B3D_READ);
+  C(MT_DIRSRC_BATCH3D); C(MT_STAT_BATCH_ARRAY_COPIES); C(MT_STAT_PY_FRAMES); C(MT_STAT_PY_READS);
+  C(MT_OPERAND_POINTER); C(MT_B3D_OP_SIZE); C(MT_B3D_READ);
   C(MT_B3D_SRC_TYPE_OFF); C(MT_B3D_SRC_PTR_OFF); C(MT_B3D_DST_TYPE_OFF); C(MT_B3D_DST_PTR_OFF);
   C(MT_B3D_WIDTH_OFF); C(MT_B3D_HEIGHT_OFF); C(MT_B3D_DEPTH_OFF);
   /* The offsets BPF reads, against the struct as cuda.h declares it. */

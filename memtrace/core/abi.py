@@ -73,9 +73,11 @@ class Stat(enum.IntEnum):
     STACK_FAILED = 14
     STACKS_FULL = 15
     BATCH_ARRAY_COPIES = 16
+    PY_FRAMES = 17
+    PY_READS = 18
 
 
-STAT_COUNT = 17
+STAT_COUNT = 19
 
 # Batch copies (memtrace.h): the first BATCH_EACH copies one record each,
 # the rest up to BATCH_MAX summed in one record; EV_MORE in an event's
@@ -319,7 +321,8 @@ class PyProc(ctypes.Structure):
         ("instr_size", ctypes.c_uint8),
         ("owner_cstack", ctypes.c_uint8),
         ("frame_size", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8 * 4),
+        ("frames_window", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 3),
     ]
 
 

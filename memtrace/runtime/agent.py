@@ -552,6 +552,8 @@ class Agent:
             "distinct": self.stacks.distinct,
             "frames_unplaced": self.stacks.unplaced_frames,
             "python_frames_unnamed": self.stacks.python_unnamed,
+            "python_frames_walked": st.get(Stat.PY_FRAMES, 0),
+            "python_frame_reads": st.get(Stat.PY_READS, 0),
             "python_unsupported": dict(self.stacks.unsupported),
         }
 

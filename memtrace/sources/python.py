@@ -73,6 +73,7 @@ class Layout:
     match: abi.PyMatch = abi.PyMatch.NATIVE_TID
     location_table: bool = True  # 3.11+'s co_linetable format (3.10: (offset, line) delta pairs)
     every_frame_entry: bool = False  # 3.10: one C evaluation per frame
+    data_stack: bool = True  # 3.11+: a thread's frames lie on its own stack, each caller's below (3.10: on the heap)
 
     @property
     def frame_size(self) -> int:
@@ -110,6 +111,7 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
         match=abi.PyMatch.PTHREAD,
         location_table=False,
         every_frame_entry=True,
+        data_stack=False,
     ),  # fmt: skip
     (3, 11): Layout(
         interpreters_head=40,
@@ -248,6 +250,7 @@ class Interpreter:
         c.ascii_size, c.compact_size = lay.ascii_size, lay.compact_size
         c.match, c.instr_size, c.owner_cstack = lay.match, lay.instr_size, lay.owner_cstack
         c.frame_size = lay.frame_size
+        c.frames_window = lay.data_stack
         return c
 
     def keep(self, code_addr: int, raw: abi.PyCode) -> None:
