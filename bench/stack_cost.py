@@ -1,7 +1,7 @@
 """What taking call stacks costs a traced process, per copy and per
 allocation (issue 17: at most 1.3x the cost without stacks).
 
-    sudo .venv/bin/python bench/stack_cost.py [--calls N] [--rounds R] [--depth D] [--python PYTHON]
+    sudo .venv/bin/python bench/stack_cost.py [--calls N] [--rounds R] [--depth D] [--python PYTHON [--threads T]]
 
 A process pinned to one CPU calls the test CUDA runtime (cudaMemcpy, or a
 cudaMalloc and its cudaFree) in a tight loop from D frames down, built with
@@ -14,7 +14,9 @@ without, taken within each round, and its median over the rounds.
 
 With --python, the loop is Python's (bench/src/stackloop.py, through
 ctypes, D Python frames down): --stacks then walks the interpreter's frames
-too, and names their code objects.
+too, and names their code objects. --threads starts T idle Python threads
+before the loop, listed before the loop's thread: BPF finds the calling
+thread's state among them.
 """
 
 from __future__ import annotations
@@ -48,18 +50,18 @@ def build(tmp: Path) -> tuple[Path, Path]:
     return fx, loop
 
 
-def one(mode: str, loop: list[str], fx: Path, kind: str, calls: int, depth: int) -> tuple[float, dict]:
+def one(mode: str, loop: list[str], fx: Path, kind: str, calls: int, shape: list[str]) -> tuple[float, dict]:
     """The loop's ns per call, and (with stacks) what memtrace says of its stacks."""
     # Each run loads its own copy of the libraries (new inodes): probes a
     # previous run left detaching on the shared files must not slow this one.
     with tempfile.TemporaryDirectory() as d:
         for name in ("libcudart.so.13", "libcuda.so.1"):
             shutil.copy(fx / "lib" / name, d)
-        return _one(mode, loop, Path(d), kind, calls, depth)
+        return _one(mode, loop, Path(d), kind, calls, shape)
 
 
-def _one(mode: str, loop: list[str], lib: Path, kind: str, calls: int, depth: int) -> tuple[float, dict]:
-    argv = ["taskset", "-c", LOOP_CPU, *loop, kind, str(calls), str(depth)]
+def _one(mode: str, loop: list[str], lib: Path, kind: str, calls: int, shape: list[str]) -> tuple[float, dict]:
+    argv = ["taskset", "-c", LOOP_CPU, *loop, kind, str(calls), *shape]
     env = dict(os.environ, LD_LIBRARY_PATH=str(lib), FAKE_LIBCUDA=str(lib / "libcuda.so.1"))
     out = lib / "summary.json"
     if mode != "untraced":
@@ -77,8 +79,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--depth", type=int, default=30, help="frames between main and the loop")
     ap.add_argument("--python", help="a CPython: run the Python loop (bench/src/stackloop.py) under it")
+    ap.add_argument("--threads", type=int, default=0, help="with --python: idle threads listed before the loop's")
     a = ap.parse_args()
-    what_loop = f"Python loop under {a.python}" if a.python else "C loop"
+    if a.threads and not a.python:
+        ap.error("--threads needs --python")
+    what_loop = f"Python loop under {a.python}, {a.threads} idle threads" if a.python else "C loop"
+    shape = [str(a.depth), str(a.threads)] if a.python else [str(a.depth)]  # the loop's arguments after CALLS
     print(
         f"# {platform.node()} {platform.release()}, {os.cpu_count()} CPUs; {what_loop}, "
         f"{a.calls:,} calls a run, depth {a.depth}"
@@ -93,7 +99,7 @@ def main() -> None:
             for _ in range(a.rounds):
                 r = {}
                 for m in ns:
-                    r[m], got = one(m, loop, fx, kind, a.calls, a.depth)
+                    r[m], got = one(m, loop, fx, kind, a.calls, shape)
                     stacks = got or stacks
                 for m, v in r.items():
                     ns[m].append(v)
@@ -111,7 +117,8 @@ def main() -> None:
                 walked, reads = stacks["python_frames_walked"], stacks["python_frame_reads"]
                 print(
                     f"{'':>22}  last --stacks run: {stacks['taken']:,} stacks, {walked:,} Python frames walked "
-                    f"in {reads:,} reads ({walked / max(reads, 1):.1f} frames a read)"
+                    f"in {reads:,} reads ({walked / max(reads, 1):.1f} frames a read); "
+                    f"{stacks.get('python_thread_reads', 0):,} reads to find the thread's state"
                 )
 
 

@@ -362,6 +362,23 @@ struct {
 	__type(value, struct mt_py_code);
 } py_code_scratch SEC(".maps");
 
+/* Each calling thread's state, as the last walk found it: a thread then
+ * takes two reads to find it again (is it still the thread's? where is its
+ * frame?), not two for each thread state listed before it (a process's
+ * main thread comes last, after every thread it started). Checked at each
+ * use: a freed state, or a pid used again, is looked for afresh. */
+struct py_thread {
+	__u64 start_ns; /* the process's (struct mt_proc_key) */
+	__u64 tstate;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MT_PY_THREADS_KEPT);
+	__type(key, __u64); /* pid_tgid, the kernel's own ids */
+	__type(value, struct py_thread);
+} py_threads SEC(".maps");
+
 /* The Python walk's state: in a map, not on the BPF stack (a uprobe
  * program and the calls below it share 512 bytes of stack). */
 struct py_scratch {
@@ -373,6 +390,10 @@ struct py_scratch {
 	__u32 size;  /* bytes read of a frame */
 	__u32 reads; /* of the process's memory, this walk */
 	__u32 frames; /* frames walked, this walk */
+	__u64 thread_key;
+	struct py_thread thread;
+	__u32 thread_reads; /* of the process's memory to find the thread's state, this walk */
+	__u32 pad;
 	struct mt_py_code_key key;
 	/* Frames read from the process: one, or (3.11+) a frame's page up to
 	 * its end, where its callers' frames lie. Fields are taken at
@@ -462,10 +483,12 @@ static __always_inline long py_find_step(struct py_walk *w)
 
 	if (!x->cur)
 		return 1;
+	x->thread_reads += 1;
 	if (py_word(x->cur, w->py->tstate_id) == x->want) {
 		x->found = x->cur;
 		return 1;
 	}
+	x->thread_reads += 1;
 	x->cur = py_word(x->cur, w->py->tstate_next);
 	return 0;
 }
@@ -579,6 +602,7 @@ static __noinline void take_python(struct mt_stack *s, __u32 pid)
 {
 	struct py_walk w = {};
 	struct py_scratch *x;
+	struct py_thread *t;
 	__u64 interp, frame;
 	__u32 i, zero = 0;
 
@@ -592,20 +616,40 @@ static __noinline void take_python(struct mt_stack *s, __u32 pid)
 	w.x = x;
 	x->want = py_thread_id(w.py->match);
 	x->found = 0;
-	/* The main interpreter's threads (subinterpreters' are not looked at). */
-	interp = py_word(w.py->runtime, w.py->interpreters_head);
-	x->cur = interp && x->want ? py_word(interp, w.py->interp_threads) : 0;
-	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop)) {
-		bpf_loop(MT_PY_THREADS, py_find_cb, &w, 0);
-	} else {
-		for (i = 0; i < MT_PY_THREADS_LOOP; i++)
-			if (py_find_step(&w))
-				break;
-	}
-	if (!x->found) {
+	if (!x->want) {
 		s->py_state = MT_PY_NO_THREAD;
 		return;
 	}
+	x->thread_key = bpf_get_current_pid_tgid();
+	x->thread_reads = 0;
+	t = bpf_map_lookup_elem(&py_threads, &x->thread_key);
+	if (t && t->start_ns == w.py->start_ns && t->tstate) {
+		x->thread_reads = 1;
+		if (py_word(t->tstate, w.py->tstate_id) == x->want)
+			x->found = t->tstate;
+	}
+	if (!x->found) {
+		/* The main interpreter's threads (subinterpreters' are not looked at). */
+		interp = py_word(w.py->runtime, w.py->interpreters_head);
+		x->cur = interp ? py_word(interp, w.py->interp_threads) : 0;
+		x->thread_reads += interp ? 2 : 1;
+		if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop)) {
+			bpf_loop(MT_PY_THREADS, py_find_cb, &w, 0);
+		} else {
+			for (i = 0; i < MT_PY_THREADS_LOOP; i++)
+				if (py_find_step(&w))
+					break;
+		}
+		if (!x->found) {
+			stat_add(MT_STAT_PY_THREAD_READS, x->thread_reads);
+			s->py_state = MT_PY_NO_THREAD;
+			return;
+		}
+		x->thread.start_ns = w.py->start_ns;
+		x->thread.tstate = x->found;
+		bpf_map_update_elem(&py_threads, &x->thread_key, &x->thread, BPF_ANY);
+	}
+	stat_add(MT_STAT_PY_THREAD_READS, x->thread_reads);
 	frame = py_word(x->found, w.py->tstate_frame);
 	if (frame && w.py->cframe_frame != MT_PY_NONE)
 		frame = py_word(frame, w.py->cframe_frame);

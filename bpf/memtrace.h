@@ -211,7 +211,9 @@ enum mt_stat {
 	MT_STAT_PY_FRAMES = 17,       /* Python frames walked (entry shims included) */
 	MT_STAT_PY_READS = 18,        /* reads of a process's memory for them: fewer where one
 				       * read holds many frames (3.11+, MT_PY_WINDOW) */
-	MT_STAT_COUNT = 19,
+	MT_STAT_PY_THREAD_READS = 19, /* reads of a process's memory to find the calling thread's
+				       * state: one where the thread's last walk found it */
+	MT_STAT_COUNT = 20,
 };
 
 /* Control events: what user space must act on. */
@@ -291,6 +293,7 @@ struct mt_event {
 #define MT_PY_DEPTH 32          /* Python frames kept; deeper stacks keep their innermost */
 #define MT_PY_WALK 64           /* frames looked at (entry shims are skipped, not kept) */
 #define MT_PY_THREADS 256       /* thread states looked at to find the calling thread's */
+#define MT_PY_THREADS_KEPT 8192 /* calling threads whose state BPF remembers (LRU) */
 #define MT_PY_ENTRY (1ULL << 63) /* in py_instr: the frame a C call into the interpreter began */
 #define MT_PY_NONE 0xffff       /* an offset the interpreter does not have */
 

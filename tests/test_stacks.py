@@ -205,6 +205,11 @@ def test_a_thread_gets_its_own_python_frames_and_deep_recursion_keeps_the_innerm
     else:
         assert 2 * st["python_frame_reads"] < st["python_frames_walked"], st
         assert st["python_frames_walked"] > PY_DEPTH, st
+    # The worker's state is listed after the newer waiter's: found by a search
+    # (the interpreter, then two thread states: five reads) once, then by one
+    # read where it was. Searched afresh each time, it would take five a call.
+    assert st["taken"] == worker["calls"] + deep["calls"]
+    assert 0 < st["python_thread_reads"] < 2 * st["taken"], st
 
 
 @pytest.mark.bpf

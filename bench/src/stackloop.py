@@ -2,18 +2,28 @@
 down, in a loop, and prints the ns per call (the Python twin of
 stackloop.c, for bench/stack_cost.py --python).
 
-    python stackloop.py copy|alloc CALLS DEPTH
+    python stackloop.py copy|alloc CALLS DEPTH [THREADS]
+
+THREADS idle Python threads are started first (default 0): the
+interpreter lists its threads newest first, so the looping main thread
+comes after all of them, as a training script's main thread comes after
+the threads its libraries start.
 
 The runtime is found as libcudart.so.13 on LD_LIBRARY_PATH.
 """
 
 import ctypes
 import sys
+import threading
 import time
 
 
 def main() -> None:
     kind, calls, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    done = threading.Event()
+    for _ in range(threads):
+        threading.Thread(target=done.wait, daemon=True).start()
     rt = ctypes.CDLL("libcudart.so.13")
     vp, sz, ci = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     rt.cudaMemcpy.argtypes = [vp, vp, sz, ci]
@@ -39,6 +49,7 @@ def main() -> None:
         return down(k - 1) if k > 0 else loop()
 
     print(f"{down(depth):.1f}")
+    done.set()
 
 
 main()

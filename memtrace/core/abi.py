@@ -75,9 +75,10 @@ class Stat(enum.IntEnum):
     BATCH_ARRAY_COPIES = 16
     PY_FRAMES = 17
     PY_READS = 18
+    PY_THREAD_READS = 19
 
 
-STAT_COUNT = 19
+STAT_COUNT = 20
 
 # Batch copies (memtrace.h): the first BATCH_EACH copies one record each,
 # the rest up to BATCH_MAX summed in one record; EV_MORE in an event's

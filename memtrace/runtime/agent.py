@@ -554,6 +554,7 @@ class Agent:
             "python_frames_unnamed": self.stacks.python_unnamed,
             "python_frames_walked": st.get(Stat.PY_FRAMES, 0),
             "python_frame_reads": st.get(Stat.PY_READS, 0),
+            "python_thread_reads": st.get(Stat.PY_THREAD_READS, 0),
             "python_unsupported": dict(self.stacks.unsupported),
         }
 
