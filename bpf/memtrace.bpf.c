@@ -363,10 +363,10 @@ struct {
 } py_code_scratch SEC(".maps");
 
 /* Each calling thread's state, as the last walk found it: a thread then
- * takes two reads to find it again (is it still the thread's? where is its
- * frame?), not two for each thread state listed before it (a process's
- * main thread comes last, after every thread it started). Checked at each
- * use: a freed state, or a pid used again, is looked for afresh. */
+ * takes two or three reads to find it again (py_thread_check), not two for
+ * each thread state listed before it (a process's main thread comes last,
+ * after every thread it started). Checked at each use: a state deleted
+ * since, or a pid used again, is looked for afresh. */
 struct py_thread {
 	__u64 start_ns; /* the process's (struct mt_proc_key) */
 	__u64 tstate;
@@ -498,6 +498,33 @@ static long py_find_cb(__u32 i, void *ctx)
 	return py_find_step(ctx);
 }
 
+/* Is `ts`, remembered, still the calling thread's listed state? One read of
+ * its first bytes (its id, its neighbour, its frame), then one or two to see
+ * that its neighbour (or, for the newest, the interpreter) still points at
+ * it: a deleted state is unlinked, though its freed memory may still hold
+ * the thread's id. Its frame (3.11, 3.12: its _PyCFrame) into *frame. */
+static __always_inline bool py_thread_check(struct py_walk *w, __u64 ts, __u64 *frame)
+{
+	struct mt_py_proc *py = w->py;
+	struct py_scratch *x = w->x;
+	__u64 prev, interp;
+
+	x->thread_reads += 1;
+	if (bpf_probe_read_user(x->win, py->tstate_size, (void *)ts))
+		return false;
+	if (*(__u64 *)&x->win[py->tstate_id & 0xff] != x->want)
+		return false;
+	prev = *(__u64 *)&x->win[py->tstate_prev & 0xff];
+	*frame = *(__u64 *)&x->win[py->tstate_frame & 0xff];
+	if (prev) {
+		x->thread_reads += 1;
+		return py_word(prev, py->tstate_next) == ts;
+	}
+	x->thread_reads += 2;
+	interp = py_word(py->runtime, py->interpreters_head);
+	return interp && py_word(interp, py->interp_threads) == ts;
+}
+
 /* Where the frame at x->cur lies in x->win, read from the process unless an
  * earlier read holds it; -1 when it cannot be read. Every field walked lies
  * in a frame's first `size` bytes.
@@ -622,13 +649,11 @@ static __noinline void take_python(struct mt_stack *s, __u32 pid)
 	}
 	x->thread_key = bpf_get_current_pid_tgid();
 	x->thread_reads = 0;
+	frame = 0;
 	t = bpf_map_lookup_elem(&py_threads, &x->thread_key);
-	if (t && t->start_ns == w.py->start_ns && t->tstate) {
-		x->thread_reads = 1;
-		if (py_word(t->tstate, w.py->tstate_id) == x->want)
-			x->found = t->tstate;
-	}
-	if (!x->found) {
+	if (t && t->start_ns == w.py->start_ns && t->tstate && py_thread_check(&w, t->tstate, &frame)) {
+		x->found = t->tstate;
+	} else {
 		/* The main interpreter's threads (subinterpreters' are not looked at). */
 		interp = py_word(w.py->runtime, w.py->interpreters_head);
 		x->cur = interp ? py_word(interp, w.py->interp_threads) : 0;
@@ -648,9 +673,10 @@ static __noinline void take_python(struct mt_stack *s, __u32 pid)
 		x->thread.start_ns = w.py->start_ns;
 		x->thread.tstate = x->found;
 		bpf_map_update_elem(&py_threads, &x->thread_key, &x->thread, BPF_ANY);
+		x->thread_reads += 1;
+		frame = py_word(x->found, w.py->tstate_frame);
 	}
 	stat_add(MT_STAT_PY_THREAD_READS, x->thread_reads);
-	frame = py_word(x->found, w.py->tstate_frame);
 	if (frame && w.py->cframe_frame != MT_PY_NONE)
 		frame = py_word(frame, w.py->cframe_frame);
 	x->cur = frame;

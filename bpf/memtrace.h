@@ -212,7 +212,8 @@ enum mt_stat {
 	MT_STAT_PY_READS = 18,        /* reads of a process's memory for them: fewer where one
 				       * read holds many frames (3.11+, MT_PY_WINDOW) */
 	MT_STAT_PY_THREAD_READS = 19, /* reads of a process's memory to find the calling thread's
-				       * state: one where the thread's last walk found it */
+				       * state and its frame: two or three where the thread's
+				       * last walk found it */
 	MT_STAT_COUNT = 20,
 };
 
@@ -340,10 +341,13 @@ struct mt_py_proc {
 	__u8 owner_cstack;       /* FRAME_OWNED_BY_CSTACK */
 	__u8 frame_size;         /* bytes read of a frame, one read each: every field above lies in them */
 	__u8 frames_window;      /* 1: frames lie in a per-thread stack (3.11+), older ones below: read a window */
-	__u8 pad[3];
+	__u8 tstate_size;        /* bytes of a thread state that hold its prev, id and frame (one read) */
+	__u16 tstate_prev;       /* a listed thread state's neighbour points back at it */
+	__u8 pad2[4];
 };
 
 #define MT_PY_FRAME_READ 120 /* the most bytes read of a frame */
+#define MT_PY_TSTATE_READ 248 /* the most bytes read of a thread state */
 #define MT_PY_WINDOW 4096    /* the most bytes read at once: a frame's page up to its end (3.11+) */
 
 /*

@@ -37,7 +37,9 @@ int main(void) {
   O(mt_py_proc, tstate_frame); O(mt_py_proc, cframe_frame); O(mt_py_proc, frame_previous); O(mt_py_proc, frame_code);
   O(mt_py_proc, frame_instr); O(mt_py_proc, frame_owner); O(mt_py_proc, frame_is_entry); O(mt_py_proc, match);
   O(mt_py_proc, instr_size); O(mt_py_proc, owner_cstack); O(mt_py_proc, frame_size); O(mt_py_proc, frames_window);
-  C(MT_PY_FRAME_READ);
+  O(mt_py_proc, tstate_prev);
+  O(mt_py_proc, tstate_size);
+  C(MT_PY_FRAME_READ); C(MT_PY_TSTATE_READ);
   O(mt_py_proc, code_name); O(mt_py_proc, code_filename); O(mt_py_proc, code_firstlineno);
   O(mt_py_proc, code_linetable); O(mt_py_proc, ascii_size); O(mt_py_proc, compact_size);
   C(MT_PY_NAME_LEN); C(MT_PY_FILE_LEN); C(MT_PY_TABLE_LEN); C(MT_PY_CODES_MAX);
@@ -185,10 +187,15 @@ def test_map_structs_match(header: dict[str, int]) -> None:
         assert header[f"MT_PY_{st.name}"] == st.value, st
     for m in abi.PyMatch:
         assert header[f"MT_PY_MATCH_{m.name}"] == m.value, m
-    assert (abi.PY_NAME_LEN, abi.PY_FILE_LEN, abi.PY_TABLE_LEN, abi.PY_CODES_MAX, abi.PY_FRAME_READ) == tuple(
+    assert (
+        abi.PY_NAME_LEN, abi.PY_FILE_LEN, abi.PY_TABLE_LEN, abi.PY_CODES_MAX, abi.PY_FRAME_READ, abi.PY_TSTATE_READ
+    ) == tuple(
         header[k]
-        for k in ("MT_PY_NAME_LEN", "MT_PY_FILE_LEN", "MT_PY_TABLE_LEN", "MT_PY_CODES_MAX", "MT_PY_FRAME_READ")
-    )
+        for k in (
+            "MT_PY_NAME_LEN", "MT_PY_FILE_LEN", "MT_PY_TABLE_LEN", "MT_PY_CODES_MAX", "MT_PY_FRAME_READ",
+            "MT_PY_TSTATE_READ",
+        )
+    )  # fmt: skip
     for cls, cname in (
         (abi.Stack, "mt_stack"),
         (abi.PyProc, "mt_py_proc"),

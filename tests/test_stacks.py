@@ -206,10 +206,37 @@ def test_a_thread_gets_its_own_python_frames_and_deep_recursion_keeps_the_innerm
         assert 2 * st["python_frame_reads"] < st["python_frames_walked"], st
         assert st["python_frames_walked"] > PY_DEPTH, st
     # The worker's state is listed after the newer waiter's: found by a search
-    # (the interpreter, then two thread states: five reads) once, then by one
-    # read where it was. Searched afresh each time, it would take five a call.
+    # (the interpreter, two thread states, the frame: six reads) once, then
+    # checked where it was (itself, its neighbour: two). Searched afresh each
+    # time, it would take six a call.
     assert st["taken"] == worker["calls"] + deep["calls"]
-    assert 0 < st["python_thread_reads"] < 2 * st["taken"], st
+    assert 0 < st["python_thread_reads"] < 3 * st["taken"], st
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("python", interpreters() or ["none"])
+def test_a_native_thread_whose_python_state_is_gone_gets_no_python_frames(
+    python: str, fakecuda: Path, tmp_path: Path
+) -> None:
+    """A native thread runs a Python hook (ctypes gives it a thread state,
+    then deletes it) and then copies from C. The hook's copies carry the
+    hook's frame; the C copies that follow say `no thread state`: the
+    state BPF remembered for the thread is gone from the interpreter's
+    list, though its freed memory may still hold the thread's id."""
+    rounds = 5
+    doc, truth = run_stacks(
+        [python, str(FIXTURES / "ctypes_callin.py"), str(fakecuda / "lib"), str(rounds)], tmp_path, fakecuda
+    )
+    t = truth[0]
+    hook = [s for s in doc["stacks"] if s["direction"] == "h2d"]
+    assert [(s["calls"], s["bytes"]) for s in hook] == [(t["hook"]["calls"], t["hook"]["bytes"])], t["python"]
+    assert hook[0]["python_frames"] == "taken"
+    assert [[leaf(f["function"]), f["line"]] for f in python_frames(hook[0])][:1] == t["hook"]["python"]
+    native = [s for s in doc["stacks"] if s["direction"] == "d2h"]
+    assert sum(s["calls"] for s in native) == t["native"]["calls"]
+    assert sum(s["bytes"] for s in native) == t["native"]["bytes"]
+    assert {s["python_frames"] for s in native} == {"no thread state"}, (t["python"], native)
+    assert not any(python_frames(s) for s in native)
 
 
 @pytest.mark.bpf

@@ -260,6 +260,7 @@ PY_DEPTH = 32  # Python frames kept per stack
 PY_ENTRY = 1 << 63  # in py_instr: the frame a C call into the interpreter began
 PY_NONE = 0xFFFF  # an interpreter offset that does not exist
 PY_FRAME_READ = 120  # the most bytes BPF reads of one frame
+PY_TSTATE_READ = 248  # the most bytes BPF reads of one thread state
 
 
 class PyState(enum.IntEnum):
@@ -323,7 +324,9 @@ class PyProc(ctypes.Structure):
         ("owner_cstack", ctypes.c_uint8),
         ("frame_size", ctypes.c_uint8),
         ("frames_window", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8 * 3),
+        ("tstate_size", ctypes.c_uint8),
+        ("tstate_prev", ctypes.c_uint16),
+        ("pad2", ctypes.c_uint8 * 4),
     ]
 
 

@@ -52,6 +52,7 @@ class Layout:
     interpreters_head: int
     interp_threads: int
     tstate_next: int
+    tstate_prev: int
     tstate_id: int  # native_thread_id (3.11+) or thread_id (3.10: pthread_self)
     tstate_frame: int  # the current frame, or the _PyCFrame holding it
     cframe_frame: int  # _PyCFrame.current_frame (3.11, 3.12)
@@ -76,6 +77,12 @@ class Layout:
     data_stack: bool = True  # 3.11+: a thread's frames lie on its own stack, each caller's below (3.10: on the heap)
 
     @property
+    def tstate_size(self) -> int:
+        """The bytes of a thread state that hold every field BPF checks a
+        remembered one by (its id, its neighbour, its frame): one read."""
+        return max(self.tstate_prev, self.tstate_id, self.tstate_frame) + 8
+
+    @property
     def frame_size(self) -> int:
         """The bytes of a frame that hold every field BPF reads of it (one read a frame)."""
         ends = [self.frame_previous + 8, self.frame_code + 8, self.frame_instr + self.instr_size]
@@ -90,6 +97,7 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
         interpreters_head=32,
         interp_threads=8,
         tstate_next=8,
+        tstate_prev=0,
         tstate_id=176,
         tstate_frame=24,
         cframe_frame=NONE,
@@ -117,6 +125,7 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
         interpreters_head=40,
         interp_threads=16,
         tstate_next=8,
+        tstate_prev=0,
         tstate_id=160,
         tstate_frame=56,
         cframe_frame=8,
@@ -140,6 +149,7 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
         interpreters_head=40,
         interp_threads=72,
         tstate_next=8,
+        tstate_prev=0,
         tstate_id=144,
         tstate_frame=56,
         cframe_frame=0,
@@ -164,6 +174,7 @@ LAYOUTS: dict[tuple[int, int], Layout] = {
         interpreters_head=632,
         interp_threads=7344,
         tstate_next=8,
+        tstate_prev=0,
         tstate_id=160,
         tstate_frame=72,
         cframe_frame=NONE,
@@ -192,6 +203,7 @@ _DEBUG_FIELDS = {
     "free_threaded": 16,
     "interpreters_head": 40,
     "interp_threads": 72,
+    "tstate_prev": 160,
     "tstate_next": 168,
     "tstate_frame": 184,
     "tstate_id": 200,  # native_thread_id
@@ -237,7 +249,7 @@ class Interpreter:
         c = abi.PyProc()
         c.start_ns, c.runtime = self.key.start_ns, self.runtime
         for f in (
-            "interpreters_head", "interp_threads", "tstate_next", "tstate_id", "tstate_frame",
+            "interpreters_head", "interp_threads", "tstate_next", "tstate_prev", "tstate_id", "tstate_frame",
             "cframe_frame", "frame_previous", "frame_code", "frame_instr", "frame_owner", "frame_is_entry",
         ):  # fmt: skip
             setattr(c, f, getattr(lay, f))
@@ -251,6 +263,7 @@ class Interpreter:
         c.match, c.instr_size, c.owner_cstack = lay.match, lay.instr_size, lay.owner_cstack
         c.frame_size = lay.frame_size
         c.frames_window = lay.data_stack
+        c.tstate_size = lay.tstate_size
         return c
 
     def keep(self, code_addr: int, raw: abi.PyCode) -> None:
@@ -381,8 +394,11 @@ def find(key: ProcessKey, files: list[Candidate], machine: str | None = None) ->
             except OSError as e:
                 log.debug("%s", e)
                 interp.ready = False  # a Python process, gone before it could be walked
-        if interp.layout.frame_size > abi.PY_FRAME_READ or any(
-            NONE < getattr(interp.layout, f.name) for f in fields(Layout) if f.type == "int"
+        lay = interp.layout
+        if (
+            lay.frame_size > abi.PY_FRAME_READ
+            or lay.tstate_size > abi.PY_TSTATE_READ
+            or any(NONE < getattr(interp.layout, f.name) for f in fields(Layout) if f.type == "int")
         ):  # offsets BPF keeps in 16 bits
             raise Unsupported(f"{label}: its frames are laid out past what memtrace reads")
         return interp
