@@ -432,7 +432,10 @@ def test_no_listening_socket_while_running_a_command(fakecuda: Path, tmp_path: P
 # py_str, keep_code): each by name, so that a new read fails the test below.
 PYTHON_READS = {
     ("&v", "sizeof(v)", "(void *)(base + off))"),
-    ("x->b", "x->size & 0x7f", "(void *)x->cur)"),
+    # a remembered thread state's first bytes (its id, its neighbour, its frame)
+    ("x->win", "py->tstate_size", "(void *)ts)"),
+    # a frame, or (3.11+) its page up to its end, where its callers' frames lie
+    ("x->win", "len", "(void *)base)"),
     ("&len", "sizeof(len)", "(void *)(str + 16))"),
     ("&state", "sizeof(state)", "(void *)(str + 32))"),
     ("dst", "n & (2 * MT_PY_FILE_LEN - 1)", "(void *)(str + skip))"),

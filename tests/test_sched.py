@@ -334,7 +334,15 @@ def test_maps_stay_bounded_and_drops_are_counted(workload_bin: Path) -> None:
 
 def test_remove_pid_forgets_the_process(sensor: SchedSensor, workload_bin: Path) -> None:
     w = Workload([str(workload_bin), "spin", "0.3"])
-    hog = subprocess.Popen(["taskset", "-c", CPU, str(workload_bin), "hog"])  # so that it is preempted
+    # So that it is preempted: an equal competitor on its CPU, favoured as the
+    # workload is (a nice-0 hog against a favoured workload got about 1% of
+    # the CPU, and in CI once no slice that preempted it), and running.
+    hog = subprocess.Popen(["taskset", "-c", CPU, str(workload_bin), "hog"], start_new_session=True)
+    favour(hog.pid)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{hog.pid}/comm").read_text().strip() != "sched_workload" or not cpu_ticks(hog.pid):
+        assert time.monotonic() < deadline, "the hog did not start"
+        time.sleep(0.01)
     try:
         sensor.add_pid(w.pid)
         w.go()
