@@ -42,11 +42,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+def _proc_mb(path: str, field: str) -> float:
+    """A `Field:  N kB` line of a /proc file of this process, in MB."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_mb() -> float:
+    return _proc_mb("/proc/self/status", "VmRSS")
 
 
 def pss_mb() -> float:
@@ -55,10 +60,7 @@ def pss_mb() -> float:
     other (a record that wraps reads as one), so RSS counts the 16 MiB
     event ring twice; the kernel allocated it once, and a cgroup's memory
     (a pod's limit) charges it once."""
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return _proc_mb("/proc/self/smaps_rollup", "Pss")
 
 
 def rss_parts() -> str:

@@ -398,7 +398,7 @@ def find(key: ProcessKey, files: list[Candidate], machine: str | None = None) ->
         if (
             lay.frame_size > abi.PY_FRAME_READ
             or lay.tstate_size > abi.PY_TSTATE_READ
-            or any(NONE < getattr(interp.layout, f.name) for f in fields(Layout) if f.type == "int")
+            or any(NONE < getattr(lay, f.name) for f in fields(Layout) if f.type == "int")
         ):  # offsets BPF keeps in 16 bits
             raise Unsupported(f"{label}: its frames are laid out past what memtrace reads")
         return interp
