@@ -78,3 +78,21 @@ def test_a_gap_is_extrapolated_from_the_windows_on_both_sides_of_it() -> None:
     for _ in range(NEAR - 1):
         s.close_window(_Window({API: 410}, interval_launches=410, intervals=40, seconds=0.025))
     assert s.gaps == [] and s.estimated[API] > 0  # settled
+
+
+def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
+    """First weighed during set-up (few launches: duty 0.7, a 3.5 s window),
+    then the loop starts and the duty drops to 0.05: the window that opened
+    at t=10 ends at 10 + 0.25 s, not 13.5 s; already past that, at once. A
+    higher duty never lengthens a window, and a gap keeps its end."""
+    s = _Sampled(1, 0.7, base={}, phase_start=10.0, next_toggle=13.5)
+    s.retune(0.05, on_s=0.25)
+    assert (s.duty, s.next_toggle) == (0.05, 10.25)
+    s.retune(0.9, on_s=4.5)
+    assert s.next_toggle == 10.25
+    s = _Sampled(1, 0.5, base={}, phase_start=10.0, next_toggle=12.5)
+    s.retune(0.01, on_s=0.02)
+    assert s.next_toggle == 10.02  # in the past by the next toggle: it closes then
+    gap = _Sampled(1, 0.5, base={}, on=False, phase_start=10.0, next_toggle=15.0)
+    gap.retune(0.01, on_s=0.02)
+    assert gap.next_toggle == 15.0

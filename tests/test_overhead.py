@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 from conftest import memtrace_cmd
 
+from memtrace.core.abi import Layer
 from memtrace.core.errors import BadOption
-from memtrace.core.overhead import FALLBACK, Overhead, TrapCost, parse_budget
+from memtrace.core.overhead import FALLBACK, EntryKind, Overhead, TrapCost, TrapCosts, entry_kind, parse_budget
 from memtrace.runtime import overhead as calibration
+from memtrace.sensors.cuda.source import probe_plan
 
 pytestmark = pytest.mark.bpf
 
@@ -289,10 +291,16 @@ def test_the_estimate_never_exceeds_the_cpu_time_that_includes_it() -> None:
 
 
 def test_the_measured_cost_is_kept_for_this_boot_only(tmp_path: Path) -> None:
-    path = tmp_path / "trap-cost.json"
+    path = tmp_path / "trap-costs.json"
     assert calibration.load_cached(path) is None
-    calibration.save_cached(TrapCost(1.5e-6, 2.5e-6), path)
-    assert calibration.load_cached(path) == TrapCost(1.5e-6, 2.5e-6)
+    costs = TrapCosts(
+        {
+            EntryKind.STEPPED: TrapCost(9e-6, 10e-6, kind="stepped"),
+            EntryKind.EMULATED: TrapCost(1.5e-6, 2.5e-6, kind="emulated"),
+        }
+    )
+    calibration.save_cached(costs, path)
+    assert calibration.load_cached(path) == costs
     assert calibration.load_cached(path, max_age_s=0) is None  # too old
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "boot_id": "another boot"}))
@@ -323,3 +331,73 @@ def test_top_marks_a_launch_rate_the_budget_extrapolates(fakecuda: Path, tmp_pat
         last = top.stdout.split("memtrace top:")[-1]
         (line,) = [l for l in last.splitlines() if l.strip().startswith(f"{loop.pid} ")]
         assert ("~" in line) is marked, line
+
+
+def test_an_entry_is_emulated_only_when_it_begins_with_a_push_of_a_register() -> None:
+    """x86-64: push %rbp (55), push %rbx (53), push %r12 (41 54) the kernel
+    carries out itself; endbr64, mov, sub and anything on arm64 it steps."""
+    for code in (b"\x55\x48\x89\xe5", b"\x53", b"\x41\x54\x55", b"\x41\x57"):
+        assert entry_kind(code, "x86_64") is EntryKind.EMULATED, code.hex()
+    for code in (b"\xf3\x0f\x1e\xfa", b"\x48\x89\xf8", b"\x48\x83\xec\x08", b"\x41\x89\xc0", b"\x41", b""):
+        assert entry_kind(code, "x86_64") is EntryKind.STEPPED, code.hex()
+    assert entry_kind(b"\x55", "aarch64") is EntryKind.STEPPED
+
+
+def test_each_probe_is_charged_at_its_entry_kinds_cost() -> None:
+    """A launch trap at the dearest kind among the launch probes' entries, a
+    paired trap at the dearest among the others'; a kind this host could not
+    time (no C helpers, arm64) at the dearest it could."""
+    stepped, emulated = TrapCost(9e-6, 11e-6, kind="stepped"), TrapCost(1e-6, 1.6e-6, kind="emulated")
+    both = TrapCosts({EntryKind.STEPPED: stepped, EntryKind.EMULATED: emulated})
+    e, s = {EntryKind.EMULATED}, {EntryKind.STEPPED}
+    assert both.applied(e, e) == TrapCost(1e-6, 1.6e-6, kind="emulated")
+    assert both.applied(s, e) == TrapCost(9e-6, 1.6e-6, kind="emulated+stepped")
+    assert both.applied(e, e | s) == TrapCost(1e-6, 11e-6, kind="emulated+stepped")
+    assert both.applied(set(), set()) == TrapCost(9e-6, 11e-6, kind="stepped")  # nothing attached yet
+    only_stepped = TrapCosts({EntryKind.STEPPED: stepped})
+    assert only_stepped.applied(e, e) == stepped
+
+
+def first_instructions(lib: Path) -> dict[str, str]:
+    """objdump's mnemonic of the first instruction of each cu* function."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True, check=True)
+    firsts: dict[str, str] = {}
+    lines = out.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(">:") and "<cu" in line and i + 1 < len(lines):
+            firsts[line.split("<")[1].rstrip(">:")] = lines[i + 1].split("\t")[1].split()[0]
+    return firsts
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="entry kinds differ only on x86-64")
+def test_a_library_whose_entries_begin_with_a_push_is_charged_the_emulated_cost(fakecuda: Path, tmp_path: Path) -> None:
+    """The test driver built two ways: as the tests' (-O2: launch entries
+    begin with sub, so single-stepped) and as NVIDIA's are (frame pointers:
+    every entry a push). Each probe's kind follows objdump's first
+    instruction, and `memtrace run` charges each library's traps at the
+    cost the agent timed for that kind (kept in /run/memtrace for the hour)."""
+    libs = {"tests": fakecuda / "lib" / "libcuda.so.1", "pushfirst": fakecuda / "pushfirst" / "libcuda.so.1"}
+    charged: dict[str, dict[str, Any]] = {}
+    for name, lib in libs.items():
+        firsts = first_instructions(lib)
+        plan = probe_plan(str(lib), Layer.DRIVER)
+        for p in plan:
+            assert p.kind is (EntryKind.EMULATED if firsts[p.symbol] == "push" else EntryKind.STEPPED), p.symbol
+        if name == "pushfirst":
+            assert {p.kind for p in plan} == {EntryKind.EMULATED}
+        else:
+            assert {p.kind for p in plan if not p.needs_return} == {EntryKind.STEPPED}  # the launches
+        (tmp_path / name).mkdir()
+        doc = traced(
+            [str(fakecuda / "launchloop"), str(lib), "2000", "10", "7"], tmp_path / name, "--overhead-budget", "off"
+        )
+        charged[name] = one_row(doc)
+    timed = json.loads(calibration.CACHE.read_text())["kinds"]  # what this boot's agents timed
+    dearest = max(timed.values(), key=lambda c: c["entry_seconds"])
+    push = timed.get("emulated", dearest)  # no C helpers: the push kind was not timed, the dearest stands in
+    row = charged["pushfirst"]
+    assert (row["trap_seconds"], row["pair_seconds"]) == (push["entry_seconds"], push["pair_seconds"])
+    assert row["trap_entry_kind"] == ("emulated" if "emulated" in timed else "stepped")
+    row = charged["tests"]
+    assert row["trap_seconds"] == timed["stepped"]["entry_seconds"]
+    assert row["pair_seconds"] == max(c["pair_seconds"] for c in timed.values())  # mixed entries: the dearest

@@ -84,6 +84,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from test_nvml import HEALTHY, gpu, script  # noqa: E402
 
 from memtrace.sources.cgroup import cgroup2_root, cgroup_v1_root  # noqa: E402
+from memtrace.sources.procfs import thread_cpu_seconds as thread_seconds  # noqa: E402
 
 EXPECTED = {
     "cpu_hog": "cpu_interference",
@@ -352,23 +353,6 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
-    """CPU seconds of each of a process's threads, with its name (the agent names its threads)."""
-    out: dict[int, tuple[str, float]] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        name, f = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-        out[int(tid)] = (name, (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
-    return out
 
 
 def job_started(agent: subprocess.Popen[bytes], deadline: float) -> float:

@@ -11,7 +11,9 @@ is traps x cost, and its share of the process's CPU time.
 
 from __future__ import annotations
 
+import enum
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,17 +23,45 @@ DEFAULT_BUDGET = 0.01
 BUDGET_ENV = "MEMTRACE_OVERHEAD_BUDGET"
 
 
+class EntryKind(enum.Enum):
+    """How the kernel runs the instruction a uprobe replaced, which sets what
+    a trap costs: EMULATED, it carries the instruction out itself (x86-64:
+    the push of a register, how every CUDA entry point seen begins), one
+    exception; STEPPED, it runs a copy out of line under a single step
+    (endbr64, mov, sub, and every arm64 function entry), a second exception,
+    about ten times the cost in a VM (bench/probe_cost.py --entries)."""
+
+    EMULATED = "emulated"
+    STEPPED = "stepped"
+
+
+def entry_kind(code: bytes, machine: str) -> EntryKind:
+    """The kind of a probed function's entry, from its first bytes. Only an
+    x86-64 push of a register counts as emulated (Linux 5.19 and later
+    emulate it; the calibration times it, so an older kernel that steps it
+    shows the stepped cost there); anything else is stepped, the dearer
+    kind, so a probe never looks cheaper than it is."""
+    if machine in ("x86_64", "amd64") and code:
+        if 0x50 <= code[0] <= 0x57:  # push %rax..%rdi
+            return EntryKind.EMULATED
+        if len(code) > 1 and code[0] == 0x41 and 0x50 <= code[1] <= 0x57:  # push %r8..%r15
+            return EntryKind.EMULATED
+    return EntryKind.STEPPED
+
+
 @dataclass(frozen=True)
 class TrapCost:
     """Seconds one trap costs the process that takes it, on this host.
 
     `entry_seconds`: an entry probe (what a launch costs); `pair_seconds`:
     an entry and a return probe (a copy, memory call or wait), per trap
-    half of it. `calibrated` False: not measured here (a fallback figure)."""
+    half of it. `calibrated` False: not measured here (a fallback figure).
+    `kind`: the entry kind(s) it was timed at ("" where not told)."""
 
     entry_seconds: float
     pair_seconds: float
     calibrated: bool = True
+    kind: str = ""
 
     def per_trap(self) -> float:
         """The cost of one trap of an entry+return pair."""
@@ -41,6 +71,36 @@ class TrapCost:
 # When the cost cannot be measured: the field notes' figure for a small VM
 # (an H100 host measured about 0.8 us). Marked not calibrated wherever shown.
 FALLBACK = TrapCost(5e-6, 10e-6, calibrated=False)
+
+
+@dataclass(frozen=True)
+class TrapCosts:
+    """A trap's cost timed at each entry kind this host could time (an
+    emulated one needs memtrace's C helpers, and x86-64)."""
+
+    by_kind: Mapping[EntryKind, TrapCost]
+
+    def applied(self, launch_kinds: Iterable[EntryKind], other_kinds: Iterable[EntryKind]) -> TrapCost:
+        """The cost to charge: a launch trap at the dearest kind among the
+        launch probes' entries, a copy, memory call or wait at the dearest
+        among the others' (the kernel counts a process's traps, not which
+        probe took them, so this is an upper bound where kinds are mixed).
+        A kind not timed here is charged at the dearest kind that was."""
+        launch = self._dearest(set(launch_kinds), lambda c: c.entry_seconds)
+        other = self._dearest(set(other_kinds), lambda c: c.pair_seconds)
+        kinds = sorted({launch.kind, other.kind})
+        return TrapCost(
+            launch.entry_seconds,
+            other.pair_seconds,
+            calibrated=launch.calibrated and other.calibrated,
+            kind="+".join(kinds),
+        )
+
+    def _dearest(self, kinds: set[EntryKind], key: Any) -> TrapCost:
+        known = [self.by_kind[k] for k in kinds if k in self.by_kind]
+        if not kinds or len(known) < len(kinds):
+            known = list(self.by_kind.values())  # nothing attached yet, or a kind not timed: the dearest timed
+        return max(known, key=key)
 
 
 def parse_budget(text: str | None, env: dict[str, str] | os._Environ[str] = os.environ) -> float | None:
@@ -121,6 +181,7 @@ class Overhead:
             "share_of_cpu": self.share,
             "trap_seconds": self.cost.entry_seconds,
             "pair_seconds": self.cost.pair_seconds,
+            "trap_entry_kind": self.cost.kind,
             "calibrated": self.cost.calibrated,
             "bounded": self.bounded,
             "estimated": True,

@@ -547,6 +547,28 @@ __attribute__((visibility("default"))) uint64_t mt_ring_read(uint64_t *cons_pos,
 	return n;
 }
 
+/*
+ * Calibration targets (memtrace/runtime/overhead.py). What a uprobe trap
+ * costs depends on the probed function's first instruction: one the kernel
+ * carries out itself (x86-64: the push of a register, how every CUDA entry
+ * point begins) takes one exception; any other (endbr64, mov, sub: how most
+ * functions built with -O2 or CET begin) is run out of line and single-
+ * stepped, a second exception, about ten times the cost in a VM. The agent
+ * times a trap at each kind and charges each probe by the kind it is.
+ */
+#if defined(__x86_64__)
+__asm__(".text\n"
+	".globl mt_cal_push\n"
+	".type mt_cal_push,@function\n"
+	"mt_cal_push:\n"
+	"\tpush %rbp\n"
+	"\tmov %rsp,%rbp\n"
+	"\tmov %rdi,%rax\n"
+	"\tpop %rbp\n"
+	"\tret\n"
+	".size mt_cal_push, .-mt_cal_push\n");
+#endif
+
 static struct PyModuleDef module = {
 	PyModuleDef_HEAD_INIT,
 	"_fastsample",

@@ -50,7 +50,7 @@ import numpy as np
 
 from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, Stat
 from memtrace.core.ids import ProcessKey
-from memtrace.core.overhead import TrapCost
+from memtrace.core.overhead import TrapCosts
 from memtrace.core.stacks import Stack
 from memtrace.core.threads import thread
 from memtrace.model import Model
@@ -151,11 +151,12 @@ class Agent:
         self._budget_share = budget if measure_overhead else None
         self.budget: LaunchBudget | None = None
         self.calibration: Calibration | None = None
+        self._trap_costs: TrapCosts | None = None
         self.source = BpfSource(
             opts,
             self._on_events,
             self._on_exit,
-            self.libraries.append,
+            self._library_attached,
             on_held=self._on_held,
             on_missed=self._on_missed,
             on_process=self._on_process,
@@ -315,9 +316,21 @@ class Agent:
         """The processes the model has met that have not exited (a copy: no lock)."""
         return [k for k, p in list(self.model.processes.items()) if not p.exited]
 
-    def _calibrated(self, cost: TrapCost) -> None:
-        with self.lock:
-            self.model.trap_cost = cost
+    def _calibrated(self, costs: TrapCosts) -> None:
+        self._trap_costs = costs
+        self._charge_traps()
+
+    def _library_attached(self, att: Attachment) -> None:
+        self.libraries.append(att)
+        self._charge_traps()
+
+    def _charge_traps(self) -> None:
+        """What a trap is charged: the calibrated cost of the dearest entry
+        kind among the probes attached so far (core/overhead.py, TrapCosts).
+        One assignment, no lock: attaching may run under the drain's locks."""
+        costs = self._trap_costs
+        if costs is not None:
+            self.model.trap_cost = costs.applied(*self.source.entry_kinds())
 
     def wait_calibrated(self, timeout: float | None = None) -> bool:
         """Wait until a trap's cost is known (the overhead can be told)."""

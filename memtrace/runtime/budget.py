@@ -131,6 +131,17 @@ class _Sampled:
     ended: float | None = None
     per_call: bool = False  # the last extrapolation was per exact call (else per second)
 
+    def retune(self, duty: float, on_s: float) -> None:
+        """A new duty from a later weighing. An open window it makes too long
+        ends at its new length (at once if it is already past it): a loop
+        whose launches begin after its first weighing (a model's set-up, then
+        the training loop) would otherwise keep every launch probed for up
+        to a whole period. The windows' stretch for complete intervals still
+        applies when it closes."""
+        self.duty = duty
+        if self.on:
+            self.next_toggle = min(self.next_toggle, self.phase_start + on_s)
+
     def _near(self, after: int) -> list[_Window]:
         """The windows around a gap that followed `after` windows, as far as kept."""
         first = self.closed - len(self.windows)  # index of self.windows[0]
@@ -337,7 +348,7 @@ class LaunchBudget:
         with self._lock:
             s = self._sampled.get(key)
             if s is not None:
-                s.duty = duty
+                s.retune(duty, self._on_s(duty))
                 return
         if duty < 1.0 and key not in self._cannot:
             self._begin(key, duty, now)

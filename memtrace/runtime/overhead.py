@@ -2,19 +2,24 @@
 
 The traced process pays for each of memtrace's probes in its own system
 time: the breakpoint's exception, the kernel's uprobe dispatch and the BPF
-program. memtrace times that once at start, on a thread of its own: a libc
-function of the agent's own (`labs`) is called unprobed, with an entry
-probe, and with an entry and a return probe, each probe filtered to the
-agent's pid (no other process takes a trap) and running a program that
-returns at once (`mt_calibrate`). The differences of the medians are the
-costs. They leave out the work memtrace's real programs do past the trap
-(a map lookup for a launch, the in-flight slot and the ring record for a
-copy), so the figure is a floor: bench/overhead.py sets it beside the
-slowdown a launch loop actually shows.
+program. What that costs depends on the instruction the probe replaced
+(core/overhead.py, EntryKind): one the kernel emulates takes one exception,
+one it single-steps out of line takes two, about ten times the cost in a
+VM. memtrace times each kind once at start, on a thread of its own: a
+function of the agent's own is called unprobed, with an entry probe, and
+with an entry and a return probe, each probe filtered to the agent's pid
+(no other process takes a trap) and running a program that returns at once
+(`mt_calibrate`). The stepped kind is timed on libc's `labs` (endbr64 or
+mov first), the emulated kind on `mt_cal_push` in memtrace's C helpers
+(x86-64; push first, as every CUDA entry point seen). The differences of
+the medians are the costs. They leave out the work memtrace's real
+programs do past the trap (a map lookup for a launch, the in-flight slot
+and the ring record for a copy), so the figure is a floor:
+bench/overhead.py sets it beside the slowdown a launch loop actually shows.
 
-The agent's CPU time while calibrating: CALLS x ROUNDS x 3 calls of
-`labs`, about 0.1 s on a small VM; attaching and detaching the two probes
-take longer (0.1 to 0.5 s each here). The figure is kept for an hour in
+The agent's CPU time while calibrating: CALLS x ROUNDS x 3 calls of each
+function, about 0.1 s on a small VM; attaching and detaching the probes
+take longer (0.1 to 0.5 s each here). The figures are kept for an hour in
 /run/memtrace (cleared at boot), so `memtrace run` does not pay that each
 time.
 """
@@ -31,10 +36,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from memtrace.bpf.libbpf import BpfObject, Link
+from memtrace.core import native
 from memtrace.core.errors import MemtraceError
-from memtrace.core.overhead import FALLBACK, TrapCost
+from memtrace.core.overhead import FALLBACK, EntryKind, TrapCost, TrapCosts, entry_kind
 from memtrace.core.threads import thread
 
 log = logging.getLogger("memtrace")
@@ -42,7 +49,7 @@ log = logging.getLogger("memtrace")
 CALLS = 2000
 ROUNDS = 3
 PROGRAM = "mt_calibrate"
-CACHE = Path("/run/memtrace/trap-cost.json")  # tmpfs: gone at the next boot
+CACHE = Path("/run/memtrace/trap-costs.json")  # tmpfs: gone at the next boot
 CACHE_MAX_AGE_S = 3600.0
 
 
@@ -57,18 +64,38 @@ def file_offset(addr: int, maps: str = "/proc/self/maps") -> tuple[str, int]:
     raise MemtraceError(f"address {addr:#x} is in no mapped file", "")
 
 
-def _labs() -> tuple[Callable[[int], int], str, int]:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        raise MemtraceError("no libc to calibrate with", "")
-    fn = ctypes.CDLL(name).labs
+Target = tuple[Callable[[int], int], str, int]  # a function of this process, its file and file offset
+
+
+def _target(fn: Any) -> Target:
     fn.restype = ctypes.c_long
     fn.argtypes = [ctypes.c_long]
     addr = ctypes.cast(fn, ctypes.c_void_p).value
     if addr is None:
-        raise MemtraceError("labs has no address", "")
+        raise MemtraceError("a calibration target has no address", "")
     path, offset = file_offset(addr)
     return fn, path, offset
+
+
+def _labs() -> Target:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        raise MemtraceError("no libc to calibrate with", "")
+    return _target(ctypes.CDLL(name).labs)
+
+
+def _push() -> Target | None:
+    """memtrace's own push-first function (x86-64, where the C helpers are built)."""
+    try:
+        return _target(native.library().mt_cal_push)
+    except (native.NativeUnavailable, AttributeError):
+        return None
+
+
+def first_bytes(path: str, offset: int, n: int = 4) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(n)
 
 
 def _cpu_per_call(fn: Callable[[int], int], n: int) -> float:
@@ -80,34 +107,51 @@ def _cpu_per_call(fn: Callable[[int], int], n: int) -> float:
     return (time.thread_time() - t) / n
 
 
-def calibrate(obj: BpfObject, calls: int = CALLS, rounds: int = ROUNDS) -> tuple[TrapCost, list[Link]]:
-    """Time a trap. Returns the cost and the probes' links, still attached:
-    detaching waits out kernel grace periods (up to a second on a loaded
-    host), so the caller lets them go where nobody waits (`release`)."""
-    fn, path, offset = _labs()
+def _time(obj: BpfObject, target: Target, kind: EntryKind, calls: int, rounds: int, links: list[Link]) -> TrapCost:
+    fn, path, offset = target
     me = os.getpid()
-    links: list[Link] = []
-    try:
-        _cpu_per_call(fn, calls)  # warm
-        bare = [_cpu_per_call(fn, calls) for _ in range(rounds)]
-        links.append(obj.attach_uprobe(PROGRAM, path, offset, 0, False, pid=me))
-        entry = [_cpu_per_call(fn, calls) for _ in range(rounds)]
-        links.append(obj.attach_uprobe(PROGRAM, path, offset, 0, True, pid=me))
-        pair = [_cpu_per_call(fn, calls) for _ in range(rounds)]
-    except BaseException:
-        release(links)
-        raise
+    _cpu_per_call(fn, calls)  # warm
+    bare = [_cpu_per_call(fn, calls) for _ in range(rounds)]
+    links.append(obj.attach_uprobe(PROGRAM, path, offset, 0, False, pid=me))
+    entry = [_cpu_per_call(fn, calls) for _ in range(rounds)]
+    links.append(obj.attach_uprobe(PROGRAM, path, offset, 0, True, pid=me))
+    pair = [_cpu_per_call(fn, calls) for _ in range(rounds)]
     b = statistics.median(bare)
     cost = TrapCost(
         entry_seconds=max(statistics.median(entry) - b, 1e-9),
         pair_seconds=max(statistics.median(pair) - b, 2e-9),
+        kind=kind.value,
     )
     log.info(
-        "a probe's trap costs %.2f us on this host (an entry and a return: %.2f us)",
+        "a probe's trap at a %s entry costs %.2f us on this host (an entry and a return: %.2f us)",
+        kind.value,
         cost.entry_seconds * 1e6,
         cost.pair_seconds * 1e6,
     )
-    return cost, links
+    return cost
+
+
+def calibrate(obj: BpfObject, calls: int = CALLS, rounds: int = ROUNDS) -> tuple[TrapCosts, list[Link]]:
+    """Time a trap at each entry kind this host can time. Returns the costs
+    and the probes' links, still attached: detaching waits out kernel grace
+    periods (up to a second on a loaded host), so the caller lets them go
+    where nobody waits (`release`)."""
+    machine = os.uname().machine
+    targets = [_labs()]
+    push = _push()
+    if push is not None:
+        targets.append(push)
+    links: list[Link] = []
+    by_kind: dict[EntryKind, TrapCost] = {}
+    try:
+        for target in targets:
+            kind = entry_kind(first_bytes(target[1], target[2]), machine)
+            if kind not in by_kind:
+                by_kind[kind] = _time(obj, target, kind, calls, rounds, links)
+    except BaseException:
+        release(links)
+        raise
+    return TrapCosts(by_kind), links
 
 
 def _boot_id() -> str:
@@ -115,25 +159,31 @@ def _boot_id() -> str:
         return f.read().strip()
 
 
-def load_cached(path: Path = CACHE, max_age_s: float = CACHE_MAX_AGE_S) -> TrapCost | None:
-    """This boot's last measured cost, if younger than `max_age_s` (agents
+def load_cached(path: Path = CACHE, max_age_s: float = CACHE_MAX_AGE_S) -> TrapCosts | None:
+    """This boot's last measured costs, if younger than `max_age_s` (agents
     that start often, `memtrace run`, need not attach and detach the
     calibration probes each time)."""
     try:
         doc = json.loads(path.read_text())
         if doc["boot_id"] != _boot_id() or not 0 <= time.time() - doc["measured_at"] < max_age_s:
             return None
-        return TrapCost(float(doc["entry_seconds"]), float(doc["pair_seconds"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        by_kind = {
+            EntryKind(k): TrapCost(float(v["entry_seconds"]), float(v["pair_seconds"]), kind=k)
+            for k, v in doc["kinds"].items()
+        }
+        return TrapCosts(by_kind) if by_kind else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def save_cached(cost: TrapCost, path: Path = CACHE) -> None:
+def save_cached(costs: TrapCosts, path: Path = CACHE) -> None:
     doc = {
         "boot_id": _boot_id(),
         "measured_at": time.time(),
-        "entry_seconds": cost.entry_seconds,
-        "pair_seconds": cost.pair_seconds,
+        "kinds": {
+            k.value: {"entry_seconds": c.entry_seconds, "pair_seconds": c.pair_seconds}
+            for k, c in costs.by_kind.items()
+        },
     }
     try:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -158,10 +208,10 @@ def release(links: list[Link]) -> None:
 class Calibration:
     """Runs `calibrate` on a thread of its own; `result` waits for it."""
 
-    def __init__(self, obj: BpfObject, on_done: Callable[[TrapCost], None] = lambda cost: None) -> None:
+    def __init__(self, obj: BpfObject, on_done: Callable[[TrapCosts], None] = lambda costs: None) -> None:
         self._obj = obj
         self._on_done = on_done
-        self._cost: TrapCost | None = None
+        self._cost: TrapCosts | None = None
         self._done = threading.Event()
         self._links: list[Link] = []
         self._thread = thread(self._run, "memtrace-calibrate")
@@ -181,15 +231,15 @@ class Calibration:
                 e,
                 FALLBACK.entry_seconds * 1e6,
             )
-            self._cost = FALLBACK
+            self._cost = TrapCosts({EntryKind.STEPPED: FALLBACK})
         finally:
             if self._cost is not None:
                 self._on_done(self._cost)
             self._done.set()
 
-    def result(self, timeout: float | None = None) -> TrapCost | None:
-        """The cost once measured (FALLBACK if it could not be); None if not
-        done within `timeout`."""
+    def result(self, timeout: float | None = None) -> TrapCosts | None:
+        """The costs once measured (FALLBACK if they could not be); None if
+        not done within `timeout`."""
         if not self._done.wait(timeout):
             return None
         return self._cost

@@ -5,7 +5,7 @@
 # .devcarry/ (libbpf, wheels). Raw outputs go to OUT/raw.tar.gz (refreshed
 # after every stage, so a run cut short still returns what it did) and the log
 # to OUT/log.txt; scripts/gpu/compare.py reads them here.
-#   scripts/gpu/run.sh OUT [STAGE...]    stages: env truth loader leak cupy jax nccl ab diag hog train timing trapcost
+#   scripts/gpu/run.sh OUT [STAGE...]    stages: env truth loader leak cupy jax nccl ab diag hog train timing trapcost agentcpu ab2 nvmlcost trapab
 # From the device tool, in one call:
 #   run(command="bash scripts/gpu/run.sh $OUT", carry=[".devcarry"], timeout_s=540)
 set -uo pipefail
@@ -26,6 +26,7 @@ site=$work/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .devcarry/whl/*.whl ||
   { log "wheels did not install"; exit 1; }
 export MEMTRACE_LIBBPF=$PWD/.devcarry/lib/libbpf.so.1
+cp .devcarry/_fastsample.cpython-312-*.so memtrace/ 2>/dev/null || log "no C helpers carried: the host is sampled in Python"
 repo=$PWD
 # memtrace with its own packages; the traced commands get the image's alone.
 mt() { PYTHONPATH=$site:$repo python3 -c 'import sys; sys.argv[0] = "memtrace"; from memtrace.cli import entry; entry()' "$@"; }
@@ -51,6 +52,7 @@ for stage in $stages; do
       { uname -a; nvidia-smi; python3 --version; py -c 'import torch, jax, cupy; print("torch", torch.__version__, "jax", jax.__version__, "cupy", cupy.__version__)'; nproc; } >"$raw/env.txt" 2>&1
       timeout 60 bash -c "$(declare -f mt); site=$site repo=$repo; mt doctor" >"$raw/doctor.txt" 2>&1
       log "doctor rc $?: $(tail -5 "$raw/doctor.txt" | tr '\n' ' ')"
+      log "$(grep -A3 'probe cost' "$raw/doctor.txt" | tr '\n' ' ')"
       grep -q "ok  BPF programs" "$raw/doctor.txt" || { log "BPF does not load here: stopping"; pack; exit 1; }
       ;;
     truth)
@@ -98,6 +100,62 @@ for stage in $stages; do
       STAGE_TIMEOUT=50 traced diag_cpu -- sh -c "taskset -c $cpu env -u PYTHONPATH python3 examples/torch_steady.py 22 $raw/diag_cpu.times.json & j=\$!; sleep 8; date +%s%N >$raw/diag_cpu.onset; timeout 7 taskset -c $cpu sh -c 'while :; do :; done'; date +%s%N >$raw/diag_cpu.end; wait \$j"
       pack
       STAGE_TIMEOUT=50 traced diag_copier -- sh -c "env -u PYTHONPATH python3 examples/torch_steady.py 22 $raw/diag_copier.times.json & j=\$!; sleep 6; env -u PYTHONPATH python3 examples/torch_steady.py --copier 7 $raw/diag_copier.onset; date +%s%N >$raw/diag_copier.end; wait \$j"
+      ;;
+    agentcpu)
+      # memtrace run's own CPU, thread by thread, over 14 s of a steady loop.
+      PYTHONPATH=$site:$repo timeout 60 python3 scripts/gpu/agent_cpu.py "$raw/agentcpu.json" 6 -- \
+        env PYTHONPATH=$site:$repo python3 -c 'import sys; sys.argv[0] = "memtrace"; from memtrace.cli import entry; entry()' \
+        run -v --format json -o "$raw/agentcpu.mt.json" -- env -u PYTHONPATH python3 examples/torch_steady.py 22 "$raw/agentcpu.times.json" \
+        2>"$raw/agentcpu.err" >/dev/null
+      log "agentcpu: $(cat "$raw/agentcpu.json" | tr '\n' ' ' | cut -c1-600)"
+      ;;
+    ab2)
+      # Longer loops (the budget decides every 0.5 s: a sub-second loop ends
+      # before it acts), and arms that tell where a slowdown comes from: the
+      # C sampler's NVML reads (--host-rate 0), all host sampling (--no-host),
+      # every launch trapped (--overhead-budget off). Arms rotate by round.
+      arm() { # NAME ROUND SCRIPT STEPS [memtrace options]
+        local n=$1_$2 script=$3 steps=$4
+        shift 4
+        if [ "${1:-}" = plain ]; then
+          py examples/$script --steps "$steps" 2>"$raw/$n.err"
+        else
+          traced "$n" "$@" -- env -u PYTHONPATH python3 examples/$script --steps "$steps"
+        fi
+        log "$n: $(grep '^{' "$raw/$n.err" | tail -1 | cut -c1-200)"
+        pack
+      }
+      for r in 1 2; do
+        set -- "plain plain" "dflt" "rate0 --host-rate 0" "nohost --no-host"
+        [ $r = 2 ] && set -- "nohost --no-host" "rate0 --host-rate 0" "dflt" "plain plain"
+        for a in "$@"; do
+          # shellcheck disable=SC2086
+          arm tr_${a%% *} $r torch_train.py 800 $([ "${a#* }" != "$a" ] && echo ${a#* })
+        done
+        set -- "plain plain" "dflt" "nohost --no-host" "off --overhead-budget off"
+        [ $r = 2 ] && set -- "off --overhead-budget off" "nohost --no-host" "dflt" "plain plain"
+        for a in "$@"; do
+          # shellcheck disable=SC2086
+          arm ll_${a%% *} $r launch_loop.py 4000 $([ "${a#* }" != "$a" ] && echo ${a#* })
+        done
+      done
+      ;;
+    nvmlcost)
+      timeout 60 python3 scripts/gpu/nvml_cost.py "$raw/nvml_cost.json" 20 >"$raw/nvml_cost.txt" 2>&1
+      log "nvmlcost: $(tr '\n' ';' <"$raw/nvml_cost.txt" | tr -s ' ' | cut -c1-900)"
+      ;;
+    trapab)
+      # What a launch trap costs on the real libcuda: plain, every launch
+      # probed (--overhead-budget off) and the default budget, in rounds;
+      # memtrace's calibration (doctor, by entry kind) beside it.
+      for r in 1 2; do
+        py examples/launch_loop.py --steps 4000 2>"$raw/ta_plain_$r.err"
+        log "ta_plain_$r: $(grep '^{' "$raw/ta_plain_$r.err" | tail -1 | cut -c1-200)"
+        traced "ta_off_$r" --no-host --overhead-budget off -- env -u PYTHONPATH python3 examples/launch_loop.py --steps 4000
+        traced "ta_dflt_$r" --no-host -- env -u PYTHONPATH python3 examples/launch_loop.py --steps 4000
+        pack
+      done
+      traced "ta_train" --no-host -- env -u PYTHONPATH python3 examples/torch_train.py --steps 800
       ;;
     hog)
       # The CPU-hog fault alone, untraced: on 2026-11-26 the traced job stopped

@@ -50,3 +50,12 @@ def function_offsets(f: BinaryIO, names: Iterable[str]) -> dict[str, int]:
     except (ELFError, ValueError, OSError):
         return {}
     return out
+
+
+def code_at(f: BinaryIO, offset: int, n: int) -> bytes:
+    """The first `n` bytes of the code at a file offset (b"" past the end)."""
+    try:
+        f.seek(offset)
+        return f.read(n)
+    except (OSError, ValueError):
+        return b""

@@ -45,6 +45,7 @@ from memtrace.core.abi import (
 )
 from memtrace.core.errors import AttachError, MemtraceError, ProcMismatch
 from memtrace.core.ids import ProcessKey
+from memtrace.core.overhead import EntryKind, entry_kind
 from memtrace.core.threads import thread
 from memtrace.sensors.cuda import discovery, elf
 from memtrace.sensors.cuda.holds import HELD_MAP, HOLD_LIMIT_S, Guardian, refresh, release, release_all
@@ -62,6 +63,7 @@ class Probe:
     offset: int  # file offset of the function
     cookie: int
     needs_return: bool = True
+    kind: EntryKind = EntryKind.STEPPED  # how the kernel runs its first instruction: what a trap costs
 
     @property
     def programs(self) -> tuple[tuple[str, bool], ...]:
@@ -75,12 +77,17 @@ def probe_plan(path: str, layer: Layer) -> list[Probe]:
     """The probes for one file: each probed symbol of `layer` it defines, one
     per code address (aliases of one function would count a call twice)."""
     table = apis.apis_for(layer)
+    machine = os.uname().machine
     with open(path, "rb") as f:
         offsets = elf.function_offsets(f, table)
-    by_offset: dict[int, str] = {}
-    for sym in sorted(offsets, key=lambda s: (table[s].id, s != table[s].name, s)):
-        by_offset.setdefault(offsets[sym], sym)
-    return [Probe(sym, off, table[sym].cookie(), table[sym].needs_return) for off, sym in sorted(by_offset.items())]
+        by_offset: dict[int, str] = {}
+        for sym in sorted(offsets, key=lambda s: (table[s].id, s != table[s].name, s)):
+            by_offset.setdefault(offsets[sym], sym)
+        kinds = {off: entry_kind(elf.code_at(f, off, 2), machine) for off in by_offset}
+    return [
+        Probe(sym, off, table[sym].cookie(), table[sym].needs_return, kinds[off])
+        for off, sym in sorted(by_offset.items())
+    ]
 
 
 # The programs attached at CUDA symbols (Probe.programs); loaded for
@@ -102,6 +109,9 @@ class Attachment:
     # what a process's own link needs (sensors/cuda/launches.py).
     launch_link: Link | None = None
     launch: LaunchTarget | None = None
+    # Its probes' entry kinds (what a trap costs): launch probes, and the others.
+    launch_kinds: frozenset[EntryKind] = frozenset()
+    other_kinds: frozenset[EntryKind] = frozenset()
 
     def close(self) -> None:
         destroy_links(self.links)
@@ -399,6 +409,15 @@ class BpfSource:
         with self._attach_lock:
             return self._attach(cand)
 
+    def entry_kinds(self) -> tuple[set[EntryKind], set[EntryKind]]:
+        """The entry kinds of every probe attached so far: launch probes', and the others'."""
+        launch: set[EntryKind] = set()
+        other: set[EntryKind] = set()
+        for att in list(self.attachments.values()):
+            launch |= att.launch_kinds
+            other |= att.other_kinds
+        return launch, other
+
     def _attach(self, cand: discovery.Candidate) -> Attachment | None:
         if cand.fid in self.attachments:
             return self.attachments[cand.fid]
@@ -412,7 +431,14 @@ class BpfSource:
             if cand.layer is not None:
                 log.warning("%s exports none of the CUDA symbols memtrace probes; not attached", cand.name)
             return None
-        att = Attachment(cand.fid, cand.name, layer, {p.symbol: p.offset for p in plan})
+        att = Attachment(
+            cand.fid,
+            cand.name,
+            layer,
+            {p.symbol: p.offset for p in plan},
+            launch_kinds=frozenset(p.kind for p in plan if not p.needs_return),
+            other_kinds=frozenset(p.kind for p in plan if p.needs_return),
+        )
         assert self.obj is not None
         try:
             if self.multi:
