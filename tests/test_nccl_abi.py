@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, REPO
 from elftools.elf.elffile import ELFFile
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memtrace.core import nccl
 from memtrace.core.nccl import Collective, DataType, Stat
+from memtrace.sensors.nccl.discovery import lines_with
 from memtrace.sensors.nccl.plan import SYMBOLS
 from memtrace.sensors.nccl.sensor import object_path
 
@@ -178,3 +181,12 @@ def test_nccl_objects_carry_btf_and_the_programs(arch: str) -> None:
         assert e["e_machine"] == "EM_BPF"
         names = {s.name for s in e.iter_sections()}
         assert {".BTF", ".maps", "uprobe", "uretprobe", "tp_btf/sched_process_fork"} <= names
+
+
+@given(st.lists(st.sampled_from(["", "a", "libnccl.so", "libnccl.so.2", " ", "/x/", "nccl", "\n"]), max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_the_maps_search_finds_exactly_the_lines_splitting_would(parts: list[str]) -> None:
+    """mapped_nccl searches /proc/PID/maps for its needle instead of splitting
+    every line: the same lines, in order, whatever the text."""
+    text = "".join(parts)
+    assert list(lines_with(text, "libnccl.so")) == [l for l in text.split("\n") if "libnccl.so" in l]
