@@ -5,7 +5,7 @@
 # .devcarry/ (libbpf, wheels). Raw outputs go to OUT/raw.tar.gz (refreshed
 # after every stage, so a run cut short still returns what it did) and the log
 # to OUT/log.txt; scripts/gpu/compare.py reads them here.
-#   scripts/gpu/run.sh OUT [STAGE...]    stages: env truth loader leak cupy jax nccl ab diag hog train timing trapcost agentcpu ab2 nvmlcost trapab
+#   scripts/gpu/run.sh OUT [STAGE...]    stages: env truth loader leak cupy jax nccl ab diag hog train timing trapcost agentcpu ab2 nvmlcost trapab onoff
 # From the device tool, in one call:
 #   run(command="bash scripts/gpu/run.sh $OUT", carry=[".devcarry"], timeout_s=540)
 set -uo pipefail
@@ -156,6 +156,20 @@ for stage in $stages; do
         pack
       done
       traced "ta_train" --no-host -- env -u PYTHONPATH python3 examples/torch_train.py --steps 800
+      ;;
+    onoff)
+      # The A/B inside one process: `memtrace push` started and stopped in
+      # 10 s turns beside a steady loop and a launch-bound one (bench/agent_onoff.py).
+      for job in steady launch; do
+        if [ $job = steady ]; then cmd="examples/torch_steady.py 120 $raw/onoff_$job.times.json"
+        else cmd="examples/launch_loop.py --seconds 120 --times $raw/onoff_$job.times.json"; fi
+        # shellcheck disable=SC2086
+        PYTHONPATH=$site:$repo timeout 200 python3 bench/agent_onoff.py --seconds 120 --period 10 --job-cpu 15 --agent-cpu 0 \
+          --times "$raw/onoff_$job.times.json" --agent-log "$raw/onoff_$job.agent.err" -- env -u PYTHONPATH python3 $cmd \
+          >"$raw/onoff_$job.txt" 2>&1
+        log "onoff $job: $(tail -3 "$raw/onoff_$job.txt" | tr '\n' ' ' | cut -c1-400)"
+        pack
+      done
       ;;
     hog)
       # The CPU-hog fault alone, untraced: on 2026-11-26 the traced job stopped
