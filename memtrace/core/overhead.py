@@ -29,7 +29,7 @@ class EntryKind(enum.Enum):
     the push of a register, how every CUDA entry point seen begins), one
     exception; STEPPED, it runs a copy out of line under a single step
     (endbr64, mov, sub, and every arm64 function entry), a second exception,
-    about ten times the cost in a VM (bench/probe_cost.py --entries)."""
+    about ten times the cost in a VM (bench/entry_cost.py)."""
 
     EMULATED = "emulated"
     STEPPED = "stepped"
