@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 from memtrace.bpf.host import object_path  # noqa: E402
 from memtrace.bpf.libbpf import BpfObject  # noqa: E402
 from memtrace.core.overhead import entry_kind  # noqa: E402
-from memtrace.runtime.overhead import _cpu_per_call, calibrate, file_offset, first_bytes, release  # noqa: E402
+from memtrace.runtime.overhead import _cpu_per_call, calibrate, file_offset, release  # noqa: E402
+from memtrace.sensors.cuda.elf import code_at  # noqa: E402
 
 FUNCTIONS = {
     "push": "push %rbp\n mov %rsp,%rbp\n mov %rdi,%rax\n pop %rbp\n ret",
@@ -87,7 +88,8 @@ def main() -> int:
         push = statistics.median(cost["push"])
         for name, (_fn, path, off) in fns.items():
             c = statistics.median(cost[name])
-            kind = entry_kind(first_bytes(path, off), "x86_64").value
+            with open(path, "rb") as f:
+                kind = entry_kind(code_at(f, off, 2), "x86_64").value
             print(f"  {name:8} {c * 1e6:6.2f} us a trap  {c / push:5.1f}x the push   memtrace counts it {kind}")
         costs, links = calibrate(obj)
         release(links)

@@ -43,6 +43,7 @@ from memtrace.core import native
 from memtrace.core.errors import MemtraceError
 from memtrace.core.overhead import FALLBACK, EntryKind, TrapCost, TrapCosts, entry_kind
 from memtrace.core.threads import thread
+from memtrace.sensors.cuda import elf
 
 log = logging.getLogger("memtrace")
 
@@ -92,12 +93,6 @@ def _push() -> Target | None:
         return None
 
 
-def first_bytes(path: str, offset: int, n: int = 4) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(n)
-
-
 def _cpu_per_call(fn: Callable[[int], int], n: int) -> float:
     """This thread's CPU seconds per call: a trap is paid in the caller's
     system time, and time spent preempted on a busy host is not counted."""
@@ -145,7 +140,8 @@ def calibrate(obj: BpfObject, calls: int = CALLS, rounds: int = ROUNDS) -> tuple
     by_kind: dict[EntryKind, TrapCost] = {}
     try:
         for target in targets:
-            kind = entry_kind(first_bytes(target[1], target[2]), machine)
+            with open(target[1], "rb") as f:
+                kind = entry_kind(elf.code_at(f, target[2], 2), machine)
             if kind not in by_kind:
                 by_kind[kind] = _time(obj, target, kind, calls, rounds, links)
     except BaseException:
