@@ -282,3 +282,124 @@ def test_a_drain_put_off_on_purpose_is_not_a_gap_but_lateness_still_is() -> None
     assert g.max == pytest.approx(0.025) and g.take_window_max() == pytest.approx(0.025)
     g.started(10.066, put_off=0.015)  # a reader's drain soon after: never a negative gap
     assert g.quantile(0.0) >= 0 and g.max == pytest.approx(0.025)
+
+
+def _wait_for(cond: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_burst_after_a_long_quiet_sleep_is_read_in_time_when_the_c_sampler_guards_the_ring(
+    fakecuda: Path, tmp_path: Path
+) -> None:
+    """With the C sampler watching the events ring (Agent.guard_ring), a
+    quiet ring's drains sleep up to GUARDED_QUIET_S, not 40 ms. A burst then
+    starts: 20,000 copies (about 0.3 s of them on the 2-vCPU VM) into a ring
+    of 13,107 records. The sampler sees the ring fill within a tick and
+    wakes the drain thread, so nothing is dropped and every copy is counted
+    exactly. (Without the watch, the drain asleep for its second let the
+    ring overflow: 40,639 dropped, checked by making watch_ring do nothing.)"""
+    from memtrace.runtime.agent import GUARDED_QUIET_S
+    from memtrace.sources.fastsample import FastSampler
+
+    truth = tmp_path / "truth.jsonl"
+    w = subprocess.Popen(
+        [str(fakecuda / "workload_driver"), "-w", "-e", "-n", "20000", "-s", "3"],
+        env={"WORKLOAD_TRUTH": str(truth)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+        with Agent(Options(only_traced=True, ring_bytes=1 << 20)) as agent, FastSampler(100) as sampler:
+            agent.source.trace_pid(w.pid)
+            agent.scan([w.pid])
+            sampler.start()
+            agent.guard_ring(sampler)
+            with agent.draining():
+                # Quiet until the drain thread sleeps its longest.
+                _wait_for(lambda: agent._put_off >= GUARDED_QUIET_S / 2, 30, "the drains never slept long")
+                assert w.stdin is not None
+                w.stdin.write("go\n")
+                w.stdin.flush()
+                assert w.wait(timeout=120) == 0
+            agent.poll()
+            stats = agent.stats()
+            doc = summary(agent.model, stats, agent.libraries, {})
+            wakes = sampler.take().ring_wakes
+    finally:
+        w.kill()
+        w.wait()
+    assert wakes > 0, "the sampler never woke the drain thread: the test proved nothing"
+    assert stats[Stat.DROPPED] == 0
+    lines = [json.loads(line) for line in truth.read_text().splitlines()]
+    assert observed_totals(doc) == truth_totals(lines)
+
+
+def test_a_process_notice_is_read_when_the_c_sampler_sees_it_not_after_the_control_threads_sleep(
+    fakecuda: Path,
+) -> None:
+    """A process's first call sends a notice (who it is) on the control
+    ring without a wakeup; the control thread used to look every 100 ms.
+    Guarded, it sleeps (here: an hour) and the C sampler wakes it once a
+    record waits, so the notice is read all the same. (Without the control
+    ring's watch, nothing reads it for the hour: checked by leaving that
+    watch out.)"""
+    from memtrace.sources.fastsample import FastSampler
+
+    w = subprocess.Popen(
+        [str(fakecuda / "workload_driver"), "-w", "-e", "-n", "10", "-s", "3"],
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+        with Agent(Options(only_traced=True)) as agent, FastSampler(100) as sampler:
+            src = agent.source
+            notices: list[tuple[str, int]] = []
+            notice = src._notice
+            src._notice = lambda kind, ev, *a: (notices.append((kind, ev.pid)), notice(kind, ev, *a))  # type: ignore[method-assign]
+            src.trace_pid(w.pid)
+            agent.scan([w.pid])
+            sampler.start()
+            agent.guard_ring(sampler)
+            src.set_control_quiet(3600.0)
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            _wait_for(lambda: ("proc", w.pid) in notices, 30, f"no notice of the workload was read: {notices}")
+            assert w.wait(timeout=60) == 0
+    finally:
+        w.kill()
+        w.wait()
+
+
+def test_the_sampler_stops_reading_the_ring_before_the_agent_unmaps_it() -> None:
+    """The sampler reads the ring's positions every tick; the agent unmaps
+    the ring when it closes. close() stops the watch first, so a sampler that
+    runs on after the agent (as the host signals may) never reads unmapped
+    memory: run in a child, where such a read would kill it with SIGSEGV."""
+    script = """
+import sys
+from memtrace.runtime.agent import Agent
+from memtrace.sensors.cuda.source import Options
+from memtrace.sources.fastsample import FastSampler
+with FastSampler(1000) as sampler:
+    sampler.start()
+    with Agent(Options(only_traced=True)) as agent:
+        agent.guard_ring(sampler)
+        t = sampler.ticks()
+        while sampler.ticks() < t + 20:
+            pass
+    t = sampler.ticks()
+    while sampler.ticks() < t + 200:  # the ring is gone: 200 more ticks
+        pass
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stderr[-2000:])

@@ -158,6 +158,7 @@ class Libbpf:
             "ring_buffer__add": (ctypes.c_int, [_c_void_p, ctypes.c_int, RING_SAMPLE_FN, _c_void_p]),
             "ring_buffer__consume": (ctypes.c_int, [_c_void_p]),
             "ring_buffer__poll": (ctypes.c_int, [_c_void_p, ctypes.c_int]),
+            "ring_buffer__epoll_fd": (ctypes.c_int, [_c_void_p]),
             "bpf_map_get_next_id": (ctypes.c_int, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]),
             "bpf_map_get_fd_by_id": (ctypes.c_int, [ctypes.c_uint32]),
             "bpf_obj_get_info_by_fd": (ctypes.c_int, [ctypes.c_int, _c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
@@ -657,6 +658,12 @@ class RingBuffer:
         if n < 0 and n != -errno.EINTR:
             raise OSError(-n, "ring_buffer__poll")
         return max(int(n), 0)
+
+    def epoll_fd(self) -> int:
+        """libbpf's epoll descriptor for these rings: readable once a record
+        submitted with a wakeup waits (poll() without a callback: select on it)."""
+        assert self.rb is not None
+        return int(self.lib.lib.ring_buffer__epoll_fd(self.rb))
 
     def close(self) -> None:
         if self.rb:

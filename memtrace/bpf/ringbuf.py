@@ -74,6 +74,28 @@ def _c_reader() -> Any:
     return f
 
 
+class RingPositions:
+    """A second, read-only mapping of a ring's consumer and producer pages,
+    whose reader is someone else (libbpf's, for the control ring): for a
+    watcher that wants to know when records wait (sources/fastsample.py,
+    watch_ring). The kernel allows a read-only mapping of a ring at any
+    offset; the pages are the reader's own."""
+
+    def __init__(self, fd: int) -> None:
+        page = mmap.PAGESIZE
+        self._map = mmap.mmap(fd, 2 * page, mmap.MAP_SHARED, mmap.PROT_READ, offset=0)
+        self._cons = np.frombuffer(self._map, np.uint64, 1, 0)
+        self._prod = np.frombuffer(self._map, np.uint64, 1, page)
+
+    def positions(self) -> tuple[int, int]:
+        """The addresses of the consumer and producer positions: valid until close()."""
+        return int(self._cons.ctypes.data), int(self._prod.ctypes.data)
+
+    def close(self) -> None:
+        del self._cons, self._prod
+        self._map.close()
+
+
 class EventRing:
     """Reads with memtrace's C reader where it is built (`reader` "c": the
     loop libbpf runs, with acquire loads, and a copy per record), else with
@@ -203,6 +225,12 @@ class EventRing:
         if not keep:
             return np.empty(0, self.dtype)
         return np.concatenate(keep).view(self.dtype)
+
+    def positions(self) -> tuple[int, int]:
+        """The addresses of the consumer and producer positions, for a
+        watcher that reads them (sources/fastsample.py, watch_ring): valid
+        until close()."""
+        return int(self._cons.ctypes.data), int(self._prod.ctypes.data)
 
     def close(self) -> None:
         del self._cons, self._prod, self._data

@@ -88,6 +88,7 @@ def top(
                 # and renders, under the model lock.
                 diagnosis = LiveDiagnosis(agent, signals)
                 signals.on_tick = diagnosis.tick
+                signals.guard_drains_of(agent)
                 signals.start()
                 with agent.draining(), signals.sampling():
                     while iterations == 0 or n < iterations:

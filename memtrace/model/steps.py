@@ -411,19 +411,24 @@ class _Thread:
         bounds: list[int] = []  # boundaries closed by this batch, after self.boundary
         ends: list[int] = []  # their event index + 1
         lo, first = self.boundary, 0  # where the first step closed here starts: time, event index
-        for i, b in zip(at.tolist(), ret[at].tolist(), strict=True):
+        before = 0  # copies and waits before `start`
+        if self.boundary is not None and len(at) and self._none_short(ret[at], counted[at]):
+            bounds, ends = ret[at].tolist(), (at + 1).tolist()
+            self.boundary, start = bounds[-1], ends[-1]
+            at = at[:0]  # every boundary taken: the loop below has none left to weigh
+        for i, b, c in zip(at.tolist(), ret[at].tolist(), counted[at].tolist(), strict=True):
             if self.boundary is None:  # the first boundary: what came before is no step
-                self.boundary, start, lo, first = b, i + 1, b, i + 1
+                self.boundary, start, lo, first, before = b, i + 1, b, i + 1, c
                 self.first_boundary = b
                 continue
-            d, n = b - self.boundary, int(counted[i] - (counted[start - 1] if start else 0))
+            d, n = b - self.boundary, c - before
             if self._short(d, n):
                 continue  # an extra wait of the anchor's symbol: its time joins the next interval
             bounds.append(b)
             ends.append(i + 1)
             self.recent.append(d)
             self.recent_events.append(n)
-            self.boundary, start = b, i + 1
+            self.boundary, start, before = b, i + 1, c
         if bounds:
             assert lo is not None
             e = ends[-1]
@@ -433,6 +438,27 @@ class _Thread:
         p.keep_from(start)
         if p.count > MAX_PENDING:  # no boundary for a long time: keep the latest events
             p.keep_from(p.count - MAX_PENDING)
+
+    def _none_short(self, b: np.ndarray, c: np.ndarray) -> bool:
+        """The loop's common case at once, when steps copy: would _short
+        find none of these anchor waits (returns `b`, copies and waits so
+        far `c`) short, each weighed against the steps before it as the loop
+        appends them? Then every one is a boundary, and the intervals are
+        appended here. False (nothing changed) where the loop must weigh
+        them one by one: a window not yet full, a copy-less loop (short is
+        in time), or any of them short. Exactly the loop's judgement: the
+        windows' medians are the same numbers statistics.median gives."""
+        if len(self.recent_events) < RECENT:
+            return False
+        n = np.diff(c, prepend=0)
+        window = np.concatenate([np.asarray(self.recent_events, np.int64), n[:-1]])
+        typical = np.median(np.lib.stride_tricks.sliding_window_view(window, RECENT), axis=1)
+        if not bool((typical > 2).all()) or bool((n <= MERGE_BELOW * typical).any()):
+            return False
+        assert self.boundary is not None
+        self.recent.extend(np.diff(b, prepend=self.boundary).tolist())
+        self.recent_events.extend(n.tolist())
+        return True
 
     def _short(self, d: int, n: int) -> bool:
         """Too short to be a step: d ns holding n copies and waits."""

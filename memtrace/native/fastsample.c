@@ -49,6 +49,7 @@
 #define MT_NVML_NOT_SUPPORTED 3
 #define MT_NVML_FUNCTION_NOT_FOUND 13
 #define MT_UTIL_HZ 10 /* the most often utilisation is worth reading */
+#define MT_MAX_WATCH 2 /* rings watched: the agent's events ring and its control ring */
 
 /* One interface's readings since the last take. The counters are the first
  * eight of rtnl_link_stats64 (rx/tx packets, rx/tx bytes, rx/tx errors,
@@ -87,6 +88,7 @@ struct mt_stats {
 	uint64_t cpu_ns; /* the sampling thread's own CPU time */
 	int32_t last_errno;
 	uint32_t interfaces_dropped; /* readings of interfaces past MT_MAX_IF */
+	uint64_t ring_wakes; /* times the watched ring's reader was woken */
 };
 
 typedef struct {
@@ -121,6 +123,12 @@ struct mt_fast {
 	mt_mask_fn mask_fn;
 	mt_mask_fn mask_old_fn;
 	struct mt_stats stats;
+	/* The agent's rings, watched each tick (mt_fast_watch_ring). */
+	struct mt_watch {
+		const uint64_t *cons, *prod;
+		uint64_t bytes;
+		int fd; /* an eventfd (ours, dup'ed); meaningful while cons is set */
+	} watch[MT_MAX_WATCH];
 	clockid_t cpu_clock;
 	unsigned char buf[MT_RECV_BYTES];
 };
@@ -301,6 +309,33 @@ static void tick(struct mt_fast *f)
 		read_gpu(f, i, t);
 }
 
+/*
+ * The agent reads its rings on timers where records come without a wakeup
+ * (uprobes submit so: a wakeup there loses later hits, field notes), and a
+ * quiet ring lets it sleep long. This thread is awake every tick anyway:
+ * if a watched ring now holds its share, it wakes that ring's reader, so
+ * a burst is read within a tick however long the reader meant to sleep.
+ * Two loads a ring, no syscall, on a quiet tick.
+ */
+static void watch_rings(struct mt_fast *f)
+{
+	for (int i = 0; i < MT_MAX_WATCH; i++) {
+		struct mt_watch *w = &f->watch[i];
+		if (w->cons == NULL)
+			continue;
+		uint64_t prod = __atomic_load_n(w->prod, __ATOMIC_ACQUIRE);
+		uint64_t cons = __atomic_load_n(w->cons, __ATOMIC_ACQUIRE);
+		if (prod - cons < w->bytes)
+			continue;
+		uint64_t one = 1;
+		if (write(w->fd, &one, sizeof(one)) == (ssize_t)sizeof(one)) {
+			pthread_mutex_lock(&f->lock);
+			f->stats.ring_wakes++;
+			pthread_mutex_unlock(&f->lock);
+		}
+	}
+}
+
 static void *loop(void *arg)
 {
 	struct mt_fast *f = arg;
@@ -309,6 +344,7 @@ static void *loop(void *arg)
 	while (!f->stop) {
 		pthread_mutex_lock(&f->cfg);
 		tick(f);
+		watch_rings(f);
 		pthread_mutex_unlock(&f->cfg);
 		pthread_mutex_lock(&f->lock);
 		f->stats.ticks++;
@@ -419,6 +455,34 @@ __attribute__((visibility("default"))) int mt_fast_set_gpus(struct mt_fast *f, v
 	return 0;
 }
 
+/*
+ * Watch a ring laid out as the kernel maps it (its consumer and producer
+ * positions at cons and prod) in slot 0 or 1: each tick that finds `bytes`
+ * or more unread, write 1 to the eventfd `fd` (dup'ed: the caller keeps its
+ * own). A NULL cons stops the slot's watch. Synchronous with the thread
+ * (it holds cfg over a tick): once this returns, the thread no longer
+ * reads the old positions, and their memory may be unmapped. 0 or an errno.
+ */
+__attribute__((visibility("default"))) int mt_fast_watch_ring(struct mt_fast *f, int slot, const uint64_t *cons,
+							      const uint64_t *prod, uint64_t bytes, int fd)
+{
+	int dup_fd = -1;
+	if (slot < 0 || slot >= MT_MAX_WATCH || (cons != NULL && (prod == NULL || bytes == 0)))
+		return EINVAL;
+	if (cons != NULL) {
+		dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		if (dup_fd < 0)
+			return errno;
+	}
+	pthread_mutex_lock(&f->cfg);
+	struct mt_watch *w = &f->watch[slot];
+	if (w->cons != NULL)
+		close(w->fd);
+	*w = (struct mt_watch){.cons = cons, .prod = prod, .bytes = bytes, .fd = dup_fd};
+	pthread_mutex_unlock(&f->cfg);
+	return 0;
+}
+
 /* Start the sampling thread. 0 or an errno. */
 __attribute__((visibility("default"))) int mt_fast_start(struct mt_fast *f)
 {
@@ -487,6 +551,9 @@ __attribute__((visibility("default"))) void mt_fast_close(struct mt_fast *f)
 	}
 	for (int i = 0; i < f->n_ns; i++)
 		close(f->ns[i].fd);
+	for (int i = 0; i < MT_MAX_WATCH; i++)
+		if (f->watch[i].cons != NULL)
+			close(f->watch[i].fd);
 	pthread_mutex_destroy(&f->lock);
 	pthread_mutex_destroy(&f->cfg);
 	free(f);

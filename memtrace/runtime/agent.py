@@ -33,6 +33,20 @@ for any full ring. Such drains are counted (`reads_deferred`). An
 incremental export was the alternative; it would have left every reader
 (the report, top, findings) to be made incremental too, where a lock and a
 queue keep them as they are.
+
+A quiet ring is drained less often (IDLE_STRETCH): uprobes submit events
+without a wakeup (a wakeup there loses later hits: field notes), so a drain
+that sleeps long is a drain that might let a burst fill the ring. When the
+host signals' C sampler runs (its thread wakes 100 times a second anyway),
+it watches the ring's fill for the drain thread (`guard_ring`): the drain
+thread then sleeps up to GUARDED_QUIET_S while the ring is quiet and is
+woken within a tick once a share of the ring waits; the fold thread, whose
+work the live diagnosis's tick does every 0.5 s, sleeps as long; and the
+control thread, which read process notices (also submitted without a
+wakeup) every CONTROL_QUIET_S, is woken within a tick of one arriving. On
+a 2-vCPU VM each wake of a Python thread costs 0.1-0.3 ms of CPU, cold
+caches included (bench/wake_cost.py), which was most of the agent's cost
+(bench/agent_cpu.py --host).
 """
 
 from __future__ import annotations
@@ -40,11 +54,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Iterator
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,7 +73,7 @@ from memtrace.runtime.budget import LaunchBudget
 from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.runtime.overhead import Calibration
 from memtrace.runtime.stacks import StackTable
-from memtrace.sensors.cuda.source import Attachment, BpfSource, Options
+from memtrace.sensors.cuda.source import CONTROL_QUIET_S, Attachment, BpfSource, Options
 from memtrace.sources.procfs import boot_wall_ns, process_cpu_ns, read_process
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
@@ -92,6 +107,20 @@ FOLD_SHARE_EVENTS = 4096  # events the fold thread folds per hold of the model l
 # (the live diagnosis every 0.5 s, top, an export), and a share waiting
 # wakes the thread at once, so memory stays bounded.
 FOLD_LATENCY_S = 0.5
+# With a guard on the ring (guard_ring), the longest a quiet ring waits for a
+# drain, and what is drained waits for a fold (a reader folds first anyway).
+GUARDED_QUIET_S = 1.0
+_EVENTS_SLOT, _CONTROL_SLOT = 0, 1  # the guard's two watches
+
+
+class RingGuard(Protocol):
+    """A thread that watches the events ring for the drain thread
+    (sources/fastsample.FastSampler): it writes to an eventfd once a share
+    of the ring waits."""
+
+    def watch_ring(self, slot: int, cons: int, prod: int, nbytes: int, eventfd: int) -> None: ...
+
+    def unwatch_ring(self, slot: int) -> None: ...
 
 
 class _Update(Enum):
@@ -145,6 +174,9 @@ class Agent:
         self._folder: threading.Thread | None = None  # folds
         self._fold_wanted = threading.Event()
         self._stop = threading.Event()
+        # Wakes the drain thread early: a guard's signal (a share of the ring waits), or stop.
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._guard: RingGuard | None = None
         self._failure: BaseException | None = None
         self.libraries: list[Attachment] = []
         self._measure_overhead = measure_overhead
@@ -382,11 +414,18 @@ class Agent:
         now = interval  # the period the next drain is scheduled at
         quiet = max(self.max_pending_events // QUIET_SHARE, 1)
         try:
-            while not self._stop.wait(max(next_at - time.monotonic(), 0.0)):
+            while not self._stop.is_set():
+                woken, _, _ = select.select([self._wake], [], [], max(next_at - time.monotonic(), 0.0))
+                if self._stop.is_set():
+                    break
+                if woken:  # early, by the guard (or a new schedule): not late, whatever it put off
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wake)
                 read = self._drain(wait=False)
                 # Busy: a drain that read much, or a model behind (reads deferred, the ring filling).
-                busy = read >= quiet or self._pending_events >= quiet
-                now = interval if busy else min(now * 2, interval * IDLE_STRETCH)
+                busy = woken or read >= quiet or self._pending_events >= quiet
+                longest = GUARDED_QUIET_S if self._guard is not None else interval * IDLE_STRETCH
+                now = interval if busy else min(now * 2, max(longest, interval))
                 self._put_off = now - interval
                 # A fixed rate: a late drain is followed by the next at once, not a period later.
                 next_at = max(next_at + now, time.monotonic() - now)
@@ -399,7 +438,7 @@ class Agent:
         the model lock between shares so that readers wait for one at most."""
         try:
             while not self._stop.is_set():
-                self._fold_wanted.wait(FOLD_LATENCY_S)
+                self._fold_wanted.wait(GUARDED_QUIET_S if self._guard is not None else FOLD_LATENCY_S)
                 self._fold_wanted.clear()
                 while self._pending and not self._stop.is_set():
                     if not self.lock.acquire(blocking=False):
@@ -432,7 +471,10 @@ class Agent:
         if t is not None:
             self._stop.set()
             self._fold_wanted.set()
+            os.eventfd_write(self._wake, 1)
             t.join()
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._wake)
         if f is not None:
             f.join()
         self._put_off = 0.0
@@ -488,6 +530,33 @@ class Agent:
         """The worst interval between drain starts since the previous call (the OTLP gauge)."""
         with self._drain_lock:
             return self._gaps.take_window_max()
+
+    def guard_ring(self, guard: RingGuard) -> None:
+        """Let `guard` watch the events ring and the control ring (see the
+        module's docstring): quiet drains then come every GUARDED_QUIET_S,
+        not every IDLE_STRETCH periods, and the control thread reads
+        notices when the guard sees one waiting, not every
+        CONTROL_QUIET_S. Until unguard_ring(), which close() calls before
+        the rings go."""
+        ring, ctl = self.source.events, self.source.control_watch()
+        if ring is None or ctl is None:
+            return
+        cons, prod = ring.positions()
+        # The share a drain calls busy (QUIET_SHARE), in bytes: past it the drain thread is woken.
+        guard.watch_ring(_EVENTS_SLOT, cons, prod, max(ring.size // QUIET_SHARE, 1), self._wake)
+        guard.watch_ring(_CONTROL_SLOT, ctl[0], ctl[1], 1, ctl[2])  # any record waiting
+        self._guard = guard
+        os.eventfd_write(self._wake, 1)  # a sleeping drain thread takes the new schedule now
+        self.source.set_control_quiet(GUARDED_QUIET_S)
+
+    def unguard_ring(self) -> None:
+        """Stop the guard watching (it reads the rings no more on return); drains keep their own schedule again."""
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.unwatch_ring(_EVENTS_SLOT)
+            guard.unwatch_ring(_CONTROL_SLOT)
+            os.eventfd_write(self._wake, 1)  # off the guarded sleep now
+            self.source.set_control_quiet(CONTROL_QUIET_S)
 
     # ---- the kernel's totals ----
 
@@ -581,6 +650,7 @@ class Agent:
         return {k.pid: p.name for k, p in list(self.model.processes.items()) if p.name}
 
     def close(self) -> None:
+        self.unguard_ring()  # before the ring is unmapped: the guard reads its positions
         try:
             self.stop_draining()
         except Exception as e:  # noqa: BLE001 - already logged by the drain thread; closing goes on
@@ -593,6 +663,9 @@ class Agent:
         self.source.close()
         if self.stacks is not None:
             self.stacks.close()
+        if self._wake >= 0:
+            os.close(self._wake)
+            self._wake = -1
 
     def __enter__(self) -> Agent:
         self.start()

@@ -106,6 +106,7 @@ class HostSignals:
         )
         self._fast_last: Any = None  # its last window
         self._fast_gpus = False  # it reads the GPUs
+        self._ring_owner: Any = None  # an agent whose events ring the fast sampler watches (guard_drains_of)
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
@@ -153,6 +154,8 @@ class HostSignals:
                 self._fast.start()
             except OSError as e:
                 self._fast_off(e)
+        if self._fast is not None and self._ring_owner is not None:
+            self._ring_owner.guard_ring(self._fast)
         self._safe_sample()
 
     def _start_fast(self) -> None:
@@ -172,6 +175,8 @@ class HostSignals:
         if self._net is not None:
             self._net.stop_fast()
         if self._fast is not None:
+            if self._ring_owner is not None:
+                self._ring_owner.unguard_ring()
             self._fast.close()
             self._fast = None
 
@@ -224,6 +229,14 @@ class HostSignals:
         attached it (the agent was made with Options(hold_nccl=True))."""
         self.on_collectives = agent.add_collectives
         agent.source.on_library_mapped = self.nccl_mapped
+        self.guard_drains_of(agent)
+
+    def guard_drains_of(self, agent: Any) -> None:
+        """Before start(): once the fast sampler's C thread runs, it
+        watches the agent's events ring (Agent.guard_ring), so the agent's
+        drain and fold threads sleep through a quiet ring; the thread wakes
+        100 times a second anyway, and two loads a tick cost it nothing."""
+        self._ring_owner = agent
 
     def nccl_mapped(self, pid: int, lib: Candidate, held: bool) -> bool:
         """A traced process maps a libnccl not attached yet (the CUDA
@@ -262,6 +275,8 @@ class HostSignals:
         self.finish()
         with self._nccl_lock:
             nccl, self._nccl = self._nccl, None
+        if self._fast is not None and self._ring_owner is not None:
+            self._ring_owner.unguard_ring()  # its drains keep their own schedule once the sampler stops
         for s in (self._sched, nccl, self._fast, self._nvml, self._net):
             if s is not None:
                 with contextlib.suppress(MemtraceError, OSError):

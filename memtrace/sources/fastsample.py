@@ -80,6 +80,7 @@ class Stats(ctypes.Structure):
         ("cpu_ns", ctypes.c_uint64),
         ("last_errno", ctypes.c_int32),
         ("interfaces_dropped", ctypes.c_uint32),
+        ("ring_wakes", ctypes.c_uint64),
     ]
 
 
@@ -125,6 +126,7 @@ class FastWindow:
     last_errno: int
     interfaces_dropped: int
     cpu_ns: int  # the sampling thread's CPU time since it started
+    ring_wakes: int  # times it woke the watched ring's reader (watch_ring)
 
     def of_namespace(self, inode: int) -> dict[int, IfWindow]:
         return {w.index: w for (ns, _i), w in self.interfaces.items() if ns == inode and w.time_ns}
@@ -137,6 +139,7 @@ def _prototypes(lib: ctypes.CDLL) -> None:
     lib.mt_fast_remove_netns.argtypes, lib.mt_fast_remove_netns.restype = [vp, u64], i32
     lib.mt_fast_set_gpus.argtypes, lib.mt_fast_set_gpus.restype = [vp, vp, ctypes.POINTER(vp), i32], i32
     lib.mt_fast_start.argtypes, lib.mt_fast_start.restype = [vp], i32
+    lib.mt_fast_watch_ring.argtypes, lib.mt_fast_watch_ring.restype = [vp, i32, vp, vp, u64, i32], i32
     lib.mt_fast_take.argtypes = [
         vp,
         ctypes.POINTER(IfRow),
@@ -224,6 +227,21 @@ class FastSampler:
     def start(self) -> None:
         _check(self._lib.mt_fast_start(self._open()), "thread")
 
+    def watch_ring(self, slot: int, cons: int, prod: int, nbytes: int, eventfd: int) -> None:
+        """Each tick, write 1 to `eventfd` (duplicated) if the ring whose
+        consumer and producer positions are at the addresses `cons` and
+        `prod` holds `nbytes` or more unread. Two rings at most (slot 0 and
+        1). The positions' memory must stay mapped until unwatch_ring(slot)
+        or close() returns."""
+        if not cons or not prod or nbytes <= 0:
+            raise ValueError("watch_ring needs both positions' addresses and a positive size")
+        _check(self._lib.mt_fast_watch_ring(self._open(), slot, cons, prod, nbytes, eventfd), f"ring watch {slot}")
+
+    def unwatch_ring(self, slot: int) -> None:
+        """Stop watching a slot (no-op once closed): on return the thread reads its positions no more."""
+        if self._handle:
+            self._lib.mt_fast_watch_ring(self._handle, slot, None, None, 0, -1)
+
     def ticks(self) -> int:
         """Ticks done since start(), leaving the window as it is."""
         return int(self._lib.mt_fast_ticks(self._open()))
@@ -269,7 +287,9 @@ class FastSampler:
                 time_ns=g.time_ns,
             )
         s = self._stats
-        return FastWindow(ifs, gpus, s.ticks, s.late, s.net_errors, s.last_errno, s.interfaces_dropped, s.cpu_ns)
+        return FastWindow(
+            ifs, gpus, s.ticks, s.late, s.net_errors, s.last_errno, s.interfaces_dropped, s.cpu_ns, s.ring_wakes
+        )
 
     def close(self) -> None:
         if self._handle:

@@ -7,9 +7,11 @@ decoded event batches, control notices and totals.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +21,7 @@ import numpy as np
 
 from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer, uprobe_multi_supported
-from memtrace.bpf.ringbuf import EventRing
+from memtrace.bpf.ringbuf import EventRing, RingPositions
 from memtrace.core import apis
 from memtrace.core.abi import (
     ATTACHED_EXECUTABLE,
@@ -54,6 +56,7 @@ from memtrace.sensors.cuda.launches import LAUNCH_PROGRAM, LaunchLinks, LaunchTa
 log = logging.getLogger("memtrace")
 
 DEFAULT_RING_BYTES = 16 << 20
+CONTROL_QUIET_S = 0.1  # the longest a process notice waits for the control thread, unwatched
 LAUNCH_APIS = tuple(a.id for a in apis.APIS if a.family == Family.LAUNCH)
 
 
@@ -236,6 +239,12 @@ class BpfSource:
         self._notices_lock = threading.Lock()
         self._ctl_stop = threading.Event()
         self._ctl_thread: threading.Thread | None = None
+        # Wakes the control thread: a watcher saw a record waiting (watch_control), or stop.
+        self._ctl_wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ctl_positions: RingPositions | None = None
+        # How long the control thread sleeps with no wakeup: records submitted without
+        # one (process notices, from uprobes) wait at most this long, unless watched.
+        self.control_quiet_s = CONTROL_QUIET_S
 
         # Another sensor's library (libnccl, with hold_nccl) that a process
         # was stopped for: (pid, the file, held?) -> True once handled. Called
@@ -320,6 +329,7 @@ class BpfSource:
             self._links.append(obj.attach(p))
         self.events = EventRing(obj.map("events").fd, self.opts.ring_bytes, EVENT_DTYPE)
         self.ring = RingBuffer(lib, [(obj.map("ctl_events"), self._on_ctl)])
+        self._ctl_positions = RingPositions(obj.map("ctl_events").fd)
         self._start_control()
 
     def close(self) -> None:
@@ -340,6 +350,9 @@ class BpfSource:
         if self.ring:
             self.ring.close()
             self.ring = None
+        if self._ctl_positions is not None:
+            self._ctl_positions.close()
+            self._ctl_positions = None
         if self.events:
             self.events.close()
             self.events = None
@@ -349,6 +362,9 @@ class BpfSource:
         if self.obj:
             self.obj.close()
             self.obj = None
+        if self._ctl_wake >= 0:
+            os.close(self._ctl_wake)
+            self._ctl_wake = -1
 
     # ---- processes and libraries ----
 
@@ -544,12 +560,16 @@ class BpfSource:
         once, so a held process waits for its attachment only, not for a
         drain period or the drain thread."""
         assert self.ring is not None
+        epoll = self.ring.epoll_fd()
         while not self._ctl_stop.is_set():
             try:
-                self.ring.poll(100)
-                # Process notices come from uprobes, submitted without a
-                # wakeup (a wakeup there loses later hits: field notes): read
-                # them too, at least every 100 ms.
+                # Process notices come from uprobes, submitted without a wakeup
+                # (a wakeup there loses later hits: field notes): read them too,
+                # every control_quiet_s, or when a watcher says they wait.
+                woken, _, _ = select.select([epoll, self._ctl_wake], [], [], self.control_quiet_s)
+                if self._ctl_wake in woken:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._ctl_wake)
                 self.ring.consume()
             except OSError as e:  # pragma: no cover
                 log.error("control ring: %s", e)
@@ -565,6 +585,20 @@ class BpfSource:
                 log.exception("control event for pid %d", ev.pid)
                 if ev.type == CtlType.MAP and ev.held == HoldState.HELD:
                     release(self.maps[HELD_MAP], ev.host_pid, self.opts.hold_limit_s)
+
+    def control_watch(self) -> tuple[int, int, int] | None:
+        """For a watcher of the control ring (Agent.guard_ring): the addresses
+        of its consumer and producer positions, valid until close(), and the
+        eventfd that wakes the control thread. None before start()."""
+        if self._ctl_positions is None:
+            return None
+        return (*self._ctl_positions.positions(), self._ctl_wake)
+
+    def set_control_quiet(self, seconds: float) -> None:
+        """How long the control thread sleeps without a wakeup, from now."""
+        self.control_quiet_s = seconds
+        if self._ctl_wake >= 0:
+            os.eventfd_write(self._ctl_wake, 1)
 
     def read_control_now(self) -> None:
         """Act on every control record in the ring now, for a last drain
@@ -589,8 +623,11 @@ class BpfSource:
     def _stop_control(self) -> None:
         if self._ctl_thread is not None:
             self._ctl_stop.set()
+            os.eventfd_write(self._ctl_wake, 1)
             self._ctl_thread.join()
             self._ctl_thread = None
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._ctl_wake)
 
     def _progress(self) -> None:
         """Attaching goes on: every process this agent holds stays held (the
