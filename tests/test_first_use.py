@@ -107,6 +107,42 @@ def test_output_to_a_device_or_a_pipe_is_written_not_truncated(fakecuda: Path, f
 
 
 @pytest.mark.bpf
+def test_the_summary_is_written_before_the_agent_takes_its_probes_away(fakecuda: Path, tmp_path: Path) -> None:
+    """Removing the probes and tracepoints waits out the kernel's grace
+    periods (bench/exit_time.py: about half the time memtrace takes after
+    its command on the 2-vCPU VM). The summary is written before that
+    begins: what the agent's close finds in the -o file is the summary."""
+    out = tmp_path / "summary.json"
+    script = f"""
+import json, sys
+from memtrace.runtime.agent import Agent
+close = Agent.close
+def closing(self):
+    try:
+        said = json.load(open({str(out)!r}))["agent"]["events"]
+    except ValueError:
+        said = "nothing"
+    sys.stderr.write(f"AT CLOSE {{said}}\\n")
+    close(self)
+Agent.close = closing
+sys.argv = ["memtrace", "run", "--format", "json", "-o", {str(out)!r}, "--", {str(fakecuda / "workload")!r}, "-n", "20"]
+from memtrace.cli import entry
+entry()
+"""
+    p = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, WORKLOAD_TRUTH="/dev/null"),
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    at_close = [line for line in p.stderr.splitlines() if line.startswith("AT CLOSE ")]
+    assert at_close == ["AT CLOSE 20"], p.stderr
+    assert json.loads(out.read_text())["agent"]["events"] == 20
+
+
+@pytest.mark.bpf
 def test_json_on_stdout_never_mixes_with_the_command_output(fakecuda: Path) -> None:
     wl = fakecuda / "workload"
     p = shell(f"$MT run --format json -- sh -c 'echo hello; exec {wl} -n 50 -e' | {sys.executable} -m json.tool")

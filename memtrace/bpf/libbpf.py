@@ -13,8 +13,9 @@ import ctypes.util
 import errno
 import logging
 import os
+import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -305,6 +306,25 @@ class Link:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def destroy_together(links: Sequence[Link]) -> None:
+    """Destroy links at once, each on a thread of its own, and return when
+    all are gone. Removing a tracepoint or a multi-uprobe link waits out the
+    kernel's grace periods (about 45 ms a link on the 2-vCPU VM), one link
+    after another when done in turn; at once, the links share them: a
+    `memtrace run` left its command's end 225 ms later for five links, 79 ms
+    for three tracepoints (bench/exit_time.py). (ctypes and os.close let go
+    of the interpreter lock meanwhile.)"""
+    if len(links) <= 1:
+        for link in links:
+            link.destroy()
+        return
+    threads = [threading.Thread(target=link.destroy, name="memtrace-detach", daemon=True) for link in links]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 # ---- multi-uprobe links (Linux 6.6+), made with the bpf() syscall itself:

@@ -7,7 +7,7 @@ import logging
 import os
 import stat
 import sys
-from typing import IO
+from typing import IO, Any
 
 import typer
 from rich.console import Console
@@ -168,14 +168,14 @@ def trace_and_report(
     from memtrace.export import profiles
     from memtrace.export.callsites import call_sites
     from memtrace.export.callsites import folded as fold_stacks
-    from memtrace.export.report import print_table, summary
+    from memtrace.export.report import summary
     from memtrace.runtime.agent import Agent, Options
     from memtrace.runtime.command import run_command, watch_pid
     from memtrace.runtime.diagnose import LiveDiagnosis
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
     out: IO[str] | None = None
-    created = False
+    created = written = False
     json_fd: int | None = None
     try:
         for flag, value in (("--folded", folded), ("--pprof", pprof), ("--flamegraph", flamegraph)):
@@ -234,13 +234,26 @@ def trace_and_report(
                     what = what[:97] + "..."
                 svg = profiles.flame_graph(copies, f"memtrace: bytes copied by {what}")
                 write_file(flamegraph, svg.encode(), "the flame graph")
+            # Said before the agent closes: removing its probes and tracepoints
+            # waits out the kernel's grace periods (bench/exit_time.py).
+            emit_summary(doc, fmt, out, json_fd, detail)
+            written = True
     except MemtraceError as e:
-        if out is not None:
+        if out is not None and not written:
             out.close()
             if created and output:
                 os.unlink(output)
         fail(e)
         return
+    raise typer.Exit(done.exit_code)
+
+
+def emit_summary(doc: dict[str, Any], fmt: Format, out: IO[str] | None, json_fd: int | None, detail: bool) -> None:
+    """Write the summary: to `out` (-o), else JSON to stdout (its saved
+    descriptor `json_fd`) or the table to stderr; then stdout goes to
+    /dev/null, so nothing is left to flush into a closed pipe at exit."""
+    from memtrace.export.report import print_table
+
     if out is not None and stat.S_ISREG(os.fstat(out.fileno()).st_mode):
         # A file's old content goes now the summary is ready (not /dev/null,
         # a pipe or a terminal: those cannot be truncated).
@@ -267,8 +280,6 @@ def trace_and_report(
                 out.close()
             except OSError as e:
                 err.print(f"[bold red]memtrace:[/bold red] could not write the summary: {e}", highlight=False)
-        # Nothing left for the interpreter to flush into a closed pipe at exit.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.close(devnull)
-    raise typer.Exit(done.exit_code)

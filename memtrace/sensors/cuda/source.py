@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path
-from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer, uprobe_multi_supported
+from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, RingBuffer, destroy_together, uprobe_multi_supported
 from memtrace.bpf.ringbuf import EventRing, RingPositions
 from memtrace.core import apis
 from memtrace.core.abi import (
@@ -140,8 +140,9 @@ def destroy_links(links: list[Link]) -> None:
     agent, and until then they only feed a ring nobody reads. (Never used
     for the mmap tracepoint: it could hold a process nobody continues.)"""
     if len(links) < 8 or not DETACH_IN_BACKGROUND:
-        for link in links:
-            link.destroy()
+        # A few links (multi-uprobe ones: every probe of a library in one) go
+        # here and now, so that no breakpoint outlives the run, together.
+        destroy_together(links)
         return
     r, w = os.pipe()
     pid = os.fork()
@@ -335,8 +336,7 @@ class BpfSource:
     def close(self) -> None:
         # The tracepoints first (three, removed here and now): once mt_mmap is
         # gone no process can be held any more, and every held one is continued.
-        for link in self._links:
-            link.destroy()
+        destroy_together(self._links)
         self._links.clear()
         self._stop_control()
         if self.obj is not None and self.obj.loaded:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from memtrace.bpf.host import bpf_arch, check_kernel
-from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map, uprobe_multi_supported
+from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map, destroy_together, uprobe_multi_supported
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core.errors import AttachError
 from memtrace.core.nccl import (
@@ -98,8 +98,7 @@ class NcclSensor:
             raise
 
     def close(self) -> None:
-        for link in self._links:
-            link.destroy()
+        destroy_together(self._links)
         self._links.clear()
         destroy_links([link for a in self.attachments.values() for link in a.links])
         for a in self.attachments.values():

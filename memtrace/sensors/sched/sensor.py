@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from memtrace.bpf.host import bpf_arch, check_kernel
-from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map
+from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map, destroy_together
 from memtrace.core.cpu import CpuStats, Preemptor, quantile_us, slot_bounds_us
 from memtrace.sensors.sched.abi import FILTER_BITS, SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, SchedStat
 
@@ -165,8 +165,7 @@ class SchedSensor:
         return {name: sum(1 for _ in self.maps[name].keys(t)) for name, t in types.items()}
 
     def close(self) -> None:
-        for link in self.links:
-            link.destroy()
+        destroy_together(self.links)
         self.links.clear()
         self.maps.clear()
         if self.obj is not None:
