@@ -88,7 +88,7 @@ struct mt_stats {
 	uint64_t cpu_ns; /* the sampling thread's own CPU time */
 	int32_t last_errno;
 	uint32_t interfaces_dropped; /* readings of interfaces past MT_MAX_IF */
-	uint64_t ring_wakes; /* times the watched ring's reader was woken */
+	uint64_t ring_wakes; /* times a watched ring's reader was woken */
 };
 
 typedef struct {

@@ -114,9 +114,9 @@ _EVENTS_SLOT, _CONTROL_SLOT = 0, 1  # the guard's two watches
 
 
 class RingGuard(Protocol):
-    """A thread that watches the events ring for the drain thread
-    (sources/fastsample.FastSampler): it writes to an eventfd once a share
-    of the ring waits."""
+    """A thread that watches the agent's rings for their readers
+    (sources/fastsample.FastSampler): in each slot, a ring's positions and
+    an eventfd it writes once that ring holds the given bytes unread."""
 
     def watch_ring(self, slot: int, cons: int, prod: int, nbytes: int, eventfd: int) -> None: ...
 
@@ -246,13 +246,17 @@ class Agent:
         came before; `users`: the pids with libnccl mapped. From any thread
         that holds neither the model lock nor the drain lock.
 
-        With events, the CUDA rings are drained first: a process's CUDA calls
-        (the first of which introduces it to the model, and its waits) come
-        before its collectives, and a drain put off while the ring was quiet
-        would queue them after the poll's collectives, which the model would
-        then find no process for (`collectives_unmatched`) and no wait could
-        be charged to (tests/test_collectives.py saw 19 of 60)."""
-        if len(events):
+        With events, or a time they are complete to, the CUDA rings are
+        drained first: a process's CUDA calls (the first of which introduces
+        it to the model, and its waits) come before its collectives, and a
+        drain put off while the ring was quiet would queue them after the
+        poll's collectives, which the model would then find no process for
+        (`collectives_unmatched`) and no wait could be charged to
+        (tests/test_collectives.py saw 19 of 60). With no collective in a
+        poll, the model still judges every wait up to `complete_until_ns`:
+        a wait drained after that would come too late to be charged, and a
+        quiet ring's drains may be put off up to GUARDED_QUIET_S."""
+        if len(events) or complete_until_ns:
             self._drain(wait=False)
         self._queue(_Update.COLLECTIVES, (events, complete_until_ns, users))
 

@@ -106,7 +106,7 @@ class HostSignals:
         )
         self._fast_last: Any = None  # its last window
         self._fast_gpus = False  # it reads the GPUs
-        self._ring_owner: Any = None  # an agent whose events ring the fast sampler watches (guard_drains_of)
+        self._ring_owner: Any = None  # an agent whose rings the fast sampler watches (guard_drains_of)
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
@@ -233,9 +233,10 @@ class HostSignals:
 
     def guard_drains_of(self, agent: Any) -> None:
         """Before start(): once the fast sampler's C thread runs, it
-        watches the agent's events ring (Agent.guard_ring), so the agent's
-        drain and fold threads sleep through a quiet ring; the thread wakes
-        100 times a second anyway, and two loads a tick cost it nothing."""
+        watches the agent's events and control rings (Agent.guard_ring), so
+        the agent's drain, fold and control threads sleep while they are
+        quiet; the thread wakes 100 times a second anyway, and two loads a
+        ring a tick cost it nothing."""
         self._ring_owner = agent
 
     def nccl_mapped(self, pid: int, lib: Candidate, held: bool) -> bool:
@@ -319,7 +320,7 @@ class HostSignals:
         self._track(self._pids_fn())
         pids = set(self._pids)
         if self._nccl is not None:
-            self._sample_nccl(pids)
+            self._sample_nccl(pids, final)
         fast = self._fast.take() if self._fast is not None else None
         if fast is not None:
             self._fast_last = fast
@@ -340,12 +341,16 @@ class HostSignals:
             if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
                 self._sample_quotas(stats)
 
-    def _sample_nccl(self, pids: set[int]) -> None:
+    def _sample_nccl(self, pids: set[int], final: bool = False) -> None:
         s = self._nccl
         before = len(s.attachments)
         # A call that returned before this is in the ring when it is read below
         # (a record is submitted as its return is timed; the margin covers that).
-        complete_until = time.monotonic_ns() - COMPLETE_MARGIN_NS
+        # The last sample, after `run`'s command has exited, takes every wait up
+        # to now: nothing more will come, and a command that ends within the
+        # margin of its last waits (60 rounds in 50 ms) must still have them
+        # judged (the control thread's 100 ms polls used to delay that sample).
+        complete_until = time.monotonic_ns() - (0 if final else COMPLETE_MARGIN_NS)
         batches = [s.poll()]
         # Look for a newly loaded libnccl in new processes at once, in the others every scan_s
         # (a /proc/PID/maps read each).

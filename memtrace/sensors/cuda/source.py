@@ -240,7 +240,7 @@ class BpfSource:
         self._notices_lock = threading.Lock()
         self._ctl_stop = threading.Event()
         self._ctl_thread: threading.Thread | None = None
-        # Wakes the control thread: a watcher saw a record waiting (watch_control), or stop.
+        # Wakes the control thread: a watcher saw a record waiting (control_watch), or stop.
         self._ctl_wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ctl_positions: RingPositions | None = None
         # How long the control thread sleeps with no wakeup: records submitted without
