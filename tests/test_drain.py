@@ -5,6 +5,7 @@ MetricsBuilder (made slow where a test needs a build that takes seconds)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import logging
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,31 @@ class RecordingBuilder(MetricsBuilder):
         return batch
 
 
+@contextlib.contextmanager
+def waiting_driver(fakecuda: Path, truth: Path | str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """workload_driver -w ARGS, started and waiting for go(): its libraries
+    are mapped, so an agent attaches them before the copies begin. Killed on exit."""
+    w = subprocess.Popen(
+        [str(fakecuda / "workload_driver"), "-w", *args],
+        env={"WORKLOAD_TRUTH": str(truth)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+        yield w
+    finally:
+        w.kill()
+        w.wait()
+
+
+def go(w: subprocess.Popen[str]) -> None:
+    assert w.stdin is not None
+    w.stdin.write("go\n")
+    w.stdin.flush()
+
+
 def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_path: Path) -> None:
     """Each build takes a second (made slow) and each push another 1.5 s
     (a slow collector); a workload copies throughout. The agent's own
@@ -103,16 +130,11 @@ def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_p
     # drains are timed (attaching is a drain's work too, and it can wait
     # behind other agents' probe removals in the kernel for seconds). Only
     # it is traced: other processes on the host are none of this test's.
-    w = subprocess.Popen(
-        [str(fakecuda / "workload_driver"), "-w", "-n", "300", "-p", "10000", "-s", "7"],
-        env={"WORKLOAD_TRUTH": str(truth)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     try:
-        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
-        with Agent(Options(only_traced=True)) as agent:
+        with (
+            waiting_driver(fakecuda, truth, "-n", "300", "-p", "10000", "-s", "7") as w,
+            Agent(Options(only_traced=True)) as agent,
+        ):
             agent.source.trace_pid(w.pid)
             agent.scan([w.pid])
             pusher = threading.Thread(
@@ -121,9 +143,7 @@ def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_p
                 kwargs={"builder": builder, "final_timeout": 10.0, "drain_interval": period},
             )
             pusher.start()
-            assert w.stdin is not None
-            w.stdin.write("go\n")
-            w.stdin.flush()
+            go(w)
             assert w.wait(timeout=120) == 0
             after_exit = len(builder.totals)  # the next build starts after the workload's exit
             deadline = time.monotonic() + 60
@@ -136,8 +156,6 @@ def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_p
     finally:
         stop.set()
         col.stop()
-        w.kill()
-        w.wait()
     assert builder.builds >= 2 and col.requests >= 2  # during the run, and the last
     assert stats.drains > 0
     assert stats.gap_max_seconds <= 2 * period, stats
@@ -305,15 +323,7 @@ def test_a_burst_after_a_long_quiet_sleep_is_read_in_time_when_the_c_sampler_gua
     from memtrace.sources.fastsample import FastSampler
 
     truth = tmp_path / "truth.jsonl"
-    w = subprocess.Popen(
-        [str(fakecuda / "workload_driver"), "-w", "-e", "-n", "20000", "-s", "3"],
-        env={"WORKLOAD_TRUTH": str(truth)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    with waiting_driver(fakecuda, truth, "-e", "-n", "20000", "-s", "3") as w:
         with Agent(Options(only_traced=True, ring_bytes=1 << 20)) as agent, FastSampler(100) as sampler:
             agent.source.trace_pid(w.pid)
             agent.scan([w.pid])
@@ -322,17 +332,12 @@ def test_a_burst_after_a_long_quiet_sleep_is_read_in_time_when_the_c_sampler_gua
             with agent.draining():
                 # Quiet until the drain thread sleeps its longest.
                 _wait_for(lambda: agent._put_off >= GUARDED_QUIET_S / 2, 30, "the drains never slept long")
-                assert w.stdin is not None
-                w.stdin.write("go\n")
-                w.stdin.flush()
+                go(w)
                 assert w.wait(timeout=120) == 0
             agent.poll()
             stats = agent.stats()
             doc = summary(agent.model, stats, agent.libraries, {})
             wakes = sampler.take().ring_wakes
-    finally:
-        w.kill()
-        w.wait()
     assert wakes > 0, "the sampler never woke the drain thread: the test proved nothing"
     assert stats[Stat.DROPPED] == 0
     lines = [json.loads(line) for line in truth.read_text().splitlines()]
@@ -350,15 +355,7 @@ def test_a_process_notice_is_read_when_the_c_sampler_sees_it_not_after_the_contr
     watch out.)"""
     from memtrace.sources.fastsample import FastSampler
 
-    w = subprocess.Popen(
-        [str(fakecuda / "workload_driver"), "-w", "-e", "-n", "10", "-s", "3"],
-        env={"WORKLOAD_TRUTH": "/dev/null"},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    with waiting_driver(fakecuda, "/dev/null", "-e", "-n", "10", "-s", "3") as w:
         with Agent(Options(only_traced=True)) as agent, FastSampler(100) as sampler:
             src = agent.source
             notices: list[tuple[str, int]] = []
@@ -369,14 +366,9 @@ def test_a_process_notice_is_read_when_the_c_sampler_sees_it_not_after_the_contr
             sampler.start()
             agent.guard_ring(sampler)
             src.set_control_quiet(3600.0)
-            assert w.stdin is not None
-            w.stdin.write("go\n")
-            w.stdin.flush()
+            go(w)
             _wait_for(lambda: ("proc", w.pid) in notices, 30, f"no notice of the workload was read: {notices}")
             assert w.wait(timeout=60) == 0
-    finally:
-        w.kill()
-        w.wait()
 
 
 def test_the_sampler_stops_reading_the_ring_before_the_agent_unmaps_it() -> None:
