@@ -28,6 +28,8 @@ if [ $dev = 1 ]; then
   want+=(clang llvm libbpf-dev bpftool util-linux cpio busybox-static
          qemu-system-arm qemu-system-x86 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
          libbpf-dev:arm64 libelf-dev:arm64 zlib1g-dev:arm64 libzstd-dev:arm64)
+  # Open the flame graph as a user would, in a real browser (tests/browser.py).
+  want+=(chromium-headless-shell)
 fi
 if [ "${1:-}" = --print ] || [ "${2:-}" = --print ]; then
   printf '%s\n' "${want[@]}"

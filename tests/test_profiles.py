@@ -119,6 +119,57 @@ def test_the_flame_graph_is_self_contained_and_weighs_the_copied_bytes(fakecuda:
     assert (out / "copies.folded").read_text().count("\n") == sum(1 for s in doc["stacks"] if s["kind"] == "copy")
 
 
+FRAMES_JS = """JSON.stringify([].map.call(document.querySelectorAll('g.f'), function (g) {
+  var r = g.querySelector('rect').getBoundingClientRect();
+  return {n: g.dataset.n, w: +g.dataset.w, shown: g.style.display !== 'none', x: r.left, px: r.width,
+          y: r.top + r.height / 2, label: g.querySelector('text').textContent};
+}))"""
+
+
+@pytest.mark.bpf
+def test_the_flame_graph_opens_in_a_real_browser_and_zooms_where_it_is_clicked(fakecuda: Path, tmp_path: Path) -> None:
+    """memtrace profile's SVG opened in headless Chromium, as a user opens
+    it: its script runs without an error; every frame is drawn as wide as
+    its share of the bytes; a real click on a call site zooms to it (it
+    fills the width, its callees widen by the same factor, the frames
+    beside it are hidden), and a click on the title puts everything back.
+    Saves a screenshot of each view (tmp_path)."""
+    from browser import Browser
+
+    out, doc = profile(tmp_path, fakecuda)
+    with Browser(width=1280, height=900) as b:
+        b.open(out / "copies.svg")
+        assert b.exceptions == []
+        width = b.eval("document.documentElement.getBoundingClientRect().width")
+        frames = json.loads(b.eval(FRAMES_JS))
+        assert len(frames) == len(ET.fromstring((out / "copies.svg").read_text()).findall(f"{SVG}g"))
+        for f in frames:
+            assert f["shown"] and abs(f["px"] - f["w"] * width) <= 1.0, f
+        b.screenshot(tmp_path / "flamegraph.png")
+
+        # A Python call site that made part of the bytes, with a callee (its copies).
+        site = next(f for f in frames if f["n"].startswith("main.<locals>.upload (ctypes_sites.py:") and f["w"] < 1)
+        b.click(site["x"] + site["px"] / 2, site["y"])
+        zoomed = json.loads(b.eval(FRAMES_JS))
+        same = [f for f in zoomed if f["n"] == site["n"] and f["shown"]]
+        assert len(same) == 1 and abs(same[0]["x"]) <= 1.0 and abs(same[0]["px"] - width) <= 1.0
+        for before, after in zip(frames, zoomed, strict=True):
+            inside = before["x"] + before["px"] > site["x"] + 0.5 and before["x"] < site["x"] + site["px"] - 0.5
+            assert after["shown"] == inside, (before, after)
+            if inside:  # its callers and callees scaled by the zoom (callers past the edges)
+                assert abs(after["px"] - before["px"] * width / site["px"]) <= 1.0, (before, after)
+        assert b.exceptions == []
+        b.screenshot(tmp_path / "flamegraph-zoomed.png")
+
+        title = b.eval("JSON.stringify(document.getElementById('title').getBoundingClientRect())")
+        t = json.loads(title)
+        b.click(t["left"] + 5, t["top"] + t["height"] / 2)
+        reset = json.loads(b.eval(FRAMES_JS))
+        assert [(f["n"], f["shown"], round(f["px"])) for f in reset] == [(f["n"], True, round(f["px"])) for f in frames]
+    png = (tmp_path / "flamegraph.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") >= width
+
+
 @pytest.mark.parametrize("flag", ["--pprof", "--flamegraph"])
 def test_profile_outputs_without_stacks_are_refused_before_the_command_runs(flag: str, tmp_path: Path) -> None:
     marker = tmp_path / "ran"

@@ -195,8 +195,11 @@ def flame_graph(folded_text: str, title: str, unit: str = "bytes") -> str:
         share = n.value / total
         label = html.escape(n.name)
         tip = html.escape(f"{n.name}: {n.value:,} {unit} ({share:.1%})")
-        # Python frames green, native frames orange, the process and the call itself blue.
-        base = 90 if ".py:" in n.name else 20 if " (" in n.name else 210
+        # Python frames green, native frames orange ("function (module)", or
+        # "module+0x..." unnamed), the process (level 1: "name (pid)"), the root
+        # and the call itself blue.
+        native = level > 1 and (" (" in n.name or "+0x" in n.name)
+        base = 90 if ".py:" in n.name else 20 if native else 210
         hue = base + zlib.crc32(n.name.encode()) % 30
         rects.append(
             f'<g class="f" data-x="{x:.6f}" data-w="{w:.6f}" data-n="{label}"><title>{tip}</title>'
@@ -227,7 +230,7 @@ show(0,1);
         f'<?xml version="1.0" standalone="no"?>\n'
         f'<svg version="1.1" width="{WIDTH}" height="{height}" xmlns="http://www.w3.org/2000/svg">\n'
         "<style>text{font:12px monospace;fill:#000;pointer-events:none}g.f{cursor:pointer}"
-        "#title{font:bold 15px sans-serif;cursor:pointer}</style>\n"
+        "#title{font:bold 15px sans-serif;cursor:pointer;pointer-events:auto}</style>\n"
         f'<rect width="100%" height="100%" fill="#fdfdf6"/>\n'
         f'<text id="title" x="6" y="20">{html.escape(title)}</text>\n'
         '<text x="6" y="36" style="font:11px sans-serif;fill:#555">click a frame to zoom; the title to reset; '
