@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -142,3 +144,27 @@ def top_once_attached(
         if "attached" in line and lib in line:
             return top
     raise AssertionError(f"memtrace top exited ({top.wait()}) without attaching {lib}")
+
+
+def limited_cgroup(controller: str, v2: dict[str, str], v1: dict[str, str]) -> Path:
+    """A new cgroup of `controller` with its limits written (cgroups.py);
+    skipped where this host has no such controller. remove_cgroup() when done."""
+    from cgroups import make_limited
+
+    d = make_limited(controller, v2, v1, f"memtrace-test-{controller}-{os.getpid()}")
+    if d is None:
+        pytest.skip(f"no {controller} cgroup controller")
+    return d
+
+
+def remove_cgroup(d: Path) -> None:
+    """Kill what is left in a test's cgroup, then remove it."""
+    deadline = time.monotonic() + 10
+    while (pids := (d / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    d.rmdir()

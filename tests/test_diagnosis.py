@@ -201,6 +201,37 @@ def test_a_loader_slowed_by_memory_stalls_is_memory_pressure_not_input_starvatio
     assert d.diagnoses[0].evidence["memory_stall_share"] == pytest.approx(0.2)
 
 
+def loading_slowed(hits_before: int, hits_after: int) -> list[tuple[list[ProcWindow], HostWindow]]:
+    """The host part of each step grows and the GPU idles for it (as the two
+    tests above), with no memory stall in PSI (a cgroup v1 host: the job
+    waits on refaults and reads, I/O), while its memory cgroup hit its limit
+    so often each window."""
+    windows = [([proc(10.0, memory_limit_hits=hits_before)], host(i)) for i in range(30)]
+    for i in range(30, 36):
+        w = proc(20.0, memory_limit_hits=hits_after)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i)))
+    return windows
+
+
+def test_a_loader_slowed_at_its_own_memory_limit_is_memory_pressure_without_psi() -> None:
+    """bench/diagnose's memory_pressure fault on a cgroup v1 host: the page
+    cache thrashes under the job's limit, PSI's memory line barely moves,
+    and the limit's hits (memory.failcnt; memory.events high and max on v2)
+    are what say it."""
+    d, made = run(loading_slowed(0, 400))
+    assert made == [(31, "host_memory_pressure")]
+    ev = d.diagnoses[0].evidence
+    assert ev["limit_hits_per_second"] == pytest.approx(800.0) and ev["limit_hits_per_second_before"] == 0.0
+
+
+def test_a_job_that_always_runs_at_its_memory_limit_is_not_blamed_on_it() -> None:
+    """Hits at the same rate before and after (a PyTorch job's page cache at
+    its pod's limit all along): no new cause there; the loading is."""
+    d, made = run(loading_slowed(400, 400))
+    assert made == [(31, "input_starvation")]
+
+
 def test_a_gpu_idling_while_the_host_loads_data_is_input_starvation() -> None:
     windows = healthy(30)
     for i in range(30, 36):

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, limited_cgroup, remove_cgroup
 
 from memtrace.sensors.sched import CpuStats, SchedSensor, SchedStat
 from memtrace.sensors.sched.abi import PreemptKey
-from memtrace.sources.cgroup import CgroupNames, cgroup2_root, cgroup_id, cgroup_v1_root, cpu_quotas
+from memtrace.sources.cgroup import CgroupNames, cgroup2_root, cgroup_id, cpu_quotas
 
 pytestmark = pytest.mark.bpf
 
@@ -131,41 +130,19 @@ def hog_cgroup() -> Iterator[Path]:
     d = root / f"memtrace-test-hog-{os.getpid()}"
     d.mkdir()
     yield d
-    for pid in (d / "cgroup.procs").read_text().split():
-        os.kill(int(pid), signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while (d / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    d.rmdir()
+    remove_cgroup(d)
 
 
 @pytest.fixture
 def quota_cgroup() -> Iterator[Path]:
     """A cpu cgroup limited to 20% of one CPU (cpu.max "20000 100000", or its v1 form)."""
-    name = f"memtrace-test-quota-{os.getpid()}"
-    v2 = cgroup2_root()
-    if v2 is not None and "cpu" in (v2 / "cgroup.controllers").read_text().split():
-        (v2 / "cgroup.subtree_control").write_text("+cpu")
-        d = v2 / name
-        d.mkdir()
-        (d / "cpu.max").write_text("20000 100000")
-        (d / "cpu.weight").write_text("10000")  # see favour()
-    else:
-        v1 = cgroup_v1_root("cpu")
-        if v1 is None:
-            pytest.skip("no cpu cgroup controller")
-        d = v1 / name
-        d.mkdir()
-        (d / "cpu.cfs_period_us").write_text("100000")
-        (d / "cpu.cfs_quota_us").write_text("20000")
-        (d / "cpu.shares").write_text("262144")  # see favour()
+    d = limited_cgroup(
+        "cpu",
+        {"cpu.max": "20000 100000", "cpu.weight": "10000"},  # weight: see favour()
+        {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "20000", "cpu.shares": "262144"},  # shares: see favour()
+    )
     yield d
-    for pid in (d / "cgroup.procs").read_text().split():
-        os.kill(int(pid), signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while (d / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    d.rmdir()
+    remove_cgroup(d)
 
 
 def test_a_competing_spinner_shows_as_run_queue_wait_charged_to_its_cgroup(

@@ -81,9 +81,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from cgroups import make_limited  # noqa: E402
 from test_nvml import HEALTHY, gpu, script  # noqa: E402
 
-from memtrace.sources.cgroup import cgroup2_root, cgroup_v1_root  # noqa: E402
 from memtrace.sources.procfs import thread_cpu_seconds as thread_seconds  # noqa: E402
 
 EXPECTED = {
@@ -245,20 +245,10 @@ class BenchCgroup:
     the limit files to write in each."""
 
     def __init__(self, controller: str, v2: dict[str, str], v1: dict[str, str]) -> None:
-        name = f"memtrace-bench-{controller}-{os.getpid()}"
-        root = cgroup2_root()
-        if root is not None and controller in (root / "cgroup.controllers").read_text().split():
-            (root / "cgroup.subtree_control").write_text(f"+{controller}")
-            limits = v2
-        else:
-            root = cgroup_v1_root(controller)
-            if root is None:
-                raise SystemExit(f"no {controller} cgroup controller: cannot inject this fault")
-            limits = v1
-        self.dir = root / name
-        self.dir.mkdir()
-        for f, v in limits.items():
-            (self.dir / f).write_text(v)
+        d = make_limited(controller, v2, v1, f"memtrace-bench-{controller}-{os.getpid()}")
+        if d is None:
+            raise SystemExit(f"no {controller} cgroup controller: cannot inject this fault")
+        self.dir = d
 
     def add(self, pid: int) -> None:
         (self.dir / "cgroup.procs").write_text(str(pid))  # the whole process, every thread

@@ -51,6 +51,11 @@ DETECT_AFTER = 2
 CLEAR_RATIO = 1.1
 CLEAR_AFTER = 4
 REFINE_WINDOWS = 4  # NVML's slow readings (link width) come every second or so
+# A job's memory limit newly hit (sources/cgroup.py memory_limit_hits): at
+# least this often a second, ten times its rate before; scored as a clear
+# cause (a memory stall share 10 points up scores the same).
+MEMORY_HITS_PER_S = 1.0
+MEMORY_HITS_SCORE = 2.0
 
 CAUSES = (
     "cpu_interference",
@@ -105,6 +110,9 @@ class ProcWindow:
     off_cpu_ns: int = 0
     preemptors: dict[int, tuple[int, str, str]] = field(default_factory=dict)  # cgroup -> (wait ns, path, comm)
     quota_throttled_ns: int = 0
+    # Its memory cgroup (or one above) reclaiming at its limit, times in the
+    # window (None: no memory controller counts for it).
+    memory_limit_hits: int | None = None
     collective_ns: int = 0  # time in NCCL calls and in the waits that followed them (charged to them)
     netns: int | None = None
 
@@ -199,6 +207,25 @@ def _stall_share(ws: list[tuple[ProcWindow, HostWindow]]) -> float | None:
     xs = [(n, h.seconds) for _, h in ws if (n := h.memory_stall_ns) is not None]
     secs = sum(t for _, t in xs)
     return sum(n for n, _ in xs) / (secs * 1e9) if xs and secs else None
+
+
+def _limit_hits_per_s(ws: list[tuple[ProcWindow, HostWindow]]) -> float | None:
+    """How often per second the process's memory cgroup hit its limit over the windows; None: not known."""
+    xs = [(n, h.seconds) for w, h in ws if (n := w.memory_limit_hits) is not None]
+    secs = sum(t for _, t in xs)
+    return sum(n for n, _ in xs) / secs if xs and secs else None
+
+
+def _memory_limit_newly_hit(
+    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]
+) -> tuple[float, float] | None:
+    """(hits a second before, after) where the job's memory limit began to
+    be hit: at least MEMORY_HITS_PER_S now and ten times its own rate
+    before (a job that always runs at its limit has no new cause there)."""
+    hb, ha = _limit_hits_per_s(before), _limit_hits_per_s(after)
+    if hb is None or ha is None or ha < MEMORY_HITS_PER_S or ha < 10 * hb:
+        return None
+    return hb, ha
 
 
 def _cpu_share(ws: list[ProcWindow]) -> float | None:
@@ -447,13 +474,20 @@ class Diagnoser:
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
         share_b, share_a = _stall_share(before), _stall_share(after)
-        if share_a is None or share_b is None:
+        hits = _memory_limit_newly_hit(before, after)
+        if (share_a is None or share_b is None) and hits is None:
             return None
-        return (
-            (share_a - share_b) / 0.05,
-            "host_memory_pressure",
-            {"memory_stall_share_before": round(share_b, 4), "memory_stall_share": round(share_a, 4)},
-        )
+        ev: dict[str, Any] = {}
+        score = 0.0
+        if share_a is not None and share_b is not None:
+            ev.update(memory_stall_share_before=round(share_b, 4), memory_stall_share=round(share_a, 4))
+            score = (share_a - share_b) / 0.05
+        if hits is not None:
+            # Its own limit, newly hit while it slowed: the host work it waits for is
+            # reclaim and refaults (on a v1 host barely in PSI's memory line).
+            ev.update(limit_hits_per_second_before=round(hits[0], 1), limit_hits_per_second=round(hits[1], 1))
+            score = max(score, MEMORY_HITS_SCORE)
+        return score, "host_memory_pressure", ev
 
     @staticmethod
     def _input(
@@ -470,6 +504,8 @@ class Diagnoser:
         stall_b, stall_a = _stall_share(before), _stall_share(after)
         if stall_a is not None and stall_b is not None and stall_a - stall_b >= 0.05:
             return 0.0, "input_starvation", {}  # the host work stalled on memory (reclaim, refaults): not the input
+        if _memory_limit_newly_hit(before, after) is not None:
+            return 0.0, "input_starvation", {}  # the same, at the job's own memory limit
         ev = {
             "gpu_idle_share_before": round(ib, 4),
             "gpu_idle_share": round(ia, 4),

@@ -245,6 +245,7 @@ class HostBook:
         self.cpu: OrderedDict[int, CpuStats] = OrderedDict()
         self.names: dict[int, str] = {}
         self.quota_throttled_ns: dict[int, tuple[str, int, int]] = {}  # pid -> (cgroup, throttled ns, periods)
+        self.memory_limit_hits: dict[int, int] = {}  # pid -> its memory cgroups' limit hits so far
         self.collectives: dict[tuple[int, Collective], CallTotals] = {}
         self.nccl_libraries: list[str] = []
         self.processes_dropped = 0
@@ -334,6 +335,7 @@ class HostBook:
         self.cpu.pop(pid, None)
         self.names.pop(pid, None)
         self.quota_throttled_ns.pop(pid, None)
+        self.memory_limit_hits.pop(pid, None)
         for k in [k for k in self.collectives if k[0] == pid]:
             del self.collectives[k]
 

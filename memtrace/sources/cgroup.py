@@ -10,6 +10,7 @@ throttles it too, but is counted only where it is set.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,12 +18,21 @@ PROC = Path("/proc")
 MOUNTS = Path("/proc/mounts")
 
 
+MOUNTS_TTL_S = 10.0  # cgroup hierarchies are mounted at boot; each second's quota and memory reads share one look
+_mounts_seen: dict[Path, tuple[float, list[tuple[str, str, list[str]]]]] = {}
+
+
 def _mounts(mounts: Path = MOUNTS) -> list[tuple[str, str, list[str]]]:
+    now = time.monotonic()
+    seen = _mounts_seen.get(mounts)
+    if seen is not None and now - seen[0] < MOUNTS_TTL_S:
+        return seen[1]
     out = []
     for line in mounts.read_text().splitlines():
         parts = line.split()
         if len(parts) >= 4:
             out.append((parts[2], parts[1].replace("\\040", " "), parts[3].split(",")))
+    _mounts_seen[mounts] = (now, out)
     return out
 
 
@@ -147,20 +157,30 @@ def _quota_v1(base: Path, rel: str) -> CpuQuota | None:
     )
 
 
-def cpu_quotas(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> list[CpuQuota]:
-    """The process's cpu cgroup and its ancestors (own first, the root left out):
-    their quotas and throttling. Empty if the process is gone or has no cpu cgroup."""
+def _cgroup_of(pid: int, controller: str, proc: Path = PROC) -> tuple[str | None, str | None] | None:
+    """The process's cgroup in `controller`'s v1 hierarchy and in the unified
+    one (/proc/PID/cgroup), None for either it has no line in; None if it is gone."""
     try:
         lines = (proc / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
-        return []
+        return None
     v1 = v2 = None
     for line in lines:
         hid, ctrls, path = line.split(":", 2)
         if hid == "0" and ctrls == "":
             v2 = path
-        elif "cpu" in ctrls.split(","):
+        elif controller in ctrls.split(","):
             v1 = path
+    return v1, v2
+
+
+def cpu_quotas(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> list[CpuQuota]:
+    """The process's cpu cgroup and its ancestors (own first, the root left out):
+    their quotas and throttling. Empty if the process is gone or has no cpu cgroup."""
+    paths = _cgroup_of(pid, "cpu", proc)
+    if paths is None:
+        return []
+    v1, v2 = paths
     if v1 is not None:
         base = cgroup_v1_root("cpu", mounts)
         read = _quota_v1
@@ -171,11 +191,50 @@ def cpu_quotas(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> list[CpuQu
         rel = v2 or "/"
     if base is None:
         return []
-    out = []
-    p = Path(rel)
+    return [q for path in _chain(rel) if (q := read(base, path)) is not None]
+
+
+def _chain(rel: str) -> list[str]:
+    """A cgroup path and its ancestors, own first, the root left out."""
+    out, p = [], Path(rel)
     while str(p) not in ("/", "."):
-        q = read(base, str(p))
-        if q is not None:
-            out.append(q)
+        out.append(str(p))
         p = p.parent
     return out
+
+
+def memory_limit_hits(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> int | None:
+    """How often the process's memory cgroup, or one above it, has had to
+    reclaim at its limit so far: cgroup v2 memory.events `high` + `max`, or
+    v1 memory.failcnt, summed over the chain (a pod's limit is on the pod's
+    cgroup, above the container's). A job thrashing its page cache under
+    its limit shows here first: it stalls on refaults and reads (I/O), and
+    barely in PSI's memory line on a v1 host. 0 for a process under no
+    limit (the root cgroup); None if it is gone or this host has no memory
+    controller."""
+    paths = _cgroup_of(pid, "memory", proc)
+    if paths is None:
+        return None
+    v1, v2 = paths
+    total = 0
+    if v1 is not None:
+        v1_base = cgroup_v1_root("memory", mounts)
+        if v1_base is None:
+            return None
+        for rel in _chain(v1):
+            total += _read_int(v1_base / rel.lstrip("/") / "memory.failcnt") or 0
+        return total
+    base = cgroup2_root(mounts)
+    if base is None or v2 is None or "memory" not in _controllers(base):
+        return None
+    for rel in _chain(v2):
+        ev = _kv(base / rel.lstrip("/") / "memory.events")
+        total += ev.get("high", 0) + ev.get("max", 0)
+    return total
+
+
+def _controllers(root: Path) -> list[str]:
+    try:
+        return (root / "cgroup.controllers").read_text().split()
+    except OSError:
+        return []
