@@ -166,7 +166,9 @@ def host_arms(seconds: float, rounds: int) -> None:
     per_thread: dict[str, dict[str, list[float]]] = {k: {} for k in arms}
     rates: dict[str, list[float]] = {k: [] for k in arms}
     with Agent(Options(only_traced=True, hold_nccl=True), measure_overhead=True, budget=0.01) as agent:
-        signals = HostSignals(HostOptions(), agent.pids)
+        # Sampled as `memtrace run` and `push` sample by default (--host-interval 0.5; before
+        # 2026-11-28 this took HostOptions()'s 0.1 s, five Python samples to run's one).
+        signals = HostSignals(HostOptions(interval_s=0.5), agent.pids)
         diagnosis = LiveDiagnosis(agent, signals)
         signals.on_tick = diagnosis.tick
         signals.follow(agent)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -19,7 +20,7 @@ from memtrace.export.config import resolve
 from memtrace.export.otlp import MetricsBuilder
 from memtrace.export.report import summary
 from memtrace.model import Model
-from memtrace.sources.procfs import process_start_ticks, read_process
+from memtrace.sources.procfs import CpuReader, process_cpu_ns, process_start_ticks, read_process
 
 PID = 4242
 API, ALLOC = 22, 60  # cuMemcpyHtoD_v2, cuMemAlloc_v2
@@ -90,6 +91,41 @@ def test_the_bpf_name_wins_and_a_reused_pid_is_not_read_from_proc() -> None:
     m.introduce(mine, "from-bpf", 3)
     assert m.processes[mine].name == "from-bpf" and m.processes[mine].exe == "/bin/x"
     assert m.processes[mine].ppid == 77
+
+
+def test_cpu_time_is_read_from_a_kept_file_of_that_process_only() -> None:
+    """The overhead budget's CPU reader (one /proc/PID/stat kept open per
+    process) reads what a fresh read does, keeps one descriptor a process,
+    refuses a key whose start is another process's, and lets go of the file
+    of a process that has exited."""
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        key = ProcessKey(spin.pid, process_start_ticks(spin.pid) * tick_ns)
+        r = CpuReader()
+        before = fds()
+        readings = []
+        for _ in range(5):
+            fresh_before = process_cpu_ns(key)
+            mine = r.cpu_ns(key)
+            fresh_after = process_cpu_ns(key)
+            assert fresh_before is not None and mine is not None and fresh_after is not None
+            assert fresh_before <= mine <= fresh_after
+            readings.append(mine)
+            subprocess.run(["sleep", "0.05"], check=True)
+        assert readings[-1] > readings[0]  # it spins: its time grows, and the kept file says so
+        assert fds() == before + 1
+        # The same pid with another start is another process: nothing read, nothing kept.
+        assert r.cpu_ns(ProcessKey(spin.pid, key.start_ns + 5 * tick_ns)) is None
+        assert fds() == before + 1
+        spin.kill()
+        spin.wait()
+        assert r.cpu_ns(key) is None and fds() == before
+        r.close()
+    finally:
+        spin.kill()
+        spin.wait()
 
 
 def _by_start(rows: list[dict], pid: int) -> dict[int, list[dict]]:

@@ -506,6 +506,43 @@ def test_source_opens_without_privileges_to_enter_namespaces(tmp_path: Path) -> 
     assert p.stdout.startswith("True ('pid 1: network namespace not readable (Permission denied)',)"), p.stdout
 
 
+def _schedstat_ns(tid: int) -> int:
+    """A thread's time on a CPU so far, in ns (the scheduler's own sum)."""
+    return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+
+
+def test_the_fast_samplers_cpu_time_is_its_threads_when_taken() -> None:
+    """The C thread's CPU time is read when a window is taken (not at every
+    tick: a CPU-clock read is a system call), so a take carries the thread's
+    time up to that moment as the kernel counts it: no less than the
+    scheduler's sum read just before, no more than the sum just after
+    (plus 1 ms: the sum is brought up to date when the thread sleeps, and it
+    may be inside a tick when read)."""
+    import time
+
+    fast = FastSampler(1000)
+    try:
+        fast.start()
+        deadline = time.monotonic() + 30
+        while fast.take().ticks < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        tid = next(int(t) for t in os.listdir("/proc/self/task") if _comm(int(t)) == "memtrace-fast")
+        before = _schedstat_ns(tid)
+        w = fast.take()
+        after = _schedstat_ns(tid)
+        assert w.ticks >= 50
+        assert 0 < before <= w.cpu_ns <= after + 1_000_000, (before, w.cpu_ns, after)
+    finally:
+        fast.close()
+
+
+def _comm(tid: int) -> str:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def test_a_closed_fast_sampler_refuses_calls_and_the_source_reads_on_its_own(pair: Pair) -> None:
     """A fast sampler that could not start is closed: a call on it is an OSError, never a NULL handed
     to C, and the netdev source it was given reads every counter itself from then on."""

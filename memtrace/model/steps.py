@@ -577,9 +577,8 @@ class StepTracker:
             self._add(b, None)
 
     def _add(self, batch: np.ndarray, collectives: np.ndarray | None) -> None:
-        kind = _KIND[batch["api"]]
-        keep = kind != 255
-        b, kind = batch[keep], kind[keep]
+        """Fold copies and waits (add() has left the rest out of `batch`)."""
+        b, kind = batch, _KIND[batch["api"]]
         entry = b["ts_ns"].astype(np.int64)
         ret = entry + b["duration_ns"].astype(np.int64)
         api = b["api"].astype(np.int64)

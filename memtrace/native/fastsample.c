@@ -85,7 +85,7 @@ struct mt_stats {
 	uint64_t ticks;
 	uint64_t late; /* ticks skipped because the thread woke after the next was due */
 	uint64_t net_errors;
-	uint64_t cpu_ns; /* the sampling thread's own CPU time */
+	uint64_t cpu_ns; /* the sampling thread's own CPU time, read when taken */
 	int32_t last_errno;
 	uint32_t interfaces_dropped; /* readings of interfaces past MT_MAX_IF */
 	uint64_t ring_wakes; /* times a watched ring's reader was woken */
@@ -130,6 +130,7 @@ struct mt_fast {
 		int fd; /* an eventfd (ours, dup'ed); meaningful while cons is set */
 	} watch[MT_MAX_WATCH];
 	clockid_t cpu_clock;
+	int clock_ready; /* cpu_clock is the thread's, and the thread is alive (under lock) */
 	unsigned char buf[MT_RECV_BYTES];
 };
 
@@ -293,6 +294,15 @@ static void read_gpu(struct mt_fast *f, int i, uint64_t t)
 	pthread_mutex_unlock(&f->lock);
 }
 
+/* The thread's CPU time into its stats (under lock), read by whoever takes
+ * them: a CPU clock read is a system call, too dear for every tick. */
+static void cpu_time(struct mt_fast *f)
+{
+	struct timespec ts;
+	if (f->clock_ready && clock_gettime(f->cpu_clock, &ts) == 0)
+		f->stats.cpu_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void tick(struct mt_fast *f)
 {
 	for (int i = 0; i < f->n_ns; i++) {
@@ -339,7 +349,12 @@ static void watch_rings(struct mt_fast *f)
 static void *loop(void *arg)
 {
 	struct mt_fast *f = arg;
-	pthread_getcpuclockid(pthread_self(), &f->cpu_clock);
+	clockid_t clock;
+	int have_clock = pthread_getcpuclockid(pthread_self(), &clock) == 0;
+	pthread_mutex_lock(&f->lock);
+	f->cpu_clock = clock;
+	f->clock_ready = have_clock;
+	pthread_mutex_unlock(&f->lock);
 	uint64_t next = now_ns(CLOCK_MONOTONIC);
 	while (!f->stop) {
 		pthread_mutex_lock(&f->cfg);
@@ -348,7 +363,6 @@ static void *loop(void *arg)
 		pthread_mutex_unlock(&f->cfg);
 		pthread_mutex_lock(&f->lock);
 		f->stats.ticks++;
-		f->stats.cpu_ns = now_ns(f->cpu_clock);
 		pthread_mutex_unlock(&f->lock);
 		next += f->period_ns;
 		uint64_t now = now_ns(CLOCK_MONOTONIC);
@@ -363,6 +377,11 @@ static void *loop(void *arg)
 		while (!f->stop && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 			;
 	}
+	/* Its CPU time, last: a thread's CPU clock is gone once it has exited. */
+	pthread_mutex_lock(&f->lock);
+	cpu_time(f);
+	f->clock_ready = 0;
+	pthread_mutex_unlock(&f->lock);
 	return NULL;
 }
 
@@ -526,6 +545,7 @@ __attribute__((visibility("default"))) int mt_fast_take(struct mt_fast *f, struc
 		r->sm_sum = r->mem_sum = r->mask_or = 0;
 		r->sm_max = r->mem_max = 0;
 	}
+	cpu_time(f);
 	*stats = f->stats;
 	pthread_mutex_unlock(&f->lock);
 	return 0;

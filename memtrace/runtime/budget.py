@@ -45,7 +45,7 @@ from memtrace.core.threads import thread
 from memtrace.sensors.cuda import discovery
 from memtrace.sensors.cuda.launches import LaunchLinks
 from memtrace.sensors.cuda.source import BpfSource
-from memtrace.sources.procfs import process_cpu_ns, start_ticks_of
+from memtrace.sources.procfs import CpuReader, start_ticks_of
 
 log = logging.getLogger("memtrace")
 
@@ -221,6 +221,7 @@ class LaunchBudget:
         self._thread: threading.Thread | None = None
         self.enforced = source.launch_links is not None
         self.failures = 0
+        self._cpu = CpuReader()  # the budget thread's alone
 
     # ---- lifecycle ----
 
@@ -238,6 +239,7 @@ class LaunchBudget:
             self._thread.join()
             self._thread = None
         self._apply_exits(time.monotonic())
+        self._cpu.close()
 
     # ---- what the model is told ----
 
@@ -294,6 +296,7 @@ class LaunchBudget:
                     s.ended = now
                 self._readings.pop(key, None)
                 self._next.pop(key, None)
+            self._cpu.forget(key)
             if links is not None:
                 links.exited(key.pid, start_ticks_of(key))
 
@@ -321,7 +324,7 @@ class LaunchBudget:
         counts, exact = self.source.process_counts(key)
         if not counts:
             return now + IDLE_DECIDE_S  # no launch yet: nothing to sample
-        cpu = process_cpu_ns(key)
+        cpu = self._cpu.cpu_ns(key)
         if cpu is None:
             return now + IDLE_DECIDE_S  # gone: its exit is on its way
         est, _ = self.estimate(key, counts, exact)

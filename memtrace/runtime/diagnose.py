@@ -15,7 +15,7 @@ from memtrace.core.ids import ProcessKey
 from memtrace.runtime.agent import Agent
 from memtrace.runtime.hostsignals import HostSignals
 from memtrace.sources.cgroup import CgroupNames
-from memtrace.sources.psi import stall_us
+from memtrace.sources.psi import Stall
 
 log = logging.getLogger("memtrace")
 
@@ -31,11 +31,13 @@ class LiveDiagnosis:
         self._prev: dict[Any, tuple[int, ...]] = {}
         self._prev_cpu: dict[int, Any] = {}
         self._prev_quota: dict[int, int] = {}
+        self._prev_hits: dict[int, int] = {}  # pid -> its memory limit hits at the last window
         self._prev_t: int | None = None
         self._prev_stall: int | None = None
         self._prev_replays: dict[str, int] = {}
         self._prev_links: dict[Any, tuple[int, ...]] = {}
         self.failures = 0
+        self._stall = Stall("memory")
 
     @property
     def diagnoses(self) -> list[Diagnosis]:
@@ -113,7 +115,7 @@ class LiveDiagnosis:
                     copy_ns=d[6],
                 )
         hw = HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5, copy_bytes=copy_bytes)
-        stall = stall_us("memory")
+        stall = self._stall.read_us()
         if stall is not None and self._prev_stall is not None:
             hw.memory_stall_ns = (stall - self._prev_stall) * 1000
         self._prev_stall = stall
@@ -132,6 +134,10 @@ class LiveDiagnosis:
                 if q is not None:
                     w.quota_throttled_ns = q[1] - self._prev_quota.get(key.pid, q[1])
                     self._prev_quota[key.pid] = q[1]
+                hits = book.memory_limit_hits.get(key.pid)
+                if hits is not None:
+                    w.memory_limit_hits = max(hits - self._prev_hits.get(key.pid, hits), 0)
+                    self._prev_hits[key.pid] = hits
                 coll = sum(t.duration_ns for (pid, _c), t in book.collectives.items() if pid == key.pid)
                 dc = self._delta(("c", key), (coll,))
                 if dc is not None and dc[0] > calls_ns.get(key, 0):

@@ -49,7 +49,7 @@ from memtrace.core.threads import thread
 from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.cuda.discovery import Candidate
 from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
-from memtrace.sources.cgroup import CgroupNames, cpu_quotas
+from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits
 from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
 
 log = logging.getLogger("memtrace")
@@ -70,8 +70,12 @@ class HostOptions:
     # is seen within a second, not ten samples.
     gpu_detail_s: float = 1.0  # NVML refreshes its slow readings at about 1 Hz
     link_s: float = 1.0  # interface names and speeds
-    quota_s: float = 1.0  # cgroup cpu.stat, per process
+    quota_s: float = 1.0  # cgroup cpu.stat, and the memory cgroups' limit hits, per process
     scan_s: float = 1.0  # /proc/PID/maps of the traced processes, for a libnccl loaded late
+    # The same, where an agent's CUDA sensor reports each libnccl a traced process
+    # maps (follow()): a safety net then, and a PyTorch process's maps (thousands
+    # of lines) cost 1.4 ms of CPU a read on the H100 host.
+    followed_scan_s: float = 10.0
 
     def every(self, seconds: float) -> int:
         """The samples between two readings taken every `seconds` (at least 1)."""
@@ -113,6 +117,7 @@ class HostSignals:
         # Processes that mapped an attached libnccl (nccl_mapped, another thread), each
         # until it is traced here (a few samples at most): pid -> samples waited.
         self._nccl_mapped: dict[int, int] = {}
+        self._followed = False  # an agent's CUDA sensor reports the libnccl its processes map
         self._nccl_lock = threading.Lock()  # _nccl's lifetime and _nccl_mapped, against nccl_mapped
         self._quota_first: dict[int, dict[str, tuple[int, int]]] = {}
         self._count = 0
@@ -229,6 +234,7 @@ class HostSignals:
         attached it (the agent was made with Options(hold_nccl=True))."""
         self.on_collectives = agent.add_collectives
         agent.source.on_library_mapped = self.nccl_mapped
+        self._followed = True
         self.guard_drains_of(agent)
 
     def guard_drains_of(self, agent: Any) -> None:
@@ -340,6 +346,12 @@ class HostSignals:
                 self.book.set_cpu(stats)
             if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
                 self._sample_quotas(stats)
+        if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
+            for pid in sorted(pids):
+                hits = memory_limit_hits(pid)
+                if hits is not None:
+                    with self.lock:
+                        self.book.memory_limit_hits[pid] = hits
 
     def _sample_nccl(self, pids: set[int], final: bool = False) -> None:
         s = self._nccl
@@ -353,9 +365,10 @@ class HostSignals:
         complete_until = time.monotonic_ns() - (0 if final else COMPLETE_MARGIN_NS)
         batches = [s.poll()]
         # Look for a newly loaded libnccl in new processes at once, in the others every scan_s
-        # (a /proc/PID/maps read each).
+        # (a /proc/PID/maps read each), or followed_scan_s where the CUDA sensor reports them.
         new = pids - self._nccl_scanned
-        look = pids if (self._count - 1) % self.opts.every(self.opts.scan_s) == 0 else new
+        every = self.opts.every(self.opts.followed_scan_s if self._followed else self.opts.scan_s)
+        look = pids if (self._count - 1) % every == 0 else new
         self._nccl_scanned |= new
         if look and s.scan(sorted(look)):
             # Attached now: what the processes that had it loaded called before is not seen.

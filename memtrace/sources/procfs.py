@@ -151,6 +151,47 @@ def thread_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[
     return out
 
 
+class CpuReader:
+    """Processes' CPU time read again and again (the overhead budget weighs
+    each launching process twice a second): each process's /proc/PID/stat
+    kept open and read from its start, one pread a reading. An open, read
+    and close cost this 2-vCPU VM 160-180 us of CPU after a sleep, a pread
+    about 30 us. An open file stays the process it was opened for (a pid
+    taken again is another /proc entry), so a key is checked against the
+    process's start once, when its file is opened. forget() a process that
+    exited; close() at the end."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+        self._fds: dict[ProcessKey, int] = {}
+
+    def cpu_ns(self, key: ProcessKey) -> int | None:
+        """As process_cpu_ns: None if the process is gone or its pid is now another's."""
+        fd = self._fds.get(key)
+        first = fd is None
+        try:
+            if fd is None:
+                fd = self._fds[key] = os.open(self.proc / str(key.pid) / "stat", os.O_RDONLY | os.O_CLOEXEC)
+            fields = os.pread(fd, 4096, 0).decode("ascii", "replace").rsplit(")", 1)[1].split()
+            ticks, utime, stime = int(fields[19]), int(fields[11]), int(fields[12])
+        except (OSError, ValueError, IndexError):
+            self.forget(key)
+            return None
+        if first and key.start_ns and ticks != start_ticks_of(key):
+            self.forget(key)
+            return None
+        return (utime + stime) * _ns_per_tick()
+
+    def forget(self, key: ProcessKey) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for key in list(self._fds):
+            self.forget(key)
+
+
 def process_cpu_ns(key: ProcessKey, proc: Path = Path("/proc")) -> int | None:
     """A process's user and system CPU time so far, all its threads
     (/proc/PID/stat, in clock ticks), None if it is gone or its pid is now

@@ -1,0 +1,96 @@
+"""The memory pressure the live diagnosis reads: PSI twice a second
+(sources/psi.py: one file kept open and read again from its start, which
+must give what a fresh read gives, hold one descriptor, and come back when
+the file does), and how often a job's own memory cgroup reclaims at its
+limit (sources/cgroup.py), in a real cgroup."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import limited_cgroup, remove_cgroup
+
+from memtrace.sources.cgroup import memory_limit_hits
+from memtrace.sources.psi import PROC, Stall
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def some_total(text: str) -> int:
+    line = next(x for x in text.splitlines() if x.startswith("some "))
+    return int(line.rsplit("total=", 1)[1])
+
+
+@pytest.mark.skipif(not (PROC / "memory").exists(), reason="this kernel has no PSI")
+def test_a_held_pressure_file_reads_what_a_fresh_read_does_on_one_descriptor() -> None:
+    before = fds()
+    s = Stall("memory")
+    first = s.read_us()
+    assert first is not None
+    readings = [s.read_us() for _ in range(20)]
+    fresh = some_total((PROC / "memory").read_text())
+    last = s.read_us()
+    assert fds() == before + 1  # one descriptor, kept
+    # The total only grows: each reading is the file's as of then, never an old one.
+    seq = [first, *readings]
+    assert None not in seq and last is not None
+    assert seq == sorted(seq) and seq[-1] <= fresh <= last
+    s.close()
+    s.close()
+    assert fds() == before
+
+
+def test_a_missing_pressure_file_reads_none_and_is_opened_once_it_is_there(tmp_path: Path) -> None:
+    p = tmp_path / "memory.pressure"
+    s = Stall(path=p)
+    assert s.read_us() is None
+    p.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=1234\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n")
+    assert s.read_us() == 1234
+    s.close()
+
+
+def test_a_job_reading_past_its_memory_limit_is_counted_hitting_it(tmp_path: Path) -> None:
+    """A process reads a 32 MiB file (on disk, page cache charged to it)
+    over and over in a cgroup limited to 8 MiB: its limit is hit, and
+    counted for it."""
+    data = tmp_path / "dataset"
+    data.write_bytes(os.urandom(32 << 20))
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\n"
+            "print('ready', flush=True); sys.stdin.readline()\n"
+            f"fd = os.open({str(data)!r}, os.O_RDONLY)\n"
+            "os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # its pages charged to it anew\n"
+            "for _ in range(4):\n"
+            "    while os.read(fd, 1 << 20): pass\n"
+            "    os.lseek(fd, 0, 0)\n"
+            "print('done', flush=True); sys.stdin.readline()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    d = limited_cgroup("memory", {"memory.max": str(8 << 20)}, {"memory.limit_in_bytes": str(8 << 20)})
+    try:
+        assert reader.stdout is not None and reader.stdin is not None
+        assert reader.stdout.readline().strip() == "ready"
+        (d / "cgroup.procs").write_text(str(reader.pid))
+        before = memory_limit_hits(reader.pid)  # its new cgroup's, and those above it
+        assert before is not None
+        reader.stdin.write("go\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "done"
+        after = memory_limit_hits(reader.pid)
+        assert after is not None and after > before, (before, after)
+    finally:
+        reader.kill()
+        reader.wait()
+        remove_cgroup(d)
