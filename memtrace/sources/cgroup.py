@@ -233,8 +233,18 @@ def memory_limit_hits(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> int
     return total
 
 
+_controllers_seen: dict[Path, tuple[float, list[str]]] = {}
+
+
 def _controllers(root: Path) -> list[str]:
+    """The unified hierarchy's controllers (looked at every MOUNTS_TTL_S, as the mounts are)."""
+    now = time.monotonic()
+    seen = _controllers_seen.get(root)
+    if seen is not None and now - seen[0] < MOUNTS_TTL_S:
+        return seen[1]
     try:
-        return (root / "cgroup.controllers").read_text().split()
+        names = (root / "cgroup.controllers").read_text().split()
     except OSError:
-        return []
+        names = []
+    _controllers_seen[root] = (now, names)
+    return names
