@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,23 +28,33 @@ def some_total(text: str) -> int:
     return int(line.rsplit("total=", 1)[1])
 
 
-@pytest.mark.skipif(not (PROC / "memory").exists(), reason="this kernel has no PSI")
+@pytest.mark.skipif(not (PROC / "cpu").exists(), reason="this kernel has no PSI")
 def test_a_held_pressure_file_reads_what_a_fresh_read_does_on_one_descriptor() -> None:
-    before = fds()
-    s = Stall("memory")
-    first = s.read_us()
-    assert first is not None
-    readings = [s.read_us() for _ in range(20)]
-    fresh = some_total((PROC / "memory").read_text())
-    last = s.read_us()
-    assert fds() == before + 1  # one descriptor, kept
-    # The total only grows: each reading is the file's as of then, never an old one.
-    seq = [first, *readings]
-    assert None not in seq and last is not None
-    assert seq == sorted(seq) and seq[-1] <= fresh <= last
-    s.close()
-    s.close()
-    assert fds() == before
+    """Read through a kept descriptor while the total moves (more busy
+    loops than CPUs: tasks wait for a CPU, so the cpu line's total grows),
+    each reading is the file's as of then: never less than a fresh read
+    just before, and it moves on. The memory line is read the same way."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) + 2)]
+    try:
+        before = fds()
+        s = Stall("cpu")
+        first = s.read_us()
+        readings = []
+        for _ in range(5):
+            fresh = some_total((PROC / "cpu").read_text())
+            mine = s.read_us()
+            assert mine is not None and fresh <= mine
+            readings.append(mine)
+            time.sleep(0.1)
+        assert first is not None and readings == sorted(readings) and readings[-1] > first
+        assert fds() == before + 1  # one descriptor, kept
+        s.close()
+        s.close()
+        assert fds() == before
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
 
 
 def test_a_missing_pressure_file_reads_none_and_is_opened_once_it_is_there(tmp_path: Path) -> None:
