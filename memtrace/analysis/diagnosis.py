@@ -204,14 +204,20 @@ def _share(part: int, whole: int) -> float:
 
 def _stall_share(ws: list[tuple[ProcWindow, HostWindow]]) -> float | None:
     """The share of the windows' time in which some task stalled on memory (PSI); None: no PSI."""
-    xs = [(n, h.seconds) for _, h in ws if (n := h.memory_stall_ns) is not None]
-    secs = sum(t for _, t in xs)
-    return sum(n for n, _ in xs) / (secs * 1e9) if xs and secs else None
+    ns = _per_second(ws, lambda _w, h: h.memory_stall_ns)
+    return None if ns is None else ns / 1e9
 
 
 def _limit_hits_per_s(ws: list[tuple[ProcWindow, HostWindow]]) -> float | None:
     """How often per second the process's memory cgroup hit its limit over the windows; None: not known."""
-    xs = [(n, h.seconds) for w, h in ws if (n := w.memory_limit_hits) is not None]
+    return _per_second(ws, lambda w, _h: w.memory_limit_hits)
+
+
+def _per_second(
+    ws: list[tuple[ProcWindow, HostWindow]], count: Callable[[ProcWindow, HostWindow], int | None]
+) -> float | None:
+    """A count's rate over the windows that have it; None: none has it."""
+    xs = [(n, h.seconds) for w, h in ws if (n := count(w, h)) is not None]
     secs = sum(t for _, t in xs)
     return sum(n for n, _ in xs) / secs if xs and secs else None
 

@@ -49,7 +49,7 @@ from memtrace.core.threads import thread
 from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.cuda.discovery import Candidate
 from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
-from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits
+from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits, read_cgroups
 from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
 
 log = logging.getLogger("memtrace")
@@ -344,11 +344,13 @@ class HostSignals:
             stats = self._sched.read()
             with self.lock:
                 self.book.set_cpu(stats)
-            if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
-                self._sample_quotas(stats)
         if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
-            for pid in sorted(pids):
-                hits = memory_limit_hits(pid)
+            # Each process's cgroups read once for its CPU quota and its memory limit.
+            cgroups = {pid: text for pid in sorted(pids) if (text := read_cgroups(pid)) is not None}
+            if self._sched is not None:
+                self._sample_quotas(stats, cgroups)
+            for pid, text in cgroups.items():
+                hits = memory_limit_hits(pid, cgroups=text)
                 if hits is not None:
                     with self.lock:
                         self.book.memory_limit_hits[pid] = hits
@@ -406,9 +408,9 @@ class HostSignals:
             totals = {k: v for k, v in s.totals().items() if k[0] in self._pids}
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
 
-    def _sample_quotas(self, stats: dict[int, Any]) -> None:
+    def _sample_quotas(self, stats: dict[int, Any], cgroups: dict[int, str]) -> None:
         for pid in stats:
-            qs = cpu_quotas(pid)
+            qs = cpu_quotas(pid, cgroups=cgroups.get(pid))
             limited = [q for q in qs if q.quota_us is not None] or qs[:1]
             if not limited:
                 continue

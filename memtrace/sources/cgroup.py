@@ -157,15 +157,27 @@ def _quota_v1(base: Path, rel: str) -> CpuQuota | None:
     )
 
 
-def _cgroup_of(pid: int, controller: str, proc: Path = PROC) -> tuple[str | None, str | None] | None:
-    """The process's cgroup in `controller`'s v1 hierarchy and in the unified
-    one (/proc/PID/cgroup), None for either it has no line in; None if it is gone."""
+def read_cgroups(pid: int, proc: Path = PROC) -> str | None:
+    """/proc/PID/cgroup's text (read once a second for both the quota and the
+    memory limit: pass it to each); None if the process is gone."""
     try:
-        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+        return (proc / str(pid) / "cgroup").read_text()
     except OSError:
         return None
+
+
+def _cgroup_of(
+    pid: int, controller: str, proc: Path = PROC, text: str | None = None
+) -> tuple[str | None, str | None] | None:
+    """The process's cgroup in `controller`'s v1 hierarchy and in the unified
+    one (/proc/PID/cgroup, or its `text` already read), None for either it
+    has no line in; None if it is gone."""
+    if text is None:
+        text = read_cgroups(pid, proc)
+        if text is None:
+            return None
     v1 = v2 = None
-    for line in lines:
+    for line in text.splitlines():
         hid, ctrls, path = line.split(":", 2)
         if hid == "0" and ctrls == "":
             v2 = path
@@ -174,10 +186,11 @@ def _cgroup_of(pid: int, controller: str, proc: Path = PROC) -> tuple[str | None
     return v1, v2
 
 
-def cpu_quotas(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> list[CpuQuota]:
+def cpu_quotas(pid: int, mounts: Path = MOUNTS, proc: Path = PROC, cgroups: str | None = None) -> list[CpuQuota]:
     """The process's cpu cgroup and its ancestors (own first, the root left out):
-    their quotas and throttling. Empty if the process is gone or has no cpu cgroup."""
-    paths = _cgroup_of(pid, "cpu", proc)
+    their quotas and throttling. Empty if the process is gone or has no cpu cgroup.
+    `cgroups`: its /proc/PID/cgroup text, if already read (read_cgroups)."""
+    paths = _cgroup_of(pid, "cpu", proc, cgroups)
     if paths is None:
         return []
     v1, v2 = paths
@@ -203,7 +216,7 @@ def _chain(rel: str) -> list[str]:
     return out
 
 
-def memory_limit_hits(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> int | None:
+def memory_limit_hits(pid: int, mounts: Path = MOUNTS, proc: Path = PROC, cgroups: str | None = None) -> int | None:
     """How often the process's memory cgroup, or one above it, has had to
     reclaim at its limit so far: cgroup v2 memory.events `high` + `max`, or
     v1 memory.failcnt, summed over the chain (a pod's limit is on the pod's
@@ -211,8 +224,8 @@ def memory_limit_hits(pid: int, mounts: Path = MOUNTS, proc: Path = PROC) -> int
     its limit shows here first: it stalls on refaults and reads (I/O), and
     barely in PSI's memory line on a v1 host. 0 for a process under no
     limit (the root cgroup); None if it is gone or this host has no memory
-    controller."""
-    paths = _cgroup_of(pid, "memory", proc)
+    controller. `cgroups`: its /proc/PID/cgroup text, if already read."""
+    paths = _cgroup_of(pid, "memory", proc, cgroups)
     if paths is None:
         return None
     v1, v2 = paths
