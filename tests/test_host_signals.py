@@ -51,6 +51,7 @@ def run(
 SLEEPER = textwrap.dedent(
     """
     import json, os, sys, time
+    c0 = time.process_time_ns()
     def switches():
         st = dict(l.split(":\\t") for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)
         return int(st["voluntary_ctxt_switches"]), int(st["nonvoluntary_ctxt_switches"])
@@ -62,7 +63,8 @@ SLEEPER = textwrap.dedent(
         pass
     v, i = switches()
     print(json.dumps({"pid": os.getpid(), "voluntary": v, "involuntary": i, "voluntary_here": v - v0,
-                      "involuntary_here": i - i0, "cpu_ns": time.process_time_ns()}), file=sys.stderr, flush=True)
+                      "involuntary_here": i - i0, "cpu_ns": time.process_time_ns(), "cpu_ns_at_start": c0}),
+          file=sys.stderr, flush=True)
     os._exit(0)  # no interpreter teardown after the last read: only the write and the exit follow it
     """
 )
@@ -75,7 +77,7 @@ def test_run_reports_the_cpu_its_command_got(tmp_path: Path) -> None:
     host = doc["host"]
     assert host["sensors"]["cpu"] == {"state": "on"}
     (row,) = [r for r in host["cpu"] if r["pid"] == truth["pid"]]
-    report = {"row": row, "truth": truth}
+    report = {"row": row, "truth": truth, "cpu_sensor": host["cpu_sensor"]}
     # Traced from before its first instruction (the gate) to its exit: at
     # least the switches it made while its script ran, at most the kernel's
     # count since the fork (memtrace's child before the gate opened may be
@@ -84,12 +86,17 @@ def test_run_reports_the_cpu_its_command_got(tmp_path: Path) -> None:
     # waking the agent's threads (the parent's wait, the control ring's exit
     # notice), which preempt it where they share its CPU (two more, every
     # time, with the test pinned to one CPU).
+    # A switch the kernel's tracepoint never delivered (a VM showed a few, to
+    # perf as well) is not counted, but each such gap is.
+    gaps = host["cpu_sensor"]["switch_gaps"]
     for kind in ("voluntary", "involuntary"):
-        assert truth[f"{kind}_here"] <= row[f"{kind}_switches"] <= truth[kind] + 3, report
+        assert truth[f"{kind}_here"] - gaps <= row[f"{kind}_switches"] <= truth[kind] + 3, report
     assert row["off_cpu_us"]["count"] >= 100, report  # the hundred sleeps at least
-    # 200 ms of spinning and the interpreter's start are on CPU; the
-    # process's CPU time as it measured it bounds the sensor's from below.
-    assert row["on_cpu_seconds"] * 1e9 >= truth["cpu_ns"] * 0.99, report
+    # 200 ms of spinning and the interpreter's start are on CPU: the CPU time
+    # the script measured from its first line bounds the sensor's from below
+    # (not the process's total: its first milliseconds, memtrace's forked
+    # child before the gate opened, are not the command's).
+    assert row["on_cpu_seconds"] * 1e9 >= truth["cpu_ns"] - truth["cpu_ns_at_start"], report
     assert row["on_cpu_seconds"] >= 0.2, report
     alive = row["on_cpu_seconds"] + row["off_cpu_seconds"] + row["run_queue_seconds"]
     assert alive <= doc["command"]["wall_seconds"] + 0.05, report

@@ -373,6 +373,34 @@ def test_exports_and_forgetting_processes_make_no_cyclic_garbage() -> None:
         gc.enable()
 
 
+def test_the_cpu_sensors_switch_gaps_are_counted_in_the_agents_health() -> None:
+    """A gap in the sched tracepoints' switches (host.cpu_sensor.switch_gaps
+    in `run`'s JSON) reaches a pushing agent's health counters too."""
+    from memtrace.model.host import HostBook
+
+    b = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"})
+    host = HostBook()
+
+    def gaps() -> int:
+        batch = b.build(Model(), {}, 1, host=host)
+        batch.commit()
+        (point,) = [
+            p.value
+            for rm in batch.data.resource_metrics
+            for sm in rm.scope_metrics
+            for x in sm.metrics
+            if x.name == "memtrace.agent.cpu_switch_gaps"
+            for p in x.data.data_points
+        ]
+        return int(point)
+
+    assert gaps() == 0
+    host.cpu_gaps = {"switch_gaps": 3, "processes_not_kept": 0, "threads_not_kept": 0, "preemptions_not_attributed": 0}
+    assert gaps() == 3
+    host.cpu_gaps = {**host.cpu_gaps, "switch_gaps": 5}
+    assert gaps() == 5  # cumulative, the default temporality
+
+
 def test_the_wait_after_a_collective_is_exported_per_collective() -> None:
     """memtrace.nccl.waits / memtrace.nccl.wait_time: a process's stream wait,
     folded before the NCCL poll that brings the all_reduce it waited for, is

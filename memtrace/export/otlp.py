@@ -646,6 +646,7 @@ class MetricsBuilder:
             + stats.get(Stat.COUNTS_FULL, 0),
             "export_failures": self.export_failures,
             "unsent_processes": self.unsent_processes,
+            "cpu_switch_gaps": host.cpu_gaps.get("switch_gaps", 0) if host is not None else 0,
         }
         hstart = self.base.health_time_ns if self.delta else self.start_ns
         hv = {k: v - self.base.health.get(k, 0) for k, v in health_now.items()} if self.delta else health_now
@@ -684,6 +685,12 @@ class MetricsBuilder:
                 "Exited processes dropped unsent during an outage (memory bound)",
                 "{process}",
                 "unsent_processes",
+            ),
+            counter(
+                "memtrace.agent.cpu_switch_gaps",
+                "Times the kernel's sched tracepoints skipped a traced thread's switch (its CPU time stays exact)",
+                "{gap}",
+                "cpu_switch_gaps",
             ),
             Metric(
                 name="memtrace.agent.libraries",

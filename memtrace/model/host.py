@@ -249,6 +249,7 @@ class HostBook:
         self.collectives: dict[tuple[int, Collective], CallTotals] = {}
         self.nccl_libraries: list[str] = []
         self.processes_dropped = 0
+        self.cpu_gaps: dict[str, int] = {}  # what the CPU sensor could not keep or was not told, counted
         self._net_prev: NetSnapshot | None = None
         self._ifaces: dict[tuple[int, int, str], _Link] = {}
         self._qdiscs: dict[tuple[int, int, str, int, int], _Link] = {}
@@ -473,6 +474,7 @@ class HostBook:
             "nvidia_driver": self.driver_version,
             "network": self._net_view(),
             "processes_dropped": self.processes_dropped,
+            "cpu_sensor": dict(self.cpu_gaps) if "cpu" in self.sensors and self.sensors["cpu"].on else None,
         }
 
     def collectives_view(self) -> list[dict[str, Any]]:

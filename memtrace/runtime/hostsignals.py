@@ -345,6 +345,10 @@ class HostSignals:
             with self.lock:
                 self.book.set_cpu(stats)
         if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
+            if self._sched is not None:
+                gaps = self._sched.gaps()
+                with self.lock:
+                    self.book.cpu_gaps = gaps
             # Each process's cgroups read once for its CPU quota and its memory limit.
             cgroups = {pid: text for pid in sorted(pids) if (text := read_cgroups(pid)) is not None}
             if self._sched is not None:

@@ -46,9 +46,10 @@ class SchedStat(enum.IntEnum):
     THREADS_FULL = 2
     PREEMPT_FULL = 3
     UNTRACKED = 4
+    UNSEEN = 5
 
 
-STAT_COUNT = 5
+STAT_COUNT = 6
 
 
 class ThreadState(enum.IntEnum):

@@ -154,6 +154,16 @@ class SchedSensor:
             out[s] = sum(vals) if self.maps["stats"].lookup(ctypes.c_uint32(s), vals) else 0
         return out
 
+    def gaps(self) -> dict[str, int]:
+        """What the sensor could not keep, or was never told, so far (the summary's `cpu_sensor`)."""
+        st = self.stats()
+        return {
+            "switch_gaps": st[SchedStat.UNSEEN],
+            "processes_not_kept": st[SchedStat.PROCS_FULL],
+            "threads_not_kept": st[SchedStat.THREADS_FULL],
+            "preemptions_not_attributed": st[SchedStat.PREEMPT_FULL],
+        }
+
     def map_entries(self) -> dict[str, int]:
         """How many entries each bounded map holds now (for health and tests)."""
         types: dict[str, type[ctypes._CData]] = {
