@@ -56,6 +56,7 @@ log = logging.getLogger("memtrace")
 
 DEFAULT_INTERVAL_S = 0.1
 COMPLETE_MARGIN_NS = 10_000_000  # an NCCL poll's events are taken as complete up to this long before it
+GAPS_S = 10.0  # the CPU sensor's gap counters are read this often (and at the last sample)
 
 
 @dataclass(frozen=True)
@@ -344,11 +345,11 @@ class HostSignals:
             stats = self._sched.read()
             with self.lock:
                 self.book.set_cpu(stats)
+        if self._sched is not None and (final or (self._count - 1) % self.opts.every(GAPS_S) == 0):
+            gaps = self._sched.gaps()  # health counters: every 10 s is enough, and the last sample
+            with self.lock:
+                self.book.cpu_gaps = gaps
         if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
-            if self._sched is not None:
-                gaps = self._sched.gaps()
-                with self.lock:
-                    self.book.cpu_gaps = gaps
             # Each process's cgroups read once for its CPU quota and its memory limit.
             cgroups = {pid: text for pid in sorted(pids) if (text := read_cgroups(pid)) is not None}
             if self._sched is not None:
@@ -369,7 +370,8 @@ class HostSignals:
         # margin of its last waits (60 rounds in 50 ms) must still have them
         # judged (the control thread's 100 ms polls used to delay that sample).
         complete_until = time.monotonic_ns() - (0 if final else COMPLETE_MARGIN_NS)
-        batches = [s.poll()]
+        # With no libnccl attached (most hosts) its ring and maps are empty: not read.
+        batches = [s.poll()] if s.attachments else [np.zeros(0, NCCL_EVENT_DTYPE)]
         # Look for a newly loaded libnccl in new processes at once, in the others every scan_s
         # (a /proc/PID/maps read each), or followed_scan_s where the CUDA sensor reports them.
         new = pids - self._nccl_scanned
@@ -384,7 +386,8 @@ class HostSignals:
                 if any(c.fid in fids for c in mapped_nccl(pid)):
                     self._nccl_since.setdefault(pid, now)
             log.info("attached to %d new NCCL file(s) while sampling", len(s.attachments) - before)
-        batches.append(s.poll())
+        if s.attachments:
+            batches.append(s.poll())
         if look and s.attachments:
             fids = set(s.attachments)
             for pid in look - self._nccl_users:
@@ -408,8 +411,8 @@ class HostSignals:
         # match a wait to: nothing is handed over (most hosts' every sample, at no cost).
         if self.on_collectives is not None and (len(events) or self._nccl_users):
             self.on_collectives(events, complete_until, frozenset(self._nccl_users))
+        totals = {k: v for k, v in s.totals().items() if k[0] in self._pids} if s.attachments else {}
         with self.lock:
-            totals = {k: v for k, v in s.totals().items() if k[0] in self._pids}
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
 
     def _sample_quotas(self, stats: dict[int, Any], cgroups: dict[int, str]) -> None:
