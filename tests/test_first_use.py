@@ -386,6 +386,35 @@ def test_guest_build_uses_the_project_python_not_the_system_one() -> None:
     assert "PYTHON=sys.executable" in (REPO / "tests" / "test_kernels.py").read_text()
 
 
+@pytest.mark.bpf
+def test_the_cpu_sensors_gaps_are_said_under_the_table(fakecuda: Path, tmp_path: Path) -> None:
+    """A real run's summary, as the table prints it at 80 columns: nothing
+    about the CPU sensor while it kept everything; its gaps and drops in
+    words once it has some (a VM's kernel skipped switches: test_sched)."""
+    from rich.console import Console
+
+    from memtrace.export.report import print_table
+
+    out = tmp_path / "summary.json"
+    env = {"WORKLOAD_TRUTH": "/dev/null"}
+    p = memtrace("run", "-f", "json", "-o", str(out), "--", str(fakecuda / "workload"), "-n", "5", env=env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+
+    def table() -> str:
+        text = io.StringIO()
+        print_table(doc, Console(file=text, width=80))
+        assert max(len(l) for l in text.getvalue().splitlines()) <= 80
+        return " ".join(text.getvalue().split())
+
+    assert doc["host"]["cpu_sensor"]["switch_gaps"] == 0, doc["host"]["cpu_sensor"]
+    assert "sched tracepoints" not in table() and "maps were full" not in table()
+    doc["host"]["cpu_sensor"].update(switch_gaps=3, threads_not_kept=2)
+    said = table()
+    assert "the kernel's sched tracepoints skipped 3 switches of the traced threads" in said, said
+    assert "the CPU sensor's maps were full: 2 threads not kept." in said, said
+
+
 def test_prose_lines_wrap_at_80_columns_with_their_continuations_indented() -> None:
     from rich.console import Console
 

@@ -559,6 +559,18 @@ def print_host(doc: dict[str, Any], console: Console) -> None:
         if q and q["throttled_periods"]:
             line += f"; its CPU quota throttled it {q['throttled_seconds']:.3g} s"
         say(console, line, highlight=False)
+    gaps = host.get("cpu_sensor") or {}
+    if gaps.get("switch_gaps"):
+        say(
+            console,
+            f"[yellow]the kernel's sched tracepoints skipped {gaps['switch_gaps']:,} switches of the traced "
+            "threads: on-CPU time stays exact, switch counts and the waits around them do not.[/yellow]",
+            highlight=False,
+        )
+    lost = {k: gaps.get(k, 0) for k in ("processes_not_kept", "threads_not_kept", "preemptions_not_attributed")}
+    if any(lost.values()):
+        said = ", ".join(f"{n:,} {k.replace('_', ' ')}" for k, n in lost.items() if n)
+        say(console, f"[yellow]the CPU sensor's maps were full: {said}.[/yellow]", highlight=False)
     for g in host["gpus"]:
         sm, temp, power = g["sm_utilization_percent"], g["temperature_celsius"], g["power_watts"]
         parts = [f"[bold]gpu {g['index']}[/bold] {g['name']}:"]
