@@ -31,7 +31,7 @@ const volatile bool filter_pids = true; /* only processes in `traced` */
 
 struct sc_thread {
 	__u64 ts;
-	__u64 exec; /* the task's se.sum_exec_runtime when its state was last set (0: not known) */
+	__u64 exec; /* the task's se.sum_exec_runtime when its state was last set (0 for a new task) */
 	__u64 preempt_cgroup; /* SC_T_PREEMPTED: who took the CPU */
 	__u32 tgid;
 	__u32 state; /* enum sc_tstate */
@@ -226,7 +226,7 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 	 * se.sum_exec_runtime up to date before this tracepoint, so what it grew
 	 * by since the thread's last event is exactly what /proc/PID/schedstat
 	 * and getrusage add, whether or not every switch-in was delivered. */
-	if (t && t->exec && exec > t->exec) {
+	if (t && exec > t->exec) {
 		ran = exec - t->exec;
 		__sync_fetch_and_add(&p->oncpu_ns, ran);
 	}
@@ -285,7 +285,7 @@ static __always_inline void switch_in(struct task_struct *next, __u64 now)
 		put_thread(tid, &n);
 		return;
 	}
-	if (t->exec && exec > t->exec) {
+	if (exec > t->exec) {
 		/* It ran since its last event: switches the tracepoint never
 		 * delivered (see switch_out). What it ran is still exact. */
 		ran = exec - t->exec;

@@ -326,6 +326,65 @@ def test_switches_the_tracepoint_never_delivered_leave_cpu_time_exact_and_are_co
     assert st.offcpu_ns + st.runq_ns + st.oncpu_ns >= truth["wall_ns"], report
 
 
+THREADS = """
+import json, os, signal, sys, threading, time
+def spin():
+    t = time.thread_time()
+    while time.thread_time() - t < 0.05:
+        pass
+sys.stdin.read(1)
+ts = [threading.Thread(target=spin) for _ in range(4)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(json.dumps({"process_cpu_ns": time.process_time_ns()}), flush=True)  # every thread's, the exited ones' too
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_new_threads_are_on_cpu_from_their_first_slice(sensor: SchedSensor) -> None:
+    """A traced process's new threads start with a runtime of 0, and their
+    first slice counts like any other: from the moment it is traced (one
+    thread then) to its last reading, the process's own runtime, its four
+    spinning threads' included, bounds the sensor's figure from below. (A
+    version that took a runtime of 0 for "unknown" lost each new thread's
+    first slice: 0.7-1.3 ms short here.)"""
+    p = subprocess.Popen(
+        ["taskset", "-c", CPU, "python3", "-c", THREADS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        favour(p.pid)
+        deadline = time.monotonic() + 30
+        while True:  # traced while it blocks at its read of stdin, one thread, its runtime standing still
+            assert time.monotonic() < deadline, "the workload did not start"
+            time.sleep(0.01)
+            e0 = sum_exec_ns(p.pid)  # exact only while it is off CPU (a running task's lags a tick)
+            if "pipe_read" not in Path(f"/proc/{p.pid}/wchan").read_text():
+                continue
+            sensor.add_pid(p.pid)
+            if sum_exec_ns(p.pid) == e0 and "pipe_read" in Path(f"/proc/{p.pid}/wchan").read_text():
+                break
+            sensor.remove_pid(p.pid)  # it ran meanwhile: again
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("g")
+        p.stdin.flush()
+        truth = json.loads(p.stdout.readline())
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the workload did not stop"
+            time.sleep(0.01)
+        st = sensor.read()[p.pid]
+    finally:
+        p.kill()
+        p.wait()
+    report = {"st": st, "truth": truth, "e0": e0}
+    assert truth["process_cpu_ns"] - e0 >= 200_000_000, report  # the four threads' 50 ms each at least
+    assert st.oncpu_ns >= truth["process_cpu_ns"] - e0, report  # and its print and stop on top
+
+
 def test_maps_stay_bounded_and_drops_are_counted(workload_bin: Path) -> None:
     # Every process on the host traced, into deliberately small maps.
     with SchedSensor(filter_pids=False, max_processes=16, max_threads=64, max_preemptors=16) as s:
