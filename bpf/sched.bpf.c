@@ -210,12 +210,40 @@ static __always_inline void charge_preemptor(__u32 tgid, struct task_struct *nex
 	BPF_CORE_READ_STR_INTO(&v->last_comm, next, comm);
 }
 
+/* What a thread did since its last event (at t->ts, its runtime then
+ * t->exec), settled at this one: it ran for what its runtime grew by (the
+ * kernel's own figure, exact even when switches were never delivered); the
+ * rest of the interval it waited, where its state says, if it was waiting:
+ * off CPU, or queued (after a preemption: charged to the preemptor too). */
+static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u32 tgid, __u64 exec, __u64 now)
+{
+	struct sc_preempt_key key = { .cgroup_id = t->preempt_cgroup, .tgid = tgid };
+	__u64 ran = exec > t->exec ? exec - t->exec : 0, wait;
+	struct sc_preempt *v;
+
+	if (ran)
+		__sync_fetch_and_add(&p->oncpu_ns, ran);
+	if (t->state == SC_T_RUNNING || now <= t->ts + ran)
+		return;
+	wait = now - t->ts - ran;
+	if (t->state == SC_T_BLOCKED) {
+		add_offcpu(p, wait);
+		return;
+	}
+	add_runq(p, wait);
+	if (t->state == SC_T_PREEMPTED) {
+		v = bpf_map_lookup_elem(&preempts, &key);
+		if (v)
+			__sync_fetch_and_add(&v->wait_ns, wait);
+	}
+}
+
 static __always_inline void switch_out(struct task_struct *prev, struct task_struct *next, bool preempt,
 				       unsigned int prev_state, __u64 now)
 {
 	__u32 tid = prev->pid, tgid = prev->tgid;
 	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
-	__u64 exec = prev->se.sum_exec_runtime, ran = 0;
+	__u64 exec = prev->se.sum_exec_runtime;
 	struct sc_thread n = { .ts = now, .exec = exec, .tgid = tgid };
 	struct sc_proc *p = proc_of(tgid);
 
@@ -225,23 +253,14 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 	/* On-CPU time is the kernel's own runtime: put_prev_task brought prev's
 	 * se.sum_exec_runtime up to date before this tracepoint, so what it grew
 	 * by since the thread's last event is exactly what /proc/PID/schedstat
-	 * and getrusage add, whether or not every switch-in was delivered. */
-	if (t && exec > t->exec) {
-		ran = exec - t->exec;
-		__sync_fetch_and_add(&p->oncpu_ns, ran);
-	}
-	if (t && t->state != SC_T_RUNNING) {
-		/* It ran, but its switch-in never reached the tracepoint (seen on a
-		 * VM: perf and BPF alike miss a few switches and wakeups around one
-		 * guest daemon's). The wait before it ran is the interval less what
-		 * it ran, kept where its state says; the gap is counted. */
-		stat_inc(SC_STAT_UNSEEN);
-		if (now > t->ts + ran) {
-			if (t->state == SC_T_BLOCKED)
-				add_offcpu(p, now - t->ts - ran);
-			else
-				add_runq(p, now - t->ts - ran);
-		}
+	 * and getrusage add, whether or not every switch-in was delivered. A
+	 * thread not running by its state had its switch-in never reach the
+	 * tracepoint (seen on a VM: perf and BPF alike miss a few switches and
+	 * wakeups around one guest daemon's): the gap is counted. */
+	if (t) {
+		if (t->state != SC_T_RUNNING)
+			stat_inc(SC_STAT_UNSEEN);
+		settle(p, t, tgid, exec, now);
 	}
 	/* prev is still current here */
 	p->cgroup_id = bpf_get_current_cgroup_id();
@@ -275,40 +294,18 @@ static __always_inline void switch_in(struct task_struct *next, __u64 now)
 	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
 	__u64 exec = next->se.sum_exec_runtime;
 	struct sc_thread n = { .ts = now, .exec = exec, .tgid = tgid, .state = SC_T_RUNNING };
-	struct sc_preempt_key key = { .tgid = tgid };
-	struct sc_preempt *v;
 	struct sc_proc *p;
-	__u64 delta, ran = 0;
 
 	if (!t) {
 		stat_inc(SC_STAT_UNTRACKED);
 		put_thread(tid, &n);
 		return;
 	}
-	if (exec > t->exec) {
-		/* It ran since its last event: switches the tracepoint never
-		 * delivered (see switch_out). What it ran is still exact. */
-		ran = exec - t->exec;
+	if (exec > t->exec) /* it ran since its last event: switches never delivered (see switch_out) */
 		stat_inc(SC_STAT_UNSEEN);
-		p = proc_of(tgid);
-		if (p)
-			__sync_fetch_and_add(&p->oncpu_ns, ran);
-	}
-	if (t->state != SC_T_RUNNING && now > t->ts + ran) {
-		p = proc_of(tgid);
-		delta = now - t->ts - ran;
-		if (p && t->state == SC_T_BLOCKED) {
-			add_offcpu(p, delta); /* woken without a wakeup event */
-		} else if (p) {
-			add_runq(p, delta);
-			if (t->state == SC_T_PREEMPTED) {
-				key.cgroup_id = t->preempt_cgroup;
-				v = bpf_map_lookup_elem(&preempts, &key);
-				if (v)
-					__sync_fetch_and_add(&v->wait_ns, delta);
-			}
-		}
-	}
+	p = proc_of(tgid);
+	if (p)
+		settle(p, t, tgid, exec, now);
 	t->ts = now;
 	t->exec = exec;
 	t->state = SC_T_RUNNING;
@@ -348,10 +345,13 @@ static __always_inline void wakeup(struct task_struct *p, bool fresh)
 		/* a wakeup of a running or already queued thread changes nothing */
 		if (t->state != SC_T_BLOCKED)
 			return;
+		if (n.exec > t->exec) /* it ran since it blocked: switches never delivered */
+			stat_inc(SC_STAT_UNSEEN);
 		proc = proc_of(tgid);
-		if (proc && now > t->ts)
-			add_offcpu(proc, now - t->ts);
+		if (proc)
+			settle(proc, t, tgid, n.exec, now);
 		t->ts = now;
+		t->exec = n.exec;
 		t->state = SC_T_QUEUED;
 		return;
 	}

@@ -36,7 +36,7 @@ def workload_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Workload:
     """A fixture workload: waits for go, runs, prints its truth, stops itself."""
 
-    def __init__(self, argv: list[str], cgroup_procs: Path | None = None) -> None:
+    def __init__(self, argv: list[str], cgroup_procs: Path | None = None, comm: str = "sched_workload") -> None:
         prefix = f"echo $$ > {cgroup_procs} && " if cgroup_procs else ""
         self.p = subprocess.Popen(
             ["sh", "-c", prefix + 'exec "$@"', "sh", "taskset", "-c", CPU, *argv],
@@ -49,7 +49,7 @@ class Workload:
         favour(self.pid)
         # Wait until it has exec'd into the workload and blocks reading stdin.
         deadline = time.monotonic() + 30
-        while not (self.comm() == "sched_workload" and self.state() == "S"):
+        while not (self.comm() == comm and self.state() == "S"):
             assert time.monotonic() < deadline, "workload did not start"
             time.sleep(0.01)
 
@@ -330,10 +330,10 @@ THREADS = """
 import json, os, signal, sys, threading, time
 def spin():
     t = time.thread_time()
-    while time.thread_time() - t < 0.05:
+    while time.thread_time() - t < 0.03:
         pass
 sys.stdin.read(1)
-ts = [threading.Thread(target=spin) for _ in range(4)]
+ts = [threading.Thread(target=spin) for _ in range(8)]
 [t.start() for t in ts]
 [t.join() for t in ts]
 print(json.dumps({"process_cpu_ns": time.process_time_ns()}), flush=True)  # every thread's, the exited ones' too
@@ -344,44 +344,29 @@ os.kill(os.getpid(), signal.SIGSTOP)
 def test_new_threads_are_on_cpu_from_their_first_slice(sensor: SchedSensor) -> None:
     """A traced process's new threads start with a runtime of 0, and their
     first slice counts like any other: from the moment it is traced (one
-    thread then) to its last reading, the process's own runtime, its four
+    thread then) to its last reading, the process's own runtime, its eight
     spinning threads' included, bounds the sensor's figure from below. (A
     version that took a runtime of 0 for "unknown" lost each new thread's
-    first slice: 0.7-1.3 ms short here.)"""
-    p = subprocess.Popen(
-        ["taskset", "-c", CPU, "python3", "-c", THREADS],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    first slice: 0.7-1.3 ms of four new threads' 200 ms.)"""
+    w = Workload(["python3", "-c", THREADS], comm="python3")
     try:
-        favour(p.pid)
         deadline = time.monotonic() + 30
         while True:  # traced while it blocks at its read of stdin, one thread, its runtime standing still
+            e0 = sum_exec_ns(w.pid)  # exact only while it is off CPU (a running task's lags a tick)
+            if "pipe_read" in Path(f"/proc/{w.pid}/wchan").read_text():
+                sensor.add_pid(w.pid)
+                if sum_exec_ns(w.pid) == e0 and "pipe_read" in Path(f"/proc/{w.pid}/wchan").read_text():
+                    break
+                sensor.remove_pid(w.pid)  # it ran meanwhile: again
             assert time.monotonic() < deadline, "the workload did not start"
             time.sleep(0.01)
-            e0 = sum_exec_ns(p.pid)  # exact only while it is off CPU (a running task's lags a tick)
-            if "pipe_read" not in Path(f"/proc/{p.pid}/wchan").read_text():
-                continue
-            sensor.add_pid(p.pid)
-            if sum_exec_ns(p.pid) == e0 and "pipe_read" in Path(f"/proc/{p.pid}/wchan").read_text():
-                break
-            sensor.remove_pid(p.pid)  # it ran meanwhile: again
-        assert p.stdin is not None and p.stdout is not None
-        p.stdin.write("g")
-        p.stdin.flush()
-        truth = json.loads(p.stdout.readline())
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-            assert time.monotonic() < deadline, "the workload did not stop"
-            time.sleep(0.01)
-        st = sensor.read()[p.pid]
+        w.go()
+        truth = w.result()
+        st = sensor.read()[w.pid]
     finally:
-        p.kill()
-        p.wait()
+        w.kill()
     report = {"st": st, "truth": truth, "e0": e0}
-    assert truth["process_cpu_ns"] - e0 >= 200_000_000, report  # the four threads' 50 ms each at least
+    assert truth["process_cpu_ns"] - e0 >= 240_000_000, report  # the eight threads' 30 ms each at least
     assert st.oncpu_ns >= truth["process_cpu_ns"] - e0, report  # and its print and stop on top
 
 
