@@ -35,6 +35,8 @@ struct sc_thread {
 	__u64 preempt_cgroup; /* SC_T_PREEMPTED: who took the CPU */
 	__u32 tgid;
 	__u32 state; /* enum sc_tstate */
+	__u32 nvcsw; /* the task's own switch counts then (low 32 bits: their differences are what counts) */
+	__u32 nivcsw;
 };
 
 struct {
@@ -92,12 +94,17 @@ struct {
 	__type(value, struct zeroes);
 } zero SEC(".maps");
 
-static __always_inline void stat_inc(__u32 idx)
+static __always_inline void stat_add(__u32 idx, __u64 n)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
 
 	if (v)
-		*v += 1;
+		*v += n;
+}
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	stat_add(idx, 1);
 }
 
 static __always_inline bool is_traced(__u32 tgid)
@@ -210,12 +217,49 @@ static __always_inline void charge_preemptor(__u32 tgid, struct task_struct *nex
 	BPF_CORE_READ_STR_INTO(&v->last_comm, next, comm);
 }
 
+/* Switches a task made since its thread's last event that never reached
+ * the tracepoint: what its own counts (the kernel's nvcsw and nivcsw, which
+ * __schedule raises before it traces the switch) grew by, less `seen` (1 for
+ * the switch-out being traced now, of that kind). They join its process's
+ * counts, which stay the kernel's whatever was missed. */
+struct sc_missed {
+	__u32 v, iv;
+};
+
+/* The gap's switches into the health counter: those the counts show, or one
+ * (a switch-in: they never count it) where only the thread's state shows it. */
+static __always_inline void count_gap(struct sc_missed m, bool state_says)
+{
+	if (m.v || m.iv)
+		stat_add(SC_STAT_UNSEEN, (__u64)m.v + m.iv);
+	else if (state_says)
+		stat_inc(SC_STAT_UNSEEN);
+}
+
+static __always_inline struct sc_missed missed_switches(struct sc_proc *p, struct sc_thread *t,
+						       struct task_struct *task, __u32 seen_v, __u32 seen_iv)
+{
+	__u32 dv = (__u32)task->nvcsw - t->nvcsw, div = (__u32)task->nivcsw - t->nivcsw;
+	struct sc_missed m = { .v = dv > seen_v ? dv - seen_v : 0, .iv = div > seen_iv ? div - seen_iv : 0 };
+
+	if (m.v)
+		__sync_fetch_and_add(&p->nvcsw, m.v);
+	if (m.iv)
+		__sync_fetch_and_add(&p->nivcsw, m.iv);
+	return m;
+}
+
 /* What a thread did since its last event (at t->ts, its runtime then
  * t->exec), settled at this one: it ran for what its runtime grew by (the
  * kernel's own figure, exact even when switches were never delivered); the
  * rest of the interval it waited, where its state says, if it was waiting:
- * off CPU, or queued (after a preemption: charged to the preemptor too). */
-static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u32 tgid, __u64 exec, __u64 now)
+ * off CPU, or queued (after a preemption: charged to the preemptor too).
+ * Across switches never delivered (`m`) it was off CPU in stretches between
+ * its runs, in states never seen: blocked if one of those switches was
+ * voluntary, else queued; the time joins the totals, not the histograms
+ * (it is not one interval) nor a preemptor (never seen). */
+static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u32 tgid, __u64 exec, __u64 now,
+				   struct sc_missed m)
 {
 	struct sc_preempt_key key = { .cgroup_id = t->preempt_cgroup, .tgid = tgid };
 	__u64 ran = exec > t->exec ? exec - t->exec : 0, wait;
@@ -223,9 +267,15 @@ static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u32
 
 	if (ran)
 		__sync_fetch_and_add(&p->oncpu_ns, ran);
-	if (t->state == SC_T_RUNNING || now <= t->ts + ran)
+	if (now <= t->ts + ran)
 		return;
 	wait = now - t->ts - ran;
+	if (m.v || m.iv) {
+		__sync_fetch_and_add(m.v ? &p->offcpu_ns : &p->runq_ns, wait);
+		return;
+	}
+	if (t->state == SC_T_RUNNING) /* what is left is the clocks' difference, not a wait */
+		return;
 	if (t->state == SC_T_BLOCKED) {
 		add_offcpu(p, wait);
 		return;
@@ -244,8 +294,11 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 	__u32 tid = prev->pid, tgid = prev->tgid;
 	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
 	__u64 exec = prev->se.sum_exec_runtime;
-	struct sc_thread n = { .ts = now, .exec = exec, .tgid = tgid };
+	struct sc_thread n = { .ts = now, .exec = exec, .tgid = tgid, .nvcsw = prev->nvcsw, .nivcsw = prev->nivcsw };
 	struct sc_proc *p = proc_of(tgid);
+	/* The kernel's own rule (__schedule): nivcsw unless it blocked (a dead task's last switch is voluntary). */
+	bool involuntary = !(prev_state & TASK_DEAD) && (preempt || prev_state == TASK_RUNNING);
+	struct sc_missed m;
 
 	stat_inc(SC_STAT_SWITCHES);
 	if (!p)
@@ -253,14 +306,15 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 	/* On-CPU time is the kernel's own runtime: put_prev_task brought prev's
 	 * se.sum_exec_runtime up to date before this tracepoint, so what it grew
 	 * by since the thread's last event is exactly what /proc/PID/schedstat
-	 * and getrusage add, whether or not every switch-in was delivered. A
-	 * thread not running by its state had its switch-in never reach the
-	 * tracepoint (seen on a VM: perf and BPF alike miss a few switches and
-	 * wakeups around one guest daemon's): the gap is counted. */
+	 * and getrusage add, whether or not every switch was delivered. A gap
+	 * (seen on a VM: perf and BPF alike miss a few switches and wakeups
+	 * around one guest daemon's) is counted: a thread not running by its
+	 * state (its switch-in never reached the tracepoint), or switches in its
+	 * own counts that were never traced. */
 	if (t) {
-		if (t->state != SC_T_RUNNING)
-			stat_inc(SC_STAT_UNSEEN);
-		settle(p, t, tgid, exec, now);
+		m = missed_switches(p, t, prev, !involuntary, involuntary);
+		count_gap(m, t->state != SC_T_RUNNING);
+		settle(p, t, tgid, exec, now, m);
 	}
 	/* prev is still current here */
 	p->cgroup_id = bpf_get_current_cgroup_id();
@@ -270,8 +324,7 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 		bpf_map_delete_elem(&threads, &tid);
 		return;
 	}
-	/* The kernel's own rule (__schedule): nivcsw unless it blocked. */
-	if (preempt || prev_state == TASK_RUNNING) {
+	if (involuntary) {
 		__sync_fetch_and_add(&p->nivcsw, 1);
 		n.state = SC_T_PREEMPTED;
 		/* 0 for the idle task: nobody took the CPU (a throttled quota, or a migration) */
@@ -293,7 +346,10 @@ static __always_inline void switch_in(struct task_struct *next, __u64 now)
 	__u32 tid = next->pid, tgid = next->tgid;
 	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
 	__u64 exec = next->se.sum_exec_runtime;
-	struct sc_thread n = { .ts = now, .exec = exec, .tgid = tgid, .state = SC_T_RUNNING };
+	struct sc_thread n = {
+		.ts = now, .exec = exec, .tgid = tgid, .state = SC_T_RUNNING, .nvcsw = next->nvcsw, .nivcsw = next->nivcsw
+	};
+	struct sc_missed m;
 	struct sc_proc *p;
 
 	if (!t) {
@@ -301,14 +357,14 @@ static __always_inline void switch_in(struct task_struct *next, __u64 now)
 		put_thread(tid, &n);
 		return;
 	}
-	if (exec > t->exec) /* it ran since its last event: switches never delivered (see switch_out) */
-		stat_inc(SC_STAT_UNSEEN);
 	p = proc_of(tgid);
-	if (p)
-		settle(p, t, tgid, exec, now);
-	t->ts = now;
-	t->exec = exec;
-	t->state = SC_T_RUNNING;
+	if (p) {
+		/* It switched out (and maybe ran) since its last event, never traced (see switch_out). */
+		m = missed_switches(p, t, next, 0, 0);
+		count_gap(m, t->state == SC_T_RUNNING);
+		settle(p, t, tgid, exec, now, m);
+	}
+	*t = n; /* its preemptor, if any, had its wait in settle */
 }
 
 SEC("tp_btf/sched_switch")
@@ -331,7 +387,10 @@ int BPF_PROG(sc_switch, bool preempt, struct task_struct *prev, struct task_stru
 static __always_inline void wakeup(struct task_struct *p, bool fresh)
 {
 	__u32 tid, tgid = p->tgid;
-	struct sc_thread n = { .state = SC_T_QUEUED, .exec = p->se.sum_exec_runtime };
+	struct sc_thread n = {
+		.state = SC_T_QUEUED, .exec = p->se.sum_exec_runtime, .nvcsw = p->nvcsw, .nivcsw = p->nivcsw
+	};
+	struct sc_missed m = {};
 	struct sc_thread *t;
 	struct sc_proc *proc;
 	__u64 now;
@@ -342,17 +401,20 @@ static __always_inline void wakeup(struct task_struct *p, bool fresh)
 	now = bpf_ktime_get_ns();
 	t = fresh ? NULL : bpf_map_lookup_elem(&threads, &tid);
 	if (t) {
-		/* a wakeup of a running or already queued thread changes nothing */
-		if (t->state != SC_T_BLOCKED)
-			return;
-		if (n.exec > t->exec) /* it ran since it blocked: switches never delivered */
-			stat_inc(SC_STAT_UNSEEN);
 		proc = proc_of(tgid);
+		if (proc) /* switches since its last event, never traced */
+			m = missed_switches(proc, t, p, 0, 0);
+		/* A wakeup of a running or already queued thread (one still on its
+		 * CPU as it blocks, or runnable) changes nothing, unless it switched
+		 * out unseen since its last event. */
+		if (t->state != SC_T_BLOCKED && !m.v && !m.iv)
+			return;
+		count_gap(m, n.exec > t->exec); /* it blocked, or ran, unseen */
 		if (proc)
-			settle(proc, t, tgid, n.exec, now);
-		t->ts = now;
-		t->exec = n.exec;
-		t->state = SC_T_QUEUED;
+			settle(proc, t, tgid, n.exec, now, m);
+		n.ts = now;
+		n.tgid = tgid;
+		*t = n;
 		return;
 	}
 	n.ts = now;

@@ -55,9 +55,11 @@ enum sc_stat {
 	SC_STAT_THREADS_FULL = 2,  /* thread state lost: `threads` map full (LRU: an old thread evicted instead) */
 	SC_STAT_PREEMPT_FULL = 3,  /* preemptions not attributed: `preempts` map full */
 	SC_STAT_UNTRACKED = 4,     /* switch-ins of a traced thread with no state (started before tracing, or evicted) */
-	SC_STAT_UNSEEN = 5,        /* gaps of one or more switches the tracepoint never delivered, seen as a thread
-				    * switched out (or in) twice in a row, or found to have run while waiting:
-				    * its CPU time stays exact; its switch counts and the split of the wait do not */
+	SC_STAT_UNSEEN = 5,        /* switches of traced threads the tracepoint never delivered (at least): the
+				    * switch-outs their own nvcsw/nivcsw show, or one where only a thread's state
+				    * shows it (switched in twice in a row): CPU time and switch counts stay exact;
+				    * the wait across the switches the counts show joins the totals, not the
+				    * histograms (it is not one interval) */
 	SC_STAT_COUNT = 6,
 };
 

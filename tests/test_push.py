@@ -29,12 +29,13 @@ DASHBOARD = REPO / "deploy" / "grafana" / "memtrace.json"
 
 def start_push(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     # The log goes to a file: a pipe nobody reads would fill up and block the agent.
+    # It is removed once read (stop_push), or kept with the failure that names it.
     log = tempfile.NamedTemporaryFile("w+", prefix="memtrace-push-", suffix=".log", delete=False)
     p = subprocess.Popen([*memtrace_cmd(), "push", *args], stderr=log, text=True, env=dict(os.environ, **(env or {})))
     p.log_path = log.name  # type: ignore[attr-defined]
     deadline = time.monotonic() + 30
     while "pushing to" not in Path(log.name).read_text():
-        assert p.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+        assert p.poll() is None and time.monotonic() < deadline, (log.name, Path(log.name).read_text())
         time.sleep(0.05)
     return p
 
@@ -43,7 +44,11 @@ def stop_push(p: subprocess.Popen) -> tuple[int, float, str]:
     t = time.monotonic()
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=30)
-    return p.returncode, time.monotonic() - t, Path(p.log_path).read_text()  # type: ignore[attr-defined]
+    took = time.monotonic() - t
+    log = Path(p.log_path)  # type: ignore[attr-defined]
+    text = log.read_text()
+    log.unlink()
+    return p.returncode, took, text
 
 
 def run_workloads(fakecuda: Path, tmp: Path, pace_us: int = 0) -> list[dict]:
@@ -381,7 +386,9 @@ def first_failure_then_sigint(endpoint: str) -> tuple[int, str]:
         if push.poll() is None:
             push.kill()
             push.wait()
-    return push.returncode, Path(log.name).read_text()
+    text = Path(log.name).read_text()
+    Path(log.name).unlink()
+    return push.returncode, text
 
 
 def test_push_with_nothing_listening_says_cannot_connect_and_no_traceback() -> None:

@@ -564,7 +564,8 @@ def print_host(doc: dict[str, Any], console: Console) -> None:
         say(
             console,
             f"[yellow]the kernel's sched tracepoints skipped {gaps['switch_gaps']:,} switches of the traced "
-            "threads: on-CPU time stays exact, switch counts and the waits around them do not.[/yellow]",
+            "threads: on-CPU time and switch counts stay exact; the waits across them are in the totals, "
+            "not the histograms.[/yellow]",
             highlight=False,
         )
     lost = {k: gaps.get(k, 0) for k in ("processes_not_kept", "threads_not_kept", "preemptions_not_attributed")}
