@@ -30,7 +30,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, build_fixtures, need_root
+
 SETTLE_S = 5.0
 
 
@@ -74,15 +75,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=25.0, help="each run of the job")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("agent_ab: run as root (memtrace loads BPF programs)")
+    need_root("agent_ab")
     old = a.old.resolve()
     if not (old / "memtrace" / "__init__.py").exists():
         sys.exit(f"agent_ab: {old} holds no memtrace checkout (git worktree add {old} COMMIT)")
     build_helper(old)
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-agent-ab-"))
     fx = tmp / "fx"
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     sys.path.insert(0, str(REPO / "tests"))
     from test_nvml import HEALTHY, gpu, script  # the healthy test GPU bench/diagnose uses
 

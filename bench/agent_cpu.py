@@ -58,7 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, build_fixtures, need_root
+
 sys.path.insert(0, str(REPO))
 
 
@@ -74,8 +75,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--host", action="store_true", help="the agent as `memtrace run` has it: host sampling, diagnosis")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("agent_cpu: run as root (it loads BPF programs)")
+    need_root("agent_cpu")
     if a.host:
         host_arms(a.seconds, a.rounds)
         return
@@ -84,7 +84,7 @@ def main() -> None:
     from memtrace.sensors.cuda.source import Options
 
     fx = Path(tempfile.mkdtemp(prefix="memtrace-agent-cpu-"))
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     link = fx / "pcie"
     link.write_bytes((0).to_bytes(8, "little") + (2 << 30).to_bytes(8, "little"))
     cpus = os.cpu_count() or 1
@@ -153,7 +153,7 @@ def host_arms(seconds: float, rounds: int) -> None:
     from memtrace.sources.procfs import thread_cpu_seconds
 
     fx = Path(tempfile.mkdtemp(prefix="memtrace-agent-cpu-"))
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     cpus = os.cpu_count() or 1
     arms = ("timers", "guarded")
     total = (seconds + 1.5) * len(arms) * rounds + 30

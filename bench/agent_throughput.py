@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import REPO, build_fixtures
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
 from memtrace.core import apis  # noqa: E402
@@ -133,9 +133,7 @@ def bench_ring(calls: int) -> tuple[float, int, int]:
     from memtrace.sensors.cuda.source import Options
 
     build = Path(tempfile.mkdtemp(prefix="memtrace-bench-"))
-    subprocess.run(
-        ["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={build}"], check=True, capture_output=True
-    )
+    build_fixtures(build, quiet=True)
     workload = [str(build / "workload_driver"), "-t", "4", "-e", "-a", "3", "-z"]
     with Agent(Options()) as agent:
         agent.source.scan()

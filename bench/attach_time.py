@@ -28,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, build_fixtures, need_root
+
 sys.path.insert(0, str(REPO))
 
 DLOPEN = "import ctypes,sys,time; t=time.perf_counter(); ctypes.CDLL(sys.argv[1]); print(time.perf_counter()-t)"
@@ -43,8 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("attach_time: run as root (it loads BPF programs)")
+    need_root("attach_time")
     import memtrace.sensors.cuda.source as bpfsource
     from memtrace.runtime.agent import Agent
     from memtrace.sensors.cuda.source import Options
@@ -52,7 +52,7 @@ def main() -> None:
     bpfsource.DETACH_IN_BACKGROUND = False
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-attach-"))
     fx = tmp / "fx"
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     start, with_agent, without = [], [], []
     w = subprocess.Popen(
         [str(fx / "workload"), "-w", "-n", "1"], stdin=subprocess.PIPE, env={"WORKLOAD_TRUTH": "/dev/null"}

@@ -27,12 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def loop_seconds(stdout: str) -> float:
-    words = stdout.split()
-    return float(words[words.index("seconds") + 1])
+from common import REPO, build_fixtures, loop_seconds, need_root
 
 
 def main() -> None:
@@ -41,11 +36,10 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=2000)
     ap.add_argument("--give-up", type=float, default=60.0, help="seconds to wait for a clean loop")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("detach_time: run as root (memtrace loads BPF programs)")
+    need_root("detach_time")
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-detach-"))
     fx = tmp / "fx"
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     print(f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}; {a.launches} launches a loop")
     results: dict[str, list[tuple[float, float]]] = {"multi": [], "single": []}
     for r in range(a.rounds):

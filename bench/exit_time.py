@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, build_fixtures, need_root
 
 
 def one(fx: Path, tmp: Path, host: bool) -> tuple[float, float, float]:
@@ -52,11 +52,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("exit_time: run as root (memtrace loads BPF programs)")
+    need_root("exit_time")
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-exit-"))
     fx = tmp / "fx"
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     print(f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}; {a.rounds} rounds")
     arms = {"host signals": True, "--no-host": False}
     res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in arms}

@@ -38,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, build_fixtures, need_root
+
 sys.path.insert(0, str(REPO))
 
 
@@ -185,15 +186,14 @@ def main() -> None:
     ap.add_argument("--soak", type=int, default=20_000_000, help="events folded into the last count's series")
     ap.add_argument("--gap-window", type=float, default=2.0, help="seconds each drain-gap phase runs, export included")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("footprint: run as root (it loads BPF programs)")
+    need_root("footprint")
     from memtrace.export.config import resolve
     from memtrace.export.otlp import MetricsBuilder
     from memtrace.runtime.agent import DRAIN_NICE, Agent
     from memtrace.sensors.cuda.source import Options
 
     fx = Path(tempfile.mkdtemp(prefix="memtrace-footprint-"))
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}")
     print(
         f"{'processes':>10} {'events/s':>10} {'CPU/10k ev/s':>13} {'RSS MB':>8} {'export ms':>10} {'series':>7}"

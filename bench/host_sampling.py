@@ -39,7 +39,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, need_root
+
 sys.path.insert(0, str(REPO))
 
 GPU_FIELDS = dict(
@@ -228,8 +229,7 @@ def main() -> None:
     if a.child:
         child(a)
         return
-    if os.geteuid() != 0:
-        sys.exit("run as root: the benchmark makes network namespaces")
+    need_root("host_sampling", "the benchmark makes network namespaces")
     tag = uuid.uuid4().hex[:6]
     ns_a, ns_b, va, vb = f"hsa{tag}", f"hsb{tag}", f"hva{tag}", f"hvb{tag}"
     procs: list[subprocess.Popen[bytes]] = []

@@ -32,12 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def loop_seconds(stdout: str) -> float:
-    words = stdout.split()
-    return float(words[words.index("seconds") + 1])
+from common import REPO, build_fixtures, loop_seconds, need_root
 
 
 def main() -> None:
@@ -47,11 +42,10 @@ def main() -> None:
     ap.add_argument("--work", type=int, default=2000, help="CPU work iterations after each launch")
     ap.add_argument("--copy-every", type=int, default=100)
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("overhead: run as root (memtrace loads BPF programs)")
+    need_root("overhead")
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-overhead-"))
     fx = tmp / "fx"
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     memtrace = [sys.executable, "-m", "memtrace"]
     untraced: list[float] = []
     traced: list[float] = []

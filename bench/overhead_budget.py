@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -39,13 +38,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, build_fixtures, need_root
 
 
 def build(tmp: Path) -> tuple[Path, Path, Path]:
-    subprocess.run(
-        ["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={tmp}"], check=True, capture_output=True
-    )
+    build_fixtures(tmp, quiet=True)
     loop, step = tmp / "launchloop", tmp / "trainstep"
     subprocess.run(
         ["cc", "-O2", "-o", str(loop), str(REPO / "tests" / "fixtures" / "launchloop.c"), "-ldl"], check=True
@@ -109,8 +106,7 @@ def main() -> None:
     ap.add_argument("--copy-every", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=200, help="GPU-bound simulated steps per round")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("run as root: memtrace attaches uprobes")
+    need_root("overhead_budget", "memtrace attaches uprobes")
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-budget-"))
     lib, loop, step = build(tmp)
     # Size the work: iterations of the loop's CPU work per microsecond, untraced.

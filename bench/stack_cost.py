@@ -32,13 +32,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, build_fixtures
+
 LOOP_CPU = "1"
 
 
 def build(tmp: Path) -> tuple[Path, Path]:
     fx = tmp / "fx"
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fx}"], check=True)
+    build_fixtures(fx)
     loop = tmp / "stackloop"
     subprocess.run(
         [

@@ -34,7 +34,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, build_fixtures, need_root
+
 sys.path.insert(0, str(REPO))
 
 
@@ -101,8 +102,7 @@ def main() -> None:
     ap.add_argument("--cpu-us", type=float, default=10.0, help="--simulate: framework CPU time before each launch")
     ap.add_argument("--gpu-us", type=float, default=2590 / 41, help="--simulate: GPU time each launch queues")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("step_time: run as root (it loads BPF programs)")
+    need_root("step_time")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; {a.rounds} rounds, A/B")
     if not a.simulate:
         probe = subprocess.run(
@@ -121,7 +121,7 @@ def main() -> None:
         ab(cmd, a.rounds, 41 + 4, "PyTorch CNN training loop")
         return
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-step-"))
-    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={tmp}"], check=True)
+    build_fixtures(tmp)
     loop = tmp / "trainstep"
     subprocess.run(["cc", "-O2", "-o", str(loop), str(REPO / "bench" / "src" / "trainstep.c"), "-ldl"], check=True)
     base = [str(loop), str(tmp / "lib" / "libcuda.so.1"), str(a.steps), str(a.launches), str(a.cpu_us)]

@@ -146,6 +146,28 @@ def top_once_attached(
     raise AssertionError(f"memtrace top exited ({top.wait()}) without attaching {lib}")
 
 
+def top_over_a_released_workload(fakecuda: Path, columns: int) -> tuple[int, str]:
+    """A test workload waiting before its first call, then `memtrace top` at
+    this width past attaching, then the workload let go: (its pid, what top
+    printed over three refreshes)."""
+    w = subprocess.Popen(
+        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    top = top_once_attached(fakecuda, columns)
+    assert w.stdin is not None
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    out, _ = top.communicate(timeout=60)
+    w.wait()
+    assert top.returncode == 0
+    return w.pid, out
+
+
 def limited_cgroup(controller: str, v2: dict[str, str], v1: dict[str, str]) -> Path:
     """A new cgroup of `controller` with its limits written (cgroups.py);
     skipped where this host has no such controller. remove_cgroup() when done."""

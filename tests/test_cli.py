@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import memtrace_cmd, top_once_attached
+from conftest import memtrace_cmd, top_over_a_released_workload
 
 import memtrace.bpf.host as bpfhost
 from memtrace.core.errors import BTFMissing, LibbpfMissing, LibbpfTooOld
@@ -107,22 +107,8 @@ def test_doctor_passes_here_and_fails_with_a_fix_without_libbpf() -> None:
 
 @pytest.mark.bpf
 def test_top_shows_a_process_started_before_it(fakecuda: Path) -> None:
-    w = subprocess.Popen(
-        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={"WORKLOAD_TRUTH": "/dev/null"},
-    )
-    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
-    top = top_once_attached(fakecuda, 200)
-    assert w.stdin is not None
-    w.stdin.write("go\n")
-    w.stdin.flush()
-    out, _ = top.communicate(timeout=60)
-    w.wait()
-    assert top.returncode == 0
-    assert str(w.pid) in out and "workload" in out
+    pid, out = top_over_a_released_workload(fakecuda, 200)
+    assert str(pid) in out and "workload" in out
 
 
 def test_version() -> None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NOBODY, REPO, memtrace_cmd, python_for_nobody, top_once_attached
+from conftest import NOBODY, REPO, memtrace_cmd, python_for_nobody, top_over_a_released_workload
 
 
 def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
@@ -338,23 +338,8 @@ def test_q_quits_top_on_a_terminal() -> None:
 
 @pytest.mark.bpf
 def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
-
-    w = subprocess.Popen(
-        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={"WORKLOAD_TRUTH": "/dev/null"},
-    )
-    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
-    top = top_once_attached(fakecuda, 80)
-    assert w.stdin is not None
-    w.stdin.write("go\n")
-    w.stdin.flush()
-    out, _ = top.communicate(timeout=60)
-    w.wait()
-    assert top.returncode == 0
-    rows = [l for l in out.splitlines() if l.split()[:2] == [str(w.pid), "workload"]]
+    pid, out = top_over_a_released_workload(fakecuda, 80)
+    rows = [l for l in out.splitlines() if l.split()[:2] == [str(pid), "workload"]]
     assert rows, out
     row = rows[-1]
     assert "B/s" in row and "h2d" in row, row

@@ -1,0 +1,31 @@
+"""What the benchmarks share: the checkout they measure, root, and the test
+fixtures (tests/fixtures: the test CUDA, NVML and NCCL libraries and the
+workloads) built fresh for each run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def need_root(bench: str, why: str = "memtrace loads BPF programs") -> None:
+    """Exit with a word of why when not run as root."""
+    if os.geteuid() != 0:
+        sys.exit(f"{bench}: run as root ({why})")
+
+
+def build_fixtures(out: Path, *targets: str, quiet: bool = False) -> Path:
+    """tests/fixtures built into `out` (every target, or these): `out`."""
+    subprocess.run(["make", "-s", "-C", str(FIXTURES), f"OUT={out}", *targets], check=True, capture_output=quiet)
+    return out
+
+
+def loop_seconds(stdout: str) -> float:
+    """The seconds a launch loop (tests/fixtures/launchloop.c) says it took."""
+    words = stdout.split()
+    return float(words[words.index("seconds") + 1])
