@@ -104,6 +104,8 @@ class LaunchLinks:
         self.own_map = maps["launch_own"]
         self.linked_map = maps["launch_linked"]
         self.window_map = maps["launch_window"]
+        self.sampling_map = maps["launch_sampling"]  # 1 once any process has its own links
+        self._sampling = False
         self.scope = scope  # the pids this agent traces (all of the host's, or `run`'s)
         self.mark_per_process = mark_per_process
         self.targets: dict[discovery.FileId, LaunchTarget] = {}  # libraries in per-process mode
@@ -253,6 +255,9 @@ class LaunchLinks:
             own = None
         if own is not None and target.fid in own.libs:
             return 0
+        if not self._sampling:  # before the first own link: BPF looks at launch_own from now on
+            self.sampling_map.update(ctypes.c_uint32(0), ctypes.c_uint32(1))
+            self._sampling = True
         link = self._attach(pid, target) if own is None or own.on else None
         if link is None and (own is None or own.on):
             return 0

@@ -312,7 +312,7 @@ class BpfSource:
             n: obj.map(n)
             for n in (
                 "lost", "counts", "stats", "traced", "attached", HELD_MAP, "inflight", "fresh", "stack_frames",
-                "py_procs", "py_codes", "launch_own", "launch_linked", "launch_window",
+                "py_procs", "py_codes", "launch_own", "launch_linked", "launch_window", "launch_sampling",
             )
         }  # fmt: skip
         # Launch probes per process, for the overhead budget: multi-uprobe links only
