@@ -226,16 +226,6 @@ struct sc_missed {
 	__u32 v, iv;
 };
 
-/* The gap's switches into the health counter: those the counts show, or one
- * (a switch-in: they never count it) where only the thread's state shows it. */
-static __always_inline void count_gap(struct sc_missed m, bool state_says)
-{
-	if (m.v || m.iv)
-		stat_add(SC_STAT_UNSEEN, (__u64)m.v + m.iv);
-	else if (state_says)
-		stat_inc(SC_STAT_UNSEEN);
-}
-
 static __always_inline struct sc_missed missed_switches(struct sc_proc *p, struct sc_thread *t,
 						       struct task_struct *task, __u32 seen_v, __u32 seen_iv)
 {
@@ -247,6 +237,16 @@ static __always_inline struct sc_missed missed_switches(struct sc_proc *p, struc
 	if (m.iv)
 		__sync_fetch_and_add(&p->nivcsw, m.iv);
 	return m;
+}
+
+/* The gap's switches into the health counter: those the counts show, or one
+ * (a switch-in: they never count it) where only the thread's state shows it. */
+static __always_inline void count_gap(struct sc_missed m, bool state_says)
+{
+	if (m.v || m.iv)
+		stat_add(SC_STAT_UNSEEN, (__u64)m.v + m.iv);
+	else if (state_says)
+		stat_inc(SC_STAT_UNSEEN);
 }
 
 /* What a thread did since its last event (at t->ts, its runtime then
