@@ -3,13 +3,15 @@ with exact, known timelines: counts, durations and breakdowns are exact."""
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 
 from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.core.ids import ProcessKey
 from memtrace.model import Model
-from memtrace.model.steps import StepTracker, feed
+from memtrace.model.steps import MERGE_BELOW, RECENT, StepTracker, _Thread, feed
 
 MEMCPY_ASYNC, STREAM_SYNC, DEVICE_SYNC, MALLOC = 2, 80, 81, 40
 US = 1000
@@ -215,11 +217,14 @@ def test_collectives_count_as_collective_time() -> None:
     assert st.host_ns == 9 * 4 * MS
 
 
-def test_the_stepping_thread_is_reported_and_other_threads_do_not_mix_in() -> None:
+@pytest.mark.parametrize("batches", [1, 4, 9])
+def test_the_stepping_thread_is_reported_and_other_threads_do_not_mix_in(batches: int) -> None:
+    # The loader's copies fall between the stepping thread's events, so batches
+    # begin and end with the stepping thread's and hold the loader's inside.
     rows = loop(12)
     loader = TID + 1
     rows += [(10**12 + k * 3 * MS, 1 * MS, MEMCPY_ASYNC, STREAM + 1, Direction.H2D, loader) for k in range(30)]
-    st = tracked(rows).stats()
+    st = tracked(rows, batches).stats()
     assert st is not None
     assert (st.tid, st.steps, st.copy_ns) == (TID, 11, 11 * 400 * US)
 
@@ -412,3 +417,56 @@ def test_the_gpu_is_idle_until_the_first_launch_after_a_wait() -> None:
     t.add(b)
     st = t.stats()
     assert st is not None and st.gpu_idle_ns == sum(h + 1000 * US for h in host[:39])
+
+
+def _one_by_one(t: _Thread, b: list[int], c: list[int]) -> bool:
+    """The loop's judgement of anchor waits (returns `b`, copies and waits so
+    far `c`): none short, each weighed against the steps before it."""
+    before = 0
+    for d_ret, count in zip(b, c, strict=True):
+        if t._short(d_ret - (t.boundary or 0), count - before):
+            return False
+        t.recent.append(d_ret - (t.boundary or 0))
+        t.recent_events.append(count - before)
+        t.boundary, before = d_ret, count
+    return True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_steady_loops_shortcut_judges_every_wait_as_the_loop_does(seed: int) -> None:
+    """_none_short answers at once for a batch of anchor waits; whether it
+    takes the medians or settles it from the windows' least and greatest
+    counts, its answer and the windows it leaves are the loop's, on steady
+    loops (every step alike), steps that vary a little, and extra waits."""
+    rng = np.random.default_rng(seed)
+    taken = [0, 0]  # cases the medians settled, cases the least and greatest counts did
+    for case in range(400):
+        per_step = int(rng.integers(1, 12))
+        spread = int(rng.choice([0, 0, 1, per_step]))  # most loops alike; some vary; some by a lot
+        history = [max(1, per_step + int(rng.integers(-spread, spread + 1))) for _ in range(RECENT)]
+        counts = [max(1, per_step + int(rng.integers(-spread, spread + 1))) for _ in range(int(rng.integers(1, 40)))]
+        if rng.random() < 0.2:  # an extra anchor wait, a few events after a boundary
+            counts[int(rng.integers(len(counts)))] = int(rng.integers(1, max(2, per_step // 2 + 1)))
+        fast, slow = _Thread(TID), _Thread(TID)
+        for t in (fast, slow):
+            t.boundary = 10**12
+            t.recent.extend([5 * MS] * RECENT)
+            t.recent_events.extend(history)
+        c = np.cumsum(counts).astype(np.int64)
+        b = (10**12 + np.arange(1, len(counts) + 1) * 5 * MS).astype(np.int64)
+        window = history + counts[:-1]
+        medians = [statistics.median(window[i : i + RECENT]) for i in range(len(counts))]
+        settled = min(window) > 2 and min(counts) > MERGE_BELOW * max(window)
+        taken[settled] += 1
+        expected = all(m > 2 for m in medians) and all(
+            n > MERGE_BELOW * m for n, m in zip(counts, medians, strict=True)
+        )
+        got = fast._none_short(b, c)
+        assert got == expected, case
+        if not got:  # nothing changed: the loop then weighs them itself
+            assert list(fast.recent_events) == history, case
+            continue
+        assert _one_by_one(slow, b.tolist(), c.tolist()), (case, history, counts)
+        assert list(fast.recent_events) == list(slow.recent_events), case
+        assert list(fast.recent) == list(slow.recent), case
+    assert min(taken) > 20, taken  # both ways were weighed

@@ -23,7 +23,7 @@ from memtrace.core import apis
 from memtrace.core.abi import EV_MORE, EV_SUM, EVENT_DTYPE, Direction, Family, Layer
 from memtrace.core.apis import MemOp
 from memtrace.core.enums import Allocation, HostMemory
-from memtrace.core.histogram import add_grouped
+from memtrace.core.histogram import ExpHistogram, add_grouped
 from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.core.nccl import Collective
 from memtrace.core.overhead import Overhead, TrapCost
@@ -147,6 +147,8 @@ class Model:
         self.collectives_unmatched = 0  # NCCL events of a pid the model has no live process for
         self._by_pid: dict[int, ProcessKey] = {}  # the latest process of each pid
         self.trap_cost: TrapCost | None = None  # what a probe's trap costs on this host, once measured
+        # (histograms, group starts, values) a batch's copies and waits add, filled at its end
+        self._to_fill: list[tuple[list[ExpHistogram], np.ndarray, np.ndarray]] = []
 
     def _process(self, key: ProcessKey) -> Process:
         p = self.processes.get(key)
@@ -224,6 +226,7 @@ class Model:
         syncs = fam == Family.SYNC
         if syncs.any():
             self._add_syncs(batch[syncs], proc[syncs], procs)
+        self._fill_histograms()
         # Each process's events, in ring order: one sort, not a pass per process.
         order = np.argsort(proc, kind="stable")
         bounds = np.searchsorted(proc[order], np.arange(len(keys) + 1)).tolist()
@@ -232,6 +235,21 @@ class Model:
             if t is None:
                 t = self.step_trackers[key] = StepTracker(key.pid)
             t.add(batch if len(keys) == 1 else batch[order[bounds[i] : bounds[i + 1]]])
+
+    def _fill_histograms(self) -> None:
+        """Add the values the batch's copies and waits left for their
+        histograms, in one add_grouped: numpy's cost per call is fixed, and
+        each histogram is one group, so the result is that of one call each."""
+        parts, self._to_fill = self._to_fill, []
+        if len(parts) > 1:
+            hists = [h for p in parts for h in p[0]]
+            offsets = np.cumsum([0] + [len(p[2]) for p in parts[:-1]])
+            starts = np.concatenate(
+                [np.asarray(p[1], np.int64) + o for p, o in zip(parts, offsets.tolist(), strict=True)]
+            )
+            add_grouped(hists, starts, np.concatenate([p[2] for p in parts]))
+        elif parts:
+            add_grouped(*parts[0])
 
     def _what_copies_touch(
         self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None, proc: np.ndarray, procs: list[Process]
@@ -388,10 +406,10 @@ class Model:
         group = np.repeat(np.arange(len(stats)), counts)
         # durations of calls: the same groups, over the calls' records
         at = np.searchsorted(group[call], np.arange(len(stats)))
-        add_grouped([st.durations for st in stats], at, durations[call])
+        self._to_fill.append(([st.durations for st in stats], at, durations[call]))
         # sizes of the successful copies only: over the ok events of one copy each
         at = np.searchsorted(group[one_copy], np.arange(len(stats)))
-        add_grouped([st.sizes for st in stats], at, sizes[one_copy])
+        self._to_fill.append(([st.sizes for st in stats], at, sizes[one_copy]))
         if self.stacks:
             self._add_copy_sites(keys, b["stack"][order], call, ok, nbytes_ok, procs)
 
@@ -490,7 +508,7 @@ class Model:
             st.errors += err
             st.duration_ns += dsum
             stats.append(st)
-        add_grouped([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9)
+        self._to_fill.append(([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9))
 
     def _memory_call(
         self,

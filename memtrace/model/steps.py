@@ -452,9 +452,14 @@ class _Thread:
             return False
         n = np.diff(c, prepend=0)
         window = np.concatenate([np.asarray(self.recent_events, np.int64), n[:-1]])
-        typical = np.median(np.lib.stride_tricks.sliding_window_view(window, RECENT), axis=1)
-        if not bool((typical > 2).all()) or bool((n <= MERGE_BELOW * typical).any()):
-            return False
+        # Every window's median lies between the windows' least and greatest
+        # count: when those already settle both questions (a steady loop, its
+        # steps alike), the medians need not be taken. Otherwise they are.
+        low, high = int(window.min()), int(window.max())
+        if not (low > 2 and int(n.min()) > MERGE_BELOW * high):
+            typical = np.median(np.lib.stride_tricks.sliding_window_view(window, RECENT), axis=1)
+            if not bool((typical > 2).all()) or bool((n <= MERGE_BELOW * typical).any()):
+                return False
         assert self.boundary is not None
         self.recent.extend(np.diff(b, prepend=self.boundary).tolist())
         self.recent_events.extend(n.tolist())
@@ -602,17 +607,20 @@ class StepTracker:
             launch = np.concatenate([launch, np.zeros(len(c), np.int64)])
         if len(tids) == 0:
             return
-        order = np.argsort(tids, kind="stable")  # each thread's events stay in ring order
-        tids = tids[order]
-        uniq, starts = np.unique(tids, return_index=True)
-        ends = np.append(starts[1:], len(tids))
-        for tid, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        parts: list[tuple[int, slice | np.ndarray]]
+        if tids[0] == tids[-1] and bool((tids == tids[0]).all()):  # one calling thread, the common case
+            parts = [(int(tids[0]), slice(None))]
+        else:
+            order = np.argsort(tids, kind="stable")  # each thread's events stay in ring order
+            uniq, starts = np.unique(tids[order], return_index=True)
+            ends = np.append(starts[1:], len(tids))
+            parts = [(t, order[s:e]) for t, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True)]
+        for tid, o in parts:
             t = self.threads.get(tid)
             if t is None:
                 if len(self.threads) >= MAX_THREADS:
                     continue
                 t = self.threads[tid] = _Thread(tid)
-            o = order[s:e]
             syncs = sym[o][kind[o] == _SYNC]
             if len(syncs):
                 for y, n in zip(*np.unique(syncs, return_counts=True), strict=True):
