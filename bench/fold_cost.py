@@ -1,0 +1,124 @@
+"""What one fold of a batch of events into the model costs, this checkout
+against another commit's, on the same recorded batches (issue 16: the agent
+at most 1% of a core; the fold is most of its host thread's work).
+
+    git worktree add /tmp/old COMMIT
+    sudo .venv/bin/python bench/fold_cost.py [--old /tmp/old] [--rounds R]
+
+First `memtrace run` traces the training-like job bench/agent_ab.py runs
+(tests/fixtures/trainjob.c: real CPU work per step, four 4 MiB copies,
+three kernels) and every batch it folds is recorded (Model.add_events
+wrapped). Then each tree replays those batches into a fresh Model of its
+own, in turn, round after round: each batch after a sleep of --sleep
+seconds (the host thread folds every 0.5 s, so its caches are cold) and
+then back to back. Only the second pass over the batches is timed (the
+step detector has found its loop by then), by the thread's CPU clock.
+
+Printed: each round's median microseconds of CPU a fold per tree, cold
+and warm, the medians over rounds and their ratio (this checkout over the
+other). Without --old, this checkout alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import REPO, build_fixtures, need_root
+
+RECORD = """
+import atexit, pickle, sys
+import memtrace.model.aggregate as a
+out, batches, fold = sys.argv[1], [], a.Model.add_events
+def add_events(self, batch):
+    batches.append(batch.copy())
+    return fold(self, batch)
+a.Model.add_events = add_events
+atexit.register(lambda: pickle.dump(batches, open(out, "wb")))
+sys.argv = ["memtrace", *sys.argv[2:]]
+from memtrace.cli import entry
+entry()
+"""
+
+REPLAY = """
+import json, pickle, statistics, sys, time
+from memtrace.model import Model
+batches, sleep = pickle.load(open(sys.argv[1], "rb")), float(sys.argv[2])
+def median_us(gap):
+    m, took = Model(), []
+    for i, b in enumerate(batches * 2):
+        if gap:
+            time.sleep(gap)
+        t = time.thread_time_ns()
+        m.add_events(b)
+        if i >= len(batches):
+            took.append(time.thread_time_ns() - t)
+    return statistics.median(took) / 1000
+print(json.dumps({"cold_us": median_us(sleep), "warm_us": median_us(0)}))
+"""
+
+
+def record(fx: Path, tmp: Path, seconds: float) -> Path:
+    out = tmp / "batches.pkl"
+    job = [str(fx / "trainjob"), "-t", str(seconds), "-L", "2000000", "-w", "1000000", "-k", "3000"]
+    job += ["-c", "4", "-b", str(4 << 20)]
+    cmd = [sys.executable, "-c", RECORD, str(out), "run", "-o", str(tmp / "summary.json"), "--format", "json", "--"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), WORKLOAD_TRUTH="/dev/null", FAKE_PCIE=str(tmp / "pcie"))
+    subprocess.run([*cmd, *job], env=env, cwd=REPO, stdout=subprocess.DEVNULL, check=True)
+    return out
+
+
+def replay(tree: Path, batches: Path, sleep: float) -> dict[str, float]:
+    cmd = [sys.executable, "-c", REPLAY, str(batches), str(sleep)]
+    if (os.cpu_count() or 1) > 1:
+        cmd = ["taskset", "-c", "0", *cmd]
+    done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(tree)), cwd=tree, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"fold_cost: the replay in {tree} failed (an older event layout?):\n{done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", type=Path, help="a worktree of the commit to compare with")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=10.0, help="the recorded job's run")
+    ap.add_argument("--sleep", type=float, default=0.05, help="seconds before each cold fold")
+    a = ap.parse_args()
+    need_root("fold_cost")
+    trees = {"new": REPO}
+    if a.old is not None:
+        old = a.old.resolve()
+        if not (old / "memtrace" / "__init__.py").exists():
+            sys.exit(f"fold_cost: {old} holds no memtrace checkout (git worktree add {old} COMMIT)")
+        trees = {"old": old, "new": REPO}
+    tmp = Path(tempfile.mkdtemp(prefix="memtrace-fold-cost-"))
+    fx = build_fixtures(tmp / "fx", quiet=True)
+    (tmp / "pcie").write_bytes((0).to_bytes(8, "little") + (8 << 30).to_bytes(8, "little"))
+    batches = record(fx, tmp, a.seconds)
+    sizes = [len(b) for b in pickle.loads(batches.read_bytes())]
+    print(f"{len(sizes)} batches recorded, {statistics.median(sizes):.0f} events each (median); sleep {a.sleep:g} s")
+    got: dict[str, dict[str, list[float]]] = {arm: {"cold_us": [], "warm_us": []} for arm in trees}
+    for r in range(a.rounds):
+        for arm, tree in trees.items():
+            d = replay(tree, batches, a.sleep)
+            for k in ("cold_us", "warm_us"):
+                got[arm][k].append(d[k])
+            print(f"round {r + 1} {arm}: cold {d['cold_us']:.0f} us, warm {d['warm_us']:.0f} us a fold", flush=True)
+    med = {arm: {k: statistics.median(v) for k, v in d.items()} for arm, d in got.items()}
+    for arm, m in med.items():
+        print(f"{arm}: cold {m['cold_us']:.0f} us, warm {m['warm_us']:.0f} us a fold (medians of {a.rounds} rounds)")
+    if "old" in med:
+        cold, warm = (med["new"][k] / med["old"][k] for k in ("cold_us", "warm_us"))
+        print(f"SUMMARY | a fold, new/old | cold {cold:.2f}, warm {warm:.2f} | - | -")
+
+
+if __name__ == "__main__":
+    main()
