@@ -1,7 +1,7 @@
 """What a wake costs: the same small piece of the agent's work, hot and after
 a sleep (issue 16: the agent at most 1% of a core).
 
-    .venv/bin/python bench/wake_cost.py [--rounds N] [--calls N]
+    .venv/bin/python bench/wake_cost.py [--rounds N] [--calls N] [--netlink]
 
 The agent's threads wake on timers (a drain every 5-40 ms, the host sample
 every 0.1 s, the C sampler every 10 ms) and do a little work each time: a
@@ -12,6 +12,10 @@ rounds: the records-read step of a drain (the numpy operations
 memtrace/bpf/ringbuf.py's EventRing.read makes on 27 records, on an array
 here, not a BPF map) run back to back, then after sleeps of 1, 5, 40 and 100
 ms; and the CPU a bare timer wake costs the thread (a sleep with no work).
+
+`--netlink` times the C sampler's step instead: one RTM_GETSTATS dump of
+this namespace's interfaces' counters, which it makes 100 times a second
+(a system call's kernel work cools in a sleep as numpy's does).
 
 Printed: the median microseconds of CPU per call (this thread's CPU clock)
 for each, and the ratio to back to back. Where the ratio is large, the
@@ -24,8 +28,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import socket
 import statistics
+import struct
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,9 +53,24 @@ def read_step(raw: np.ndarray) -> np.ndarray:
     return out
 
 
-def measure(sleep_s: float, calls: int, raw: np.ndarray) -> tuple[float, float]:
-    """Median CPU microseconds of one read step after `sleep_s` of sleep,
-    and of the sleep's own wake (the thread's CPU across time.sleep)."""
+def netlink_dump(sock: socket.socket) -> None:
+    """One RTM_GETSTATS dump of every interface's rtnl_link_stats64, the
+    request the C sampler makes each tick (memtrace/native/fastsample.c)."""
+    # nlmsghdr (len, RTM_GETSTATS, NLM_F_REQUEST | NLM_F_DUMP, seq, pid), if_stats_msg with the filter
+    sock.send(struct.pack("=IHHII", 28, 94, 0x301, 1, 0) + struct.pack("=BBHiI", 0, 0, 0, 0, 1 << 2))
+    while True:
+        buf = sock.recv(65536)
+        at = 0
+        while at + 16 <= len(buf):
+            size, kind = struct.unpack_from("=IH", buf, at)
+            if kind in (2, 3) or size < 16:  # NLMSG_ERROR, NLMSG_DONE
+                return
+            at += (size + 3) & ~3
+
+
+def measure(sleep_s: float, calls: int, step: Callable[[], object]) -> tuple[float, float]:
+    """Median CPU microseconds of one step after `sleep_s` of sleep, and of
+    the sleep's own wake (the thread's CPU across time.sleep)."""
     work, wake = [], []
     for _ in range(calls):
         if sleep_s:
@@ -56,7 +78,7 @@ def measure(sleep_s: float, calls: int, raw: np.ndarray) -> tuple[float, float]:
             time.sleep(sleep_s)
             wake.append(time.thread_time_ns() - s)
         t = time.thread_time_ns()
-        read_step(raw)
+        step()
         work.append(time.thread_time_ns() - t)
     return statistics.median(work) / 1e3, (statistics.median(wake) / 1e3 if wake else 0.0)
 
@@ -65,21 +87,31 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=60, help="calls per schedule per round")
+    ap.add_argument(
+        "--netlink",
+        action="store_true",
+        help="the step is the C sampler's: one RTM_GETSTATS dump of this namespace's interfaces",
+    )
     a = ap.parse_args()
     raw = np.zeros((27, RECORD), np.uint8)
     raw[:, :4] = np.frombuffer(np.uint32(SIZE).tobytes(), np.uint8)
+    step: Callable[[], object] = lambda: read_step(raw)  # noqa: E731
+    what = "a drain's read step"
+    if a.netlink:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        step, what = (lambda: netlink_dump(sock)), "a netlink dump of the interfaces' counters"
     sleeps = [0.0, 0.001, 0.005, 0.04, 0.1]
     work: dict[float, list[float]] = {s: [] for s in sleeps}
     wake: dict[float, list[float]] = {s: [] for s in sleeps}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; {a.calls} calls each")
     for r in range(a.rounds):
         for s in sleeps:
-            w, k = measure(s, a.calls, raw)
+            w, k = measure(s, a.calls, step)
             work[s].append(w)
             wake[s].append(k)
         print(f"round {r + 1}: " + ", ".join(f"{s * 1e3:g} ms {work[s][-1]:.1f} us" for s in sleeps), flush=True)
     hot = statistics.median(work[0.0])
-    print(f"{'sleep before':>14} {'read step (us CPU)':>19} {'x back to back':>15} {'the wake itself (us CPU)':>25}")
+    print(f"{'sleep before':>14} {'the step (us CPU)':>19} {'x back to back':>15} {'the wake itself (us CPU)':>25}")
     for s in sleeps:
         w = statistics.median(work[s])
         label = "back to back" if s == 0 else f"{s * 1e3:g} ms"
@@ -87,7 +119,7 @@ def main() -> None:
         print(f"{label:>14} {w:>19.1f} {w / hot:>15.1f} {k:>25}")
     cold = statistics.median(work[0.04])
     print(
-        f"SUMMARY | a drain's read step after a 40 ms sleep against back to back | "
+        f"SUMMARY | {what} after a 40 ms sleep against back to back | "
         f"{cold:.0f} us against {hot:.0f} us of CPU ({cold / hot:.0f}x) | - | -"
     )
 
