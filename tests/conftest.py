@@ -112,16 +112,24 @@ def observed_totals(doc: dict) -> dict[Key, tuple[int, int, int]]:
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-def python_for_nobody() -> list[str]:
-    """An interpreter of this Python's version that the nobody user can run
-    (the venv's may live under root's 0700 home); give it this environment's
-    packages through PYTHONPATH (site.getsitepackages())."""
+def python_as_nobody() -> list[str]:
+    """The command that runs an interpreter of this Python's version as the
+    nobody user; give it this environment's packages through PYTHONPATH
+    (site.getsitepackages()). This one where nobody may run it, else the
+    system's of the same minor (compiled packages load). pyenv's, built
+    --enable-shared under root's 0700 home, cannot even find its libpython
+    there: then nobody runs it holding CAP_DAC_READ_SEARCH alone (files read,
+    nothing else: not one of the capabilities memtrace needs, which doctor
+    names), so the unprivileged paths are tested under every Python."""
     if subprocess.run([*NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
-        return [sys.executable]
-    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"  # the same minor: compiled packages load
+        return [*NOBODY, sys.executable]
+    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     for cand in (shutil.which(ver), f"/usr/bin/{ver}"):
         if cand and subprocess.run([*NOBODY, cand, "-c", "pass"], capture_output=True).returncode == 0:
-            return [cand]
+            return [*NOBODY, cand]
+    reader = [*NOBODY, "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", sys.executable]
+    if subprocess.run([*reader, "-c", "pass"], capture_output=True).returncode == 0:
+        return reader
     pytest.skip(f"no {ver} that the nobody user can run (this one is under a private home)")
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NOBODY, REPO, memtrace_cmd, python_for_nobody, top_over_a_released_workload
+from conftest import REPO, memtrace_cmd, python_as_nobody, top_over_a_released_workload
 
 
 def memtrace(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess:
@@ -45,10 +45,9 @@ def test_ring_size_not_a_number_is_a_clear_error(size: str) -> None:
 
 @pytest.mark.bpf
 def test_doctor_as_non_root_reports_instead_of_crashing(tmp_path: Path) -> None:
-    py = python_for_nobody()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *site.getsitepackages()]))
     p = subprocess.run(
-        [*NOBODY, *py, "-m", "memtrace", "doctor"], capture_output=True, text=True, env=env, cwd="/", timeout=120
+        [*python_as_nobody(), "-m", "memtrace", "doctor"], capture_output=True, text=True, env=env, cwd="/", timeout=120
     )
     assert "Traceback" not in p.stderr, p.stderr
     assert p.returncode == 1, p.stdout + p.stderr

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from conftest import NOBODY, python_for_nobody
+from conftest import python_as_nobody
 
 from memtrace.core.netdev import IFACE_COUNTERS, InterfaceSample, NetSnapshot, net_rates
 from memtrace.sources.fastsample import FastSampler
@@ -496,7 +496,7 @@ def test_source_opens_without_privileges_to_enter_namespaces(tmp_path: Path) -> 
         "print(len(snap.interfaces) > 0, snap.errors)\n"
     )
     p = subprocess.run(
-        [*NOBODY, *python_for_nobody(), "-c", code],
+        [*python_as_nobody(), "-c", code],
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent), *site.getsitepackages()])),
         capture_output=True,
         text=True,
