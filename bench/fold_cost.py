@@ -11,8 +11,9 @@ three kernels) and every batch it folds is recorded (Model.add_events
 wrapped). Then each tree replays those batches into a fresh Model of its
 own, in turn, round after round: each batch after a sleep of --sleep
 seconds (the host thread folds every 0.5 s, so its caches are cold) and
-then back to back. Only the second pass over the batches is timed (the
-step detector has found its loop by then), by the thread's CPU clock.
+then back to back, each pass in a fresh Model. Only the second half of a
+pass is timed (the step detector has found its loop by then; a second
+pass would send the step detector back in time), by the thread's CPU clock.
 
 Printed: each round's median microseconds of CPU a fold per tree, cold
 and warm, the medians over rounds and their ratio (this checkout over the
@@ -53,12 +54,12 @@ from memtrace.model import Model
 batches, sleep = pickle.load(open(sys.argv[1], "rb")), float(sys.argv[2])
 def median_us(gap):
     m, took = Model(), []
-    for i, b in enumerate(batches * 2):
+    for i, b in enumerate(batches):
         if gap:
             time.sleep(gap)
         t = time.thread_time_ns()
         m.add_events(b)
-        if i >= len(batches):
+        if i >= len(batches) // 2:
             took.append(time.thread_time_ns() - t)
     return statistics.median(took) / 1000
 print(json.dumps({"cold_us": median_us(sleep), "warm_us": median_us(0)}))
@@ -89,7 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", type=Path, help="a worktree of the commit to compare with")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=10.0, help="the recorded job's run")
+    ap.add_argument("--seconds", type=float, default=20.0, help="the recorded job's run")
     ap.add_argument("--sleep", type=float, default=0.05, help="seconds before each cold fold")
     a = ap.parse_args()
     need_root("fold_cost")
