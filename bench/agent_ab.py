@@ -30,7 +30,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from common import REPO, build_fixtures, need_root
+from common import REPO, build_fixtures, idle_pcie_link, need_root, training_job
 
 SETTLE_S = 5.0
 
@@ -50,8 +50,7 @@ def build_helper(tree: Path) -> None:
 def one(tree: Path, fx: Path, tmp: Path, seconds: float) -> dict:
     out = tmp / "cpu.json"
     cpus = os.cpu_count() or 1
-    job = [str(fx / "trainjob"), "-t", str(seconds), "-L", "2000000", "-w", "1000000", "-k", "3000"]
-    job += ["-c", "4", "-b", str(4 << 20)]
+    job = training_job(fx, seconds)
     agent = [sys.executable, "-m", "memtrace", "run", "-o", str(tmp / "summary.json"), "--format", "json", "--"]
     if cpus > 1:
         agent = ["taskset", "-c", "0", *agent]
@@ -87,7 +86,7 @@ def main() -> None:
     from test_nvml import HEALTHY, gpu, script  # the healthy test GPU bench/diagnose uses
 
     (tmp / "nvml.script").write_text(script(count=1, driver="580.0", **gpu(0, uuid="GPU-bench", **HEALTHY)))
-    (tmp / "pcie").write_bytes((0).to_bytes(8, "little") + (8 << 30).to_bytes(8, "little"))
+    idle_pcie_link(tmp / "pcie")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; job {a.seconds:g} s")
     shares: dict[str, list[float]] = {"old": [], "new": []}
     for r in range(a.rounds):

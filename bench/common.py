@@ -29,3 +29,18 @@ def loop_seconds(stdout: str) -> float:
     """The seconds a launch loop (tests/fixtures/launchloop.c) says it took."""
     words = stdout.split()
     return float(words[words.index("seconds") + 1])
+
+
+def training_job(fx: Path, seconds: float) -> list[str]:
+    """The training-like job bench/diagnose shapes (tests/fixtures/trainjob.c):
+    real CPU work per step, four 4 MiB copies over the emulated PCIe link,
+    three kernels; it runs for `seconds`."""
+    job = [str(fx / "trainjob"), "-t", str(seconds), "-L", "2000000", "-w", "1000000", "-k", "3000"]
+    return [*job, "-c", "4", "-b", str(4 << 20)]
+
+
+def idle_pcie_link(path: Path, rate: int = 8 << 30) -> Path:
+    """The test driver's emulated PCIe link (FAKE_PCIE, tests/fixtures/driver.c):
+    free now, `rate` bytes a second."""
+    path.write_bytes((0).to_bytes(8, "little") + rate.to_bytes(8, "little"))
+    return path

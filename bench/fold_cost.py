@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, build_fixtures, need_root
+from common import REPO, build_fixtures, idle_pcie_link, need_root, training_job
 
 RECORD = """
 import atexit, pickle, sys
@@ -68,8 +68,7 @@ print(json.dumps({"cold_us": median_us(sleep), "warm_us": median_us(0)}))
 
 def record(fx: Path, tmp: Path, seconds: float) -> Path:
     out = tmp / "batches.pkl"
-    job = [str(fx / "trainjob"), "-t", str(seconds), "-L", "2000000", "-w", "1000000", "-k", "3000"]
-    job += ["-c", "4", "-b", str(4 << 20)]
+    job = training_job(fx, seconds)
     cmd = [sys.executable, "-c", RECORD, str(out), "run", "-o", str(tmp / "summary.json"), "--format", "json", "--"]
     env = dict(os.environ, PYTHONPATH=str(REPO), WORKLOAD_TRUTH="/dev/null", FAKE_PCIE=str(tmp / "pcie"))
     subprocess.run([*cmd, *job], env=env, cwd=REPO, stdout=subprocess.DEVNULL, check=True)
@@ -102,7 +101,7 @@ def main() -> None:
         trees = {"old": old, "new": REPO}
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-fold-cost-"))
     fx = build_fixtures(tmp / "fx", quiet=True)
-    (tmp / "pcie").write_bytes((0).to_bytes(8, "little") + (8 << 30).to_bytes(8, "little"))
+    idle_pcie_link(tmp / "pcie")
     batches = record(fx, tmp, a.seconds)
     sizes = [len(b) for b in pickle.loads(batches.read_bytes())]
     print(f"{len(sizes)} batches recorded, {statistics.median(sizes):.0f} events each (median); sleep {a.sleep:g} s")
