@@ -162,3 +162,32 @@ def test_minus_is_what_was_added_since_the_copy(first: list[float], then: list[f
     if merged.scale > h.scale:
         merged = merged.downscaled(h.scale)
     assert (merged.count, merged.counts) == (h.count, h.counts)
+
+
+def test_parts_added_at_once_equal_one_grouped_add_per_part() -> None:
+    from memtrace.core.histogram import add_grouped, add_grouped_all
+
+    rng = np.random.default_rng(13)
+    for _ in range(40):
+        parts_one, parts_all = [], []
+        for _part in range(int(rng.integers(1, 4))):
+            sizes = rng.integers(0, 6, rng.integers(1, 6))  # empty groups and empty parts included
+            values = np.concatenate([rng.choice([0.0, 1e-9, 3.5, 2.0**20], n) * rng.random(n) for n in sizes])
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            scale = int(rng.choice([5, 3]))  # histograms of different scales in one pass
+            parts_one.append(([ExpHistogram(scale=scale) for _ in sizes], starts, values))
+            parts_all.append(([ExpHistogram(scale=scale) for _ in sizes], starts, values))
+        for part in parts_one:
+            add_grouped(*part)
+        add_grouped_all(parts_all)
+        for (one, _s, _v), (grouped, _s2, _v2) in zip(parts_one, parts_all, strict=True):
+            for a, b in zip(one, grouped, strict=True):
+                assert (a.scale, a.count, a.zero_count, a.counts, a.min, a.max) == (
+                    b.scale,
+                    b.count,
+                    b.zero_count,
+                    b.counts,
+                    b.min,
+                    b.max,
+                )
+                assert a.sum == b.sum

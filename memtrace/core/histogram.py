@@ -256,3 +256,21 @@ def add_grouped(hists: list[ExpHistogram], starts: np.ndarray, values: np.ndarra
         elif b > a:
             assert few is not None
             h.add_few(few[a:b], top)
+
+
+Grouped = tuple[list[ExpHistogram], np.ndarray, np.ndarray]  # add_grouped's histograms, starts, values
+
+
+def add_grouped_all(parts: list[Grouped]) -> None:
+    """add_grouped(*part) for every part, as one add_grouped over them all:
+    numpy's cost per call is fixed, and each histogram is one group, so the
+    result is that of one call per part. A histogram must not be in two parts."""
+    if len(parts) == 1:
+        add_grouped(*parts[0])
+    elif parts:
+        offsets = np.cumsum([0] + [len(values) for _h, _s, values in parts[:-1]]).tolist()
+        add_grouped(
+            [h for hists, _s, _v in parts for h in hists],
+            np.concatenate([np.asarray(s, np.int64) + o for (_h, s, _v), o in zip(parts, offsets, strict=True)]),
+            np.concatenate([values for _h, _s, values in parts]),
+        )

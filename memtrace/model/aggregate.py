@@ -23,7 +23,7 @@ from memtrace.core import apis
 from memtrace.core.abi import EV_MORE, EV_SUM, EVENT_DTYPE, Direction, Family, Layer
 from memtrace.core.apis import MemOp
 from memtrace.core.enums import Allocation, HostMemory
-from memtrace.core.histogram import ExpHistogram, add_grouped
+from memtrace.core.histogram import Grouped, add_grouped_all
 from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.core.nccl import Collective
 from memtrace.core.overhead import Overhead, TrapCost
@@ -147,8 +147,6 @@ class Model:
         self.collectives_unmatched = 0  # NCCL events of a pid the model has no live process for
         self._by_pid: dict[int, ProcessKey] = {}  # the latest process of each pid
         self.trap_cost: TrapCost | None = None  # what a probe's trap costs on this host, once measured
-        # (histograms, group starts, values) a batch's copies and waits add, filled at its end
-        self._to_fill: list[tuple[list[ExpHistogram], np.ndarray, np.ndarray]] = []
 
     def _process(self, key: ProcessKey) -> Process:
         p = self.processes.get(key)
@@ -212,6 +210,7 @@ class Model:
         self.events += len(batch)
         keys, proc = _processes_of(batch)
         procs = [self._process(k) for k in keys]
+        values: list[Grouped] = []  # what the copies and waits add to their histograms
         fam = _FAMILY[batch["api"]]
         copies = np.flatnonzero(fam == Family.COPY)
         mem = np.flatnonzero(fam == Family.MEM)
@@ -222,11 +221,11 @@ class Model:
             b = batch[copies]
             direction, host = self._resolve(b, src_what, dst_what, proc[copies], procs)
         if len(copies):
-            self._add_copies(b, direction, host, proc[copies], procs)
+            self._add_copies(b, direction, host, proc[copies], procs, values)
         syncs = fam == Family.SYNC
         if syncs.any():
-            self._add_syncs(batch[syncs], proc[syncs], procs)
-        self._fill_histograms()
+            self._add_syncs(batch[syncs], proc[syncs], procs, values)
+        add_grouped_all(values)  # the copies' and waits' histograms in one pass
         # Each process's events, in ring order: one sort, not a pass per process.
         order = np.argsort(proc, kind="stable")
         bounds = np.searchsorted(proc[order], np.arange(len(keys) + 1)).tolist()
@@ -235,21 +234,6 @@ class Model:
             if t is None:
                 t = self.step_trackers[key] = StepTracker(key.pid)
             t.add(batch if len(keys) == 1 else batch[order[bounds[i] : bounds[i + 1]]])
-
-    def _fill_histograms(self) -> None:
-        """Add the values the batch's copies and waits left for their
-        histograms, in one add_grouped: numpy's cost per call is fixed, and
-        each histogram is one group, so the result is that of one call each."""
-        parts, self._to_fill = self._to_fill, []
-        if len(parts) > 1:
-            hists = [h for p in parts for h in p[0]]
-            offsets = np.cumsum([0] + [len(p[2]) for p in parts[:-1]])
-            starts = np.concatenate(
-                [np.asarray(p[1], np.int64) + o for p, o in zip(parts, offsets.tolist(), strict=True)]
-            )
-            add_grouped(hists, starts, np.concatenate([p[2] for p in parts]))
-        elif parts:
-            add_grouped(*parts[0])
 
     def _what_copies_touch(
         self, batch: np.ndarray, copies: np.ndarray, ops: BookChanges | None, proc: np.ndarray, procs: list[Process]
@@ -367,8 +351,15 @@ class Model:
         return d, h
 
     def _add_copies(
-        self, b: np.ndarray, direction: np.ndarray, host: np.ndarray, proc: np.ndarray, procs: list[Process]
+        self,
+        b: np.ndarray,
+        direction: np.ndarray,
+        host: np.ndarray,
+        proc: np.ndarray,
+        procs: list[Process],
+        values: list[Grouped],
     ) -> None:
+        """Copies into their stats; their durations and sizes into `values`, for their histograms."""
         keys = (
             proc.astype(np.uint64) << np.uint64(32)
             | b["api"].astype(np.uint64) << np.uint64(16)
@@ -412,10 +403,10 @@ class Model:
         group = np.repeat(np.arange(len(stats)), counts)
         # durations of calls: the same groups, over the calls' records
         at = np.searchsorted(group[call], np.arange(len(stats)))
-        self._to_fill.append(([st.durations for st in stats], at, durations[call]))
+        values.append(([st.durations for st in stats], at, durations[call]))
         # sizes of the successful copies only: over the ok events of one copy each
         at = np.searchsorted(group[one_copy], np.arange(len(stats)))
-        self._to_fill.append(([st.sizes for st in stats], at, sizes[one_copy]))
+        values.append(([st.sizes for st in stats], at, sizes[one_copy]))
         if self.stacks:
             self._add_copy_sites(keys, b["stack"][order], call, ok, nbytes_ok, procs)
 
@@ -483,7 +474,8 @@ class Model:
         for att in self.collective_waits.values():
             att.advance(complete_until_ns)
 
-    def _add_syncs(self, b: np.ndarray, proc: np.ndarray, procs: list[Process]) -> None:
+    def _add_syncs(self, b: np.ndarray, proc: np.ndarray, procs: list[Process], values: list[Grouped]) -> None:
+        """Waits into their stats; their durations into `values`, for their histograms."""
         if self.collective_waits:  # the waits of processes that made collectives, for their attribution
             for i in np.unique(proc).tolist():
                 att = self.collective_waits.get(procs[i].key)
@@ -514,7 +506,7 @@ class Model:
             st.errors += err
             st.duration_ns += dsum
             stats.append(st)
-        self._to_fill.append(([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9))
+        values.append(([st.durations for st in stats], starts, dur.astype(np.float64) * 1e-9))
 
     def _memory_call(
         self,
