@@ -60,6 +60,8 @@ def netlink_dump(sock: socket.socket) -> None:
     sock.send(struct.pack("=IHHII", 28, 94, 0x301, 1, 0) + struct.pack("=BBHiI", 0, 0, 0, 0, 1 << 2))
     while True:
         buf = sock.recv(65536)
+        if not buf:
+            return
         at = 0
         while at + 16 <= len(buf):
             size, kind = struct.unpack_from("=IH", buf, at)
