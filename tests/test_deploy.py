@@ -126,6 +126,7 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
         "hw_gpu_utilization_ratio",
         "hw_power_watts",
         "hw_gpu_memory_usage_bytes",
+        "hw_gpu_io_bytes_total",
         "memtrace_process_run_queue_time_seconds_total",
         "memtrace_process_on_cpu_time_seconds_total",
         "memtrace_process_off_cpu_time_seconds_total",

@@ -25,6 +25,7 @@ MS = 1_000_000
 W_NS = int(WINDOW_S * 1e9)
 KEY = ProcessKey(4242, 77)
 HOG_CGROUP = 9120
+GIB = 1 << 30
 
 
 def proc(step_ms: float = 10.0, key: ProcessKey = KEY, **over: object) -> ProcWindow:
@@ -175,6 +176,32 @@ def test_a_competing_copier_on_the_link_is_pcie_contention() -> None:
     ev = d.diagnoses[0].evidence
     assert ev["other_processes_copy_bytes_per_second"] == pytest.approx((3 << 30) / WINDOW_S, rel=1e-6)
     assert ev["copy_bytes_per_second"] < ev["copy_bytes_per_second_before"] / 2
+    assert "gpu_pcie_bytes_per_second" not in ev  # this GPU's driver counts no PCIe bytes
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_a_competing_copier_is_confirmed_by_the_drivers_pcie_byte_counts(gpus: int) -> None:
+    """Where the driver counts PCIe bytes, the evidence carries the link's own traffic before and
+    after, from the GPU NVML lists the process on (or the host's only GPU): here 1 GiB a window
+    before, 3.5 GiB after, on GPU-a; GPU-b, a neighbour's, moves 9 GiB a window throughout."""
+    other = ProcessKey(5151, 1)
+
+    def link(moved: int) -> list[GpuWindow]:
+        a = GpuWindow(0, "GPU-a", False, (), 0, 16, 16, 5, 5, pcie_bytes=moved, pids=(KEY.pid,) if gpus > 1 else ())
+        b = GpuWindow(1, "GPU-b", False, (), 0, 16, 16, 5, 5, pcie_bytes=9 << 30, pids=(other.pid,))
+        return [a, b][:gpus]
+
+    windows = [
+        ([w], replace(h, copy_bytes={KEY: w.copy_bytes, other: 0}, gpus=link(1 << 30))) for (w,), h in healthy(30)
+    ]
+    for i in range(30, 36):
+        mine = proc(14.0, copy_ns=3 * proc(14.0).copy_ns)
+        windows.append(([mine], host(i, copy_bytes={KEY: mine.copy_bytes, other: 3 << 30}, gpus=link(7 << 29))))
+    d, made = run(windows)
+    assert made == [(31, "pcie_contention")]
+    ev = d.diagnoses[0].evidence
+    assert ev["gpu_pcie_bytes_per_second_before"] == round((1 << 30) / WINDOW_S)
+    assert ev["gpu_pcie_bytes_per_second"] == round((7 << 29) / WINDOW_S)
 
 
 def test_memory_stalls_are_host_memory_pressure() -> None:
@@ -378,3 +405,31 @@ def test_a_fault_that_began_inside_a_normal_window_is_still_named() -> None:
     windows += [([proc(16.0)], host(i, gpus=[hot])) for i in range(30, 36)]
     _, made = run(windows)
     assert made == [(31, "gpu_throttling")]
+
+
+def test_the_live_windows_carry_each_gpus_pcie_bytes_and_processes() -> None:
+    """The agent's windows (memtrace.runtime.diagnose) from the host book's GPU samples: the PCIe
+    bytes the driver counted between two windows, none for the first window or a GPU without
+    counters, and the processes NVML lists on each GPU."""
+    from memtrace.core.gpu import GpuProcess, GpuSample
+    from memtrace.model.host import HostBook
+    from memtrace.runtime.diagnose import LiveDiagnosis
+
+    live = LiveDiagnosis(None, None)  # type: ignore[arg-type] # only the windows are built here
+    book = HostBook()
+
+    def window(t_s: int, tx: int, rx: int) -> dict[str, tuple[int | None, tuple[int, ...]]]:
+        kw = dict(name="G", bus_id="", time_ns=t_s * 10**9)
+        procs = (GpuProcess(4242, 0, "GPU-c", None),)
+        book.add_gpus(
+            [
+                GpuSample(index=0, uuid="GPU-c", **kw, pcie_tx_bytes=tx, pcie_rx_bytes=rx, processes=procs),
+                GpuSample(index=1, uuid="GPU-s", **kw, pcie_tx_bytes_per_s=5000, pcie_rx_bytes_per_s=5000),
+            ]
+        )
+        return {g.uuid: (g.pcie_bytes, g.pids) for g in live.gpu_windows(book)}
+
+    assert window(1, 10**12, 0) == {"GPU-c": (None, (4242,)), "GPU-s": (None, ())}
+    assert window(2, 10**12, 0) == {"GPU-c": (0, (4242,)), "GPU-s": (None, ())}
+    assert window(3, 10**12 + 5 * GIB, 3) == {"GPU-c": (5 * GIB + 3, (4242,)), "GPU-s": (None, ())}
+    assert window(4, 10**12 + 5 * GIB + 1, 3) == {"GPU-c": (1, (4242,)), "GPU-s": (None, ())}

@@ -157,7 +157,8 @@ def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) 
     an x8 link, thermal and power throttling, XIDs and the command's own
     GPU memory: every figure is the scripted one."""
     nvml_script = tmp_path / "nvml.script"
-    nvml_script.write_text(script(count=1, driver="580.65.06", **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
+    counters = {"pcie_tx_count": 10**12, "pcie_rx_count": 0}  # the driver counts PCIe bytes
+    nvml_script.write_text(script(count=1, driver="580.65.06", **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counters)))
     faulty = script(
         count=1,
         driver="580.65.06",
@@ -167,6 +168,8 @@ def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) 
             **{**HEALTHY, "replay": 7 + 130, "link_width": 8, "reasons": 0x20 | 0x4, "temp": 88},
             xids="79,48",
             procs=f"PID:{3 * GIB}",
+            pcie_tx_count=10**12 + 3 * GIB,
+            pcie_rx_count=5 * GIB + 1,
         ),
     )
     env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
@@ -182,6 +185,12 @@ def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) 
     assert g["power_watts"]["max"] == pytest.approx(412.345)
     assert g["memory_used_bytes"]["max"] == 20 * GIB and g["memory_total_bytes"] == 80 * GIB
     assert g["pcie_replays"] == 130
+    # The bytes between the first and last samples, exactly; the busiest interval above the mean.
+    assert g["pcie_throughput_from"] == "byte_counters" and g["pcie_counter_resets"] == 0
+    assert (g["pcie_tx_bytes"], g["pcie_rx_bytes"]) == (3 * GIB, 5 * GIB + 1)
+    for d in ("tx", "rx"):
+        rate = g[f"pcie_{d}_bytes_per_second"]
+        assert rate["max"] > rate["mean"] > 0, rate
     assert g["pcie_link"]["width"] == 8 and g["pcie_link"]["max_width"] == 16
     assert g["pcie_link"]["lowest_seen"] == {"generation": 5, "width": 8}
     assert g["clock_event_reasons"] == ["sw_power_cap", "sw_thermal_slowdown"]
@@ -267,7 +276,8 @@ def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tm
     from test_rules import rule_metrics
 
     nvml_script = tmp_path / "nvml.script"
-    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
+    counts = {"pcie_tx_count": 10**12, "pcie_rx_count": 10**9}  # the driver counts PCIe bytes
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counts)))
     env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
     vm = VictoriaMetrics(tmp_path)
     push = start_push(["--endpoint", vm.otlp, "--interval", "0.5", "--host-interval", "0.1"], env=env)
@@ -299,6 +309,14 @@ def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tm
         assert one(f'{{__name__=~"memtrace_gpu_pcie_link_width.*",{g}}}') == 16
         assert one(f'{{__name__=~"memtrace_gpu_throttled.*",{g}}}') == 0
         assert one(f'{{__name__=~"memtrace_gpu_pcie_replays.*",{g}}}') == 0
+        # The GPU moves 7 GiB out and 5 bytes in: hw.gpu.io carries exactly that since the agent started.
+        moved = {"pcie_tx_count": 10**12 + 7 * GIB, "pcie_rx_count": 10**9 + 5}
+        tmp = nvml_script.with_suffix(".tmp")
+        tmp.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **moved)))
+        os.replace(tmp, nvml_script)
+        io = f'{{__name__=~"hw_gpu_io.*",{g},network_io_direction='
+        assert wait_for(lambda: one(io + '"transmit"}'), 7 * GIB) == 7 * GIB
+        assert one(io + '"receive"}') == 5
         # A stepping loop and a job with a finding, so that every rule has its input.
         loop = [str(fakecuda / "steploop"), "-n", "200", "-k", "1000", "-w", "1000"]
         subprocess.run(loop, env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)

@@ -132,6 +132,57 @@ def test_faults_show_between_samples(tmp_path: Path, fakenvml: Path) -> None:
     assert r2["pcie_replays"] == 3 and r2["counter_resets"] == 1
 
 
+def test_pcie_bytes_come_from_the_drivers_counters_where_it_has_them(tmp_path: Path, fakenvml: Path) -> None:
+    """GPU 0's driver counts its PCIe bytes (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES): memtrace reads those,
+    and never the 20 ms throughput sample (scripted to fail here, so a call would be counted as an
+    error). GPU 1's does not: the throughput sample, as before. Between samples the bytes are the
+    counters' exact differences; a counter that went down (the driver reloaded) counts from zero."""
+    start = 10**12
+    moved = [(0, 0), (3 * GIB + 5, 17), (7 * GIB, 4096)]  # each sample's (tx, rx) since the first
+    steps = []
+    for i, (tx, rx) in enumerate(moved):
+        steps.append(
+            script(
+                count=2,
+                **gpu(
+                    0,
+                    uuid="GPU-aaaa",
+                    **{**HEALTHY, "pcie_tx": "E999", "pcie_rx": "E999"},
+                    pcie_tx_count=start + tx,
+                    pcie_rx_count=start + rx,
+                ),  # fmt: skip
+                **gpu(1, uuid="GPU-bbbb", **{**HEALTHY, "pcie_tx": 100 + i}),
+            )
+        )
+    # The driver reloaded: its counters start again at 1 MiB and 2 bytes.
+    steps.append(script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY, pcie_tx_count=1 << 20, pcie_rx_count=2),
+                        **gpu(1, uuid="GPU-bbbb", **HEALTHY)))  # fmt: skip
+    # One counter answers "no permission" (4): that reading is None and counted, the other stands.
+    steps.append(script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY, pcie_tx_count="E4", pcie_rx_count=9),
+                        **gpu(1, uuid="GPU-bbbb", **HEALTHY)))  # fmt: skip
+    out = sample(tmp_path, steps, fakenvml)
+    g0 = [step["gpus"][0] for step in out["steps"]]
+    g1 = [step["gpus"][1] for step in out["steps"]]
+    assert [(g["pcie_tx_bytes"], g["pcie_rx_bytes"]) for g in g0] == [
+        *((start + tx, start + rx) for tx, rx in moved),
+        (1 << 20, 2),
+        (None, 9),
+    ]
+    assert all(g["pcie_tx_bytes_per_s"] is None and g["pcie_rx_bytes_per_s"] is None for g in g0)
+    assert [g["pcie_tx_bytes_per_s"] for g in g1] == [100 * 1024, 101 * 1024, 102 * 1024, 12500 * 1024, 12500 * 1024]
+    assert all(g["pcie_tx_bytes"] is None and g["pcie_rx_bytes"] is None for g in g1)
+    rates = [step["rates"][0] for step in out["steps"][1:]]
+    assert [(r["pcie_tx_bytes"], r["pcie_rx_bytes"], r["counter_resets"]) for r in rates] == [
+        (3 * GIB + 5, 17, 0),
+        (7 * GIB - (3 * GIB + 5), 4096 - 17, 0),
+        (1 << 20, 2, 2),  # both went down: counted from zero
+        (None, 7, 0),
+    ]
+    assert all(step["rates"][1]["pcie_tx_bytes"] is None for step in out["steps"][1:])
+    assert out["steps"][4]["errors"] == {"pcie tx counter: Insufficient Permissions": 1}
+    assert all(step["errors"] == {} for step in out["steps"][:4])
+
+
 def test_link_generation_below_max_is_degraded_only_when_busy(tmp_path: Path, fakenvml: Path) -> None:
     idle = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "link_gen": 1, "util_gpu": 0}))
     busy = script(count=1, **gpu(0, uuid="GPU-aaaa", **{**HEALTHY, "link_gen": 3, "util_gpu": 80}))
@@ -259,8 +310,8 @@ def test_driver_that_fails_to_initialise_turns_the_source_off(tmp_path: Path, fa
 DOCTOR = "from memtrace.runtime.doctor import CHECKS, check_nvml; assert check_nvml in CHECKS; print(check_nvml())"
 
 
-def doctor_nvml(tmp_path: Path, lib: Path | None) -> str:
-    (tmp_path / "nvml.script").write_text(script(count=2, driver="580.159.04"))
+def doctor_nvml(tmp_path: Path, lib: Path | None, **gpus: Any) -> str:
+    (tmp_path / "nvml.script").write_text(script(count=2, driver="580.159.04", **gpus))
     e = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     e.update(PYTHONPATH=str(REPO), FAKE_NVML_SCRIPT=str(tmp_path / "nvml.script"))
     if lib is not None:
@@ -270,9 +321,20 @@ def doctor_nvml(tmp_path: Path, lib: Path | None) -> str:
     return p.stdout
 
 
-def test_doctor_reports_the_driver_and_gpus(tmp_path: Path, fakenvml: Path) -> None:
-    out = doctor_nvml(tmp_path, fakenvml)
-    assert "name='NVML', ok=True, detail='driver 580.159.04, 2 GPUs'" in out and "warn=False" in out
+@pytest.mark.parametrize(
+    ("counted", "pcie"),
+    [
+        ((), "PCIe throughput as NVML 20 ms estimates (exact byte counters need driver 555 or later)"),
+        ((1,), "PCIe bytes from driver counters on 1 of 2 GPUs, NVML 20 ms estimates on the rest"),
+        ((0, 1), "PCIe bytes from driver counters (exact)"),
+    ],
+)
+def test_doctor_reports_the_driver_and_gpus(
+    tmp_path: Path, fakenvml: Path, counted: tuple[int, ...], pcie: str
+) -> None:
+    counters = {k: v for i in counted for k, v in gpu(i, pcie_tx_count=1, pcie_rx_count=2).items()}
+    out = doctor_nvml(tmp_path, fakenvml, **counters)
+    assert f"name='NVML', ok=True, detail='driver 580.159.04, 2 GPUs; {pcie}'" in out and "warn=False" in out
 
 
 def test_doctor_warns_without_nvml_and_says_what_it_means(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from memtrace.sources.procfs import read_process
 
 PID = os.getpid()  # a live process: its identity is read from /proc, as the agent does
 API = 2  # cudaMemcpyAsync
+GIB = 1 << 30
 
 
 def events(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -399,6 +400,58 @@ def test_the_cpu_sensors_switch_gaps_are_counted_in_the_agents_health() -> None:
     assert gaps() == 3
     host.cpu_gaps = {**host.cpu_gaps, "switch_gaps": 5}
     assert gaps() == 5  # cumulative, the default temporality
+
+
+@pytest.mark.parametrize("temporality", ["cumulative", "delta"])
+def test_a_gpus_pcie_bytes_are_exported_where_the_driver_counts_them(temporality: str) -> None:
+    """hw.gpu.io (the OpenTelemetry GPU convention: bytes, by network.io.direction) carries the
+    exact bytes between the first sample and the last, or since the last push that arrived; a GPU
+    whose driver has no byte counters (NVML's 20 ms estimate only) has none, since an estimate of a
+    rate is not a count of bytes. The summary's rows say which each GPU had."""
+    from memtrace.core.gpu import GpuSample
+    from memtrace.model.host import HostBook
+
+    b = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1", temporality=temporality), {"host.name": "t"})
+    host = HostBook()
+
+    def add(t_s: int, tx: int, rx: int, estimate: int = 5000) -> None:
+        kw = dict(name="G", bus_id="", time_ns=t_s * 10**9)
+        host.add_gpus(
+            [
+                GpuSample(index=0, uuid="GPU-c", **kw, pcie_tx_bytes=tx, pcie_rx_bytes=rx),
+                GpuSample(index=1, uuid="GPU-s", **kw, pcie_tx_bytes_per_s=estimate, pcie_rx_bytes_per_s=estimate),
+            ]
+        )
+
+    def push() -> dict[tuple[str, str], float]:
+        batch = b.build(Model(), {}, 1, host=host)
+        batch.commit()
+        return {
+            (p.attributes["hw.id"], p.attributes["network.io.direction"]): p.value
+            for rm in batch.data.resource_metrics
+            for sm in rm.scope_metrics
+            for x in sm.metrics
+            if x.name == "hw.gpu.io"
+            for p in x.data.data_points
+            if p.time_unix_nano != p.start_time_unix_nano
+        }
+
+    add(1, 10**12, 0)
+    add(2, 10**12 + 3 * GIB, 100)
+    assert push() == {("GPU-c", "transmit"): 3 * GIB, ("GPU-c", "receive"): 100}
+    add(4, 10**12 + 3 * GIB + 6, 100 + 2 * GIB, estimate=7000)
+    second = {("GPU-c", "transmit"): 6, ("GPU-c", "receive"): 2 * GIB}
+    if temporality == "cumulative":
+        second = {("GPU-c", "transmit"): 3 * GIB + 6, ("GPU-c", "receive"): 100 + 2 * GIB}
+    assert push() == second
+    rows = {g.uuid: g.row(None) for g in host.gpus.values()}
+    c, s = rows["GPU-c"], rows["GPU-s"]
+    assert c["pcie_throughput_from"] == "byte_counters" and c["pcie_counter_resets"] == 0
+    assert (c["pcie_tx_bytes"], c["pcie_rx_bytes"]) == (3 * GIB + 6, 100 + 2 * GIB)
+    assert c["pcie_tx_bytes_per_second"] == {"mean": (3 * GIB + 6) / 3, "max": 3 * GIB}
+    assert c["pcie_rx_bytes_per_second"] == {"mean": (100 + 2 * GIB) / 3, "max": GIB}
+    assert s["pcie_throughput_from"] == "20ms_samples" and s["pcie_tx_bytes"] is None
+    assert s["pcie_tx_bytes_per_second"] == {"mean": 17000 / 3, "max": 7000}
 
 
 def test_the_wait_after_a_collective_is_exported_per_collective() -> None:

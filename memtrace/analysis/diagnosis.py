@@ -128,6 +128,10 @@ class GpuWindow:
     max_link_width: int | None
     link_generation: int | None = None
     max_link_generation: int | None = None
+    # Bytes the GPU sent and received over PCIe in the window, by the driver's counters (None: it has
+    # none), and the processes NVML lists on it.
+    pcie_bytes: int | None = None
+    pids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -470,6 +474,7 @@ class Diagnoser:
             "other_processes_copy_bytes_per_second_before": round(others_b),
             "other_processes_copy_bytes_per_second": round(others_a),
         }
+        ev.update(_link_bytes(before, after))
         # A quarter of its copy bandwidth gone while the others copy half again as much (or start to).
         if fell <= 0 or others_a < 1.5 * others_b or others_a <= 0:
             return 0.0, "pcie_contention", ev
@@ -609,6 +614,26 @@ def _share_of(ws: list[tuple[ProcWindow, HostWindow]], uuid: str, pred: Callable
 
 def _narrow(g: GpuWindow) -> bool:
     return g.link_width is not None and g.max_link_width is not None and g.link_width < g.max_link_width
+
+
+def _link_bytes(
+    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]
+) -> dict[str, int]:
+    """What the driver counted on the process's GPU's PCIe link, per second, before and after: all
+    traffic on it, traced or not (the evidence beside memtrace's own copy bytes). Its GPU: the one
+    NVML lists it on, or the host's only GPU; nothing when that is not one GPU with byte counters."""
+    pid = after[-1][0].key.pid
+    gpus = after[-1][1].gpus
+    mine = [g.uuid for g in gpus if pid in g.pids] or [g.uuid for g in gpus if len(gpus) == 1]
+    if len(mine) != 1:
+        return {}
+    out = {}
+    for name, ws in (("gpu_pcie_bytes_per_second_before", before), ("gpu_pcie_bytes_per_second", after)):
+        moved = [g.pcie_bytes for _, h in ws for g in h.gpus if g.uuid == mine[0]]
+        if not moved or None in moved:
+            return {}
+        out[name] = round(sum(m or 0 for m in moved) / sum(h.seconds for _, h in ws))
+    return out
 
 
 def _rate(ws: list[ProcWindow]) -> float | None:

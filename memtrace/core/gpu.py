@@ -59,7 +59,11 @@ class GpuSample:
     time_ns: int
     lost: bool = False  # fell off the bus (NVML_ERROR_GPU_IS_LOST or alike): nothing else is valid
     detail: bool = True  # False: only utilisation, clock events and XIDs were read (see NvmlSource.sample)
-    pcie_tx_bytes_per_s: int | None = None  # NVML's own 20 ms window, in bytes per second
+    # PCIe bytes the GPU sent (tx) and received (rx): where the driver counts them, cumulative since
+    # it loaded (exact between two samples); else NVML's estimate over its own 20 ms window, per second.
+    pcie_tx_bytes: int | None = None
+    pcie_rx_bytes: int | None = None
+    pcie_tx_bytes_per_s: int | None = None
     pcie_rx_bytes_per_s: int | None = None
     pcie_replay_count: int | None = None  # cumulative since the driver loaded
     link_generation: int | None = None
@@ -138,6 +142,8 @@ class GpuRates:
     ecc_uncorrected: int | None
     xids: tuple[int, ...]
     counter_resets: int  # counters that went down (and were counted from zero)
+    pcie_tx_bytes: int | None = None  # from the driver's byte counters (None: it has none)
+    pcie_rx_bytes: int | None = None
 
 
 def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
@@ -148,6 +154,8 @@ def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
     replays, r1 = counter_delta(before.pcie_replay_count, after.pcie_replay_count)
     corrected, r2 = counter_delta(before.ecc_corrected_volatile, after.ecc_corrected_volatile)
     uncorrected, r3 = counter_delta(before.ecc_uncorrected_volatile, after.ecc_uncorrected_volatile)
+    tx, r4 = counter_delta(before.pcie_tx_bytes, after.pcie_tx_bytes)
+    rx, r5 = counter_delta(before.pcie_rx_bytes, after.pcie_rx_bytes)
     return GpuRates(
         index=after.index,
         uuid=after.uuid,
@@ -157,5 +165,7 @@ def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
         ecc_corrected=corrected,
         ecc_uncorrected=uncorrected,
         xids=after.xids,
-        counter_resets=r1 + r2 + r3,
+        counter_resets=r1 + r2 + r3 + r4 + r5,
+        pcie_tx_bytes=tx,
+        pcie_rx_bytes=rx,
     )

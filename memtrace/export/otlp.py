@@ -156,7 +156,8 @@ GPU_GAUGES: dict[str, tuple[str, str]] = {
 # Network interfaces of the namespaces the traced processes live in (rtnetlink), on the agent's
 # resource: counters since the agent's first sample (OTel semantic conventions' system.network.*),
 # one series per (namespace, interface, direction); queueing disciplines as memtrace.qdisc.*.
-NET_METRICS: dict[str, tuple[str, str, str]] = {
+HOST_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "hw.gpu.io": ("sum", "Bytes the GPU received and transmitted over PCIe (the driver's byte counters)", "By"),
     "system.network.io": ("sum", "Bytes received and sent by the interface", "By"),
     "system.network.packet.count": ("sum", "Packets received and sent by the interface", "{packet}"),
     "system.network.packet.dropped": ("sum", "Packets the interface dropped", "{packet}"),
@@ -473,9 +474,17 @@ class MetricsBuilder:
             for n, pts in points.items()
         ]
 
-    def _net_metrics(self, host: HostBook, pp: _Points) -> list[Metric]:
-        """Each interface's and queue's counters since the agent first sampled
-        it, and its speed, last utilisation and backlog, on the agent's resource."""
+    def _host_counter_metrics(self, host: HostBook, pp: _Points) -> list[Metric]:
+        """Each GPU's PCIe bytes where the driver counts them, and each interface's and queue's
+        counters, since the agent first sampled them; the interfaces' speed, last utilisation and
+        backlog; on the agent's resource."""
+        for g in sorted(host.gpus.values(), key=lambda g: g.index):
+            if not g.pcie_counted:
+                continue
+            hw = {"hw.id": g.uuid, "hw.name": g.name, "hw.type": "gpu", "gpu.index": g.index}
+            for direction, count in (("receive", g.pcie_rx_count), ("transmit", g.pcie_tx_count)):
+                gpu_key: tuple[Any, ...] = ("gpu_io", AGENT_SERIES, g.uuid, direction)
+                pp.sums(gpu_key, {**hw, "network.io.direction": direction}, ("hw.gpu.io",), (count.bytes,))
         for link in host.interface_series():
             i = link.last
             la: dict[str, Any] = {
@@ -506,7 +515,7 @@ class MetricsBuilder:
         tmp = self._temporality()
         out = []
         for name, pts in pp.points.items():
-            kind, desc, unit = NET_METRICS[name]
+            kind, desc, unit = HOST_COUNTERS[name]
             data: Sum | Gauge
             if kind == "gauge":
                 data = Gauge(data_points=pts)
@@ -717,7 +726,7 @@ class MetricsBuilder:
         if host is not None:
             health.extend(self._gpu_metrics(host, hstart, now))
             agent_points = _Points(self, new_base, windows, starting, now, self.start_ns, self.start_ns, None)
-            health.extend(self._net_metrics(host, agent_points))
+            health.extend(self._host_counter_metrics(host, agent_points))
         resource_metrics.append(_resource_metrics(self.agent_resource, health))
 
         def commit() -> None:

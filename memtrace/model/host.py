@@ -71,6 +71,32 @@ class _Series:
 
 
 @dataclass
+class _ByteCounter:
+    """A cumulative byte counter, between the first and last samples that had it: exact bytes over
+    exact seconds, and the busiest interval between two samples."""
+
+    bytes: int = 0
+    seconds: float = 0.0
+    most: float | None = None
+    resets: int = 0  # went down (the driver reloaded): counted from zero
+
+    def add(self, before: int | None, after: int | None, seconds: float) -> None:
+        delta, reset = counter_delta(before, after)
+        if delta is None or seconds <= 0:
+            return
+        self.bytes += delta
+        self.seconds += seconds
+        self.resets += reset
+        rate = delta / seconds
+        self.most = rate if self.most is None else max(self.most, rate)
+
+    def row(self) -> dict[str, float] | None:
+        if not self.seconds or self.most is None:
+            return None
+        return {"mean": self.bytes / self.seconds, "max": self.most}
+
+
+@dataclass
 class GpuSeries:
     index: int
     uuid: str
@@ -88,6 +114,9 @@ class GpuSeries:
     power: _Series = field(default_factory=_Series)
     pcie_tx: _Series = field(default_factory=_Series)
     pcie_rx: _Series = field(default_factory=_Series)
+    pcie_tx_count: _ByteCounter = field(default_factory=_ByteCounter)  # where the driver counts PCIe bytes
+    pcie_rx_count: _ByteCounter = field(default_factory=_ByteCounter)
+    pcie_counted: bool = False
     throttled_samples: int = 0
     clock_samples: int = 0
     reasons: set[str] = field(default_factory=set)
@@ -120,7 +149,13 @@ class GpuSeries:
             return
         if self.first is None:
             self.first = s
-        self.last = s
+        prev, self.last = self.last, s
+        if s.pcie_tx_bytes is not None or s.pcie_rx_bytes is not None:
+            self.pcie_counted = True
+            if prev is not None:
+                seconds = (s.time_ns - prev.time_ns) / 1e9
+                self.pcie_tx_count.add(prev.pcie_tx_bytes, s.pcie_tx_bytes, seconds)
+                self.pcie_rx_count.add(prev.pcie_rx_bytes, s.pcie_rx_bytes, seconds)
         self.memory_used.add(s.memory_used_bytes)
         self.temperature.add(s.temperature_celsius)
         self.power.add(s.power_milliwatts)
@@ -140,6 +175,28 @@ class GpuSeries:
         if self.first is None or self.last is None:
             return None
         return counter_delta(getattr(self.first, name), getattr(self.last, name))[0]
+
+    def _pcie_rows(self) -> dict[str, Any]:
+        """PCIe throughput: exact from the driver's byte counters, or NVML's 20 ms estimates."""
+        if self.pcie_counted:
+            tx, rx = self.pcie_tx_count, self.pcie_rx_count
+            return {
+                "pcie_throughput_from": "byte_counters",
+                "pcie_tx_bytes_per_second": tx.row(),
+                "pcie_rx_bytes_per_second": rx.row(),
+                "pcie_tx_bytes": tx.bytes if tx.seconds else None,
+                "pcie_rx_bytes": rx.bytes if rx.seconds else None,
+                "pcie_counter_resets": tx.resets + rx.resets,
+            }
+        sampled = bool(self.pcie_tx.n or self.pcie_rx.n)
+        return {
+            "pcie_throughput_from": "20ms_samples" if sampled else None,
+            "pcie_tx_bytes_per_second": self.pcie_tx.row(),
+            "pcie_rx_bytes_per_second": self.pcie_rx.row(),
+            "pcie_tx_bytes": None,
+            "pcie_rx_bytes": None,
+            "pcie_counter_resets": 0,
+        }
 
     def replays_since_start(self) -> int | None:
         return self._delta("pcie_replay_count")
@@ -172,8 +229,7 @@ class GpuSeries:
             "memory_total_bytes": None if last is None else last.memory_total_bytes,
             "temperature_celsius": self.temperature.row(),
             "power_watts": power,
-            "pcie_tx_bytes_per_second": self.pcie_tx.row(),
-            "pcie_rx_bytes_per_second": self.pcie_rx.row(),
+            **self._pcie_rows(),
             "pcie_link": link,
             "pcie_replays": self._delta("pcie_replay_count"),
             "ecc_corrected_errors": self._delta("ecc_corrected_volatile"),

@@ -12,6 +12,7 @@ from typing import Any
 
 from memtrace.analysis.diagnosis import Diagnoser, Diagnosis, GpuWindow, HostWindow, LinkWindow, ProcWindow
 from memtrace.core.ids import ProcessKey
+from memtrace.model.host import HostBook
 from memtrace.runtime.agent import Agent
 from memtrace.runtime.hostsignals import HostSignals
 from memtrace.sources.cgroup import CgroupNames
@@ -144,25 +145,7 @@ class LiveDiagnosis:
                     # The calls' own time as the NCCL sensor has it, where the steps have less (none).
                     w.collective_ns += dc[0] - calls_ns.get(key, 0)
                 w.netns = book.netns_of(key.pid)
-            for g in book.gpus.values():
-                latest, last = g.latest, g.last
-                replays = g.replays_since_start()
-                prev_r = self._prev_replays.get(g.uuid)
-                if replays is not None:
-                    self._prev_replays[g.uuid] = replays
-                hw.gpus.append(
-                    GpuWindow(
-                        index=g.index,
-                        uuid=g.uuid,
-                        throttled=None if latest is None or latest.lost else latest.throttled,
-                        reasons=tuple(latest.clock_event_reasons or ()) if latest is not None else (),
-                        replays=None if replays is None or prev_r is None else replays - prev_r,
-                        link_width=last.link_width if last else None,
-                        max_link_width=last.max_link_width if last else None,
-                        link_generation=last.link_generation if last else None,
-                        max_link_generation=last.max_link_generation if last else None,
-                    )
-                )
+            hw.gpus = self.gpu_windows(book)
             hw.links = self._links(book, seconds)
         if first:
             return []
@@ -182,6 +165,34 @@ class LiveDiagnosis:
             if self.on_diagnosis is not None:
                 self.on_diagnosis(diag)
         return made
+
+    def gpu_windows(self, book: HostBook) -> list[GpuWindow]:
+        """Each GPU in this window: its state now, and what its cumulative counters moved since the
+        previous window (PCIe replays; PCIe bytes where the driver counts them). Caller holds the lock."""
+        out = []
+        for g in book.gpus.values():
+            latest, last = g.latest, g.last
+            replays = g.replays_since_start()
+            prev_r = self._prev_replays.get(g.uuid)
+            if replays is not None:
+                self._prev_replays[g.uuid] = replays
+            moved = self._delta(("pcie", g.uuid), (g.pcie_tx_count.bytes + g.pcie_rx_count.bytes,))
+            out.append(
+                GpuWindow(
+                    index=g.index,
+                    uuid=g.uuid,
+                    throttled=None if latest is None or latest.lost else latest.throttled,
+                    reasons=tuple(latest.clock_event_reasons or ()) if latest is not None else (),
+                    replays=None if replays is None or prev_r is None else replays - prev_r,
+                    link_width=last.link_width if last else None,
+                    max_link_width=last.max_link_width if last else None,
+                    link_generation=last.link_generation if last else None,
+                    max_link_generation=last.max_link_generation if last else None,
+                    pcie_bytes=moved[0] if moved is not None and g.pcie_counted else None,
+                    pids=tuple(g.processes),
+                )
+            )
+        return out
 
     def _links(self, book: Any, seconds: float) -> list[LinkWindow]:
         out = []

@@ -275,8 +275,15 @@ def check_nvml() -> Check:
     except NvmlUnavailable as e:
         return Check("NVML", True, e.message, e.fix, warn=True)
     try:
-        n = source.gpu_count
-        return Check("NVML", True, f"driver {source.driver_version}, {n} GPU{'' if n == 1 else 's'}")
+        n, counted = source.gpu_count, source.pcie_counted_gpus
+        pcie = ""
+        if n and counted == n:
+            pcie = "; PCIe bytes from driver counters (exact)"
+        elif n and counted:
+            pcie = f"; PCIe bytes from driver counters on {counted} of {n} GPUs, NVML 20 ms estimates on the rest"
+        elif n:
+            pcie = "; PCIe throughput as NVML 20 ms estimates (exact byte counters need driver 555 or later)"
+        return Check("NVML", True, f"driver {source.driver_version}, {n} GPU{'' if n == 1 else 's'}{pcie}")
     finally:
         source.close()
 

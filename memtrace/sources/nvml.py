@@ -33,6 +33,11 @@ _NOT_SUPPORTED = 3
 _FUNCTION_NOT_FOUND = 13
 _TIMEOUT = 10
 _XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
+# NVML_FI_DEV_PCIE_COUNT_TX_BYTES and _RX_BYTES (nvml.h, drivers from 555 on): bytes the GPU sent and
+# received over PCIe since the driver loaded, read through nvmlDeviceGetFieldValues.
+PCIE_COUNTER_FIELDS = (197, 198)
+_VALUE_UNSIGNED_LONG_LONG = 3  # nvmlValueType_t: the counters' type; any other is not trusted
+_VALUE_SIGNED_LONG_LONG = 4
 MAX_XIDS_PER_SAMPLE = 256  # a storm of XIDs must not stall a sample
 
 
@@ -55,10 +60,31 @@ class _Gpu:
     max_link_width: int | None
     address: int | None  # the handle's pointer value, to match XID events to GPUs
     lost: bool = False
+    # The driver counts this GPU's PCIe bytes (PCIE_COUNTER_FIELDS): read those, exact between two
+    # samples, instead of nvmlDeviceGetPcieThroughput's 20 ms window (which also blocks 20 ms a call).
+    pcie_counters: bool = False
 
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _field_count(value: Any) -> int | None:
+    """One 64-bit counter from an nvmlFieldValue_t that answered NVML_SUCCESS, or None."""
+    if value.valueType == _VALUE_UNSIGNED_LONG_LONG:
+        return int(value.value.ullVal)
+    if value.valueType == _VALUE_SIGNED_LONG_LONG and value.value.sllVal >= 0:
+        return int(value.value.sllVal)
+    return None
+
+
+def _pcie_counters_work(nvml: Any, handle: Any) -> bool:
+    """The driver answers both PCIe byte counters for this GPU, as 64-bit integers."""
+    try:
+        values = nvml.nvmlDeviceGetFieldValues(handle, list(PCIE_COUNTER_FIELDS))
+    except (nvml.NVMLError, AttributeError):  # an older driver (function not found) or nvidia-ml-py
+        return False
+    return all(v.nvmlReturn == 0 and _field_count(v) is not None for v in values)
 
 
 def _handle_address(handle: Any) -> int | None:
@@ -167,6 +193,7 @@ class NvmlSource:
             max_link_generation=static(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
             max_link_width=static(nvml.nvmlDeviceGetMaxPcieLinkWidth),
             address=_handle_address(handle),
+            pcie_counters=_pcie_counters_work(nvml, handle),
         )
 
     @staticmethod
@@ -209,6 +236,11 @@ class NvmlSource:
     def gpu_count(self) -> int:
         return len(self._gpus)
 
+    @property
+    def pcie_counted_gpus(self) -> int:
+        """GPUs whose driver counts their PCIe bytes (the rest: NVML's 20 ms throughput estimates)."""
+        return sum(g.pcie_counters for g in self._gpus)
+
     def hand_to(self, fast: FastSampler) -> None:
         """Let the fast sampler read utilisation and clock events (through nvidia-ml-py's own
         libnvidia-ml); sample() then takes them from its window. GPUs lost before they were
@@ -226,8 +258,9 @@ class NvmlSource:
 
         Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
         temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
-        NVML itself refreshes those at about 1 Hz or slower, and reading PCIe throughput samples a
-        counter over 20 ms (NVML's documentation). Between, `detail` is False and they are None.
+        NVML itself refreshes those at about 1 Hz or slower, and where the driver has no PCIe byte
+        counters, reading PCIe throughput samples one over 20 ms (NVML's documentation) and blocks
+        that long. Between, `detail` is False and they are None.
         `detail` True or False overrides the cadence for this call (a run's last sample reads all).
         With `fast` (the fast sampler's window, after hand_to), utilisation and clock events are its
         readings since the previous call: means, maxima and the ticks throttled.
@@ -256,6 +289,28 @@ class NvmlSource:
             if e.value != _NOT_SUPPORTED:
                 self.errors[f"{what}: {e}"] += 1
             return None
+
+    def _pcie_counts(self, handle: Any) -> tuple[int | None, int | None]:
+        """The GPU's PCIe byte counters (transmitted, received); a counter that answered an error is None."""
+        nvml = self._nvml
+        try:
+            values = nvml.nvmlDeviceGetFieldValues(handle, list(PCIE_COUNTER_FIELDS))
+        except nvml.NVMLError as e:
+            if e.value in LOST_ERRORS:
+                raise _Lost from e
+            self.errors[f"pcie counters: {e}"] += 1
+            return None, None
+        out: list[int | None] = []
+        for what, v in zip(("tx", "rx"), values, strict=True):
+            if v.nvmlReturn in LOST_ERRORS:
+                raise _Lost
+            count = _field_count(v) if v.nvmlReturn == 0 else None
+            if v.nvmlReturn not in (0, _NOT_SUPPORTED):
+                self.errors[f"pcie {what} counter: {nvml.NVMLError(v.nvmlReturn)}"] += 1
+            elif v.nvmlReturn == 0 and count is None:
+                self.errors[f"pcie {what} counter: NVML value type {v.valueType}, not a 64-bit count"] += 1
+            out.append(count)
+        return out[0], out[1]
 
     def _clock_events(self, handle: Any) -> int | None:
         nvml = self._nvml
@@ -326,8 +381,12 @@ class NvmlSource:
         nvml = self._nvml
         h = g.handle
         mem = self._read("memory", nvml.nvmlDeviceGetMemoryInfo, h)
-        tx = self._read("pcie tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES)
-        rx = self._read("pcie rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
+        tx = rx = tx_count = rx_count = None
+        if g.pcie_counters:
+            tx_count, rx_count = self._pcie_counts(h)
+        else:
+            tx = self._read("pcie tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES)
+            rx = self._read("pcie rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
         procs = self._read("processes", nvml.nvmlDeviceGetComputeRunningProcesses, h)
         corrected, uncorrected = (
             self._read(f"ecc {name}", nvml.nvmlDeviceGetTotalEccErrors, h, kind, nvml.NVML_VOLATILE_ECC)
@@ -339,6 +398,8 @@ class NvmlSource:
         out.update(
             pcie_tx_bytes_per_s=None if tx is None else tx * 1024,  # NVML counts KB/s
             pcie_rx_bytes_per_s=None if rx is None else rx * 1024,
+            pcie_tx_bytes=tx_count,
+            pcie_rx_bytes=rx_count,
             pcie_replay_count=self._read("pcie replays", nvml.nvmlDeviceGetPcieReplayCounter, h),
             link_generation=self._read("link generation", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
             link_width=self._read("link width", nvml.nvmlDeviceGetCurrPcieLinkWidth, h),

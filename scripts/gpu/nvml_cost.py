@@ -16,6 +16,15 @@ from typing import Any
 import pynvml as n
 
 
+def _fields(h: Any, ids: list[int]) -> Any:
+    """nvmlDeviceGetFieldValues, raising the first field's own error as the call's."""
+    values = n.nvmlDeviceGetFieldValues(h, ids)
+    for v in values:
+        if v.nvmlReturn != n.NVML_SUCCESS:
+            raise n.NVMLError(v.nvmlReturn)
+    return values
+
+
 def main() -> int:
     out, calls = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20
     n.nvmlInit()
@@ -26,6 +35,10 @@ def main() -> int:
         "memory": lambda: n.nvmlDeviceGetMemoryInfo(h),
         "pcie tx": lambda: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES),
         "pcie rx": lambda: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES),
+        # What memtrace reads instead where the driver has them (555 or later): both byte counters.
+        "pcie byte counters": lambda: _fields(
+            h, [n.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, n.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+        ),
         "processes": lambda: n.nvmlDeviceGetComputeRunningProcesses(h),
         "ecc corrected": lambda: n.nvmlDeviceGetTotalEccErrors(
             h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC
