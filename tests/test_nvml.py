@@ -77,7 +77,7 @@ def test_every_reading_is_the_drivers_value(tmp_path: Path, fakenvml: Path) -> N
         **gpu(0, uuid="GPU-aaaa", procs=f"4242:{3 * GIB},777:-", **HEALTHY),
         **gpu(1, uuid="GPU-bbbb", **{**HEALTHY, "pcie_tx": 1, "temp": 31, "power": 70000}, procs=f"4242:{GIB}"),
     )
-    out = sample(tmp_path, [s], fakenvml)
+    out = sample(tmp_path, [s, s], fakenvml)
     assert out["driver"] == "580.159.04" and out["gpu_count"] == 2
     g0, g1 = out["steps"][0]["gpus"]
     assert g0["uuid"] == "GPU-aaaa" and g0["name"] == "Fake H100 80GB HBM3" and g0["bus_id"] == "00000000:17:00.0"
@@ -91,12 +91,12 @@ def test_every_reading_is_the_drivers_value(tmp_path: Path, fakenvml: Path) -> N
     assert g0["clock_event_mask"] == 0 and g0["throttled"] is False and g0["clock_event_reasons"] == []
     assert g0["link_degraded"] is False and g0["lost"] is False
     assert [(p["pid"], p["used_memory_bytes"]) for p in g0["processes"]] == [(4242, 3 * GIB), (777, None)]
-    assert (g1["uuid"], g1["pcie_tx_bytes_per_s"], g1["temperature_celsius"], g1["power_milliwatts"]) == (
-        "GPU-bbbb",
-        1024,
-        31,
-        70000,
-    )
+    assert (g1["uuid"], g1["temperature_celsius"], g1["power_milliwatts"]) == ("GPU-bbbb", 31, 70000)
+    # Neither driver counts PCIe bytes: one GPU's throughput is estimated per sample (each estimate
+    # blocks 20 ms), in turn.
+    later0, later1 = out["steps"][1]["gpus"]
+    assert (g1["pcie_tx_bytes_per_s"], later0["pcie_tx_bytes_per_s"]) == (None, None)
+    assert later1["pcie_tx_bytes_per_s"] == 1024 and later1["pcie_rx_bytes_per_s"] == 3000000 * 1024
     # Which GPU each process runs on: 4242 on both, 777 on the first.
     assert out["steps"][0]["by_pid"] == {"4242": [0, 1], "777": [0]}
     assert out["steps"][0]["errors"] == {} and out["steps"][0]["lost_count"] == 0
@@ -293,6 +293,21 @@ def test_details_every_nth_sample_and_the_rest_every_sample(
     assert s1["temperature_celsius"] is None and s1["memory_used_bytes"] is None and s1["processes"] == []
     assert s2["lost"] is True and out["steps"][2]["lost_count"] == 1  # loss is seen between details too
     assert out["steps"][1]["rates"][0]["pcie_replays"] is None
+
+
+def test_without_byte_counters_one_gpu_is_estimated_per_detailed_sample_in_turn(tmp_path: Path, fakenvml: Path) -> None:
+    """Four GPUs whose driver counts no PCIe bytes, details every second sample: each detailed
+    sample estimates one GPU's throughput (a 20 ms block each), the next in turn by index. GPU 3,
+    lost from the fifth sample to the seventh, is passed over at its turn; samples between details
+    estimate none."""
+    gpus = {k: v for i in range(4) for k, v in gpu(i, uuid=f"GPU-{i}", **{**HEALTHY, "pcie_tx": 10 + i}).items()}
+    lost3 = {**gpus, "gpu3__lost": 1}
+    steps = [gpus, gpus, gpus, gpus, lost3, lost3, lost3, gpus, gpus]
+    out = sample(tmp_path, [script(count=4, **g) for g in steps], fakenvml, env={"DETAIL_EVERY": "2"})
+    estimated = [[g["index"] for g in step["gpus"] if g["pcie_tx_bytes_per_s"] is not None] for step in out["steps"]]
+    assert estimated == [[0], [], [1], [], [2], [], [0], [], [1]]
+    assert all(g["pcie_tx_bytes_per_s"] == (10 + g["index"]) * 1024 for s in out["steps"] for g in s["gpus"]
+               if g["pcie_tx_bytes_per_s"] is not None)  # fmt: skip
 
 
 def test_no_driver_turns_the_source_off_with_the_reason(tmp_path: Path) -> None:

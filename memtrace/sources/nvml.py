@@ -111,6 +111,7 @@ class NvmlSource:
         self.errors: Counter[str] = Counter()  # "<reading>: <NVML error>" -> count, for readings left None
         self._use_event_reasons = True
         self._fast_slot: dict[int, int] = {}  # GPU index -> its slot in the fast sampler (hand_to)
+        self._estimated_last = -1  # index of the GPU without byte counters whose PCIe throughput was estimated last
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -258,9 +259,11 @@ class NvmlSource:
 
         Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
         temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
-        NVML itself refreshes those at about 1 Hz or slower, and where the driver has no PCIe byte
-        counters, reading PCIe throughput samples one over 20 ms (NVML's documentation) and blocks
-        that long. Between, `detail` is False and they are None.
+        NVML itself refreshes those at about 1 Hz or slower. Where the driver has no PCIe byte
+        counters, NVML estimates PCIe throughput over 20 ms per call and blocks that long (and about
+        1 ms of CPU on an H100): one such GPU is estimated per detailed sample, in turn, so the
+        thread blocks 40 ms a second at most whatever the number of GPUs. Between, `detail` is
+        False and they are None.
         `detail` True or False overrides the cadence for this call (a run's last sample reads all).
         With `fast` (the fast sampler's window, after hand_to), utilisation and clock events are its
         readings since the previous call: means, maxima and the ticks throttled.
@@ -273,12 +276,22 @@ class NvmlSource:
             self._count += 1
             now = time.monotonic_ns()
             xids = self._drain_xids()
+            estimate = self._estimated_next() if detail else None
             out = []
             for g in self._gpus:
                 slot = self._fast_slot.get(g.index)
                 row = None if fast is None or slot is None else fast.gpus.get(slot)
-                out.append(self._sample_gpu(g, now, tuple(xids.get(g.index, ())), detail, row))
+                out.append(self._sample_gpu(g, now, tuple(xids.get(g.index, ())), detail, row, g is estimate))
             return out
+
+    def _estimated_next(self) -> _Gpu | None:
+        """The GPU without byte counters whose PCIe throughput this detailed sample estimates."""
+        todo = [g for g in self._gpus if g.handle is not None and not g.pcie_counters and not g.lost]
+        if not todo:
+            return None
+        g = ([g for g in todo if g.index > self._estimated_last] or todo)[0]
+        self._estimated_last = g.index
+        return g
 
     def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
         try:
@@ -347,7 +360,13 @@ class NvmlSource:
             )
 
     def _sample_gpu(
-        self, g: _Gpu, now: int, xids: tuple[int, ...], detail: bool, fast: GpuFast | None = None
+        self,
+        g: _Gpu,
+        now: int,
+        xids: tuple[int, ...],
+        detail: bool,
+        fast: GpuFast | None = None,
+        estimate: bool = False,
     ) -> GpuSample:
         nvml = self._nvml
         h = g.handle
@@ -365,7 +384,7 @@ class NvmlSource:
                     base.update(sm_utilization_percent=int(util.gpu), memory_utilization_percent=int(util.memory))
                 base["clock_event_mask"] = self._clock_events(h)
             if detail:
-                self._detail(g, base)
+                self._detail(g, base, estimate)
         except _Lost:
             if not g.lost:
                 g.lost = True
@@ -376,15 +395,16 @@ class NvmlSource:
         g.lost = False
         return GpuSample(**base)
 
-    def _detail(self, g: _Gpu, out: dict[str, Any]) -> None:
-        """The readings that change slowly, into out (GpuSample's fields)."""
+    def _detail(self, g: _Gpu, out: dict[str, Any], estimate: bool) -> None:
+        """The readings that change slowly, into out (GpuSample's fields); with `estimate`, NVML's
+        20 ms PCIe throughput estimate of a GPU without byte counters."""
         nvml = self._nvml
         h = g.handle
         mem = self._read("memory", nvml.nvmlDeviceGetMemoryInfo, h)
         tx = rx = tx_count = rx_count = None
         if g.pcie_counters:
             tx_count, rx_count = self._pcie_counts(h)
-        else:
+        elif estimate:
             tx = self._read("pcie tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES)
             rx = self._read("pcie rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
         procs = self._read("processes", nvml.nvmlDeviceGetComputeRunningProcesses, h)
