@@ -220,6 +220,21 @@ def nvml(raw: Path) -> None:
         min(temps) - 2 <= g["temperature_celsius"]["mean"] <= max(temps) + 2,
         "nvidia-smi every 250 ms around the run; memtrace's mean and max during it",
     )
+    if g.get("pcie_throughput_from") == "byte_counters":
+        moved = copies(doc)
+        h2d = sum(v[1] for (d, _), v in moved.items() if d == "h2d")
+        d2h = sum(v[1] for (d, _), v in moved.items() if d == "d2h")
+        row(
+            "NVML",
+            "PCIe bytes: the copies (h2d, d2h) against the driver's counters (rx, tx)",
+            (h2d, d2h),
+            (g["pcie_rx_bytes"], g["pcie_tx_bytes"]),
+            g["pcie_rx_bytes"] >= h2d and g["pcie_tx_bytes"] >= d2h,
+            "the driver counts all of the link's traffic (launches, other processes): at least the copies",
+        )
+    elif "pcie_throughput_from" in g:  # recorded by a memtrace that reads them, on an older driver
+        what = ("NVML", "PCIe bytes against the driver's counters", "", str(g["pcie_throughput_from"]))
+        rows.append((*what, "not compared: the driver has no PCIe byte counters (they need 555 or later)"))
 
 
 def steps(raw: Path) -> None:
