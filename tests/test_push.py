@@ -123,9 +123,10 @@ def test_workload_to_collector_to_victoriametrics_exactly(
     vm = VictoriaMetrics(tmp_path)
     col = Collector(tmp_path, REPO / "deploy" / "otelcol" / "agent.yaml", {"MEMTRACE_EXPORT_ENDPOINT": vm.otlp})
     port = col.http_port if protocol == "http/protobuf" else col.grpc_port
-    # A GPU for the health and utilisation panels: the test NVML.
+    # A GPU for the health, utilisation and PCIe panels: the test NVML, its driver counting PCIe bytes.
     nvml_script = tmp_path / "nvml.script"
-    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY)))
+    counters = {"pcie_tx_count": 10**12, "pcie_rx_count": 10**9}
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counters)))
     push = start_push(
         ["--endpoint", f"http://127.0.0.1:{port}", "--protocol", protocol, "--interval", "1"],
         env={
