@@ -26,25 +26,12 @@ import platform
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
-from common import REPO, build_fixtures, idle_pcie_link, need_root, training_job
+from common import REPO, build_fixtures, idle_pcie_link, need_root, old_checkout, training_job
 
 SETTLE_S = 5.0
-
-
-def build_helper(tree: Path) -> None:
-    """The C helpers (memtrace._fastsample) in a tree that has none built."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    out = tree / "memtrace" / f"_fastsample{suffix}"
-    if out.exists():
-        return
-    inc = sysconfig.get_paths()["include"]
-    src = tree / "memtrace" / "native" / "fastsample.c"
-    cmd = ["gcc", "-O2", "-fvisibility=hidden", "-shared", "-fPIC", f"-I{inc}", "-o", str(out), str(src), "-ldl"]
-    subprocess.run([*cmd, "-lpthread"], check=True)
 
 
 def one(tree: Path, fx: Path, tmp: Path, seconds: float) -> dict:
@@ -75,10 +62,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=25.0, help="each run of the job")
     a = ap.parse_args()
     need_root("agent_ab")
-    old = a.old.resolve()
-    if not (old / "memtrace" / "__init__.py").exists():
-        sys.exit(f"agent_ab: {old} holds no memtrace checkout (git worktree add {old} COMMIT)")
-    build_helper(old)
+    old = old_checkout("agent_ab", a.old)
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-agent-ab-"))
     fx = tmp / "fx"
     build_fixtures(fx)

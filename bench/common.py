@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,3 +45,25 @@ def idle_pcie_link(path: Path, rate: int = 8 << 30) -> Path:
     free now, `rate` bytes a second."""
     path.write_bytes((0).to_bytes(8, "little") + rate.to_bytes(8, "little"))
     return path
+
+
+def build_helper(tree: Path) -> None:
+    """The C helpers (memtrace._fastsample) in a tree that has none built."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    out = tree / "memtrace" / f"_fastsample{suffix}"
+    if out.exists():
+        return
+    inc = sysconfig.get_paths()["include"]
+    src = tree / "memtrace" / "native" / "fastsample.c"
+    cmd = ["gcc", "-O2", "-fvisibility=hidden", "-shared", "-fPIC", f"-I{inc}", "-o", str(out), str(src), "-ldl"]
+    subprocess.run([*cmd, "-lpthread"], check=True)
+
+
+def old_checkout(bench: str, path: Path) -> Path:
+    """The other commit's worktree a bench compares this checkout with (--old), its C helpers
+    built; exits with how to make one when it holds no memtrace."""
+    old = path.resolve()
+    if not (old / "memtrace" / "__init__.py").exists():
+        sys.exit(f"{bench}: {old} holds no memtrace checkout (git worktree add {old} COMMIT)")
+    build_helper(old)
+    return old

@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, build_fixtures, idle_pcie_link, need_root, training_job
+from common import REPO, build_fixtures, idle_pcie_link, need_root, old_checkout, training_job
 
 RECORD = """
 import atexit, pickle, sys
@@ -95,10 +95,7 @@ def main() -> None:
     need_root("fold_cost")
     trees = {"new": REPO}
     if a.old is not None:
-        old = a.old.resolve()
-        if not (old / "memtrace" / "__init__.py").exists():
-            sys.exit(f"fold_cost: {old} holds no memtrace checkout (git worktree add {old} COMMIT)")
-        trees = {"old": old, "new": REPO}
+        trees = {"old": old_checkout("fold_cost", a.old), "new": REPO}
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-fold-cost-"))
     fx = build_fixtures(tmp / "fx", quiet=True)
     idle_pcie_link(tmp / "pcie")

@@ -449,3 +449,38 @@ def test_the_diagnosis_ticks_keep_the_samples_schedule_when_samples_take_turns_l
         enough.wait(30)
     assert samples[0] >= 40
     assert ticks[0] >= samples[0] - 2, (ticks, samples)
+
+
+def test_the_fast_sampler_slows_down_while_no_process_is_traced() -> None:
+    """An idle node's agent (push, top: nothing traced yet) ticks its C sampler at QUIET_FAST_HZ;
+    the first sample that traces a process puts it back at --host-rate, and it slows again once
+    the agent has let every process go. `memtrace run` names its command at start: always fast."""
+    from memtrace.runtime.hostsignals import QUIET_FAST_HZ, HostOptions, HostSignals
+
+    traced: set[int] = set()
+    opts = HostOptions(cpu=False, nccl=False, gpu=False, network=True, fast_hz=200.0)
+
+    def rates(hs: HostSignals) -> tuple[float, float]:
+        """The rate the view reports, and the one the C side holds."""
+        return hs.view()["fast_sampler"]["rate_hz"], hs._fast.rate_hz
+
+    hs = HostSignals(opts, pids=lambda: set(traced))
+    hs.start()
+    try:
+        assert hs.view()["fast_sampler"]["state"] == "on"
+        assert rates(hs) == (QUIET_FAST_HZ, pytest.approx(QUIET_FAST_HZ))
+        traced.add(os.getpid())
+        hs.sample()
+        assert rates(hs) == (200.0, pytest.approx(200.0))
+        traced.clear()
+        hs.sample()
+        assert rates(hs) == (QUIET_FAST_HZ, pytest.approx(QUIET_FAST_HZ))
+    finally:
+        hs.close()
+    named = HostSignals(opts, pids=set)
+    named.start([os.getpid()])
+    try:
+        named.sample()
+        assert rates(named) == (200.0, pytest.approx(200.0))
+    finally:
+        named.close()

@@ -360,18 +360,19 @@ static void *loop(void *arg)
 		pthread_mutex_lock(&f->cfg);
 		tick(f);
 		watch_rings(f);
+		uint64_t period = f->period_ns; /* mt_fast_set_period changes it under cfg */
 		pthread_mutex_unlock(&f->cfg);
 		pthread_mutex_lock(&f->lock);
 		f->stats.ticks++;
 		pthread_mutex_unlock(&f->lock);
-		next += f->period_ns;
+		next += period;
 		uint64_t now = now_ns(CLOCK_MONOTONIC);
 		if (next < now) { /* fell behind (a stopped agent, a slow call): skip, do not burst */
-			uint64_t missed = (now - next) / f->period_ns + 1;
+			uint64_t missed = (now - next) / period + 1;
 			pthread_mutex_lock(&f->lock);
 			f->stats.late += missed;
 			pthread_mutex_unlock(&f->lock);
-			next += missed * f->period_ns;
+			next += missed * period;
 		}
 		struct timespec ts = {.tv_sec = (time_t)(next / 1000000000ull), .tv_nsec = (long)(next % 1000000000ull)};
 		while (!f->stop && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
@@ -387,21 +388,37 @@ static void *loop(void *arg)
 
 /* ---- the ctypes API (memtrace/sources/fastsample.py) ---- */
 
-__attribute__((visibility("default"))) struct mt_fast *mt_fast_open(uint64_t period_ns, uint64_t throttle_mask)
+/* The tick's period (1 ms at least), and the ticks between utilisation reads (MT_UTIL_HZ). Under cfg, or before start. */
+static void set_period(struct mt_fast *f, uint64_t period_ns)
 {
 	if (period_ns < 1000000) /* 1 kHz at most */
 		period_ns = 1000000;
+	f->period_ns = period_ns;
+	f->util_every = (uint32_t)(1000000000ull / MT_UTIL_HZ / period_ns);
+	if (f->util_every == 0)
+		f->util_every = 1;
+}
+
+__attribute__((visibility("default"))) struct mt_fast *mt_fast_open(uint64_t period_ns, uint64_t throttle_mask)
+{
 	struct mt_fast *f = calloc(1, sizeof(*f));
 	if (f == NULL)
 		return NULL;
 	pthread_mutex_init(&f->lock, NULL);
 	pthread_mutex_init(&f->cfg, NULL);
-	f->period_ns = period_ns;
+	set_period(f, period_ns);
 	f->throttle_mask = throttle_mask;
-	f->util_every = (uint32_t)(1000000000ull / MT_UTIL_HZ / period_ns);
-	if (f->util_every == 0)
-		f->util_every = 1;
 	return f;
+}
+
+/* Tick every period_ns from the tick after the one now awaited; returns the period in force. */
+__attribute__((visibility("default"))) uint64_t mt_fast_set_period(struct mt_fast *f, uint64_t period_ns)
+{
+	pthread_mutex_lock(&f->cfg);
+	set_period(f, period_ns);
+	period_ns = f->period_ns;
+	pthread_mutex_unlock(&f->cfg);
+	return period_ns;
 }
 
 /* Sample the namespace whose rtnetlink socket is fd (dup'ed: the caller keeps its own). 0 or an errno. */

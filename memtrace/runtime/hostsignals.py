@@ -57,6 +57,12 @@ log = logging.getLogger("memtrace")
 DEFAULT_INTERVAL_S = 0.1
 COMPLETE_MARGIN_NS = 10_000_000  # an NCCL poll's events are taken as complete up to this long before it
 GAPS_S = 10.0  # the CPU sensor's gap counters are read this often (and at the last sample)
+# The fast sampler's rate while no process is traced (an idle node's agent): its readings serve
+# the traced processes (their links' busiest ticks, their GPUs' throttling), so a fifth of its
+# cost buys enough; it is back at --host-rate from the first sample that traces one. It also
+# watches the rings: a new process's notice then waits for the control thread 50 ms at most
+# (CONTROL_QUIET_S, 0.1 s, unwatched).
+QUIET_FAST_HZ = 20.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class HostSignals:
             False, "not asked for (--host-rate 0)" if opts.fast_hz <= 0 else "no NIC or GPU signals asked for", ""
         )
         self._fast_last: Any = None  # its last window
+        self._fast_hz = opts.fast_hz  # the rate it runs at now (QUIET_FAST_HZ while nothing is traced)
         self._fast_gpus = False  # it reads the GPUs
         self._ring_owner: Any = None  # an agent whose rings the fast sampler watches (guard_drains_of)
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
@@ -321,11 +328,21 @@ class HostSignals:
                     self._nccl.trace_pid(pid)
         self._pids |= new
 
+    def _pace_fast(self, tracing: bool) -> None:
+        """The fast sampler at --host-rate while a process is traced, at QUIET_FAST_HZ while none is."""
+        want = self.opts.fast_hz if tracing else min(self.opts.fast_hz, QUIET_FAST_HZ)
+        if want != self._fast_hz:
+            self._fast.set_rate(want)
+            self._fast_hz = want
+            log.debug("the fast host sampler now ticks at %g Hz (%s)", want, "tracing" if tracing else "nothing traced")
+
     def sample(self, final: bool = False) -> None:
         """One reading of every sensor that is on, folded into the book."""
         self._count += 1
         self._track(self._pids_fn())
         pids = set(self._pids)
+        if self._fast is not None:
+            self._pace_fast(bool(pids))
         if self._nccl is not None:
             self._sample_nccl(pids, final)
         fast = self._fast.take() if self._fast is not None else None
@@ -489,7 +506,7 @@ class HostSignals:
         w = self._fast_last
         if self._fast_state.on and w is not None:
             out.update(
-                rate_hz=self.opts.fast_hz,
+                rate_hz=self._fast_hz,
                 ticks=w.ticks,
                 late_ticks=w.late,
                 net_errors=w.net_errors,

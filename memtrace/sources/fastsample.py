@@ -153,6 +153,7 @@ def _prototypes(lib: ctypes.CDLL) -> None:
     lib.mt_fast_take.restype = i32
     lib.mt_fast_close.argtypes, lib.mt_fast_close.restype = [vp], None
     lib.mt_fast_ticks.argtypes, lib.mt_fast_ticks.restype = [vp], u64
+    lib.mt_fast_set_period.argtypes, lib.mt_fast_set_period.restype = [vp, u64], u64
     lib.mt_fast_sizes.argtypes, lib.mt_fast_sizes.restype = [ctypes.POINTER(ctypes.c_uint32)], None
 
 
@@ -226,6 +227,14 @@ class FastSampler:
 
     def start(self) -> None:
         _check(self._lib.mt_fast_start(self._open()), "thread")
+
+    def set_rate(self, rate_hz: float) -> float:
+        """Tick at rate_hz (1 to 1000) from the tick after the one now awaited; returns the rate in force."""
+        if not 1 <= rate_hz <= 1000:
+            raise ValueError(f"a fast sampling rate of {rate_hz:g} Hz is out of range (1 to 1000 Hz)")
+        period = int(self._lib.mt_fast_set_period(self._open(), int(1e9 / rate_hz)))
+        self.rate_hz = 1e9 / period
+        return self.rate_hz
 
     def watch_ring(self, slot: int, cons: int, prod: int, nbytes: int, eventfd: int) -> None:
         """Each tick, write 1 to `eventfd` (duplicated) if the ring whose
