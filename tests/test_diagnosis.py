@@ -407,6 +407,33 @@ def test_a_fault_that_began_inside_a_normal_window_is_still_named() -> None:
     assert made == [(31, "gpu_throttling")]
 
 
+@pytest.mark.parametrize("extra", [3 << 30, 0, -1], ids=["untraced_copier", "no_more_traffic", "a_trickle"])
+def test_traffic_memtrace_does_not_trace_is_pcie_contention_by_the_drivers_counts(extra: int) -> None:
+    """The job's copies slow and no traced process copies more; the link's own byte count (the
+    driver's) says whether something untraced took the link: 3 GiB a window more than every traced
+    copy (a copier outside `run`'s command, another container) is pcie_contention, with the
+    untraced bytes as evidence. The same slowdown with the link carrying only the traced copies,
+    or a trickle more (a tenth of them), is not."""
+
+    def window(i: int, mine: ProcWindow, more: int) -> tuple[list[ProcWindow], HostWindow]:
+        more = mine.copy_bytes // 10 if more < 0 else more
+        link = GpuWindow(0, "GPU-a", False, (), 0, 16, 16, 5, 5, pcie_bytes=mine.copy_bytes + more)
+        return [mine], host(i, copy_bytes={KEY: mine.copy_bytes}, gpus=[link])
+
+    windows = [window(i, proc(), 0) for i in range(30)]
+    for i in range(30, 36):
+        windows.append(window(i, proc(14.0, copy_ns=3 * proc(14.0).copy_ns), extra))
+    d, made = run(windows)
+    if extra <= 0:
+        assert made == [(31, "unknown")], made
+        return
+    assert made == [(31, "pcie_contention")]
+    ev = d.diagnoses[0].evidence
+    assert ev["untraced_pcie_bytes_per_second_before"] == 0
+    assert ev["untraced_pcie_bytes_per_second"] == round((3 << 30) / WINDOW_S)
+    assert ev["other_processes_copy_bytes_per_second"] == 0
+
+
 def test_the_live_windows_carry_each_gpus_pcie_bytes_and_processes() -> None:
     """The agent's windows (memtrace.runtime.diagnose) from the host book's GPU samples: the PCIe
     bytes the driver counted between two windows, none for the first window or a GPU without

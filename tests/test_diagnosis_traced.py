@@ -39,13 +39,17 @@ def scenario(
     tmp_path: Path,
     fault: Callable[[dict[str, Path]], object] | None,
     *job_args: str,
+    link_counted: bool = False,
 ) -> tuple[dict[str, Any], int, int]:
     """Run the job under memtrace for SECONDS, calling fault(paths) at FAULT_AT;
-    returns (summary, the job's pid, the fault's onset in wall-clock ns)."""
+    returns (summary, the job's pid, the fault's onset in wall-clock ns).
+    link_counted: the emulated link counts its bytes, and the test NVML's
+    driver answers its PCIe byte counters from them."""
     paths = {"link": tmp_path / "pcie", "control": tmp_path / "control", "nvml": tmp_path / "nvml.script"}
-    paths["link"].write_bytes((0).to_bytes(8, "little") + (4 << 30).to_bytes(8, "little"))
+    counts = bytes(16) if link_counted else b""
+    paths["link"].write_bytes((0).to_bytes(8, "little") + (4 << 30).to_bytes(8, "little") + counts)
     paths["control"].write_text("gpu=1 loader=1\n")
-    paths["nvml"].write_text(nvml())
+    paths["nvml"].write_text(nvml(**({"pcie_link": paths["link"]} if link_counted else {})))
     out, truth = tmp_path / "summary.json", tmp_path / "truth.jsonl"
     env = dict(
         os.environ,
@@ -187,6 +191,32 @@ def test_a_narrower_pcie_link_is_diagnosed_as_pcie_contention(fakecuda: Path, fa
     (d, *_) = diagnosed(doc, pid)
     assert d["cause"] == "pcie_contention", doc["diagnoses"]
     assert d["detected_time_unix_nano"] >= onset and d["evidence"]["link"] == "gen5 x4"
+
+
+def test_a_copier_memtrace_does_not_trace_is_pcie_contention_by_the_drivers_counters(
+    fakecuda: Path, fakenvml: Path, tmp_path: Path
+) -> None:
+    """A copier outside `memtrace run`'s command (another container, another user's job) floods
+    the job's emulated PCIe link: memtrace never sees its calls, only the link's bytes as the
+    test NVML's driver counts them, past every copy it traced."""
+    copier: list[subprocess.Popen[bytes]] = []
+
+    def flood(paths: dict[str, Path]) -> subprocess.Popen[bytes]:
+        argv = [str(fakecuda / "trainjob"), "-t", str(SECONDS), "-L", "0", "-w", "0", "-k", "0", "-c", "16"]
+        env = dict(os.environ, FAKE_PCIE=str(paths["link"]), WORKLOAD_TRUTH="/dev/null")
+        copier.append(subprocess.Popen([*argv, "-b", str(8 << 20)], env=env))
+        return copier[0]
+
+    doc, pid, onset = scenario(fakecuda, fakenvml, tmp_path, flood, link_counted=True)
+    (d, *_) = diagnosed(doc, pid)
+    assert d["cause"] == "pcie_contention", doc["diagnoses"]
+    assert d["detected_time_unix_nano"] >= onset
+    ev = d["evidence"]
+    assert ev["other_processes_copy_bytes_per_second"] == 0  # the copier is not traced
+    assert ev["untraced_pcie_bytes_per_second"] > ev["untraced_pcie_bytes_per_second_before"], ev
+    assert {r["pid"] for r in doc["memcpy"]} == {pid}, "memtrace traced the copier"
+    (g,) = doc["host"]["gpus"]
+    assert g["pcie_throughput_from"] == "byte_counters" and g["pcie_rx_bytes"] > 0
 
 
 def test_a_slower_data_pipeline_is_diagnosed_as_input_starvation(

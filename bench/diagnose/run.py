@@ -27,6 +27,10 @@ instruction) and lasts to the end:
                     emulated link's rate halves               -> pcie_contention
   competing_copier  another process (in the job's tree) floods the
                     emulated link with copies                 -> pcie_contention
+  untraced_copier   the same copier started outside `memtrace run` (another
+                    container's job): memtrace sees none of its calls, only
+                    the link's bytes as the test NVML's driver counts them
+                                                              -> pcie_contention
   slow_loader       the job's data loading does 4x the work   -> input_starvation
   nic_contention    the job sends 1 MiB a step (its gradient exchange) to a
                     peer in another network namespace over a veth whose
@@ -45,6 +49,9 @@ instruction) and lasts to the end:
                     (on the slowed rank; its peers may be named stragglers'
                     waiters, which is right, not false)
   none              nothing (healthy control)                 -> no diagnosis
+
+In every trial the emulated link counts the bytes through it and the test
+NVML answers its PCIe byte counters from them (a driver of 555 or later).
 
 Only the nic_contention trials run the job in a network namespace with the
 exchange; the other faults' job sends nothing. Only the memory_pressure
@@ -92,6 +99,7 @@ EXPECTED = {
     "gpu_thermal": "gpu_throttling",
     "pcie_degraded": "pcie_contention",
     "competing_copier": "pcie_contention",
+    "untraced_copier": "pcie_contention",
     "slow_loader": "input_starvation",
     "nic_contention": "nic_contention",
     "memory_pressure": "host_memory_pressure",
@@ -187,9 +195,10 @@ SETTLED_S = 1.0
 ENDING_S = 0.5
 
 
-def nvml_script(**over: object) -> str:
-    """The test NVML's script: one healthy GPU (tests/test_nvml.py's), with `over` changed."""
-    return script(count=1, driver="580.0", **gpu(0, uuid="GPU-bench", **{**HEALTHY, **over}))
+def nvml_script(link: Path, **over: object) -> str:
+    """The test NVML's script: one healthy GPU (tests/test_nvml.py's), its PCIe byte counters
+    those of the emulated link, with `over` changed."""
+    return script(count=1, driver="580.0", **gpu(0, uuid="GPU-bench", **{**HEALTHY, "pcie_link": link, **over}))
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -377,11 +386,11 @@ def job_pid() -> int | None:
 def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: random.Random) -> Trial:
     t = Trial(fault)
     link = tmp / "pcie"
-    link.write_bytes((0).to_bytes(8, "little") + LINK_RATE.to_bytes(8, "little"))
+    link.write_bytes((0).to_bytes(8, "little") + LINK_RATE.to_bytes(8, "little") + bytes(16))  # and its counts
     control = tmp / "control"
     control.write_text("gpu=1 loader=1\n")
     script = tmp / "nvml.script"
-    write_atomic(script, nvml_script())
+    write_atomic(script, nvml_script(link))
     out = tmp / "summary.json"
     at = rnd.uniform(0.35, 0.65) * seconds
     job = ["taskset", "-c", CPU, str(fc / "trainjob"), "-t", str(seconds), *job_shape(fc)]
@@ -477,11 +486,15 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
                 quota.add(pid)
                 drop_cache(data)
         elif fault == "gpu_thermal":
-            write_atomic(script, nvml_script(reasons=0x20 | 0x40, temp=92))
+            write_atomic(script, nvml_script(link, reasons=0x20 | 0x40, temp=92))
             control.write_text("gpu=2 loader=1\n")
         elif fault == "pcie_degraded":
-            write_atomic(script, nvml_script(link_width=8))
+            write_atomic(script, nvml_script(link, link_width=8))
             set_link(link, LINK_RATE // 2)
+        elif fault == "untraced_copier":
+            argv = [str(fc / "trainjob"), "-t", str(seconds - at), "-L", "0", "-w", "0", "-k", "0", "-c", "16"]
+            copier_env = dict(env, WORKLOAD_TRUTH="/dev/null")
+            hog = subprocess.Popen([*argv, "-b", str(8 << 20)], env=copier_env, start_new_session=True)
         elif fault == "slow_loader":
             control.write_text("gpu=1 loader=4\n")
         elif fault == "slow_rank":

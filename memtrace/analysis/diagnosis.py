@@ -475,8 +475,20 @@ class Diagnoser:
             "other_processes_copy_bytes_per_second": round(others_a),
         }
         ev.update(_link_bytes(before, after))
+        if fell <= 0:
+            return 0.0, "pcie_contention", ev
         # A quarter of its copy bandwidth gone while the others copy half again as much (or start to).
-        if fell <= 0 or others_a < 1.5 * others_b or others_a <= 0:
+        if others_a >= 1.5 * others_b and others_a > 0:
+            return fell / 0.25, "pcie_contention", ev
+        # Or while its GPU's link carries more that memtrace does not trace (a process outside
+        # `run`'s command, another container, GPUDirect): where the driver counts the link's bytes,
+        # what they hold past every traced copy rose by half the traced copies' rate at least.
+        untraced = _untraced_link_bytes(before, after, ev)
+        if untraced is None:
+            return 0.0, "pcie_contention", ev
+        (ub, ua), traced_b = untraced
+        ev.update(untraced_pcie_bytes_per_second_before=round(ub), untraced_pcie_bytes_per_second=round(ua))
+        if ua < 1.5 * ub or ua - ub < 0.5 * traced_b or ua <= 0:
             return 0.0, "pcie_contention", ev
         return fell / 0.25, "pcie_contention", ev
 
@@ -634,6 +646,25 @@ def _link_bytes(
             return {}
         out[name] = round(sum(m or 0 for m in moved) / sum(h.seconds for _, h in ws))
     return out
+
+
+def _untraced_link_bytes(
+    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], ev: dict[str, Any]
+) -> tuple[tuple[float, float], float] | None:
+    """The bytes per second on the process's GPU's link (the driver's count, in ev) past every
+    traced process's copies, before and after; and the traced copies' rate before. None where the
+    driver does not count them. Device-to-device copies, which cross no link, count as traced:
+    the untraced share is never overstated."""
+    if "gpu_pcie_bytes_per_second" not in ev:
+        return None
+
+    def traced(ws: list[tuple[ProcWindow, HostWindow]]) -> float:
+        return sum(sum(h.copy_bytes.values()) for _, h in ws) / sum(h.seconds for _, h in ws)
+
+    tb, ta = traced(before), traced(after)
+    ub = max(0.0, ev["gpu_pcie_bytes_per_second_before"] - tb)
+    ua = max(0.0, ev["gpu_pcie_bytes_per_second"] - ta)
+    return (ub, ua), tb
 
 
 def _rate(ws: list[ProcWindow]) -> float | None:
