@@ -322,10 +322,31 @@ def diagnosis(raw: Path) -> None:
         )
 
 
+def untraced_copier(raw: Path) -> None:
+    """A copier outside memtrace run's command (scripts/gpu/run.sh, stage diag): named from the
+    driver's PCIe byte counters alone, after it began."""
+    doc, onset = load(raw, "diag_untraced.mt.json"), raw / "diag_untraced.onset"
+    if doc is None or not onset.exists():
+        return
+    diag = [d for d in doc["diagnoses"] if d["process"] == "python3"]
+    row("untraced copier", "cause", "pcie_contention", diag[0]["cause"] if diag else "none")
+    if diag:
+        ev = diag[0]["evidence"]
+        row(
+            "untraced copier",
+            "untraced PCIe bytes/s (before, after)",
+            "rose",
+            (ev.get("untraced_pcie_bytes_per_second_before"), ev.get("untraced_pcie_bytes_per_second")),
+            ev.get("untraced_pcie_bytes_per_second", 0) > ev.get("untraced_pcie_bytes_per_second_before", 0),
+        )
+        took = (diag[0]["detected_time_unix_nano"] - int(onset.read_text())) / 1e9
+        row("untraced copier", "detected after the copier began (s)", "-", f"{took:.2f}", took >= 0)
+
+
 def main() -> None:
     for arg in sys.argv[1:]:
         raw = Path(arg)
-        for check in (torch_truth, loaders, simple, nvml, steps, overhead, diagnosis):
+        for check in (torch_truth, loaders, simple, nvml, steps, overhead, diagnosis, untraced_copier):
             check(raw)
     print("| workload | what | truth | memtrace | |")
     print("|---|---|---|---|---|")

@@ -100,6 +100,12 @@ for stage in $stages; do
       STAGE_TIMEOUT=50 traced diag_cpu -- sh -c "taskset -c $cpu env -u PYTHONPATH python3 examples/torch_steady.py 22 $raw/diag_cpu.times.json & j=\$!; sleep 8; date +%s%N >$raw/diag_cpu.onset; timeout 7 taskset -c $cpu sh -c 'while :; do :; done'; date +%s%N >$raw/diag_cpu.end; wait \$j"
       pack
       STAGE_TIMEOUT=50 traced diag_copier -- sh -c "env -u PYTHONPATH python3 examples/torch_steady.py 22 $raw/diag_copier.times.json & j=\$!; sleep 6; env -u PYTHONPATH python3 examples/torch_steady.py --copier 7 $raw/diag_copier.onset; date +%s%N >$raw/diag_copier.end; wait \$j"
+      pack
+      # The same copier outside the traced command (another container's job): memtrace sees
+      # none of its calls, only the link's bytes as the driver counts them (555 or later).
+      (sleep 8; py examples/torch_steady.py --copier 7 "$raw/diag_untraced.onset"; date +%s%N >"$raw/diag_untraced.end") &
+      STAGE_TIMEOUT=50 traced diag_untraced -- env -u PYTHONPATH python3 examples/torch_steady.py 22 "$raw/diag_untraced.times.json"
+      wait
       ;;
     agentcpu)
       # memtrace run's own CPU, thread by thread, over 14 s of a steady loop.
