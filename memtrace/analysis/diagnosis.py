@@ -474,7 +474,9 @@ class Diagnoser:
             "other_processes_copy_bytes_per_second_before": round(others_b),
             "other_processes_copy_bytes_per_second": round(others_a),
         }
-        ev.update(_link_bytes(before, after))
+        link = _link_rates(before, after)
+        if link is not None:
+            ev.update(gpu_pcie_bytes_per_second_before=round(link[0]), gpu_pcie_bytes_per_second=round(link[1]))
         if fell <= 0:
             return 0.0, "pcie_contention", ev
         # A quarter of its copy bandwidth gone while the others copy half again as much (or start to).
@@ -483,10 +485,12 @@ class Diagnoser:
         # Or while its GPU's link carries more that memtrace does not trace (a process outside
         # `run`'s command, another container, GPUDirect): where the driver counts the link's bytes,
         # what they hold past every traced copy rose by half the traced copies' rate at least.
-        untraced = _untraced_link_bytes(before, after, ev)
-        if untraced is None:
+        # Device-to-device copies, which cross no link, count as traced: the untraced share is
+        # never overstated.
+        if link is None:
             return 0.0, "pcie_contention", ev
-        (ub, ua), traced_b = untraced
+        traced_b, traced_a = _per_second(before, _all_copies) or 0.0, _per_second(after, _all_copies) or 0.0
+        ub, ua = max(0.0, link[0] - traced_b), max(0.0, link[1] - traced_a)
         ev.update(untraced_pcie_bytes_per_second_before=round(ub), untraced_pcie_bytes_per_second=round(ua))
         if ua < 1.5 * ub or ua - ub < 0.5 * traced_b or ua <= 0:
             return 0.0, "pcie_contention", ev
@@ -628,43 +632,30 @@ def _narrow(g: GpuWindow) -> bool:
     return g.link_width is not None and g.max_link_width is not None and g.link_width < g.max_link_width
 
 
-def _link_bytes(
+def _link_rates(
     before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]
-) -> dict[str, int]:
-    """What the driver counted on the process's GPU's PCIe link, per second, before and after: all
-    traffic on it, traced or not (the evidence beside memtrace's own copy bytes). Its GPU: the one
-    NVML lists it on, or the host's only GPU; nothing when that is not one GPU with byte counters."""
+) -> tuple[float, float] | None:
+    """What the driver counted on the process's GPU's PCIe link, bytes per second before and
+    after: all traffic on it, traced or not. Its GPU: the one NVML lists it on, or the host's only
+    GPU; None when that is not one GPU with byte counters in every window."""
     pid = after[-1][0].key.pid
     gpus = after[-1][1].gpus
     mine = [g.uuid for g in gpus if pid in g.pids] or [g.uuid for g in gpus if len(gpus) == 1]
     if len(mine) != 1:
-        return {}
-    out = {}
-    for name, ws in (("gpu_pcie_bytes_per_second_before", before), ("gpu_pcie_bytes_per_second", after)):
-        moved = [g.pcie_bytes for _, h in ws for g in h.gpus if g.uuid == mine[0]]
-        if not moved or None in moved:
-            return {}
-        out[name] = round(sum(m or 0 for m in moved) / sum(h.seconds for _, h in ws))
-    return out
-
-
-def _untraced_link_bytes(
-    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], ev: dict[str, Any]
-) -> tuple[tuple[float, float], float] | None:
-    """The bytes per second on the process's GPU's link (the driver's count, in ev) past every
-    traced process's copies, before and after; and the traced copies' rate before. None where the
-    driver does not count them. Device-to-device copies, which cross no link, count as traced:
-    the untraced share is never overstated."""
-    if "gpu_pcie_bytes_per_second" not in ev:
         return None
 
-    def traced(ws: list[tuple[ProcWindow, HostWindow]]) -> float:
-        return sum(sum(h.copy_bytes.values()) for _, h in ws) / sum(h.seconds for _, h in ws)
+    def link(_w: ProcWindow, h: HostWindow) -> int | None:
+        return next((g.pcie_bytes for g in h.gpus if g.uuid == mine[0]), None)
 
-    tb, ta = traced(before), traced(after)
-    ub = max(0.0, ev["gpu_pcie_bytes_per_second_before"] - tb)
-    ua = max(0.0, ev["gpu_pcie_bytes_per_second"] - ta)
-    return (ub, ua), tb
+    if any(link(w, h) is None for w, h in (*before, *after)):
+        return None
+    b, a = _per_second(before, link), _per_second(after, link)
+    return None if b is None or a is None else (b, a)
+
+
+def _all_copies(_w: ProcWindow, h: HostWindow) -> int:
+    """Bytes every traced process copied in the window."""
+    return sum(h.copy_bytes.values())
 
 
 def _rate(ws: list[ProcWindow]) -> float | None:
@@ -674,5 +665,4 @@ def _rate(ws: list[ProcWindow]) -> float | None:
 
 def _others(ws: list[tuple[ProcWindow, HostWindow]]) -> float:
     """Bytes per second the other traced processes copied in these windows."""
-    total = sum(sum(h.copy_bytes.values()) - h.copy_bytes.get(w.key, 0) for w, h in ws)
-    return total / sum(h.seconds for _, h in ws) if ws else 0.0
+    return _per_second(ws, lambda w, h: _all_copies(w, h) - h.copy_bytes.get(w.key, 0)) or 0.0

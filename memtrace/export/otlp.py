@@ -50,7 +50,7 @@ from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey, iso8601_ns
 from memtrace.export.config import HistogramKind, Protocol, PushConfig, Temporality
 from memtrace.model import Model, describe
-from memtrace.model.host import HostBook
+from memtrace.model.host import GpuSeries, HostBook
 from memtrace.model.process import Process
 
 log = logging.getLogger("memtrace.otlp")
@@ -196,6 +196,11 @@ def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: i
         j = i + 1 - lo_exp  # the value is <= 2**((i+1)/2**s): bound e = i+1
         counts[min(max(j, 0), n_bounds)] += k
     return counts
+
+
+def _gpu_attributes(g: GpuSeries) -> dict[str, Any]:
+    """A GPU's attributes on its series (OpenTelemetry's hw.* for a GPU, and its NVML index)."""
+    return {"hw.id": g.uuid, "hw.name": g.name, "hw.type": "gpu", "gpu.index": g.index}
 
 
 def _number(attrs: dict[str, Any], start: int, now: int, value: float) -> NumberDataPoint:
@@ -445,7 +450,7 @@ class MetricsBuilder:
     def _gpu_metrics(self, host: HostBook, start: int, now: int) -> list[Metric]:
         points: dict[str, list[NumberDataPoint]] = {}
         for g in sorted(host.gpus.values(), key=lambda g: g.index):
-            la = {"hw.id": g.uuid, "hw.name": g.name, "hw.type": "gpu", "gpu.index": g.index}
+            la = _gpu_attributes(g)
             latest, last = g.latest, g.last
             values: dict[str, float | None] = {"memtrace.gpu.lost": float(bool(latest and latest.lost))}
             if latest is not None and not latest.lost:
@@ -481,7 +486,7 @@ class MetricsBuilder:
         for g in sorted(host.gpus.values(), key=lambda g: g.index):
             if not g.pcie_counted:
                 continue
-            hw = {"hw.id": g.uuid, "hw.name": g.name, "hw.type": "gpu", "gpu.index": g.index}
+            hw = _gpu_attributes(g)
             for direction, count in (("receive", g.pcie_rx_count), ("transmit", g.pcie_tx_count)):
                 gpu_key: tuple[Any, ...] = ("gpu_io", AGENT_SERIES, g.uuid, direction)
                 pp.sums(gpu_key, {**hw, "network.io.direction": direction}, ("hw.gpu.io",), (count.bytes,))
