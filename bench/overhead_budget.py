@@ -1,7 +1,7 @@
 """The overhead budget on the worst case: a CPU-bound launch loop.
 
     sudo .venv/bin/python bench/overhead_budget.py [--rounds 3] [--launches 1000000] [--work-us 20]
-        [--copy-every 1000]
+        [--copy-every 1000] [--libs as-built|pushfirst]
 
 tests/fixtures/launchloop.c makes LAUNCHES cuLaunchKernel calls through the
 test libcuda, each followed by a fixed amount of CPU work (about WORK_US, sized
@@ -14,6 +14,12 @@ and its attach time are not counted. Reported: medians and spreads of the
 loop's time, ratios to untraced, the launch count memtrace reports against the
 loop's own, the share of launches that took a trap (the duty cycle's effect),
 and memtrace's own overhead estimate for the process.
+
+--libs: the test libcuda as the tests build it (-O2: its launch and copy
+entries begin with an instruction the kernel single-steps, ~10 us a trap on
+this VM), or the same built push-first (tests/fixtures/Makefile's
+pushfirst/: every entry begins with a push, as every CUDA entry point
+does, which the kernel emulates: ~1 us; bench/entry_cost.py).
 
 The copies are exact probes, never sampled: at ~10 us a trap (this VM) and a
 copy every 100 launches they alone cost ~1% of a 20 us launch, so the default
@@ -41,14 +47,14 @@ from typing import Any
 from common import REPO, build_fixtures, need_root
 
 
-def build(tmp: Path) -> tuple[Path, Path, Path]:
+def build(tmp: Path, libs: str) -> tuple[Path, Path, Path]:
     build_fixtures(tmp, quiet=True)
     loop, step = tmp / "launchloop", tmp / "trainstep"
     subprocess.run(
         ["cc", "-O2", "-o", str(loop), str(REPO / "tests" / "fixtures" / "launchloop.c"), "-ldl"], check=True
     )
     subprocess.run(["cc", "-O2", "-o", str(step), str(REPO / "bench" / "src" / "trainstep.c"), "-ldl"], check=True)
-    return tmp / "lib" / "libcuda.so.1", loop, step
+    return tmp / ("pushfirst" if libs == "pushfirst" else "lib") / "libcuda.so.1", loop, step
 
 
 def memtrace_run(
@@ -105,10 +111,11 @@ def main() -> None:
     ap.add_argument("--work-us", type=float, default=20.0)
     ap.add_argument("--copy-every", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=200, help="GPU-bound simulated steps per round")
+    ap.add_argument("--libs", choices=("as-built", "pushfirst"), default="as-built", help="the test libcuda's entries")
     a = ap.parse_args()
     need_root("overhead_budget", "memtrace attaches uprobes")
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-budget-"))
-    lib, loop, step = build(tmp)
+    lib, loop, step = build(tmp, a.libs)
     # Size the work: iterations of the loop's CPU work per microsecond, untraced.
     probe = subprocess.run([str(loop), str(lib), "20000", "2000", "0"], capture_output=True, text=True, check=True)
     per_us = 2000 / (float(probe.stdout.split()[7]) / 20000 * 1e6)
@@ -116,7 +123,7 @@ def main() -> None:
     argv = [str(loop), str(lib), str(a.launches), str(work), str(a.copy_every)]
     print(
         f"launch loop: {a.launches} launches, ~{a.work_us:g} us of CPU work each ({work} iterations), "
-        f"a copy every {a.copy_every}"
+        f"a copy every {a.copy_every}; the test libcuda {'built push-first' if a.libs == 'pushfirst' else 'as built'}"
     )
     modes = ["untraced", "budget 1%", "budget off"]
     res: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}

@@ -5,6 +5,8 @@ duty cycle on real uprobes is in test_overhead.py and test_detach.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from memtrace.runtime.budget import NEAR, _Sampled, _Window
 
 API = 100  # cuLaunchKernel
@@ -96,3 +98,29 @@ def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
     gap = _Sampled(1, 0.5, base={}, on=False, phase_start=10.0, next_toggle=15.0)
     gap.retune(0.01, on_s=0.02)
     assert gap.next_toggle == 15.0
+
+
+def test_the_windows_never_take_more_than_the_duty_once_the_first_has_closed() -> None:
+    """Windows stretched for their intervals (1.4 s where the duty asked for
+    0.45 s): each opens only once it, and every window before it, fit in the
+    duty's share of the time since sampling began, so the share of time the
+    launch probes were attached is at most the duty at every window's end
+    after the first. A gap of window x (1/duty - 1) alone let the second
+    window end at 0.164 of the time (duty 0.09): twice the budget a short
+    job could see. The steady rhythm is that gap."""
+    duty, w = 0.09, 1.4
+    s = _Sampled(1, duty, base={}, phase_start=100.0, since=100.0)
+    opened, ends = 100.0, []
+    for _ in range(6):
+        closed = opened + w
+        s.on_seconds += w
+        ends.append((closed, s.on_seconds))
+        nxt = s.next_window_at(w)
+        assert nxt - closed >= w * (1 / duty - 1) - 1e-9  # never a shorter gap than the steady one
+        opened = nxt
+    shares = [on / (end - 100.0) for end, on in ends]
+    assert shares[0] == pytest.approx(1.0)
+    assert all(sh <= duty + 1e-9 for sh in shares[1:]), shares
+    assert abs(ends[-1][0] - ends[-2][0] - w / duty) < 1e-9  # then one window per w / duty seconds
+    old_second_end = 100.0 + w / duty + w  # the old rule's second window
+    assert 2 * w / (old_second_end - 100.0) > 1.8 * duty

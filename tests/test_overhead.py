@@ -401,3 +401,53 @@ def test_a_library_whose_entries_begin_with_a_push_is_charged_the_emulated_cost(
     row = charged["tests"]
     assert row["trap_seconds"] == timed["stepped"]["entry_seconds"]
     assert row["pair_seconds"] == max(c["pair_seconds"] for c in timed.values())  # mixed entries: the dearest
+
+
+def test_the_budget_weighs_a_process_from_its_first_event_not_from_the_model(fakecuda: Path, tmp_path: Path) -> None:
+    """The model learns of a process at a fold: up to a second after its
+    first event, later while an export or a report holds the model. The
+    budget weighs it from the drain's first event: here the model is held
+    for the whole loop, nothing is folded, and the loop's launches are
+    sampled all the same (fewer launch traps than launches, a duty, the
+    estimate within 2%). A budget that waited for the model let a 20 s
+    launch loop run its first second with every launch probed (5% of its
+    launches trapped, bench/overhead_budget.py), and never sampled this one."""
+    from memtrace.core.abi import TRAPS_API
+    from memtrace.core.ids import ProcessKey
+    from memtrace.runtime.agent import Agent, Options
+
+    argv = launch_loop(fakecuda, tmp_path, 300_000, 10_000, 100)
+    with Agent(Options(only_traced=True), measure_overhead=True, budget=0.01) as agent:
+        assert agent.wait_calibrated(120)
+        assert agent.budget is not None
+        with agent.draining(), agent.lock:  # the fold thread waits for the model: nothing is folded
+            p = subprocess.Popen(
+                ["/bin/sh", "-c", 'read go && exec "$@"', "sh", *argv],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                agent.source.trace_pid(p.pid)
+                out, _ = p.communicate("go\n", timeout=240)
+            finally:
+                p.kill()
+            assert p.returncode == 0
+            assert not agent.model.processes  # the model never met it
+            launches: dict[ProcessKey, dict[int, int]] = {}
+            traps: dict[ProcessKey, int] = {}
+            for k, n in agent.source.counts():
+                key = ProcessKey(k.pid, k.start_ns)
+                if k.pid != p.pid:
+                    continue
+                if k.api == TRAPS_API:
+                    traps[key] = n
+                else:
+                    launches.setdefault(key, {})[k.api] = n
+            ((key, counted),) = launches.items()
+            reported, duty = agent.budget.estimate(key, counted, traps[key])
+    words = out.split()
+    truth = int(words[words.index("launches") + 1])
+    assert duty is not None and 0 < duty < 1
+    assert sum(counted.values()) < truth // 2  # the kernel counted launches in windows only
+    assert sum(reported.values()) == pytest.approx(truth, rel=0.02)

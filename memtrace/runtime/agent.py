@@ -237,6 +237,8 @@ class Agent:
         self._queue(_Update.LAUNCHES_MISSED, key)
 
     def _on_process(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
+        if self.budget is not None:
+            self.budget.met(key)  # weighed from now, not from the fold that introduces it
         self._queue(_Update.INTRODUCED, (key, name, cgroup_id))
 
     def add_collectives(self, events: np.ndarray, complete_until_ns: int, users: frozenset[int]) -> None:
