@@ -566,3 +566,43 @@ def test_a_closed_fast_sampler_refuses_calls_and_the_source_reads_on_its_own(pai
         idle.communicate(timeout=30)
     finally:
         source.close()
+
+
+def test_a_namespace_whose_counters_take_many_replies_is_read_whole_by_the_fast_sampler(pair: Pair) -> None:
+    """The fast sampler reads a dump into an 8 KiB buffer (the kernel sizes
+    its replies from it): 150 interfaces' counters take several replies, and
+    every interface is in its window, read by it (its ticks), with none of
+    its reads failing; the veth's counters are the kernel's, exactly."""
+    extra = [f"{end}{i}" for i in range(75) for end in "xy"]  # 75 veth pairs inside the namespace
+    subprocess.run(
+        ["ip", "-n", pair.a, "-batch", "-"],
+        input="".join(f"link add x{i} type veth peer name y{i}\nlink set x{i} up\n" for i in range(75)),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    idle = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
+    fast = FastSampler(200)
+    source = NetdevSource(fast=fast)
+    try:
+        fast.start()
+        assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
+        source.sample([idle.pid])  # the namespace is found, and handed to the fast sampler
+        deadline = time.monotonic() + 30
+        while not fast.take().of_namespace(ns_inode(idle.pid)) and time.monotonic() < deadline:
+            time.sleep(0.02)  # its first tick in it
+        snap, (kernel,) = quiet_sample(source, pair, [idle.pid], [(pair.a, pair.va)], fast)
+        window = fast.take()
+    finally:
+        source.close()
+        fast.close()
+        idle.communicate(timeout=30)
+    ns = ns_inode_of(snap, idle.pid)
+    names = set(json.loads(sh("ip", "-n", pair.a, "-j", "link", "show"))[i]["ifname"] for i in range(152))
+    mine = {i.name: i for i in snap.interfaces if i.netns == ns}
+    assert set(mine) == names == {"lo", pair.va, *extra}
+    assert all(i.fast_ticks >= 1 for i in mine.values()), [n for n, i in mine.items() if i.fast_ticks < 1]
+    assert window.net_errors == 0
+    for name in IFACE_COUNTERS:
+        assert getattr(mine[pair.va], name) == kernel[name], name
