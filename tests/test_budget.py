@@ -115,7 +115,7 @@ def test_the_windows_never_take_more_than_the_duty_once_the_first_has_closed() -
         closed = opened + w
         s.on_seconds += w
         ends.append((closed, s.on_seconds))
-        nxt = s.next_window_at(w)
+        nxt = s.next_window_at(closed, w)
         assert nxt - closed >= w * (1 / duty - 1) - 1e-9  # never a shorter gap than the steady one
         opened = nxt
     shares = [on / (end - 100.0) for end, on in ends]
@@ -124,3 +124,17 @@ def test_the_windows_never_take_more_than_the_duty_once_the_first_has_closed() -
     assert abs(ends[-1][0] - ends[-2][0] - w / duty) < 1e-9  # then one window per w / duty seconds
     old_second_end = 100.0 + w / duty + w  # the old rule's second window
     assert 2 * w / (old_second_end - 100.0) > 1.8 * duty
+
+
+def test_a_debt_from_a_set_up_at_a_higher_duty_never_holds_the_loops_windows_off() -> None:
+    """A set-up weighed at duty 0.7 had 3.5 s of windows; then the loop
+    drops it to 0.05 with 0.25 s windows. Paying that debt at once would
+    put the next window 70 s off, and the loop's launches would be
+    extrapolated from the set-up's windows all that while: the next window
+    comes at most one window's worth of time past the steady gap (9.75 s,
+    not 4.75 s), and the debt is paid a gap at a time."""
+    s = _Sampled(1, 0.05, base={}, since=0.0, on_seconds=3.5 + 0.25)
+    closed = 10.0
+    nxt = s.next_window_at(closed, 0.25)
+    assert nxt == pytest.approx(closed + 0.25 * (2 / 0.05 - 1))
+    assert s.since + (s.on_seconds + 0.25) / s.duty > 70  # what the debt alone would have said

@@ -21,7 +21,8 @@ estimated:
   complete intervals; the gap after it grows so that the duty holds from
   the first window on: the next window opens once the windows so far and
   it (as long as the last) fit in the duty's share of the time since
-  sampling began (_Sampled.next_window_at). A gap of window x (1/duty - 1)
+  sampling began (_Sampled.next_window_at; a debt from an earlier, higher
+  duty is paid a gap at a time). A gap of window x (1/duty - 1)
   alone let the second window end at twice the duty, and a 20 s launch
   loop paid 1.4% where its budget was 1% (bench/overhead_budget.py, entries
   emulated: a window stretched 3x for its intervals).
@@ -150,13 +151,18 @@ class _Sampled:
         if self.on:
             self.next_toggle = min(self.next_toggle, self.phase_start + on_s)
 
-    def next_window_at(self, window_s: float) -> float:
-        """When the window after one `window_s` long (already in on_seconds)
-        may open: once the windows so far and one more as long take at most
+    def next_window_at(self, closed_at: float, window_s: float) -> float:
+        """When the window after one `window_s` long that closed at
+        `closed_at` (already in on_seconds) may open: once the windows so far and one more as long take at most
         the duty's share of the time since sampling began. In a steady
         rhythm that is a gap of window_s x (1/duty - 1); after a higher duty
-        (a cheaper process), sooner, down to at once."""
-        return self.since + (self.on_seconds + window_s) / self.duty
+        (a cheaper process), sooner, down to at once. After a lower one (a
+        set-up's long windows, then the loop), no later than one more
+        window's worth of time past that gap: the windows that debt would
+        put off are the loop's only count of its launches, and the gaps
+        meanwhile are extrapolated from the windows around them."""
+        credit = self.since + (self.on_seconds + window_s) / self.duty
+        return min(credit, closed_at + window_s * (2.0 / self.duty - 1.0))
 
     def _near(self, after: int) -> list[_Window]:
         """The windows around a gap that followed `after` windows, as far as kept."""
@@ -336,8 +342,10 @@ class LaunchBudget:
             return now + FIRST_DECIDE_S  # not calibrated yet
         soonest = now + IDLE_DECIDE_S
         live = self.processes()
+        held = set(live)
         with self._lock:
-            met = [k for k in self._met if k not in live]
+            self._met -= held  # the model has them now
+            met = list(self._met)
         for key in live + met:
             due = self._next.get(key, 0.0)
             if due > now:
@@ -449,7 +457,7 @@ class LaunchBudget:
             s.close_window(w)
             s.on_seconds += w.seconds
             s.on, s.phase_start, s.phase_counts, s.phase_traps = False, t, counts, traps
-            s.next_toggle = s.next_window_at(w.seconds)  # the duty holds for a stretched window too
+            s.next_toggle = s.next_window_at(t, w.seconds)  # the duty holds for a stretched window too
         log.debug(
             "pid %d: window %.1f ms, %d launches, %d intervals of %d",
             s.pid,
