@@ -153,8 +153,9 @@ class _Sampled:
 
     def next_window_at(self, closed_at: float, window_s: float) -> float:
         """When the window after one `window_s` long that closed at
-        `closed_at` (already in on_seconds) may open: once the windows so far and one more as long take at most
-        the duty's share of the time since sampling began. In a steady
+        `closed_at` (already in on_seconds) may open: once the windows so
+        far and one more as long take at most the duty's share of the time
+        since sampling began. In a steady
         rhythm that is a gap of window_s x (1/duty - 1); after a higher duty
         (a cheaper process), sooner, down to at once. After a lower one (a
         set-up's long windows, then the loop), no later than one more
@@ -282,11 +283,15 @@ class LaunchBudget:
         """A process's first event was read (the drain thread): weigh it now,
         whenever the model folds it in. A launch loop ran every launch probed
         until then: a second of a 20 s loop, 5% of its launches trapped."""
+        if not self.enforced:
+            return  # no thread weighs anything: kept, it would grow with every process
         with self._lock:
             self._met.add(key)
         self._wake.set()
 
     def exited(self, key: ProcessKey) -> None:
+        if not self.enforced:
+            return  # nothing sampled to end, and no thread to take the list
         with self._lock:
             self._exits.append(key)
         self._wake.set()
