@@ -35,7 +35,9 @@ def replay(name: str, fakecuda: Path, tmp_path: Path) -> tuple[list[dict], dict]
     doc, _, p = run_traced(
         [str(fakecuda / "replay"), str(lib / "libcudart.so.13"), str(lib / "libcuda.so.1"), str(path)],
         tmp_path,
-        env={"FAKE_LIBCUDA": str(lib / "libcuda.so.1")},
+        # Every launch counted: a replay makes its calls back to back, far over the default budget,
+        # which would sample its launches (estimated, as tests/test_overhead.py checks).
+        env={"FAKE_LIBCUDA": str(lib / "libcuda.so.1"), "MEMTRACE_OVERHEAD_BUDGET": "off"},
     )
     assert p.returncode == 0, p.stderr
     assert f"replayed {n} skipped 0" in p.stdout
