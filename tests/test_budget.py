@@ -113,7 +113,7 @@ def test_the_windows_never_take_more_than_the_duty_once_the_first_has_closed() -
     opened, ends = 100.0, []
     for _ in range(6):
         closed = opened + w
-        s.on_seconds += w
+        s.close_window(_Window({API: 1_000}, interval_launches=1_000, intervals=64, seconds=w))
         ends.append((closed, s.on_seconds))
         nxt = s.next_window_at(closed, w)
         assert nxt - closed >= w * (1 / duty - 1) - 1e-9  # never a shorter gap than the steady one

@@ -22,10 +22,10 @@ estimated:
   the first window on: the next window opens once the windows so far and
   it (as long as the last) fit in the duty's share of the time since
   sampling began (_Sampled.next_window_at; a debt from an earlier, higher
-  duty is paid a gap at a time). A gap of window x (1/duty - 1)
-  alone let the second window end at twice the duty, and a 20 s launch
-  loop paid 1.4% where its budget was 1% (bench/overhead_budget.py, entries
-  emulated: a window stretched 3x for its intervals).
+  duty is paid a gap at a time). A gap of window x (1/duty - 1) alone let
+  the second window end at twice the duty, and a 20 s launch loop paid
+  1.4% where its budget was 1% (bench/overhead_budget.py, entries emulated:
+  a window stretched 3x for its intervals).
   Launches counted in a window are exact; between windows they are
   extrapolated per exact call (the calls that are never sampled: a loop's
   copies and waits keep their rhythm with its launches, and a probed
@@ -127,7 +127,7 @@ class _Sampled:
     on: bool = True
     phase_start: float = 0.0  # the current window's or gap's start (monotonic)
     since: float = 0.0  # when sampling began (monotonic)
-    on_seconds: float = 0.0  # the closed windows' time
+    on_seconds: float = 0.0  # the closed windows' time (close_window)
     phase_counts: dict[int, int] = field(default_factory=dict)
     phase_traps: int = 0  # exact traps (two per exact call) at its start
     phase_sample: tuple[int, int] = (0, 0)  # (interval launches, intervals) at its start
@@ -155,13 +155,13 @@ class _Sampled:
         """When the window after one `window_s` long that closed at
         `closed_at` (already in on_seconds) may open: once the windows so
         far and one more as long take at most the duty's share of the time
-        since sampling began. In a steady
-        rhythm that is a gap of window_s x (1/duty - 1); after a higher duty
-        (a cheaper process), sooner, down to at once. After a lower one (a
-        set-up's long windows, then the loop), no later than one more
-        window's worth of time past that gap: the windows that debt would
-        put off are the loop's only count of its launches, and the gaps
-        meanwhile are extrapolated from the windows around them."""
+        since sampling began. In a steady rhythm that is a gap of window_s
+        x (1/duty - 1); after a higher duty (a cheaper process), sooner,
+        down to at once. After a lower one (a set-up's long windows, then
+        the loop), no later than one more window's worth of time past that
+        gap: the windows that debt would put off are the loop's only count
+        of its launches, and the gaps meanwhile are extrapolated from the
+        windows around them."""
         credit = self.since + (self.on_seconds + window_s) / self.duty
         return min(credit, closed_at + window_s * (2.0 / self.duty - 1.0))
 
@@ -184,6 +184,7 @@ class _Sampled:
     def close_window(self, w: _Window) -> None:
         self.windows.append(w)
         self.closed += 1
+        self.on_seconds += w.seconds
         for a, n in w.launches.items():
             self.counted[a] = self.counted.get(a, 0) + n
         while self.gaps and self.closed - self.gaps[0].after >= NEAR:  # enough windows after it
@@ -460,7 +461,6 @@ class LaunchBudget:
                 t - s.phase_start,
             )
             s.close_window(w)
-            s.on_seconds += w.seconds
             s.on, s.phase_start, s.phase_counts, s.phase_traps = False, t, counts, traps
             s.next_toggle = s.next_window_at(t, w.seconds)  # the duty holds for a stretched window too
         log.debug(
