@@ -229,14 +229,19 @@ def test_collective_stats_per_process_and_collective() -> None:
 
 @pytest.mark.bpf
 def test_end_to_end_waits_after_real_collectives(fakecuda: Path, tmp_path: Path) -> None:
-    from memtrace.sensors.cuda.discovery import Candidate, FileId
-    from memtrace.sensors.cuda.source import BpfSource, Options
+    from memtrace.core.notices import Events, Notice
+    from memtrace.core.procfiles import Candidate, FileId
+    from memtrace.sensors.cuda import CudaSensor, Hooks, Options
     from memtrace.sensors.nccl import NcclSensor
 
     rounds = 40
     cudart = str(fakecuda / "lib" / "libcudart.so.13")
     cuda_batches: list[np.ndarray] = []
-    src = BpfSource(Options(hold_libraries=False), cuda_batches.append)
+
+    def take(notices: list[Notice]) -> None:
+        cuda_batches.extend(n.batch for n in notices if isinstance(n, Events))
+
+    src = CudaSensor(Options(hold_libraries=False), Hooks(notices=take))
     nc = NcclSensor()
     try:
         src.start()
@@ -362,10 +367,9 @@ def test_push_sends_the_collectives_of_its_last_host_sample(fakecuda: Path, tmp_
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     from memtrace.export.config import resolve
-    from memtrace.runtime.agent import Agent
-    from memtrace.runtime.hostsignals import HostOptions, HostSignals
+    from memtrace.runtime.hostsignals import HostOptions
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
     from memtrace.runtime.push import push_forever
-    from memtrace.sensors.cuda.source import Options
 
     got: dict[tuple[int, str, str], float] = {}
 
@@ -410,24 +414,24 @@ def test_push_sends_the_collectives_of_its_last_host_sample(fakecuda: Path, tmp_
         endpoint = f"http://127.0.0.1:{srv.server_port}"
         cfg = resolve({}, endpoint=endpoint, protocol="http/protobuf", timeout=5, interval=3600.0)
         stop = threading.Event()
-        opts = HostOptions(cpu=False, gpu=False, network=False, interval_s=3600.0)
+        host = HostOptions(cpu=False, gpu=False, network=False, interval_s=3600.0)
+        opts = PipelineOptions(Options(), host, measure_overhead=False, diagnose=False)
         # The agent forks its guardian: before this process has other threads.
-        with Agent(Options()) as agent, HostSignals(opts, lambda: {w.pid}) as signals:
+        with Pipeline(opts) as pipe:
             serving = threading.Thread(target=srv.serve_forever, daemon=True)
             serving.start()
-            signals.on_collectives = agent.add_collectives
-            signals.start([w.pid])  # its first sample finds libnccl mapped and attaches
-            pusher = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"host": signals})
-            with signals.sampling():
-                pusher.start()
-                try:
-                    w.stdin.write("go\n")
-                    w.stdin.flush()
-                    assert w.wait(timeout=60) == 0
-                finally:
-                    stop.set()
-                    pusher.join(timeout=60)
-                assert not pusher.is_alive()
+            assert pipe.host is not None
+            pipe.host.start([w.pid])  # its first sample finds libnccl mapped and attaches
+            pusher = threading.Thread(target=push_forever, args=(pipe, cfg, stop))
+            pusher.start()
+            try:
+                w.stdin.write("go\n")
+                w.stdin.flush()
+                assert w.wait(timeout=60) == 0
+            finally:
+                stop.set()
+                pusher.join(timeout=60)
+            assert not pusher.is_alive()
     finally:
         if w.poll() is None:
             w.kill()

@@ -23,7 +23,7 @@ from conftest import memtrace_cmd
 
 from memtrace.bpf.libbpf import uprobe_multi_supported
 from memtrace.core.abi import Layer
-from memtrace.sensors.cuda.source import probe_plan
+from memtrace.sensors.cuda import probe_plan
 
 pytestmark = pytest.mark.bpf
 

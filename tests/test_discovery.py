@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES, observed_totals, run_traced, truth_totals
 
 from memtrace.runtime.agent import Agent
-from memtrace.sensors.cuda.source import Options
+from memtrace.sensors.cuda import Options
 
 pytestmark = pytest.mark.bpf
 
@@ -65,7 +65,7 @@ def test_process_already_running_in_another_mount_namespace(fakecuda: Path, tmp_
         # The libraries are only visible inside the namespace.
         assert not (build / "lib" / "libcuda.so.1").exists()
         with Agent(Options()) as agent:
-            agent.source.scan()
+            agent.cuda.scan()
             names = sorted(Path(a.name).name for a in agent.libraries)
             assert names == ["libcuda.so.1", "libcudart.so.13"]
             assert p.stdin is not None
@@ -111,7 +111,7 @@ def test_process_started_later_that_dlopens_the_runtime_is_counted_from_its_firs
 ) -> None:
     truth = tmp_path / "truth.jsonl"
     with Agent(Options()) as agent:
-        agent.source.scan()
+        agent.cuda.scan()
         p = subprocess.Popen(
             [sys.executable, str(FIXTURES / "ctypes_workload.py"), str(fakecuda / "lib"), "--calls", "700"],
             env={"WORKLOAD_TRUTH": str(truth), "PATH": "/usr/bin:/bin"},

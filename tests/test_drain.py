@@ -27,8 +27,9 @@ from memtrace.export.report import summary
 from memtrace.model import Model
 from memtrace.runtime.agent import Agent
 from memtrace.runtime.drain import DrainGaps
+from memtrace.runtime.pipeline import Pipeline, PipelineOptions
 from memtrace.runtime.push import push_forever
-from memtrace.sensors.cuda.source import Options
+from memtrace.sensors.cuda import Options
 
 pytestmark = pytest.mark.bpf
 
@@ -133,13 +134,14 @@ def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_p
     try:
         with (
             waiting_driver(fakecuda, truth, "-n", "300", "-p", "10000", "-s", "7") as w,
-            Agent(Options(only_traced=True)) as agent,
+            Pipeline(PipelineOptions(Options(only_traced=True), None, measure_overhead=False)) as pipe,
         ):
-            agent.source.trace_pid(w.pid)
+            agent = pipe.agent
+            agent.cuda.trace_pid(w.pid)
             agent.scan([w.pid])
             pusher = threading.Thread(
                 target=push_forever,
-                args=(agent, cfg, stop),
+                args=(pipe, cfg, stop),
                 kwargs={"builder": builder, "final_timeout": 10.0, "drain_interval": period},
             )
             pusher.start()
@@ -185,9 +187,10 @@ def test_a_process_held_while_an_export_is_built_is_continued_at_once(fakecuda: 
     stop = threading.Event()
     truth = tmp_path / "truth.jsonl"
     try:
-        with Agent(Options(only_traced=True)) as agent:
+        with Pipeline(PipelineOptions(Options(only_traced=True), None, measure_overhead=False)) as pipe:
+            agent = pipe.agent
             holds = agent.stats()[Stat.HOLDS]
-            pusher = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"builder": builder})
+            pusher = threading.Thread(target=push_forever, args=(pipe, cfg, stop), kwargs={"builder": builder})
             pusher.start()
             assert builder.building.wait(30)
             # Traced from before its first instruction (only it: other
@@ -199,7 +202,7 @@ def test_a_process_held_while_an_export_is_built_is_continued_at_once(fakecuda: 
                 stdin=subprocess.PIPE,
                 text=True,
             )
-            agent.source.trace_pid(p.pid)
+            agent.cuda.trace_pid(p.pid)
             assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
@@ -234,7 +237,7 @@ def test_a_collector_slower_than_the_final_timeout_ends_push_with_a_warning(
     cfg = resolve({}, endpoint=col.endpoint, interval=0.1)
     stop = threading.Event()
     try:
-        with Agent(Options()) as agent:
+        with Pipeline(PipelineOptions(Options(), None, measure_overhead=False)) as pipe:
             # Stop once the first push is in flight (the collector has it).
             def stop_when_sent() -> None:
                 while col.requests < 1:
@@ -243,7 +246,7 @@ def test_a_collector_slower_than_the_final_timeout_ends_push_with_a_warning(
 
             threading.Thread(target=stop_when_sent, daemon=True).start()
             with caplog.at_level(logging.WARNING, logger="memtrace"):
-                failures = push_forever(agent, cfg, stop, final_timeout=0.5)
+                failures = push_forever(pipe, cfg, stop, final_timeout=0.5)
     finally:
         stop.set()
         col.stop()
@@ -259,6 +262,7 @@ def test_the_fold_thread_takes_shares_in_ring_order_and_splits_a_large_batch() -
     import numpy as np
 
     from memtrace.core.abi import EVENT_DTYPE
+    from memtrace.core.notices import Events
     from memtrace.runtime.agent import FOLD_SHARE_EVENTS
 
     agent = Agent(Options())
@@ -271,7 +275,7 @@ def test_the_fold_thread_takes_shares_in_ring_order_and_splits_a_large_batch() -
         b["ts_ns"] = np.arange(seq, seq + n) + 1  # ring order, checked below
         b["bytes"] = 1
         seq += n
-        agent._on_events(b)
+        agent._take([Events(b)])
     folded_order: list[np.ndarray] = []
     add = agent.model.add_events
     agent.model.add_events = lambda b: (folded_order.append(b["ts_ns"].copy()), add(b))  # type: ignore[method-assign]
@@ -325,7 +329,7 @@ def test_a_burst_after_a_long_quiet_sleep_is_read_in_time_when_the_c_sampler_gua
     truth = tmp_path / "truth.jsonl"
     with waiting_driver(fakecuda, truth, "-e", "-n", "20000", "-s", "3") as w:
         with Agent(Options(only_traced=True, ring_bytes=1 << 20)) as agent, FastSampler(100) as sampler:
-            agent.source.trace_pid(w.pid)
+            agent.cuda.trace_pid(w.pid)
             agent.scan([w.pid])
             sampler.start()
             agent.guard_ring(sampler)
@@ -353,21 +357,27 @@ def test_a_process_notice_is_read_when_the_c_sampler_sees_it_not_after_the_contr
     record waits, so the notice is read all the same. (Without the control
     ring's watch, nothing reads it for the hour: checked by leaving that
     watch out.)"""
+    from memtrace.core.notices import Notice, ProcessMet
     from memtrace.sources.fastsample import FastSampler
 
     with waiting_driver(fakecuda, "/dev/null", "-e", "-n", "10", "-s", "3") as w:
         with Agent(Options(only_traced=True)) as agent, FastSampler(100) as sampler:
-            src = agent.source
-            notices: list[tuple[str, int]] = []
+            src = agent.cuda
+            notices: list[Notice] = []
             notice = src._notice
-            src._notice = lambda kind, ev, *a: (notices.append((kind, ev.pid)), notice(kind, ev, *a))  # type: ignore[method-assign]
+            src._notice = lambda n: (notices.append(n), notice(n))  # type: ignore[method-assign]
             src.trace_pid(w.pid)
             agent.scan([w.pid])
             sampler.start()
             agent.guard_ring(sampler)
             src.set_control_quiet(3600.0)
             go(w)
-            _wait_for(lambda: ("proc", w.pid) in notices, 30, f"no notice of the workload was read: {notices}")
+            met = ProcessMet  # the notice of a process's first call
+            _wait_for(
+                lambda: any(isinstance(n, met) and n.key.pid == w.pid for n in notices),
+                30,
+                f"no notice of the workload was read: {notices}",
+            )
             assert w.wait(timeout=60) == 0
 
 
@@ -379,7 +389,7 @@ def test_the_sampler_stops_reading_the_ring_before_the_agent_unmaps_it() -> None
     script = """
 import sys
 from memtrace.runtime.agent import Agent
-from memtrace.sensors.cuda.source import Options
+from memtrace.sensors.cuda import Options
 from memtrace.sources.fastsample import FastSampler
 with FastSampler(1000) as sampler:
     sampler.start()

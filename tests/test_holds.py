@@ -26,7 +26,7 @@ AGENT = textwrap.dedent(
     """
     import sys, time
     from memtrace.runtime.agent import Agent
-    from memtrace.sensors.cuda.source import Options
+    from memtrace.sensors.cuda import Options
     with Agent(Options(hold_limit_s=float(sys.argv[1]))) as agent:
         print("ready", flush=True)
         while True:
@@ -64,7 +64,7 @@ AGENT_REPORT = textwrap.dedent(
     import json, signal, sys, time
     from memtrace.export.report import summary
     from memtrace.runtime.agent import Agent
-    from memtrace.sensors.cuda.source import Options
+    from memtrace.sensors.cuda import Options
     done = []
     signal.signal(signal.SIGTERM, lambda *a: done.append(1))
     with Agent(Options(hold_limit_s=float(sys.argv[1]))) as agent:
@@ -248,10 +248,10 @@ AGENT_MID_RELEASE = textwrap.dedent(
     from memtrace.core.abi import Hold
     from memtrace.runtime.agent import Agent
     from memtrace.sensors.cuda import holds
-    from memtrace.sensors.cuda.source import Options
+    from memtrace.sensors.cuda import Options
     with Agent(Options(hold_limit_s=float(sys.argv[1]))) as agent:
         pid = int(sys.argv[2])
-        assert holds._mark(agent.source.maps[holds.HELD_MAP], pid, Hold(pid=pid)) is not None
+        assert holds._mark(agent.cuda.maps[holds.HELD_MAP], pid, Hold(pid=pid)) is not None
         print("ready", flush=True)
         while True:
             time.sleep(1)
@@ -326,12 +326,12 @@ AGENT_DYING_SLOWLY = textwrap.dedent(
     from memtrace.core.abi import Hold
     from memtrace.runtime.agent import Agent
     from memtrace.sensors.cuda import holds
-    from memtrace.sensors.cuda.source import Options
+    from memtrace.sensors.cuda import Options
     with Agent(Options(hold_limit_s=float(sys.argv[1]))) as agent:
         pid = int(sys.argv[2])
         hold = Hold(ts_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC), pid=pid)
-        agent.source.maps[holds.HELD_MAP].update(ctypes.c_uint32(pid), hold, 0)
-        guardian = agent.source.guardian
+        agent.cuda.maps[holds.HELD_MAP].update(ctypes.c_uint32(pid), hold, 0)
+        guardian = agent.cuda.guardian
         os.close(guardian._w)
         guardian._w = -1
         print("ready", flush=True)

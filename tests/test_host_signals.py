@@ -22,6 +22,8 @@ from conftest import memtrace_cmd
 from test_netdev import CLIENT, SERVER, Pair, pair  # noqa: F401 - the fixture, used by name
 from test_nvml import HEALTHY, gpu, script
 
+from memtrace.core.ids import ProcessKey
+
 pytestmark = pytest.mark.bpf
 
 GIB = 1 << 30
@@ -430,9 +432,9 @@ def test_the_diagnosis_ticks_keep_the_samples_schedule_when_samples_take_turns_l
 
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
 
-    opts = HostOptions(cpu=False, nccl=False, gpu=False, network=False, interval_s=0.05, fast_hz=0)
-    host = HostSignals(opts)
+    opts = HostOptions(cpu=False, nccl=False, gpu=False, network=False, interval_s=0.05, fast_hz=0, tick_s=0.05)
     samples, ticks = [0], [0]
+    host = HostSignals(opts, on_tick=lambda: ticks.__setitem__(0, ticks[0] + 1))
     enough = threading.Event()
 
     def sample(final: bool = False) -> None:
@@ -443,8 +445,6 @@ def test_the_diagnosis_ticks_keep_the_samples_schedule_when_samples_take_turns_l
             enough.set()
 
     host.sample = sample  # type: ignore[method-assign]
-    host.tick_s = 0.05
-    host.on_tick = lambda: ticks.__setitem__(0, ticks[0] + 1)
     with host.sampling():
         enough.wait(30)
     assert samples[0] >= 40
@@ -457,19 +457,19 @@ def test_the_fast_sampler_slows_down_while_no_process_is_traced() -> None:
     the agent has let every process go. `memtrace run` names its command at start: always fast."""
     from memtrace.runtime.hostsignals import QUIET_FAST_HZ, HostOptions, HostSignals
 
-    traced: set[int] = set()
+    traced: set[ProcessKey] = set()
     opts = HostOptions(cpu=False, nccl=False, gpu=False, network=True, fast_hz=200.0)
 
     def rates(hs: HostSignals) -> tuple[float, float]:
         """The rate the view reports, and the one the C side holds."""
         return hs.view()["fast_sampler"]["rate_hz"], hs._fast.rate_hz
 
-    hs = HostSignals(opts, pids=lambda: set(traced))
+    hs = HostSignals(opts, lambda: set(traced))
     hs.start()
     try:
         assert hs.view()["fast_sampler"]["state"] == "on"
         assert rates(hs) == (QUIET_FAST_HZ, pytest.approx(QUIET_FAST_HZ))
-        traced.add(os.getpid())
+        traced.add(ProcessKey(os.getpid(), 1))
         hs.sample()
         assert rates(hs) == (200.0, pytest.approx(200.0))
         traced.clear()
@@ -477,7 +477,7 @@ def test_the_fast_sampler_slows_down_while_no_process_is_traced() -> None:
         assert rates(hs) == (QUIET_FAST_HZ, pytest.approx(QUIET_FAST_HZ))
     finally:
         hs.close()
-    named = HostSignals(opts, pids=set)
+    named = HostSignals(opts)
     named.start([os.getpid()])
     try:
         named.sample()

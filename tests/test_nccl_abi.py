@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from memtrace.core import nccl
 from memtrace.core.nccl import Collective, DataType, Stat
-from memtrace.sensors.nccl.discovery import lines_with
+from memtrace.core.procfiles import lines_with
 from memtrace.sensors.nccl.plan import SYMBOLS
 from memtrace.sensors.nccl.sensor import object_path
 

@@ -24,7 +24,7 @@ from memtrace.core.abi import Layer
 from memtrace.core.errors import BadOption
 from memtrace.core.overhead import FALLBACK, EntryKind, Overhead, TrapCost, TrapCosts, entry_kind, parse_budget
 from memtrace.runtime import overhead as calibration
-from memtrace.sensors.cuda.source import probe_plan
+from memtrace.sensors.cuda import probe_plan
 
 pytestmark = pytest.mark.bpf
 
@@ -428,7 +428,7 @@ def test_the_budget_weighs_a_process_from_its_first_event_not_from_the_model(fak
                 text=True,
             )
             try:
-                agent.source.trace_pid(p.pid)
+                agent.cuda.trace_pid(p.pid)
                 out, _ = p.communicate("go\n", timeout=240)
             finally:
                 p.kill()
@@ -436,7 +436,7 @@ def test_the_budget_weighs_a_process_from_its_first_event_not_from_the_model(fak
             assert not agent.model.processes  # the model never met it
             launches: dict[ProcessKey, dict[int, int]] = {}
             traps: dict[ProcessKey, int] = {}
-            for k, n in agent.source.counts():
+            for k, n in agent.cuda.maps.counts():
                 key = ProcessKey(k.pid, k.start_ns)
                 if k.pid != p.pid:
                     continue

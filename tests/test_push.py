@@ -270,16 +270,16 @@ def test_refusing_collector_keeps_tracing_and_never_logs_the_token(fakecuda: Pat
 
 def test_exited_processes_are_sent_a_final_time_then_dropped(fakecuda: Path, tmp_path: Path) -> None:
     from memtrace.export.config import resolve
-    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
     from memtrace.runtime.push import push_forever
-    from memtrace.sensors.cuda.source import Options
 
     vm = VictoriaMetrics(tmp_path)
     cfg = resolve({}, endpoint=vm.otlp, interval=0.5)
     stop = threading.Event()
     try:
-        with Agent(Options()) as agent:
-            t = threading.Thread(target=push_forever, args=(agent, cfg, stop))
+        with Pipeline(PipelineOptions(Options(), None, measure_overhead=False)) as pipe:
+            agent = pipe.agent
+            t = threading.Thread(target=push_forever, args=(pipe, cfg, stop))
             t.start()
             lines = run_workloads(fakecuda, tmp_path)
             pids = [l["pid"] for l in lines]
@@ -293,10 +293,10 @@ def test_exited_processes_are_sent_a_final_time_then_dropped(fakecuda: Path, tmp
             stop.set()
             t.join(timeout=20)
             assert not any(k.pid in pids for k in agent.model.processes), "exited processes kept their series"
-            kept = [k.pid for k, _ in agent.source.lost() + agent.source.counts()] + [
+            kept = [k.pid for k, _ in agent.cuda.maps.lost() + agent.cuda.maps.counts()] + [
                 p
                 for p in pids
-                if agent.source.is_fresh(ProcessKey(p, 0))  # `fresh` is kept per pid
+                if agent.cuda.maps.is_fresh(ProcessKey(p, 0))  # `fresh` is kept per pid
             ]
             assert not set(kept) & set(pids), "kernel state of exited pids kept"
     finally:
@@ -424,9 +424,8 @@ def test_a_delivered_export_is_let_go_not_held_until_the_next(fakecuda: Path, tm
 
     from memtrace.export.config import resolve
     from memtrace.export.otlp import MetricsBuilder
-    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
     from memtrace.runtime.push import host_attributes, push_forever
-    from memtrace.sensors.cuda.source import Options
 
     vm = VictoriaMetrics(tmp_path)
     cfg = resolve({}, endpoint=vm.otlp, interval=2.0)
@@ -448,9 +447,9 @@ def test_a_delivered_export_is_let_go_not_held_until_the_next(fakecuda: Path, tm
 
     stop = threading.Event()
     try:
-        with Agent(Options()) as agent:
+        with Pipeline(PipelineOptions(Options(), None, measure_overhead=False)) as pipe:
             builder = Watched(cfg, host_attributes())
-            t = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"builder": builder})
+            t = threading.Thread(target=push_forever, args=(pipe, cfg, stop), kwargs={"builder": builder})
             t.start()
             run_workloads(fakecuda, tmp_path)
             deadline = time.monotonic() + 30

@@ -159,15 +159,15 @@ def test_a_thousand_short_lived_processes_stay_exact_and_leave_no_kernel_state(f
 
 def test_churn_in_push_mode_releases_per_process_state(fakecuda: Path, tmp_path: Path) -> None:
     from memtrace.export.config import resolve
-    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
     from memtrace.runtime.push import push_forever
-    from memtrace.sensors.cuda.source import Options
 
     vm = VictoriaMetrics(tmp_path)
     stop = threading.Event()
     try:
-        with Agent(Options()) as agent:
-            t = threading.Thread(target=push_forever, args=(agent, resolve({}, endpoint=vm.otlp, interval=0.3), stop))
+        with Pipeline(PipelineOptions(Options(), None, measure_overhead=False)) as pipe:
+            agent = pipe.agent
+            t = threading.Thread(target=push_forever, args=(pipe, resolve({}, endpoint=vm.otlp, interval=0.3), stop))
             t.start()
             w = fakecuda / "workload"
             subprocess.run(
@@ -181,8 +181,8 @@ def test_churn_in_push_mode_releases_per_process_state(fakecuda: Path, tmp_path:
             stop.set()
             t.join(timeout=20)
             assert not agent.model.processes, "per-process state kept after exit"
-            assert agent.source.lost() == [] and agent.source.counts() == [], "kernel counts kept after exit"
-            assert agent.source.inflight_count() == 0, "in-flight entries leaked"
+            assert agent.cuda.maps.lost() == [] and agent.cuda.maps.counts() == [], "kernel counts kept after exit"
+            assert agent.cuda.maps.inflight_count() == 0, "in-flight entries leaked"
     finally:
         stop.set()
         vm.stop()
@@ -192,14 +192,14 @@ def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
     fakecuda: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from memtrace.export.config import resolve
-    from memtrace.runtime.agent import Agent
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
     from memtrace.runtime.push import push_forever
-    from memtrace.sensors.cuda.source import Options
 
     cfg = resolve({"OTEL_EXPORTER_OTLP_TIMEOUT": "300"}, endpoint=f"http://127.0.0.1:{free_port()}", interval=0.2)
     stop = threading.Event()
-    with Agent(Options()) as agent:
-        t = threading.Thread(target=push_forever, args=(agent, cfg, stop), kwargs={"max_unsent_exited": 5})
+    with Pipeline(PipelineOptions(Options(), None, measure_overhead=False)) as pipe:
+        agent = pipe.agent
+        t = threading.Thread(target=push_forever, args=(pipe, cfg, stop), kwargs={"max_unsent_exited": 5})
         t.start()
         try:
             pids = []
@@ -215,8 +215,8 @@ def test_long_outage_with_churn_keeps_memory_bounded_and_counts_what_it_drops(
             exited = [p for p in agent.model.processes.values() if p.exited]
             assert len(exited) <= 5, "exited processes pile up without bound during an outage"
             # What the kernel keeps per process goes with the process's model state.
-            kernel_pids = {p for p in pids if agent.source.is_fresh(ProcessKey(p, 0))}  # `fresh` is kept per pid
-            kernel_pids |= {k.pid for k, _ in agent.source.lost() + agent.source.counts()}
+            kernel_pids = {p for p in pids if agent.cuda.maps.is_fresh(ProcessKey(p, 0))}  # `fresh` is kept per pid
+            kernel_pids |= {k.pid for k, _ in agent.cuda.maps.lost() + agent.cuda.maps.counts()}
             assert kernel_pids and kernel_pids <= {k.pid for k in agent.model.processes}, (
                 "kernel state kept for dropped processes"
             )
@@ -232,7 +232,7 @@ def test_a_process_dropped_between_pushes_leaves_no_kernel_counts(fakecuda: Path
     count there. Forgetting them must delete those keys too (CI caught the
     outage test keeping them)."""
     from memtrace.runtime.agent import Agent
-    from memtrace.sensors.cuda.source import Options
+    from memtrace.sensors.cuda import Options
 
     with Agent(Options()) as agent:
         subprocess.run(
@@ -245,7 +245,7 @@ def test_a_process_dropped_between_pushes_leaves_no_kernel_counts(fakecuda: Path
         (key,) = [k for k, p in agent.model.processes.items() if p.exited]
         agent.forget_unread([key])
         assert key not in agent.model.processes
-        left = [k for k, _ in agent.source.lost() + agent.source.counts() if k.pid == key.pid]
+        left = [k for k, _ in agent.cuda.maps.lost() + agent.cuda.maps.counts() if k.pid == key.pid]
         assert left == [], left
 
 

@@ -19,7 +19,7 @@ AGENT = textwrap.dedent(
     """
     import sys, time
     from memtrace.runtime.agent import Agent
-    from memtrace.sensors.cuda.source import Options
+    from memtrace.sensors.cuda import Options
     with Agent(Options()) as agent:
         print("ready", flush=True)
         while True:

@@ -51,21 +51,58 @@ DETECT_AFTER = 2
 CLEAR_RATIO = 1.1
 CLEAR_AFTER = 4
 REFINE_WINDOWS = 4  # NVML's slow readings (link width) come every second or so
-# A job's memory limit newly hit (sources/cgroup.py memory_limit_hits): at
-# least this often a second, ten times its rate before; scored as a clear
-# cause (a memory stall share 10 points up scores the same).
-MEMORY_HITS_PER_S = 1.0
-MEMORY_HITS_SCORE = 2.0
 
-CAUSES = (
-    "cpu_interference",
-    "nic_contention",
-    "pcie_contention",
-    "gpu_throttling",
-    "host_memory_pressure",
-    "input_starvation",
-    "straggler",
-)
+
+@dataclass(frozen=True)
+class Margins:
+    """How far each cause's signal must move, from the baseline windows to
+    the slow ones, to score 1 (a cause is named at a score of 1); faults
+    NVML reports outright (throttling, a narrowed link) score a fixed amount.
+    Every threshold of the scorers is here, by name."""
+
+    named: float = 1.0  # the score that names a cause
+    rename: float = 1.5  # a re-named cause needs this many times the first name's score
+    most: float = 0.5  # a share of the slow windows that is most of them
+    few: float = 0.25  # a share of the baseline windows that is few of them
+    reported: float = 3.0  # a fault NVML reports: throttling, a link trained narrower
+    # cpu_interference: 5 points of the process's time more in the run queue, and at least double;
+    # throttled by its own CPU quota is a clear cause.
+    runq_rise: float = 0.05
+    runq_times: float = 2.0
+    quota_score: float = 2.0
+    # pcie_contention: PCIe replays newly frequent (times the baseline's rate, and a floor per window) ...
+    replays_score: float = 2.5
+    replays_times: float = 4.0
+    replays_per_window: float = 2.0
+    # ... or a quarter of its copy bandwidth gone while the others copy half again as much, or while
+    # its GPU's link carries half again as much that memtrace does not trace, by half the traced rate.
+    copy_fell: float = 0.25
+    others_times: float = 1.5
+    untraced_times: float = 1.5
+    untraced_of_traced: float = 0.5
+    # host_memory_pressure: the memory stall share 5 points up, or its own memory limit newly hit
+    # (at least this often a second, ten times its rate before), scored as a clear cause.
+    stall_rise: float = 0.05
+    limit_hits_per_s: float = 1.0
+    limit_hits_times: float = 10.0
+    limit_hits_score: float = 2.0
+    # input_starvation: the GPU idles 10 points more of each step while the host's share grew; not
+    # named where the run queue or the memory stall share rose this much (the host work was starved).
+    idle_rise: float = 0.10
+    host_starved: float = 0.05
+    # nic_contention: a link at least this busy, 30 points busier than before, or 20 more packets a
+    # window held or dropped by its qdisc.
+    link_busy: float = 0.8
+    link_rise: float = 0.3
+    held_rise: float = 20.0
+    # straggler: a rank waits for a peer (most of its step's growth in collectives, and a peer spends
+    # 10 points less of its step there), or its peers wait for it (its own growth is hardly waiting).
+    waited: float = 0.5
+    share_gap: float = 0.1
+    not_waiting: float = 0.25
+
+
+MARGINS = Margins()
 
 FIXES = {
     "cpu_interference": "give the job CPUs of its own (Kubernetes: Guaranteed QoS with the static CPU "
@@ -230,10 +267,10 @@ def _memory_limit_newly_hit(
     before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]
 ) -> tuple[float, float] | None:
     """(hits a second before, after) where the job's memory limit began to
-    be hit: at least MEMORY_HITS_PER_S now and ten times its own rate
+    be hit: at least MARGINS.limit_hits_per_s now and MARGINS.limit_hits_times its own rate
     before (a job that always runs at its limit has no new cause there)."""
     hb, ha = _limit_hits_per_s(before), _limit_hits_per_s(after)
-    if hb is None or ha is None or ha < MEMORY_HITS_PER_S or ha < 10 * hb:
+    if hb is None or ha is None or ha < MARGINS.limit_hits_per_s or ha < MARGINS.limit_hits_times * hb:
         return None
     return hb, ha
 
@@ -347,7 +384,7 @@ class Diagnoser:
         cause, evidence = self._cause(s, peers)
         if cause == d.cause or cause == "unknown":
             return None
-        if d.cause != "unknown" and evidence.get("score", 0) < d.evidence.get("score", 0) * 1.5:
+        if d.cause != "unknown" and evidence.get("score", 0) < d.evidence.get("score", 0) * MARGINS.rename:
             return None
         first = d.cause
         d.cause = cause
@@ -372,15 +409,15 @@ class Diagnoser:
         # A straggler is the job's cause: its peers wait for it (or this rank
         # waits for one). What slowed the straggler itself, if a signal says,
         # is its evidence: the fix is on that rank's host.
-        straggler = [t for t in scores if t[1] == "straggler" and t[0] >= 1.0]
+        straggler = [t for t in scores if t[1] == "straggler" and t[0] >= MARGINS.named]
         if straggler:
             score, cause, ev = straggler[0]
             own = max((t for t in scores if t[1] != "straggler"), key=lambda t: t[0], default=None)
-            if own is not None and own[0] >= 1.0 and "waits_for_pid" not in ev:
+            if own is not None and own[0] >= MARGINS.named and "waits_for_pid" not in ev:
                 ev = {**ev, "own_cause": own[1], "own_evidence": {k: v for k, v in own[2].items() if k != "fix_key"}}
             return cause, {"score": round(score, 3), **ev}
         score, cause, ev = max(scores, key=lambda t: t[0])
-        if score < 1.0:
+        if score < MARGINS.named:
             return "unknown", {"score": 0.0, "closest": cause, "closest_score": round(score, 3)}
         return cause, {"score": round(score, 3), **ev}
 
@@ -412,10 +449,9 @@ class Diagnoser:
             ev["taken_by"] = "its own CPU quota"
             fix_key = "cpu_quota"
         ev["fix_key"] = fix_key
-        # 5 points of the process's time more in the run queue, and at least double.
-        score = rise / 0.05 if a >= 2 * b else 0.0
+        score = rise / MARGINS.runq_rise if a >= MARGINS.runq_times * b else 0.0
         if throttled:
-            score = max(score, 2.0)
+            score = max(score, MARGINS.quota_score)
         return score, "cpu_interference", ev
 
     @staticmethod
@@ -427,8 +463,8 @@ class Diagnoser:
         now: dict[str, set[str]] = {}
         idx: dict[str, int] = {}
         for uuid in {g.uuid for _, h in after for g in h.gpus}:
-            if _share_of(after, uuid, lambda g: bool(g.throttled)) >= 0.5 and (
-                _share_of(before, uuid, lambda g: bool(g.throttled)) <= 0.25
+            if _share_of(after, uuid, lambda g: bool(g.throttled)) >= MARGINS.most and (
+                _share_of(before, uuid, lambda g: bool(g.throttled)) <= MARGINS.few
             ):
                 for _, h in after:
                     for g in h.gpus:
@@ -438,7 +474,11 @@ class Diagnoser:
         if not now:
             return None
         uuid, reasons = sorted(now.items())[0]
-        return 3.0, "gpu_throttling", {"gpu": idx[uuid], "uuid": uuid, "clock_event_reasons": sorted(reasons)}
+        return (
+            MARGINS.reported,
+            "gpu_throttling",
+            {"gpu": idx[uuid], "uuid": uuid, "clock_event_reasons": sorted(reasons)},
+        )
 
     @staticmethod
     def _pcie(
@@ -446,9 +486,12 @@ class Diagnoser:
     ) -> tuple[float, str, dict[str, Any]] | None:
         for _, h in after[-1:]:
             for g in h.gpus:
-                if _share_of(after, g.uuid, _narrow) >= 0.5 and _share_of(before, g.uuid, _narrow) <= 0.25:
+                if (
+                    _share_of(after, g.uuid, _narrow) >= MARGINS.most
+                    and _share_of(before, g.uuid, _narrow) <= MARGINS.few
+                ):
                     return (
-                        3.0,
+                        MARGINS.reported,
                         "pcie_contention",
                         {
                             "gpu": g.index,
@@ -459,8 +502,14 @@ class Diagnoser:
                     )
         replays_b = sum(g.replays or 0 for _, h in before for g in h.gpus) / max(len(before), 1)
         replays_a = sum(g.replays or 0 for _, h in after for g in h.gpus)
-        if replays_a / len(after) > 4 * replays_b and replays_a >= 2 * len(after):
-            return 2.5, "pcie_contention", {"pcie_replays": replays_a, "pcie_replays_per_window_before": replays_b}
+        if replays_a / len(after) > MARGINS.replays_times * replays_b and replays_a >= MARGINS.replays_per_window * len(
+            after
+        ):
+            return (
+                MARGINS.replays_score,
+                "pcie_contention",
+                {"pcie_replays": replays_a, "pcie_replays_per_window_before": replays_b},
+            )
         # Copy bandwidth of this process fell while other processes' copies rose.
         own_b = _rate([w for w, _ in before])
         own_a = _rate([w for w, _ in after])
@@ -479,12 +528,12 @@ class Diagnoser:
             ev.update(gpu_pcie_bytes_per_second_before=round(link[0]), gpu_pcie_bytes_per_second=round(link[1]))
         if fell <= 0:
             return 0.0, "pcie_contention", ev
-        # A quarter of its copy bandwidth gone while the others copy half again as much (or start to).
-        if others_a >= 1.5 * others_b and others_a > 0:
-            return fell / 0.25, "pcie_contention", ev
+        # Its copy bandwidth fell while the others copy more (or start to).
+        if others_a >= MARGINS.others_times * others_b and others_a > 0:
+            return fell / MARGINS.copy_fell, "pcie_contention", ev
         # Or while its GPU's link carries more that memtrace does not trace (a process outside
         # `run`'s command, another container, GPUDirect): where the driver counts the link's bytes,
-        # what they hold past every traced copy rose by half the traced copies' rate at least.
+        # what they hold past every traced copy rose.
         # Device-to-device copies, which cross no link, count as traced: the untraced share is
         # never overstated.
         if link is None:
@@ -492,9 +541,9 @@ class Diagnoser:
         traced_b, traced_a = _per_second(before, _all_copies) or 0.0, _per_second(after, _all_copies) or 0.0
         ub, ua = max(0.0, link[0] - traced_b), max(0.0, link[1] - traced_a)
         ev.update(untraced_pcie_bytes_per_second_before=round(ub), untraced_pcie_bytes_per_second=round(ua))
-        if ua < 1.5 * ub or ua - ub < 0.5 * traced_b or ua <= 0:
+        if ua < MARGINS.untraced_times * ub or ua - ub < MARGINS.untraced_of_traced * traced_b or ua <= 0:
             return 0.0, "pcie_contention", ev
-        return fell / 0.25, "pcie_contention", ev
+        return fell / MARGINS.copy_fell, "pcie_contention", ev
 
     @staticmethod
     def _memory(
@@ -508,12 +557,12 @@ class Diagnoser:
         score = 0.0
         if share_a is not None and share_b is not None:
             ev.update(memory_stall_share_before=round(share_b, 4), memory_stall_share=round(share_a, 4))
-            score = (share_a - share_b) / 0.05
+            score = (share_a - share_b) / MARGINS.stall_rise
         if hits is not None:
             # Its own limit, newly hit while it slowed: the host work it waits for is
             # reclaim and refaults (on a v1 host barely in PSI's memory line).
             ev.update(limit_hits_per_second_before=round(hits[0], 1), limit_hits_per_second=round(hits[1], 1))
-            score = max(score, MEMORY_HITS_SCORE)
+            score = max(score, MARGINS.limit_hits_score)
         return score, "host_memory_pressure", ev
 
     @staticmethod
@@ -526,10 +575,10 @@ class Diagnoser:
 
         (ib, hb), (ia, ha) = idle_host(before), idle_host(after)
         cpu_b, cpu_a = _cpu_share([w for w, _ in before]), _cpu_share([w for w, _ in after])
-        if cpu_a is not None and cpu_b is not None and cpu_a - cpu_b >= 0.05:
+        if cpu_a is not None and cpu_b is not None and cpu_a - cpu_b >= MARGINS.host_starved:
             return 0.0, "input_starvation", {}  # the host work slowed for want of a CPU: not the input
         stall_b, stall_a = _stall_share(before), _stall_share(after)
-        if stall_a is not None and stall_b is not None and stall_a - stall_b >= 0.05:
+        if stall_a is not None and stall_b is not None and stall_a - stall_b >= MARGINS.host_starved:
             return 0.0, "input_starvation", {}  # the host work stalled on memory (reclaim, refaults): not the input
         if _memory_limit_newly_hit(before, after) is not None:
             return 0.0, "input_starvation", {}  # the same, at the job's own memory limit
@@ -539,8 +588,7 @@ class Diagnoser:
             "host_share_before": round(hb, 4),
             "host_share": round(ha, 4),
         }
-        # The GPU idles 10 points more of each step while the host's own share of it grew.
-        return ((ia - ib) / 0.10 if ha > hb else 0.0), "input_starvation", ev
+        return ((ia - ib) / MARGINS.idle_rise if ha > hb else 0.0), "input_starvation", ev
 
     @staticmethod
     def _nic(
@@ -566,7 +614,10 @@ class Diagnoser:
             held_b = sum(x.overlimits + x.drops for x in bs) / len(bs) if bs else 0.0
             util = max((x.utilization or 0.0) for x in ws)
             util_b = max(((x.utilization or 0.0) for x in bs), default=0.0)
-            score = max((util - util_b) / 0.3 if util >= 0.8 else 0.0, (held - held_b) / 20.0)
+            score = max(
+                (util - util_b) / MARGINS.link_rise if util >= MARGINS.link_busy else 0.0,
+                (held - held_b) / MARGINS.held_rise,
+            )
             ev = {
                 "interface": name,
                 "utilization": round(util, 3),
@@ -608,14 +659,14 @@ class Diagnoser:
         # spends a smaller share of the (shared) step there: the one it waits for. If every
         # rank waits alike, the collectives themselves slowed (their network): no straggler.
         slow = min(others, key=coll_share)
-        if waited >= 0.5 and coll_share(me) - coll_share(slow) >= 0.1:
-            return waited / 0.5, "straggler", {**ev, "waits_for_pid": slow.key.pid}
+        if waited >= MARGINS.waited and coll_share(me) - coll_share(slow) >= MARGINS.share_gap:
+            return waited / MARGINS.waited, "straggler", {**ev, "waits_for_pid": slow.key.pid}
         # The peers wait for it: they spend a larger share of their steps in collectives than it does
         # now (ranks in lockstep share one step time), while its own growth is not waiting.
         mine, theirs = coll_share(me), statistics.median(coll_share(p) for p in others)
-        if waited <= 0.25 and theirs - mine >= 0.1:
+        if waited <= MARGINS.not_waiting and theirs - mine >= MARGINS.share_gap:
             return (
-                (theirs - mine) / 0.1,
+                (theirs - mine) / MARGINS.share_gap,
                 "straggler",
                 {**ev, "collective_share": round(mine, 4), "peers_collective_share": round(theirs, 4)},
             )

@@ -4,12 +4,13 @@ object, BTF, privileges, tracefs; and the object's load-time options.
 
 from __future__ import annotations
 
+import os
 import platform
 from importlib import resources
 from pathlib import Path
 
 from memtrace.bpf.libbpf import BpfObject, RodataVar
-from memtrace.core.errors import BTFMissing, MemtraceError, NotPrivileged, TracefsMissing
+from memtrace.core.errors import BTFMissing, MemtraceError, NotPrivileged, ProcMismatch, TracefsMissing
 
 ARCHES = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64"}
 TRACEFS = Path("/sys/kernel/tracing")
@@ -69,3 +70,22 @@ def check_kernel() -> None:
     # container) is as unprivileged as anyone: look at what is effective.
     if not can_load_bpf(effective_caps()):
         raise NotPrivileged("loading BPF programs")
+
+
+_INIT_PIDNS_INO = 0xEFFFFFFC  # PROC_PID_INIT_INO: the host's pid namespace
+
+
+def pid_namespace() -> tuple[int, int]:
+    """(nsfs dev in the kernel's encoding, inode) of this process's pid
+    namespace, or (0, 0) for the host's. Raises ProcMismatch when /proc
+    belongs to another pid namespace (pids read there would be wrong)."""
+    st = os.stat("/proc/self/ns/pid")
+    try:
+        proc_self = int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        proc_self = -1
+    if proc_self != os.getpid():
+        raise ProcMismatch(os.getpid(), proc_self)
+    if st.st_ino == _INIT_PIDNS_INO:
+        return 0, 0
+    return (os.major(st.st_dev) << 20) | os.minor(st.st_dev), st.st_ino

@@ -216,6 +216,7 @@ class Map:
         info = map_info(lib, fd)
         self.key_size = info.key_size if info else 0
         self.value_size = info.value_size if info else 0
+        self.max_entries = info.max_entries if info else 0
         if info is not None and info.type in _PERCPU_TYPES:
             self.value_size = (info.value_size + 7) // 8 * 8 * int(lib.lib.libbpf_num_possible_cpus())
 

@@ -68,8 +68,9 @@ def push(
     Flags win over the standard OTEL_EXPORTER_OTLP_* variables. No listening port."""
     setup_logging(verbose)
     from memtrace.export.config import resolve
-    from memtrace.runtime.agent import Agent, Options
-    from memtrace.runtime.push import push_forever, push_with_host_signals
+    from memtrace.runtime.hostsignals import HostOptions
+    from memtrace.runtime.pipeline import Options, PipelineOptions
+    from memtrace.runtime.push import push
 
     try:
         cfg = resolve(
@@ -83,10 +84,14 @@ def push(
             histogram=histogram,
         )
         cfg = dataclasses.replace(cfg, overhead_budget=overhead_budget(budget))
-        opts = Options(ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
         check_host_rate(host_rate)
+        opts = PipelineOptions(
+            Options(ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks),
+            HostOptions(interval_s=host_interval, fast_hz=host_rate, tick_s=max(host_interval, 0.5)) if host else None,
+            cfg.overhead_budget,
+        )
     except MemtraceError as e:
         fail(e)
         return
@@ -94,11 +99,6 @@ def push(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with Agent(opts, measure_overhead=True, budget=cfg.overhead_budget) as agent:
-            agent.scan()
-            if host:
-                push_with_host_signals(agent, cfg, stop, host_interval, host_rate)
-            else:
-                push_forever(agent, cfg, stop)
+        push(opts, cfg, stop)
     except MemtraceError as e:
         fail(e)

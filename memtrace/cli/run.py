@@ -169,10 +169,9 @@ def trace_and_report(
     from memtrace.export.callsites import call_sites
     from memtrace.export.callsites import folded as fold_stacks
     from memtrace.export.report import summary
-    from memtrace.runtime.agent import Agent, Options
     from memtrace.runtime.command import run_command, watch_pid
-    from memtrace.runtime.diagnose import LiveDiagnosis
-    from memtrace.runtime.hostsignals import HostOptions, HostSignals
+    from memtrace.runtime.hostsignals import HostOptions
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
 
     out: IO[str] | None = None
     created = written = False
@@ -194,18 +193,14 @@ def trace_and_report(
             sys.stdout.flush()
             json_fd = os.dup(1)
             os.dup2(2, 1)
-        with Agent(opts, measure_overhead=True, budget=budget_share) as agent:
-            hopts = HostOptions(interval_s=host_interval, fast_hz=host_rate)
-            signals = HostSignals(hopts, agent.pids) if host else None
-            diagnosis = LiveDiagnosis(agent, signals) if signals is not None else None
-            if signals is not None and diagnosis is not None:
-                signals.on_tick = diagnosis.tick
-                signals.follow(agent)
+        hopts = HostOptions(interval_s=host_interval, fast_hz=host_rate) if host else None
+        with Pipeline(PipelineOptions(opts, hopts, budget_share)) as pipe:
+            agent, signals, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
             if pid is None:
-                done = run_command(agent, cmd, host=signals)
+                done = run_command(pipe, cmd)
                 command: dict[str, object] = {"argv": cmd, "exit_code": done.exit_code}
             else:
-                done = watch_pid(agent, pid, seconds)
+                done = watch_pid(pipe, pid, seconds)
                 command = {"pid": pid, "exit_code": None}
             if not agent.wait_calibrated(CALIBRATION_WAIT_S):
                 log.warning("a probe's trap cost is not measured yet: the summary has no overhead")
@@ -214,7 +209,7 @@ def trace_and_report(
                 agent.stats(),
                 agent.libraries,
                 {**command, "wall_seconds": done.wall_seconds},
-                agent.source.malformed,
+                agent.cuda.malformed,
                 drain=agent.drain_stats().as_dict(),
                 host=signals.view(agent.names()) if signals else None,
                 collectives=signals.collectives_view(agent.model.collective_wait_totals()) if signals else None,

@@ -66,44 +66,39 @@ def top(
     """A live view of every CUDA process on the host: copies, bytes and rates."""
     setup_logging(verbose)
     from memtrace.export.top import TopView
-    from memtrace.runtime.agent import Agent, Options
-    from memtrace.runtime.diagnose import LiveDiagnosis
-    from memtrace.runtime.hostsignals import HostOptions, HostSignals
+    from memtrace.runtime.hostsignals import HostOptions
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
 
     try:
         share = overhead_budget(budget)
         view = TopView(interval, detail, share)
-        with Agent(Options(), measure_overhead=True, budget=share) as agent:
-            agent.scan()
+        # The host signals for the live diagnosis and --detail's run-queue p99.
+        host = HostOptions(interval_s=min(interval, 0.1))
+        with Pipeline(PipelineOptions(Options(hold_nccl=True), host, share)) as pipe:
+            agent, signals, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
+            assert signals is not None and diagnosis is not None
             n = 0
-            # The host signals for the live diagnosis and --detail's run-queue p99 (NCCL: `memtrace run`).
-            opts = HostOptions(interval_s=min(interval, 0.1), nccl=False)
             with (
-                HostSignals(opts, agent.pids) as signals,
                 keys() as wait,
                 Live(view.render(agent.model, interval), console=Console(), auto_refresh=False) as live,
+                pipe.running(),
             ):
                 last = time.monotonic()
                 # The agent drains on its own thread; this one waits for keys
                 # and renders, under the model lock.
-                diagnosis = LiveDiagnosis(agent, signals)
-                signals.on_tick = diagnosis.tick
-                signals.guard_drains_of(agent)
-                signals.start()
-                with agent.draining(), signals.sampling():
-                    while iterations == 0 or n < iterations:
-                        if "q" in wait(max(last + interval - time.monotonic(), 0.0)).lower():
-                            return
-                        if time.monotonic() < last + interval:
-                            continue  # another key: keep waiting for the refresh
-                        with agent.locked() as model:
-                            agent.sync_totals()
-                            now = time.monotonic()
-                            with signals.lock:
-                                table = view.render(model, now - last, signals.book, diagnosis.diagnoses)
-                        live.update(table, refresh=True)
-                        last = now
-                        n += 1
+                while iterations == 0 or n < iterations:
+                    if "q" in wait(max(last + interval - time.monotonic(), 0.0)).lower():
+                        return
+                    if time.monotonic() < last + interval:
+                        continue  # another key: keep waiting for the refresh
+                    with agent.locked() as model:
+                        agent.sync_totals()
+                        now = time.monotonic()
+                        with signals.lock:
+                            table = view.render(model, now - last, signals.book, diagnosis.diagnoses)
+                    live.update(table, refresh=True)
+                    last = now
+                    n += 1
     except MemtraceError as e:
         fail(e)
     except KeyboardInterrupt:

@@ -153,13 +153,6 @@ class AddressBook:
             self._arrays = (starts, ends, whats)
         return self._arrays
 
-    def lookup_one(self, ptr: int) -> int:
-        i = bisect.bisect_right(self._starts, ptr) - 1
-        if i < 0:
-            return _UNTRACKED
-        end, what = self.ranges[self._starts[i]]
-        return what if ptr < end else _UNTRACKED
-
     def lookup(self, ptrs: np.ndarray) -> np.ndarray:
         """What each pointer is: _UNTRACKED, _DEVICE, _PINNED or _MANAGED."""
         if not self.ranges:

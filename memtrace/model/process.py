@@ -115,9 +115,6 @@ class DeviceMemory:
     # live handle (cuMemRetainAllocationHandle) that a release gives back first.
     mapped: dict[int, int] = field(default_factory=dict)
     retained: dict[int, int] = field(default_factory=dict)
-    # For the leak signal: when memory was last given back, and how much was in use then.
-    last_free_ns: int = 0
-    in_use_at_last_free: int = 0
     # For the growth signal: the bytes in use at the end of each TREND_WINDOW_NS window
     # (CLOCK_MONOTONIC, from the calls' own times) that had an allocation or a free.
     trend: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=TREND_WINDOWS))

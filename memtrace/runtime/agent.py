@@ -57,15 +57,15 @@ import os
 import select
 import threading
 import time
-from collections.abc import Iterator
-from enum import Enum
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-import numpy as np
-
-from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, Stat
+from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, PyCode, PyCodeKey, PyProc, Stat
+from memtrace.core.abi import Stack as RawStack
 from memtrace.core.ids import ProcessKey
+from memtrace.core.notices import Collectives, Events, Exited, Notice, ProcessMet
 from memtrace.core.overhead import TrapCosts
+from memtrace.core.procfiles import Candidate
 from memtrace.core.stacks import Stack
 from memtrace.core.threads import thread
 from memtrace.model import Model
@@ -73,7 +73,9 @@ from memtrace.runtime.budget import LaunchBudget
 from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.runtime.overhead import Calibration
 from memtrace.runtime.stacks import StackTable
-from memtrace.sensors.cuda.source import CONTROL_QUIET_S, Attachment, BpfSource, Options
+from memtrace.sensors.cuda import Attachment, CudaSensor, Hooks, Options
+from memtrace.sensors.cuda.control import CONTROL_QUIET_S
+from memtrace.sensors.cuda.maps import KernelMaps
 from memtrace.sources.procfs import boot_wall_ns, process_cpu_ns, read_process
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
@@ -123,31 +125,21 @@ class RingGuard(Protocol):
     def unwatch_ring(self, slot: int) -> None: ...
 
 
-class _Update(Enum):
-    EVENTS = 1
-    EXITED = 2
-    HELD = 3
-    INTRODUCED = 4  # a process's first event: who BPF saw
-    MISSED = 5  # not held (a foreground job, or its hold expired): calls may have been missed
-    LAUNCHES_MISSED = 7  # its own launch link came after it may have launched (the budget's per-process mode)
-    COLLECTIVES = 6  # the NCCL sensor's events, and the time up to which they are complete
-
-
-_Value = (
-    np.ndarray
-    | ProcessKey
-    | tuple[ProcessKey, int]
-    | tuple[ProcessKey, str, int]
-    | tuple[np.ndarray, int, frozenset[int]]
-)
-
-
 class Agent:
-    def __init__(self, opts: Options, measure_overhead: bool = False, budget: float | None = None) -> None:
+    def __init__(
+        self,
+        opts: Options,
+        measure_overhead: bool = False,
+        budget: float | None = None,
+        *,
+        other_library: Callable[[ProcessKey, Candidate, bool], bool] | None = None,
+    ) -> None:
         """`measure_overhead`: time a probe's trap at start (runtime/overhead.py),
         so that each process's overhead can be told (Model.overhead).
         `budget` (with it): keep each process's overhead under this share of
-        its CPU time by sampling its launch probes (runtime/budget.py)."""
+        its CPU time by sampling its launch probes (runtime/budget.py).
+        `other_library`: another sensor's library a process was stopped for
+        (libnccl: HostSignals.nccl_mapped), called on the control thread."""
         # `memtrace run` traces a command from its first instruction: every
         # process is seen whole. Otherwise only those that start once the
         # probes are live are (set in start()), and those held at load.
@@ -156,7 +148,7 @@ class Agent:
         self.lock = threading.RLock()  # the model's
         self._drain_lock = threading.Lock()  # the rings'
         self._pending_lock = threading.Lock()  # the queue's, held for an append or a swap only
-        self._pending: list[tuple[_Update, _Value]] = []
+        self._pending: list[Notice] = []  # the one queue: every notice for the model, in order
         self._pending_events = 0
         # One ring's worth of events may wait in memory for the model, then the ring itself.
         self.max_pending_events = max(opts.ring_bytes // EVENT_DTYPE.itemsize, 1)
@@ -184,69 +176,66 @@ class Agent:
         self.budget: LaunchBudget | None = None
         self.calibration: Calibration | None = None
         self._trap_costs: TrapCosts | None = None
-        self.source = BpfSource(
-            opts,
-            self._on_events,
-            self._on_exit,
-            self._library_attached,
-            on_held=self._on_held,
-            on_missed=self._on_missed,
-            on_process=self._on_process,
-        )
-        self.source.on_launches_missed = self._on_launches_missed
         self.stacks: StackTable | None = None
+        self.cuda = CudaSensor(
+            opts,
+            Hooks(
+                notices=self._take,
+                library_attached=self._library_attached,
+                # A process not held (its libraries known) is looked at when it first
+                # calls: its Python frames are taken from then on.
+                process_seen=self._learn_stacks if opts.stacks else None,
+                other_library=other_library,
+            ),
+        )
         if opts.stacks:
             self.model.stacks = True
-            self.stacks = StackTable(self.source.take_stack, self.source.tell_python, self.source.take_py_codes)
-            self.source.on_map_notice = self._on_map_notice
-            # A process not held (its libraries known) is looked at when it first calls:
-            # its Python frames are taken from then on.
-            self.source.on_proc_notice = self._on_map_notice
+            self.stacks = StackTable(self._take_stack, self._tell_python, self._take_py_codes)
 
     # ---- what a drain decodes: queued in ring order, folded under the model lock ----
 
-    def _queue(self, kind: _Update, value: _Value, events: int = 0) -> None:
+    def _take(self, notices: list[Notice]) -> None:
+        """A poll's notices, on the polling thread: what must happen while the
+        processes live happens now, and the rest waits in the queue for the model."""
+        events = 0
+        for n in notices:
+            if isinstance(n, Events):
+                events += n.count
+                if self.stacks is not None:
+                    self.stacks.add(n.batch)  # while the processes live: their frames are placed in their files
+            elif isinstance(n, ProcessMet):
+                if self.budget is not None:
+                    self.budget.met(n.key)  # weighed from now, not from the fold that introduces it
+            elif isinstance(n, Exited):
+                if self.stacks is not None:
+                    self.stacks.forget(n.key)
+                if self.budget is not None:
+                    self.budget.exited(n.key)
         with self._pending_lock:
-            self._pending.append((kind, value))
+            self._pending += notices
             self._pending_events += events
             self._pending_max = max(self._pending_max, self._pending_events)
 
-    def _on_events(self, batch: np.ndarray) -> None:
-        if self.stacks is not None:
-            self.stacks.add(batch)  # while the processes live: their frames are placed in their files
-        self._queue(_Update.EVENTS, batch, len(batch))
-
-    def _on_map_notice(self, key: ProcessKey) -> None:
+    def _learn_stacks(self, key: ProcessKey) -> None:
         assert self.stacks is not None
         self.stacks.learn(key)
 
-    def _on_exit(self, key: ProcessKey, cpu_ns: int) -> None:
-        if self.stacks is not None:
-            self.stacks.forget(key)
-        if self.budget is not None:
-            self.budget.exited(key)
-        self._queue(_Update.EXITED, (key, cpu_ns))
+    def _take_stack(self, key: int) -> RawStack | None:
+        return self.cuda.maps.take_stack(key) if self.cuda.maps is not None else None
 
-    def _on_held(self, key: ProcessKey) -> None:
-        self._queue(_Update.HELD, key)
+    def _tell_python(self, key: ProcessKey, config: PyProc | None) -> None:
+        if self.cuda.maps is not None:
+            self.cuda.maps.tell_python(key, config)
 
-    def _on_missed(self, key: ProcessKey) -> None:
-        self._queue(_Update.MISSED, key)
+    def _take_py_codes(self) -> list[tuple[PyCodeKey, PyCode]]:
+        return self.cuda.maps.take_py_codes() if self.cuda.maps is not None else []
 
-    def _on_launches_missed(self, key: ProcessKey) -> None:
-        self._queue(_Update.LAUNCHES_MISSED, key)
-
-    def _on_process(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
-        if self.budget is not None:
-            self.budget.met(key)  # weighed from now, not from the fold that introduces it
-        self._queue(_Update.INTRODUCED, (key, name, cgroup_id))
-
-    def add_collectives(self, events: np.ndarray, complete_until_ns: int, users: frozenset[int]) -> None:
+    def add_collectives(self, notice: Collectives) -> None:
         """The NCCL sensor's events (the host signals poll it), folded into
         the model in turn with the CUDA events: every collective that
         returned by `complete_until_ns` (CLOCK_MONOTONIC) is in them or
-        came before; `users`: the pids with libnccl mapped. From any thread
-        that holds neither the model lock nor the drain lock.
+        came before. From any thread that holds neither the model lock nor
+        the drain lock.
 
         With events, or a time they are complete to, the CUDA rings are
         drained first: a process's CUDA calls (the first of which introduces
@@ -254,13 +243,13 @@ class Agent:
         drain put off while the ring was quiet would queue them after the
         poll's collectives, which the model would then find no process for
         (`collectives_unmatched`) and no wait could be charged to
-        (tests/test_collectives.py saw 19 of 60). With no collective in a
-        poll, the model still judges every wait up to `complete_until_ns`:
-        a wait drained after that would come too late to be charged, and a
-        quiet ring's drains may be put off up to GUARDED_QUIET_S."""
-        if len(events) or complete_until_ns:
+        (tests/test_collectives.py). With no collective in a poll, the model
+        still judges every wait up to `complete_until_ns`: a wait drained
+        after that would come too late to be charged, and a quiet ring's
+        drains may be put off up to GUARDED_QUIET_S."""
+        if len(notice.events) or notice.complete_until_ns:
             self._drain(wait=False)
-        self._queue(_Update.COLLECTIVES, (events, complete_until_ns, users))
+        self._take([notice])
 
     def fold(self) -> None:
         """Fold everything pending into the model now (after the drain and
@@ -269,83 +258,48 @@ class Agent:
             self._fold()
 
     def _fold(self, most: int | None = None) -> int:
-        """Apply the pending updates to the model, in order: all of them, or
+        """Apply the pending notices to the model, in order: all of them, or
         the oldest, up to `most` events (a batch may be split); the rest
-        wait for the next fold. Holds self.lock."""
+        wait for the next fold. Holds self.lock. Returns the events folded."""
         with self._pending_lock:
             if most is None:
                 pending, self._pending = self._pending, []
-                self._pending_events = 0
+                events, self._pending_events = self._pending_events, 0
             else:
                 take = events = 0
-                for kind, value in self._pending:
+                for n in self._pending:
                     if events >= most:
                         break
                     take += 1
-                    if kind is _Update.EVENTS:
-                        assert isinstance(value, np.ndarray)
-                        events += len(value)
+                    if isinstance(n, Events):
+                        events += n.count
                 pending, self._pending = self._pending[:take], self._pending[take:]
-                if events > most:  # the last batch is split: its rest stays first in line
-                    kind, value = pending[-1]
-                    assert isinstance(value, np.ndarray)
-                    keep = len(value) - (events - most)
-                    pending[-1] = (kind, value[:keep])
-                    self._pending.insert(0, (kind, value[keep:]))
+                last = pending[-1] if pending else None
+                if events > most and isinstance(last, Events):  # the last batch is split: its rest stays first
+                    keep = last.count - (events - most)
+                    pending[-1] = Events(last.batch[:keep])
+                    self._pending.insert(0, Events(last.batch[keep:]))
                     events = most
                 self._pending_events -= events
-        folded = 0
-        batches: list[np.ndarray] = []
-
-        def flush() -> None:
-            if batches:
-                self.model.add_events(batches[0] if len(batches) == 1 else np.concatenate(batches))
-                batches.clear()
-
-        for kind, value in pending:
-            if kind is _Update.EVENTS:
-                assert isinstance(value, np.ndarray)
-                batches.append(value)  # consecutive batches fold as one
-                folded += len(value)
-                continue
-            flush()
-            if kind is _Update.COLLECTIVES:
-                assert isinstance(value, tuple) and isinstance(value[0], np.ndarray)
-                self.model.add_collectives(value[0], int(value[1]), value[2])
-                continue
-            if kind is _Update.INTRODUCED:
-                assert isinstance(value, tuple) and not isinstance(value, ProcessKey)
-                self.model.introduce(*value)
-                continue
-            if kind is _Update.EXITED:
-                assert isinstance(value, tuple) and isinstance(value[0], ProcessKey)
-                self.model.process_exited(value[0], int(value[1]))
-                continue
-            assert isinstance(value, ProcessKey)
-            if kind is _Update.MISSED:
-                self.model.mark_incomplete(value)
-            elif kind is _Update.LAUNCHES_MISSED:
-                self.model.mark_launches_partial(value)
-            else:
-                self.model.mark_complete(value)  # held before its CUDA library ran: nothing was missed
-        flush()
-        return folded
+        self.model.take(pending)
+        return events
 
     # ---- lifecycle ----
 
     def start(self) -> None:
         try:
-            self.source.start()
+            self.cuda.start()
         except BaseException:
-            self.source.close()
+            self.cuda.close()
             raise
-        if self._measure_overhead and self.source.obj is not None:
-            self.calibration = Calibration(self.source.obj, self._calibrated)
+        if self._measure_overhead and self.cuda.obj is not None:
+            self.calibration = Calibration(self.cuda.obj, self._calibrated)
             self.calibration.start()
             if self._budget_share is not None:
-                self.budget = LaunchBudget(self.source, self._budget_share, self._live, lambda: self.model.trap_cost)
+                self.budget = LaunchBudget(self.cuda, self._budget_share, self._live, lambda: self.model.trap_cost)
                 self.budget.start()
-        self.model.forked_since_start = self.source.is_fresh
+        assert self.cuda.maps is not None
+        self.model.forked_since_start = self.cuda.maps.is_fresh
         if self.model.complete_after_ns is not None:
             # A process that started after now (its start as BPF reads it) started after the probes went live.
             self.model.complete_after_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
@@ -368,7 +322,11 @@ class Agent:
         One assignment, no lock: attaching may run under the drain's locks."""
         costs = self._trap_costs
         if costs is not None:
-            self.model.trap_cost = costs.applied(*self.source.entry_kinds())
+            self.model.trap_cost = costs.applied(*self.cuda.entry_kinds())
+
+    def _maps(self) -> KernelMaps:
+        assert self.cuda.maps is not None, "the agent is not started"
+        return self.cuda.maps
 
     def wait_calibrated(self, timeout: float | None = None) -> bool:
         """Wait until a trap's cost is known (the overhead can be told)."""
@@ -377,7 +335,7 @@ class Agent:
     def scan(self, pids: list[int] | None = None) -> None:
         """Attach to the CUDA libraries already mapped by running processes (or by `pids`)."""
         with self._drain_lock:
-            self.source.scan(pids)
+            self.cuda.scan(pids)
 
     # ---- draining ----
 
@@ -399,7 +357,7 @@ class Agent:
                 room = self._pending_events < self.max_pending_events
                 if not room:
                     self._reads_deferred += 1
-                read += self.source.poll(events=room)
+                read += self.cuda.poll(events=room)
             if not wait:
                 if self._pending_events >= self._fold_wake:
                     self._fold_wanted.set()
@@ -550,7 +508,7 @@ class Agent:
         notices when the guard sees one waiting, not every
         CONTROL_QUIET_S. Until unguard_ring(), which close() calls before
         the rings go."""
-        ring, ctl = self.source.events, self.source.control_watch()
+        ring, ctl = self.cuda.events, self.cuda.control_watch()
         if ring is None or ctl is None:
             return
         cons, prod = ring.positions()
@@ -559,7 +517,7 @@ class Agent:
         guard.watch_ring(_CONTROL_SLOT, ctl[0], ctl[1], 1, ctl[2])  # any record waiting
         self._guard = guard
         os.eventfd_write(self._wake, 1)  # a sleeping drain thread takes the new schedule now
-        self.source.set_control_quiet(GUARDED_QUIET_S)
+        self.cuda.set_control_quiet(GUARDED_QUIET_S)
 
     def unguard_ring(self) -> None:
         """Stop the guard watching (it reads the rings no more on return); drains keep their own schedule again."""
@@ -568,7 +526,7 @@ class Agent:
             guard.unwatch_ring(_EVENTS_SLOT)
             guard.unwatch_ring(_CONTROL_SLOT)
             os.eventfd_write(self._wake, 1)  # off the guarded sleep now
-            self.source.set_control_quiet(CONTROL_QUIET_S)
+            self.cuda.set_control_quiet(CONTROL_QUIET_S)
 
     # ---- the kernel's totals ----
 
@@ -583,11 +541,11 @@ class Agent:
                 if ns is not None:
                     cpu[key] = ns
         with self.lock:
-            for k, v in self.source.lost():
+            for k, v in self._maps().lost():
                 key = ProcessKey(k.pid, k.start_ns)
                 self.model.set_lost(key, k.api, k.direction, v.calls, v.bytes, v.errors, v.duration_ns)
             per: dict[ProcessKey, tuple[dict[int, int], list[int]]] = {}
-            for k, n in self.source.counts():
+            for k, n in self._maps().counts():
                 launches, traps = per.setdefault(ProcessKey(k.pid, k.start_ns), ({}, [0]))
                 if k.api == TRAPS_API:
                     traps[0] = n
@@ -608,7 +566,7 @@ class Agent:
         """Drop a process's state here and in the kernel's totals."""
         with self.lock:
             self.model.forget(key)
-            self.source.forget_process(key)
+            self._maps().forget_process(key)
         if self.budget is not None:
             self.budget.forget(key)
 
@@ -618,13 +576,13 @@ class Agent:
         first, so that forgetting deletes every one they left (their launch
         and trap counts, lost calls), not only those read before."""
         with self.lock:
-            self.source.lost()
-            self.source.counts()
+            self._maps().lost()
+            self._maps().counts()
             for key in keys:
                 self.forget(key)
 
     def stats(self) -> dict[Stat, int]:
-        return self.source.stats()
+        return self._maps().stats()
 
     def stack_frames(self) -> dict[int, Stack]:
         """The named frames of every stack the model's call sites name (none with stacks off)."""
@@ -652,10 +610,10 @@ class Agent:
             "python_unsupported": dict(self.stacks.unsupported),
         }
 
-    def pids(self) -> set[int]:
+    def processes(self) -> set[ProcessKey]:
         """The processes the model has met (for the host signals; no lock:
         a copy of the keys is taken at once)."""
-        return {k.pid for k in list(self.model.processes)}
+        return set(list(self.model.processes))
 
     def names(self) -> dict[int, str]:
         """Each process's command name, as the model knows it."""
@@ -672,7 +630,7 @@ class Agent:
         if self.calibration is not None:
             self.calibration.close()  # its probes use the BPF object
             self.calibration = None
-        self.source.close()
+        self.cuda.close()
         if self.stacks is not None:
             self.stacks.close()
         if self._wake >= 0:

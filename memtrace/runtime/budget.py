@@ -49,9 +49,8 @@ from dataclasses import dataclass, field
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
 from memtrace.core.threads import thread
-from memtrace.sensors.cuda import discovery
+from memtrace.sensors.cuda import CudaSensor, discovery
 from memtrace.sensors.cuda.launches import LaunchLinks
-from memtrace.sensors.cuda.source import BpfSource
 from memtrace.sources.procfs import CpuReader, start_ticks_of
 
 log = logging.getLogger("memtrace")
@@ -223,13 +222,13 @@ class LaunchBudget:
 
     def __init__(
         self,
-        source: BpfSource,
+        cuda: CudaSensor,
         budget: float,
         processes: Callable[[], list[ProcessKey]],
         cost: Callable[[], TrapCost | None],
         period_s: float = PERIOD_S,
     ) -> None:
-        self.source = source
+        self.cuda = cuda
         self.budget = budget
         self.processes = processes  # the live processes that launched, as the model has them
         self.cost = cost
@@ -246,9 +245,13 @@ class LaunchBudget:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self.enforced = source.launch_links is not None
+        self.enforced = cuda.launch_links is not None
         self.failures = 0
         self._cpu = CpuReader()  # the budget thread's alone
+
+    def _counts(self, key: ProcessKey) -> tuple[dict[int, int], int]:
+        maps = self.cuda.maps
+        return maps.process_counts(key) if maps is not None else ({}, 0)
 
     # ---- lifecycle ----
 
@@ -328,7 +331,7 @@ class LaunchBudget:
     def _apply_exits(self, now: float) -> None:
         with self._lock:
             exits, self._exits = self._exits, []
-        links = self.source.launch_links
+        links = self.cuda.launch_links
         for key in exits:
             with self._lock:
                 s = self._sampled.get(key)
@@ -367,7 +370,7 @@ class LaunchBudget:
     def _weigh(self, key: ProcessKey, now: float, cost: TrapCost) -> float:
         """Read a process's cost since its last reading and set its duty;
         returns when to weigh it next."""
-        counts, exact = self.source.process_counts(key)
+        counts, exact = self._counts(key)
         if not counts:
             return now + IDLE_DECIDE_S  # no launch yet: nothing to sample
         cpu = self._cpu.cpu_ns(key)
@@ -405,16 +408,16 @@ class LaunchBudget:
     def _begin(self, key: ProcessKey, duty: float, now: float) -> None:
         """Sample a process's launches from now: its libraries to per-process
         mode, then the first window opens with its own links attached."""
-        links = self.source.launch_links
+        links = self.cuda.launch_links
         assert links is not None
         for cand in discovery.mapped_libraries(key.pid):
-            self.source.launches_per_process(cand.fid)
+            self.cuda.launches_per_process(cand.fid)
         if not links.has_own(key.pid) and not links.adopt(key.pid):
             self._cannot.add(key)
             log.info("pid %d is over its overhead budget, but its launch probes cannot be sampled", key.pid)
             return
         links.set_on(key.pid, True)
-        counts, traps = self.source.process_counts(key)
+        counts, traps = self._counts(key)
         t = time.monotonic()
         s = _Sampled(key.pid, duty, dict(counts), phase_start=t, since=t, phase_counts=dict(counts), phase_traps=traps)
         s.phase_sample = links.sample(key.pid)
@@ -427,7 +430,7 @@ class LaunchBudget:
         return max(MIN_ON_S, duty * self.period_s)
 
     def _toggle(self, now: float) -> None:
-        links = self.source.launch_links
+        links = self.cuda.launch_links
         assert links is not None
         with self._lock:
             due = [(k, s) for k, s in self._sampled.items() if s.ended is None and now >= s.next_toggle]
@@ -444,7 +447,7 @@ class LaunchBudget:
     def _close_window(self, key: ProcessKey, s: _Sampled, links: LaunchLinks) -> None:
         """End a window (its counts read before the detach), or stretch it
         while it has too few complete intervals."""
-        counts, traps = self.source.process_counts(key)
+        counts, traps = self._counts(key)
         launches, intervals = links.sample(key.pid)
         t = time.monotonic()
         stretch = (t - s.phase_start) / self._on_s(s.duty)
@@ -475,7 +478,7 @@ class LaunchBudget:
     def _open_window(self, key: ProcessKey, s: _Sampled, links: LaunchLinks) -> None:
         """End a gap once the process's own links are attached again."""
         links.set_on(s.pid, True)
-        counts, traps = self.source.process_counts(key)
+        counts, traps = self._counts(key)
         sample = links.sample(key.pid)
         t = time.monotonic()
         with self._lock:

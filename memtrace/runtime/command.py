@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 
 from memtrace.core.errors import BadOption, CommandNotFound
-from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
-from memtrace.runtime.hostsignals import HostSignals
-from memtrace.sensors.cuda.discovery import alive
+from memtrace.core.procfiles import alive
+from memtrace.runtime.agent import DRAIN_INTERVAL_S
+from memtrace.runtime.pipeline import Pipeline
 
 
 @dataclass
@@ -88,20 +88,20 @@ class GatedChild:
         return Finished(code if code >= 0 else 128 - code, time.monotonic() - self.started)
 
 
-def run_command(
-    agent: Agent, argv: list[str], drain_interval: float = DRAIN_INTERVAL_S, host: HostSignals | None = None
-) -> Finished:
-    """Trace argv and its descendants until it exits; with `host`, sample
-    the host signals of the same processes meanwhile (closed on return)."""
+def run_command(pipe: Pipeline, argv: list[str], drain_interval: float = DRAIN_INTERVAL_S) -> Finished:
+    """Trace argv and its descendants until it exits, with the pipeline's
+    host signals sampling the same processes meanwhile (their last sample
+    taken and folded in on return)."""
+    agent = pipe.agent
     child = GatedChild(argv)
+    running = contextlib.ExitStack()
     try:
-        agent.source.trace_pid(child.pid)
-        if host is not None:
-            host.start([child.pid])
+        agent.cuda.trace_pid(child.pid)
+        running.enter_context(pipe.running([child.pid], drain_interval))
     except BaseException:
+        running.close()
         child.abort()
-        if host is not None:
-            host.close()
+        pipe.finish_host()
         raise
     # The terminal's ^C reaches the child too; we wait for it and report.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -112,24 +112,22 @@ def run_command(
     old_term = signal.signal(signal.SIGTERM, forward)
     try:
         # The agent drains on its own thread while this one waits for the command.
-        with agent.draining(drain_interval), host.sampling() if host is not None else contextlib.nullcontext():
+        with running:
             child.release()
             done = child.wait()
         # Every event and notice of the finished process is already in the
         # rings; with the drain thread stopped, the model stays as reported.
-        agent.source.read_control_now()
+        agent.cuda.read_control_now()
         agent.poll()
         agent.sync_totals()
         return done
     finally:
-        if host is not None:
-            host.close()  # its last sample sees the command's end
-            agent.fold()  # and what it read goes into the model
+        pipe.finish_host()  # its last sample sees the command's end, and goes into the model
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
 
 
-def watch_pid(agent: Agent, pid: int, seconds: float, drain_interval: float = DRAIN_INTERVAL_S) -> Finished:
+def watch_pid(pipe: Pipeline, pid: int, seconds: float, drain_interval: float = DRAIN_INTERVAL_S) -> Finished:
     """Trace a running process, and the children it forks from now on, for
     `seconds` or until it exits (or ^C): the libraries it has mapped are
     attached at once. Its calls before then were not seen: host memory that
@@ -137,20 +135,22 @@ def watch_pid(agent: Agent, pid: int, seconds: float, drain_interval: float = DR
     its first call memtrace sees on. Exit code 0."""
     if not alive(pid):
         raise BadOption(f"no process {pid}", "give --pid a running process (as this pid namespace names it)")
-    agent.source.trace_pid(pid)
+    agent = pipe.agent
+    agent.cuda.trace_pid(pid)
     agent.scan([pid])
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     try:
-        with agent.draining(drain_interval):
+        with pipe.running([pid], drain_interval):
             while not stop.wait(0.05):
                 if time.monotonic() - started >= seconds or not alive(pid):
                     break
-        agent.source.read_control_now()
+        agent.cuda.read_control_now()
         agent.poll()
         agent.sync_totals()
         return Finished(0, time.monotonic() - started)
     finally:
+        pipe.finish_host()
         for sig, old in handlers.items():
             signal.signal(sig, old)

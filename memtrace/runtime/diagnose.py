@@ -5,9 +5,11 @@ sampling thread; takes the model lock, then the book's, briefly each."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from memtrace.analysis.diagnosis import Diagnoser, Diagnosis, GpuWindow, HostWindow, LinkWindow, ProcWindow
@@ -21,6 +23,24 @@ from memtrace.sources.psi import Stall
 log = logging.getLogger("memtrace")
 
 
+@dataclass(frozen=True)
+class _Counters:
+    """A process's cumulative counters as a window reads them; a window's
+    own figures are the difference of two readings, field by field."""
+
+    steps: int = 0
+    step_ns: int = 0
+    gpu_idle_ns: int = 0
+    host_ns: int = 0
+    collective_ns: int = 0  # in its collective calls, within steps
+    copy_bytes: int = 0
+    copy_ns: int = 0
+    waited_ns: int = 0  # in the waits charged to its collectives
+
+    def __sub__(self, prev: _Counters) -> _Counters:
+        return _Counters(*(getattr(self, f.name) - getattr(prev, f.name) for f in dataclasses.fields(self)))
+
+
 class LiveDiagnosis:
     def __init__(
         self, agent: Agent, host: HostSignals, on_diagnosis: Callable[[Diagnosis], None] | None = None
@@ -30,6 +50,7 @@ class LiveDiagnosis:
         self.engine = Diagnoser()
         self.on_diagnosis = on_diagnosis
         self._prev: dict[Any, tuple[int, ...]] = {}
+        self._prev_counters: dict[ProcessKey, _Counters] = {}
         self._prev_cpu: dict[int, Any] = {}
         self._prev_quota: dict[int, int] = {}
         self._prev_hits: dict[int, int] = {}  # pid -> its memory limit hits at the last window
@@ -83,37 +104,44 @@ class LiveDiagnosis:
             for key, proc in live:
                 st = model.step_trackers.get(key)
                 steps = st.stats() if st is not None else None
-                nbytes = nsum = 0
-                for c in proc.copy_view().values():
-                    nbytes += c.bytes
-                    nsum += c.duration_ns
-                s = (
-                    (steps.steps, steps.step_ns, steps.gpu_idle_ns, steps.host_ns, steps.collective_ns)
-                    if steps is not None
-                    else (0, 0, 0, 0, 0)
-                )
+                copies = proc.copy_view().values()
                 # The waits charged to its collectives: NCCL returns at once, and a rank
                 # waits for its peers in the synchronisation that follows.
                 att = model.collective_waits.get(key)
-                waited = sum(ns for _n, ns in att.by_collective.values()) if att is not None else 0
-                d = self._delta(("p", key), (*s, nbytes, nsum, waited))
-                if d is None:
+                cur = _Counters(
+                    copy_bytes=sum(c.bytes for c in copies),
+                    copy_ns=sum(c.duration_ns for c in copies),
+                    waited_ns=sum(ns for _n, ns in att.by_collective.values()) if att is not None else 0,
+                )
+                if steps is not None:
+                    cur = dataclasses.replace(
+                        cur,
+                        steps=steps.steps,
+                        step_ns=steps.step_ns,
+                        gpu_idle_ns=steps.gpu_idle_ns,
+                        host_ns=steps.host_ns,
+                        collective_ns=steps.collective_ns,
+                    )
+                prev = self._prev_counters.get(key)
+                self._prev_counters[key] = cur
+                if prev is None:
                     continue
-                copy_bytes[key] = d[5]
-                calls_ns[key] = d[4]
+                d = cur - prev
+                copy_bytes[key] = d.copy_bytes
+                calls_ns[key] = d.collective_ns
                 procs[key] = ProcWindow(
                     key=key,
                     name=proc.name,
                     exe=proc.exe.rsplit("/", 1)[-1] if proc.exe else proc.name,
                     ppid=proc.ppid,
                     start_ns=proc.start_ns,
-                    steps=d[0],
-                    step_ns=d[1],
-                    gpu_idle_ns=d[2],
-                    host_ns=d[3],
-                    collective_ns=d[4] + d[7],  # in the calls, and waiting for them after
-                    copy_bytes=d[5],
-                    copy_ns=d[6],
+                    steps=d.steps,
+                    step_ns=d.step_ns,
+                    gpu_idle_ns=d.gpu_idle_ns,
+                    host_ns=d.host_ns,
+                    collective_ns=d.collective_ns + d.waited_ns,  # in the calls, and waiting for them after
+                    copy_bytes=d.copy_bytes,
+                    copy_ns=d.copy_ns,
                 )
         hw = HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5, copy_bytes=copy_bytes)
         stall = self._stall.read_us()

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from memtrace.core.errors import MemtraceError
+from memtrace.core.procfiles import pids
 from memtrace.sensors.cuda import discovery
 
 MIN_KERNEL = (5, 15)  # bpf_cookie for uprobes (5.15), ring buffers, tp_btf
@@ -220,7 +221,7 @@ def check_probe_cost() -> Check:
 
 def check_pid_namespace() -> Check:
     """memtrace names processes as its own pid namespace does; /proc must agree."""
-    from memtrace.sensors.cuda.source import pid_namespace
+    from memtrace.bpf.host import pid_namespace
 
     try:
         _, ino = pid_namespace()
@@ -247,7 +248,7 @@ def find_cuda_libraries() -> list[str]:
                 found.add(path)
     except (OSError, subprocess.SubprocessError):
         pass
-    for pid in discovery.pids():
+    for pid in pids():
         for c in discovery.mapped_libraries(pid):
             found.add(c.name)
     return sorted(found)

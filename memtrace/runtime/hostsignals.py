@@ -38,16 +38,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from memtrace.core.errors import MemtraceError
+from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
 from memtrace.core.nccl import Collective
+from memtrace.core.notices import Collectives
+from memtrace.core.procfiles import Candidate
 from memtrace.core.threads import thread
 from memtrace.model.host import HostBook, SensorState
-from memtrace.sensors.cuda.discovery import Candidate
 from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
 from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits, read_cgroups
 from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
@@ -91,6 +93,7 @@ class HostOptions:
     # The fast sampler's rate (a C thread: NIC counters, GPU utilisation and clock events); 0: none,
     # those are read in Python at each sample.
     fast_hz: float = DEFAULT_FAST_HZ
+    tick_s: float = 0.5  # on_tick (the live diagnosis's window) after the sample nearest each tick_s
 
 
 def _off(e: BaseException) -> SensorState:
@@ -99,12 +102,37 @@ def _off(e: BaseException) -> SensorState:
     return SensorState(False, str(e) or type(e).__name__, "run `memtrace doctor` to see what this host lacks")
 
 
+class RingOwner(Protocol):
+    """Whose rings the fast sampler's C thread watches (runtime.agent.Agent.guard_ring)."""
+
+    def guard_ring(self, guard: Any) -> None: ...
+
+    def unguard_ring(self) -> None: ...
+
+
 class HostSignals:
-    def __init__(self, opts: HostOptions, pids: Callable[[], set[int]] | None = None) -> None:
+    def __init__(
+        self,
+        opts: HostOptions,
+        processes: Callable[[], set[ProcessKey]] = set,
+        *,
+        collectives: Callable[[Collectives], None] | None = None,
+        ring_owner: RingOwner | None = None,
+        follows_nccl: bool = False,
+        on_tick: Callable[[], object] | None = None,
+    ) -> None:
+        """`processes`: who to sample, polled at each sample (the CUDA
+        model's processes); `collectives`: where each NCCL poll's events go
+        (the agent's model); `ring_owner`: whose rings the fast sampler
+        watches once it runs, so that their threads sleep while the rings
+        are quiet; `follows_nccl`: the CUDA sensor reports each libnccl a
+        traced process maps (nccl_mapped), so their maps are scanned
+        seldom; `on_tick`: called on the sampling thread after the sample
+        nearest each opts.tick_s (the live diagnosis)."""
         self.opts = opts
         self.book = HostBook()
         self.lock = threading.Lock()  # the book's
-        self._pids_fn = pids or set
+        self._processes = processes
         self._pids: set[int] = set()
         self._pinned: set[int] = set()  # named at start: traced until the end
         self._sched: Any = None
@@ -118,35 +146,37 @@ class HostSignals:
         self._fast_last: Any = None  # its last window
         self._fast_hz = opts.fast_hz  # the rate it runs at now (QUIET_FAST_HZ while nothing is traced)
         self._fast_gpus = False  # it reads the GPUs
-        self._ring_owner: Any = None  # an agent whose rings the fast sampler watches (guard_drains_of)
+        self._ring_owner = ring_owner
         self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
         # Processes that mapped an attached libnccl (nccl_mapped, another thread), each
         # until it is traced here (a few samples at most): pid -> samples waited.
         self._nccl_mapped: dict[int, int] = {}
-        self._followed = False  # an agent's CUDA sensor reports the libnccl its processes map
+        self._followed = follows_nccl
         self._nccl_lock = threading.Lock()  # _nccl's lifetime and _nccl_mapped, against nccl_mapped
         self._quota_first: dict[int, dict[str, tuple[int, int]]] = {}
         self._count = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.sample_errors = 0
-        # Given each NCCL poll's events, the CLOCK_MONOTONIC ns up to which they are complete,
-        # and the processes with libnccl mapped (whose waits may follow collectives): the agent
-        # folds them into its model (steps, and the waits charged to collectives).
-        self.on_collectives: Callable[[np.ndarray, int, frozenset[int]], object] | None = None
+        self._on_collectives = collectives
+        self._started = False
         self._finished = False
-        # Called after a sample every `tick_s` seconds, on the sampling thread (the live diagnosis).
-        self.on_tick: Callable[[], object] | None = None
-        self.tick_s = 0.5
+        self._on_tick = on_tick
         self._last_tick = 0.0
+        self._keys: dict[int, ProcessKey] = {}  # the latest process of each pid sampled
 
     # ---- lifecycle ----
 
     def start(self, pids: Iterable[int] = ()) -> None:
-        """Start every sensor asked for that can run here; trace `pids` from now on."""
+        """Start every sensor asked for that can run here; trace `pids` from
+        now to the end (a second call only adds them)."""
         first = set(pids)
+        if self._started:
+            self._pinned |= first
+            return
+        self._started = True
         o = self.opts
         if o.fast_hz > 0 and (o.gpu or o.network):
             self._start_fast()
@@ -235,29 +265,12 @@ class HostSignals:
 
         self._net = NetdevSource(link_every=self.opts.every(self.opts.link_s), fast=self._fast)
 
-    def follow(self, agent: Any) -> None:
-        """Wire these signals to an agent (runtime.agent.Agent) before
-        start(): the collectives go into its model, and its CUDA sensor
-        stops a process that maps a new libnccl until nccl_mapped has
-        attached it (the agent was made with Options(hold_nccl=True))."""
-        self.on_collectives = agent.add_collectives
-        agent.source.on_library_mapped = self.nccl_mapped
-        self._followed = True
-        self.guard_drains_of(agent)
-
-    def guard_drains_of(self, agent: Any) -> None:
-        """Before start(): once the fast sampler's C thread runs, it
-        watches the agent's events and control rings (Agent.guard_ring), so
-        the agent's drain, fold and control threads sleep while they are
-        quiet; the thread wakes 100 times a second anyway, and two loads a
-        ring a tick cost it nothing."""
-        self._ring_owner = agent
-
-    def nccl_mapped(self, pid: int, lib: Candidate, held: bool) -> bool:
+    def nccl_mapped(self, key: ProcessKey, lib: Candidate, held: bool) -> bool:
         """A traced process maps a libnccl not attached yet (the CUDA
         sensor's control thread, with the process stopped when `held`):
         attach it now. True once attached (or already). Not held, the
         process ran on meanwhile: its rows are counted from now."""
+        pid = key.pid
         if not is_nccl(lib.name):
             return False
         with self._nccl_lock:
@@ -267,10 +280,10 @@ class HostSignals:
                 return False
             self._nccl.trace_pid(pid)
             self._nccl_mapped[pid] = 0
-        if self.on_collectives is not None:
+        if self._on_collectives is not None:
             # Said now, before the process runs on: its waits are kept from its
             # first CUDA call, not from the next sample (which may come after many).
-            self.on_collectives(np.zeros(0, NCCL_EVENT_DTYPE), 0, frozenset({pid}))
+            self._on_collectives(Collectives(np.zeros(0, NCCL_EVENT_DTYPE), 0, frozenset({key})))
         if not held:
             self._nccl_since.setdefault(pid, time.time())
         log.info("pid %d mapped %s: attached%s", pid, lib.name, "" if held else " (it was not held)")
@@ -339,7 +352,9 @@ class HostSignals:
     def sample(self, final: bool = False) -> None:
         """One reading of every sensor that is on, folded into the book."""
         self._count += 1
-        self._track(self._pids_fn())
+        keys = self._processes()
+        self._keys.update((k.pid, k) for k in sorted(keys))
+        self._track({k.pid for k in keys} | self._pinned)
         pids = set(self._pids)
         if self._fast is not None:
             self._pace_fast(bool(pids))
@@ -426,8 +441,9 @@ class HostSignals:
         self._nccl_users &= self._pids
         # With no collective and no process that has libnccl mapped, the model has nothing to
         # match a wait to: nothing is handed over (most hosts' every sample, at no cost).
-        if self.on_collectives is not None and (len(events) or self._nccl_users):
-            self.on_collectives(events, complete_until, frozenset(self._nccl_users))
+        if self._on_collectives is not None and (len(events) or self._nccl_users):
+            users = frozenset(self._keys.get(pid, ProcessKey(pid, 0)) for pid in self._nccl_users)
+            self._on_collectives(Collectives(events, complete_until, users))
         totals = {k: v for k, v in s.totals().items() if k[0] in self._pids} if s.attachments else {}
         with self.lock:
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
@@ -461,9 +477,9 @@ class HostSignals:
             # Ticks keep the samples' schedule, not the clock after a sample: a sample that
             # ran long (a GPU detail read) then one that ran short must not skip a tick
             # (push's 0.5 s ticks became 1 s windows with details every other sample).
-            if self.on_tick is not None and due - self._last_tick >= self.tick_s * 0.999:
+            if self._on_tick is not None and due - self._last_tick >= self.opts.tick_s * 0.999:
                 self._last_tick = due
-                self.on_tick()
+                self._on_tick()
             now = time.monotonic()
             if nxt < now:  # fell behind (a stopped agent, a slow NVML call): skip, do not burst
                 nxt = now + interval

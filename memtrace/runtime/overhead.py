@@ -38,12 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memtrace.bpf import elf
 from memtrace.bpf.libbpf import BpfObject, Link
 from memtrace.core import native
 from memtrace.core.errors import MemtraceError
 from memtrace.core.overhead import FALLBACK, EntryKind, TrapCost, TrapCosts, entry_kind
 from memtrace.core.threads import thread
-from memtrace.sensors.cuda import elf
 
 log = logging.getLogger("memtrace")
 

@@ -11,12 +11,12 @@ from typing import Any
 
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
+from memtrace.export.events import DiagnosisEvents
 from memtrace.export.otlp import Batch, Exporter, MetricsBuilder, resource_of
 from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, ProfilesSender
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
-from memtrace.runtime.diagnose import LiveDiagnosis
-from memtrace.runtime.hostsignals import HostSignals
 from memtrace.runtime.memory import freeze_long_lived, give_back_free_memory, no_cyclic_gc
+from memtrace.runtime.pipeline import Pipeline, PipelineOptions
 from memtrace.sources.procfs import host_attributes, is_running
 
 log = logging.getLogger("memtrace")
@@ -70,8 +70,22 @@ MAX_UNSENT_EXITED = 2048
 SETTLE_POLL_S = 0.02  # how often a push in flight is looked at
 
 
+def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event) -> int:
+    """`memtrace push`: the pipeline built from `opts`, its diagnoses sent as
+    OTLP events (log records) to the same collector, and push_forever
+    until `stop`. Returns the number of failed pushes."""
+    resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
+    events = DiagnosisEvents(cfg, resource) if opts.host is not None and opts.diagnose else None
+    try:
+        with Pipeline(opts, on_diagnosis=(lambda d: events.emit(d, d.start_ns)) if events else None) as pipe:
+            return push_forever(pipe, cfg, stop)
+    finally:
+        if events is not None:
+            events.shutdown()
+
+
 def push_forever(
-    agent: Agent,
+    pipe: Pipeline,
     cfg: PushConfig,
     stop: threading.Event,
     exporter: Exporter | None = None,
@@ -79,19 +93,20 @@ def push_forever(
     max_unsent_exited: int = MAX_UNSENT_EXITED,
     builder: MetricsBuilder | None = None,
     drain_interval: float = DRAIN_INTERVAL_S,
-    host: HostSignals | None = None,
-    diagnosis: LiveDiagnosis | None = None,
 ) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
 
-    The agent drains on its own thread meanwhile (every `drain_interval`):
+    The agent drains on its own thread meanwhile (every `drain_interval`),
+    and the host signals, where the pipeline has them, sample on theirs, the
+    live diagnosis's counts going out with each push (memtrace.diagnoses):
     building an export holds the model lock for as long as it takes, and
     sending it runs on another thread, but neither delays a drain.
 
     Exited processes wait for one successful push; during a long outage at
     most `max_unsent_exited` of them are kept (memory stays bounded), and
     the oldest beyond that are dropped, counted and logged."""
+    agent, host, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
     builder = builder or MetricsBuilder(cfg, host_attributes())
     exporter = exporter or Exporter(cfg)
     profiles = Profiles(cfg) if agent.stacks is not None else None
@@ -193,7 +208,7 @@ def push_forever(
 
     freeze_long_lived()  # the libraries, the BPF objects and the model so far
     try:
-        with agent.draining(drain_interval):
+        with pipe.running(drain_interval=drain_interval):
             while not stop.is_set():
                 if inflight is not None and inflight[0].done():
                     ok, reason, delivered = inflight[0].result()
@@ -238,28 +253,3 @@ def push_forever(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         exporter.shutdown()
-
-
-def push_with_host_signals(
-    agent: Agent, cfg: PushConfig, stop: threading.Event, host_interval: float, host_rate: float = 100.0
-) -> int:
-    """push_forever with the host signals sampled beside it and the live
-    diagnosis on them: its counts go out with each push (memtrace.diagnoses),
-    and each diagnosis as an OTLP event (a log record) to the same collector."""
-    from memtrace.export.events import DiagnosisEvents
-    from memtrace.runtime.diagnose import LiveDiagnosis
-    from memtrace.runtime.hostsignals import HostOptions
-
-    resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
-    with HostSignals(HostOptions(interval_s=host_interval, fast_hz=host_rate), agent.pids) as signals:
-        events = DiagnosisEvents(cfg, resource)
-        diagnosis = LiveDiagnosis(agent, signals, on_diagnosis=lambda d: events.emit(d, d.start_ns))
-        signals.on_tick = diagnosis.tick
-        signals.follow(agent)
-        signals.tick_s = max(host_interval, 0.5)
-        signals.start()
-        try:
-            with signals.sampling():
-                return push_forever(agent, cfg, stop, host=signals, diagnosis=diagnosis)
-        finally:
-            events.shutdown()

@@ -29,7 +29,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from elftools.elf.segments import NoteSegment
 
-from memtrace.core.procmaps import map_files_path
+from memtrace.core.procfiles import map_files_path
 
 log = logging.getLogger("memtrace")
 

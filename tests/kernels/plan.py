@@ -6,7 +6,7 @@ python plan.py HOST_BINARY GUEST_PATH > plan
 import sys
 
 from memtrace.core.abi import Layer
-from memtrace.sensors.cuda.source import probe_plan
+from memtrace.sensors.cuda import probe_plan
 
 host, guest = sys.argv[1], sys.argv[2]
 for layer in (Layer.RUNTIME, Layer.DRIVER):

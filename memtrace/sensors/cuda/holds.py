@@ -50,11 +50,6 @@ SWEEP_S = 0.02  # how often the guardian checks the ages of holds
 # A key with this bit set marks a release under way for the pid below it
 # (pids stay under 2**22, PID_MAX_LIMIT; the kernel never writes such a key).
 RELEASING = 1 << 31
-_INIT_PIDNS_INO = 0xEFFFFFFC  # PROC_PID_INIT_INO: the host's pid namespace
-
-
-def in_host_pidns() -> bool:
-    return os.stat("/proc/self/ns/pid").st_ino == _INIT_PIDNS_INO
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from memtrace.bpf.libbpf import BpfObject, Link, Map
 from memtrace.core.abi import CK_OWN_SHIFT, InodeKey, LaunchLib, LaunchSample
 from memtrace.core.errors import AttachError
+from memtrace.core.procfiles import FileId
 from memtrace.sensors.cuda import discovery
 
 log = logging.getLogger("memtrace")
@@ -45,14 +46,14 @@ LAUNCH_PROGRAM = "mt_launch"
 class LaunchTarget:
     """A library's launch probes: where to attach a process's own link."""
 
-    fid: discovery.FileId
+    fid: FileId
     name: str
     offsets: tuple[int, ...]
     cookies: tuple[int, ...]  # the library-wide link's; own links add the OWN bit
     fd: int = -1  # the file, held open by the agent: the process it was found in may be gone
 
     @classmethod
-    def open(cls, path: str, fid: discovery.FileId, name: str, offsets: list[int], cookies: list[int]) -> LaunchTarget:
+    def open(cls, path: str, fid: FileId, name: str, offsets: list[int], cookies: list[int]) -> LaunchTarget:
         """Keep the file open (through the path it was attached by, which
         lasts only as long as the process it names)."""
         return cls(fid, name, tuple(offsets), tuple(cookies), os.open(path, os.O_RDONLY | os.O_CLOEXEC))
@@ -72,8 +73,8 @@ class _Own:
     """One process's own launch links, one per library in per-process mode."""
 
     start_ticks: int
-    libs: set[discovery.FileId] = field(default_factory=set)
-    links: dict[discovery.FileId, Link] = field(default_factory=dict)
+    libs: set[FileId] = field(default_factory=set)
+    links: dict[FileId, Link] = field(default_factory=dict)
     on: bool = True  # the duty cycle's state: its links attached
 
 
@@ -98,7 +99,7 @@ class LaunchLinks:
         obj: BpfObject,
         maps: dict[str, Map],
         scope: Callable[[], Iterable[int]],
-        mark_per_process: Callable[[discovery.FileId], None],
+        mark_per_process: Callable[[FileId], None],
     ) -> None:
         self.obj = obj
         self.own_map = maps["launch_own"]
@@ -108,14 +109,14 @@ class LaunchLinks:
         self._sampling = False
         self.scope = scope  # the pids this agent traces (all of the host's, or `run`'s)
         self.mark_per_process = mark_per_process
-        self.targets: dict[discovery.FileId, LaunchTarget] = {}  # libraries in per-process mode
+        self.targets: dict[FileId, LaunchTarget] = {}  # libraries in per-process mode
         self._procs: dict[int, _Own] = {}
         self._lock = threading.RLock()
         self.linked_late = 0  # processes given their own links after they may have launched
 
     # ---- libraries ----
 
-    def per_process(self, fid: discovery.FileId) -> bool:
+    def per_process(self, fid: FileId) -> bool:
         return fid in self.targets
 
     def go_per_process(self, target: LaunchTarget, library_wide: Link | None) -> int:
@@ -140,7 +141,7 @@ class LaunchLinks:
 
     # ---- processes ----
 
-    def mapped(self, pid: int, fid: discovery.FileId) -> bool:
+    def mapped(self, pid: int, fid: FileId) -> bool:
         """A process mapped a library (held on it, or noticed): give it its
         own launch link if the library is in per-process mode. True if it
         was linked now."""
@@ -280,5 +281,5 @@ class LaunchLinks:
         return 1
 
 
-def _inode(fid: discovery.FileId) -> InodeKey:
+def _inode(fid: FileId) -> InodeKey:
     return InodeKey(fid.dev, fid.ino)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memtrace.bpf import elf
 from memtrace.core.nccl import Collective, cookie
-from memtrace.sensors.cuda import elf
 
 C = Collective
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memtrace.bpf.detach import destroy_links
 from memtrace.bpf.host import bpf_arch, check_kernel
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map, destroy_together, uprobe_multi_supported
 from memtrace.bpf.ringbuf import EventRing
@@ -36,8 +37,7 @@ from memtrace.core.nccl import (
     Totals,
     TotalsKey,
 )
-from memtrace.sensors.cuda.discovery import FileId, pids
-from memtrace.sensors.cuda.source import destroy_links
+from memtrace.core.procfiles import FileId, pids
 from memtrace.sensors.nccl.discovery import mapped_nccl
 from memtrace.sensors.nccl.plan import PROGRAMS, probe_plan
 

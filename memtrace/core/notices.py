@@ -1,0 +1,82 @@
+"""What the sensors tell the model: one frozen class per kind of fact.
+
+The CUDA sensor's drain and control thread, and the NCCL sensor's polls,
+hand these to the agent in the order the model must take them (a process's
+introduction before its events, its events before its exit); the agent
+queues them in that order, in one queue, and folds them into the model
+(runtime/agent.py). A new kind of fact is a new class here and one line in
+the fold's dispatch table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from memtrace.core.ids import ProcessKey
+
+
+@dataclass(frozen=True, eq=False)
+class Events:
+    """A batch of decoded call events (core/abi.EVENT_DTYPE), in ring order."""
+
+    batch: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.batch)
+
+
+@dataclass(frozen=True)
+class ProcessMet:
+    """A process's first traced call, as BPF saw it: its command name and cgroup."""
+
+    key: ProcessKey
+    comm: str
+    cgroup_id: int
+
+
+@dataclass(frozen=True)
+class Held:
+    """The process was stopped at its new CUDA library until the probes were in: nothing was missed."""
+
+    key: ProcessKey
+
+
+@dataclass(frozen=True)
+class Missed:
+    """The process ran on before its new CUDA library's probes were in
+    (a terminal's foreground job, or its hold expired): calls may be missing."""
+
+    key: ProcessKey
+
+
+@dataclass(frozen=True)
+class LaunchesMissed:
+    """Its own launch link (the overhead budget's per-process mode) came after
+    it may have launched: its launch counts, only, may be short."""
+
+    key: ProcessKey
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The process exited, having run `cpu_ns` of CPU time; every event of it came before."""
+
+    key: ProcessKey
+    cpu_ns: int
+
+
+@dataclass(frozen=True, eq=False)
+class Collectives:
+    """The NCCL sensor's events (core/nccl.EVENT_DTYPE), complete up to
+    `complete_until_ns` (CLOCK_MONOTONIC), and the processes with libnccl
+    mapped (whose waits may follow collectives)."""
+
+    events: np.ndarray
+    complete_until_ns: int
+    users: frozenset[ProcessKey]
+
+
+Notice = Events | ProcessMet | Held | Missed | LaunchesMissed | Exited | Collectives
