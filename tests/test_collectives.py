@@ -15,6 +15,7 @@ import pytest
 
 from memtrace.core import abi
 from memtrace.core.abi import Layer
+from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import EVENT_DTYPE, F_BYTES_UNKNOWN, F_GROUPED, Collective
 from memtrace.model.collectives import (
     NOT_ISSUED,
@@ -188,7 +189,7 @@ def test_a_process_said_to_map_libnccl_before_its_first_call_has_every_wait_kept
 
     m = Model()
     pid = 10**7 + 9
-    m.add_collectives(np.zeros(0, EVENT_DTYPE), 0, frozenset({pid}))  # held at the mapping
+    m.add_collectives(np.zeros(0, EVENT_DTYPE), 0, frozenset({ProcessKey(pid, 0)}))  # held at the mapping
     ev = np.zeros(1, abi.EVENT_DTYPE)  # its first CUDA call: the wait
     ev["pid"] = ev["tid"] = pid
     ev["api"], ev["stream"], ev["ts_ns"], ev["duration_ns"] = 80, A, 2_000, 777_000

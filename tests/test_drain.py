@@ -341,7 +341,7 @@ def test_a_burst_after_a_long_quiet_sleep_is_read_in_time_when_the_c_sampler_gua
             agent.poll()
             stats = agent.stats()
             doc = summary(agent.model, stats, agent.libraries, {})
-            wakes = sampler.take().ring_wakes
+            wakes = sampler.poll().ring_wakes
     assert wakes > 0, "the sampler never woke the drain thread: the test proved nothing"
     assert stats[Stat.DROPPED] == 0
     lines = [json.loads(line) for line in truth.read_text().splitlines()]

@@ -161,7 +161,7 @@ def quiet_sample(
     the traffic too, so the snapshot must also hold the counters read after it."""
     for _ in range(20):
         before = [pair.sysfs(ns, dev) for ns, dev in reads]
-        snap = source.sample(pids, fast=fast.take() if fast is not None else None)
+        snap = source.poll(pids, fast=fast.poll() if fast is not None else None)
         if seen is not None:
             seen.append(snap)
         after = [pair.sysfs(ns, dev) for ns, dev in reads]
@@ -256,7 +256,7 @@ def test_namespace_of_a_traced_process_is_found_and_shared_once(pair: Pair) -> N
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         here = threading.get_native_id()
         forked = len([t for t in FORKS if t == here])
-        snap = source.sample([p.pid for p in procs])
+        snap = source.poll([p.pid for p in procs])
         assert len([t for t in FORKS if t == here]) == forked, "sampling a namespace forked"
         own = os.stat("/proc/self/ns/net").st_ino
         # Every live thread stays home (the one that entered a namespace has ended: Python's join
@@ -291,22 +291,22 @@ def test_saturated_tbf_shows_backlog_overlimits_and_drops(pair: Pair) -> None:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
         pids = [server.pid, idle.pid]
-        first = source.sample(pids)
+        first = source.poll(pids)
         kernel_first = pair.tc(pair.a, pair.va)
         # 4000 datagrams of 1400 bytes as fast as Python sends them: far above 50 Mbit/s for the bucket.
         datagrams = 4000
         client = pair.run(pair.a, CLIENT, "udp", pair.ip_b, "5002", str(datagrams), "1400")
         backlog_seen = 0
         while client.poll() is None:
-            s = source.sample([*pids, client.pid])
+            s = source.poll([*pids, client.pid])
             for q in s.qdiscs or ():
                 if q.ifname == pair.va and q.kind == "tbf":
                     backlog_seen = max(backlog_seen, q.backlog_bytes)
         assert client.communicate(timeout=60)[0].strip() == "done"
         for _ in range(50):  # let the bucket drain
-            last = source.sample(pids)
+            last = source.poll(pids)
             kernel_last = pair.tc(pair.a, pair.va)
-            if kernel_last["backlog"] == 0 and source.sample(pids).qdiscs == last.qdiscs:
+            if kernel_last["backlog"] == 0 and source.poll(pids).qdiscs == last.qdiscs:
                 break
             time.sleep(0.1)
     finally:
@@ -352,7 +352,7 @@ def test_otlp_carries_each_interfaces_and_queues_counters_exactly(pair: Pair) ->
         book.add_net(first)
         client = pair.run(pair.a, CLIENT, "udp", pair.ip_b, "5003", "3000", "1400")
         while client.poll() is None:
-            book.add_net(source.sample([*pids, client.pid]))
+            book.add_net(source.poll([*pids, client.pid]))
         assert client.communicate(timeout=60)[0].strip() == "done"
         for _ in range(50):  # the bucket drains
             if pair.tc(pair.a, pair.va)["backlog"] == 0:
@@ -411,17 +411,17 @@ def test_a_vanished_interface_and_namespace_are_reported_not_raised(pair: Pair, 
 
     def sample() -> NetSnapshot:
         if fast is None:
-            return source.sample([proc.pid])
+            return source.poll([proc.pid])
         t = fast.ticks()
         while fast.ticks() < t + 2:  # a whole dump since the last change
             time.sleep(0.002)
-        return source.sample([proc.pid], fast=fast.take())
+        return source.poll([proc.pid], fast=fast.poll())
 
     try:
         if fast is not None:
             fast.start()
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        source.sample([proc.pid])  # the namespace is met (and handed to the fast sampler)
+        source.poll([proc.pid])  # the namespace is met (and handed to the fast sampler)
         first = sample()
         inode = first.namespace_of(proc.pid)
         assert inode is not None and pair.va in {i.name for i in first.interfaces if i.netns == inode}
@@ -452,9 +452,9 @@ def test_an_interface_created_between_link_reads_is_named_at_once(pair: Pair) ->
     source = NetdevSource(link_every=1_000_000)  # names read once, then only when an unknown index shows up
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        first = source.sample([proc.pid])
+        first = source.poll([proc.pid])
         sh("ip", "-n", pair.a, "link", "add", "xa" + pair.va[2:], "type", "veth", "peer", "name", "xb" + pair.va[2:])
-        second = source.sample([proc.pid])
+        second = source.poll([proc.pid])
         kernel = pair.sysfs(pair.a, "xa" + pair.va[2:])
         inode = second.namespace_of(proc.pid)
     finally:
@@ -524,11 +524,11 @@ def test_the_fast_samplers_cpu_time_is_its_threads_when_taken() -> None:
     try:
         fast.start()
         deadline = time.monotonic() + 30
-        while fast.take().ticks < 50 and time.monotonic() < deadline:
+        while fast.poll().ticks < 50 and time.monotonic() < deadline:
             time.sleep(0.02)
         tid = next(int(t) for t in os.listdir("/proc/self/task") if _comm(int(t)) == "memtrace-fast")
         before = _schedstat_ns(tid)
-        w = fast.take()
+        w = fast.poll()
         after = _schedstat_ns(tid)
         assert w.ticks >= 50
         assert 0 < before <= w.cpu_ns <= after + 1_000_000, (before, w.cpu_ns, after)
@@ -553,13 +553,13 @@ def test_a_closed_fast_sampler_refuses_calls_and_the_source_reads_on_its_own(pai
     try:
         fast.close()
         with pytest.raises(OSError, match="closed"):
-            fast.take()
+            fast.poll()
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s, pytest.raises(OSError):
             fast.add_netns(1, s)
         source.stop_fast()
         idle = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
         assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
-        snap = source.sample([idle.pid])
+        snap = source.poll([idle.pid])
         a = iface(snap, ns_inode(idle.pid), pair.va)
         assert a.fast_ticks == 0 and a.peak_tx_bytes_per_s is None
         assert a.tx_bytes == pair.sysfs(pair.a, pair.va)["tx_bytes"] and snap.errors == ()
@@ -588,12 +588,12 @@ def test_a_namespace_whose_counters_take_many_replies_is_read_whole_by_the_fast_
     try:
         fast.start()
         assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
-        source.sample([idle.pid])  # the namespace is found, and handed to the fast sampler
+        source.poll([idle.pid])  # the namespace is found, and handed to the fast sampler
         deadline = time.monotonic() + 30
-        while not fast.take().of_namespace(ns_inode(idle.pid)) and time.monotonic() < deadline:
+        while not fast.poll().of_namespace(ns_inode(idle.pid)) and time.monotonic() < deadline:
             time.sleep(0.02)  # its first tick in it
         snap, (kernel,) = quiet_sample(source, pair, [idle.pid], [(pair.a, pair.va)], fast)
-        window = fast.take()
+        window = fast.poll()
     finally:
         source.close()
         fast.close()

@@ -473,16 +473,17 @@ def test_the_wait_after_a_collective_is_exported_per_collective() -> None:
     first["pid"] = first["tid"] = pid
     first["api"], first["ts_ns"], first["duration_ns"] = API, 100, 10  # the process's first CUDA call
     m.add_events(first)
-    m.add_collectives(np.zeros(0, NCCL_DTYPE), 0, frozenset({pid}))  # libnccl seen mapped: nothing polled yet
+    # libnccl seen mapped: nothing polled yet
+    m.add_collectives(np.zeros(0, NCCL_DTYPE), 0, frozenset({ProcessKey(pid, 0)}))
     m.add_events(ev)
     nc = np.zeros(1, NCCL_DTYPE)
     nc["pid"] = nc["tid"] = pid
     nc["coll"] = Collective.ALLREDUCE
     nc["stream"] = stream
     nc["ts_ns"], nc["duration_ns"] = 1_000, 500  # issued at 1,500: before the wait began
-    m.add_collectives(nc, 1_999, frozenset({pid}))
+    m.add_collectives(nc, 1_999, frozenset({ProcessKey(pid, 0)}))
     assert m.collective_wait_totals() == {}  # the wait began at 2,000: not judged yet
-    m.add_collectives(np.zeros(0, NCCL_DTYPE), 10_000, frozenset({pid}))
+    m.add_collectives(np.zeros(0, NCCL_DTYPE), 10_000, frozenset({ProcessKey(pid, 0)}))
     assert m.collective_wait_totals() == {(pid, Collective.ALLREDUCE): (1, 777_000)}
     batch = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"}).build(m, {}, 1)
     (rm,) = [r for r in batch.data.resource_metrics if r.resource.attributes.get("process.pid") == pid]

@@ -58,7 +58,7 @@ class GpuSample:
     bus_id: str
     time_ns: int
     lost: bool = False  # fell off the bus (NVML_ERROR_GPU_IS_LOST or alike): nothing else is valid
-    detail: bool = True  # False: only utilisation, clock events and XIDs were read (see NvmlSource.sample)
+    detail: bool = True  # False: only utilisation, clock events and XIDs were read (see NvmlSource.poll)
     # PCIe bytes the GPU sent (tx) and received (rx): where the driver counts them, cumulative since
     # it loaded (exact between two samples); else NVML's estimate over its own 20 ms window, per second.
     pcie_tx_bytes: int | None = None

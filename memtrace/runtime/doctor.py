@@ -299,7 +299,7 @@ def check_netlink() -> Check:
     if source is None:
         return Check("netlink", True, why[0].message, why[0].fix, warn=True)
     try:
-        snap = source.sample()
+        snap = source.poll()
     finally:
         source.close()
     if snap.errors:

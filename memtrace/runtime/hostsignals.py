@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -53,6 +53,14 @@ from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
 from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits, read_cgroups
 from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
+
+if TYPE_CHECKING:  # started lazily: NVML and netlink are optional on a host
+    from memtrace.core.sensor import Sensor
+    from memtrace.sensors.nccl import NcclSensor
+    from memtrace.sensors.sched import SchedSensor
+    from memtrace.sources.fastsample import FastSampler, FastWindow
+    from memtrace.sources.netdev import NetdevSource
+    from memtrace.sources.nvml import NvmlSource
 
 log = logging.getLogger("memtrace")
 
@@ -135,15 +143,15 @@ class HostSignals:
         self._processes = processes
         self._pids: set[int] = set()
         self._pinned: set[int] = set()  # named at start: traced until the end
-        self._sched: Any = None
-        self._nccl: Any = None
-        self._nvml: Any = None
-        self._net: Any = None
-        self._fast: Any = None  # sources.fastsample.FastSampler, when it runs
+        self._sched: SchedSensor | None = None
+        self._nccl: NcclSensor | None = None
+        self._nvml: NvmlSource | None = None
+        self._net: NetdevSource | None = None
+        self._fast: FastSampler | None = None  # when it runs
         self._fast_state = SensorState(
             False, "not asked for (--host-rate 0)" if opts.fast_hz <= 0 else "no NIC or GPU signals asked for", ""
         )
-        self._fast_last: Any = None  # its last window
+        self._fast_last: FastWindow | None = None  # its last window
         self._fast_hz = opts.fast_hz  # the rate it runs at now (QUIET_FAST_HZ while nothing is traced)
         self._fast_gpus = False  # it reads the GPUs
         self._ring_owner = ring_owner
@@ -341,11 +349,11 @@ class HostSignals:
                     self._nccl.trace_pid(pid)
         self._pids |= new
 
-    def _pace_fast(self, tracing: bool) -> None:
+    def _pace_fast(self, fast: FastSampler, tracing: bool) -> None:
         """The fast sampler at --host-rate while a process is traced, at QUIET_FAST_HZ while none is."""
         want = self.opts.fast_hz if tracing else min(self.opts.fast_hz, QUIET_FAST_HZ)
         if want != self._fast_hz:
-            self._fast.set_rate(want)
+            fast.set_rate(want)
             self._fast_hz = want
             log.debug("the fast host sampler now ticks at %g Hz (%s)", want, "tracing" if tracing else "nothing traced")
 
@@ -357,20 +365,20 @@ class HostSignals:
         self._track({k.pid for k in keys} | self._pinned)
         pids = set(self._pids)
         if self._fast is not None:
-            self._pace_fast(bool(pids))
+            self._pace_fast(self._fast, bool(pids))
         if self._nccl is not None:
-            self._sample_nccl(pids, final)
-        fast = self._fast.take() if self._fast is not None else None
+            self._sample_nccl(self._nccl, pids, final)
+        fast = self._fast.poll() if self._fast is not None else None
         if fast is not None:
             self._fast_last = fast
         if self._nvml is not None:
-            gpus = self._nvml.sample(detail=True if final else None, fast=fast)
+            gpus = self._nvml.poll(detail=True if final else None, fast=fast)
             with self.lock:
                 self.book.add_gpus(gpus)
         if self._net is not None:
             # Past the C side's row limit it drops readings (counted): then every counter is read here.
             fresh = final or (fast is not None and fast.interfaces_dropped > 0)
-            snap = self._net.sample(sorted(pids), fast=fast, fresh=fresh)
+            snap = self._net.poll(sorted(pids), fast=fast, fresh=fresh)
             with self.lock:
                 self.book.add_net(snap)
         if self._sched is not None:
@@ -392,8 +400,7 @@ class HostSignals:
                     with self.lock:
                         self.book.memory_limit_hits[pid] = hits
 
-    def _sample_nccl(self, pids: set[int], final: bool = False) -> None:
-        s = self._nccl
+    def _sample_nccl(self, s: NcclSensor, pids: set[int], final: bool = False) -> None:
         before = len(s.attachments)
         # A call that returned before this is in the ring when it is read below
         # (a record is submitted as its return is timed; the margin covers that).

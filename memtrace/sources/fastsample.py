@@ -189,7 +189,9 @@ def _check(err: int, what: str) -> None:
 
 
 class FastSampler:
-    """One C sampling thread. Configure (add_netns, set_gpus) before or after start(); take() from one thread."""
+    """One C sampling thread. Configure (add_netns, set_gpus) before or after start(); poll() from one thread."""
+
+    name = "fast"
 
     def __init__(self, rate_hz: float = DEFAULT_RATE_HZ, throttle_mask: int = 0) -> None:
         if not 1 <= rate_hz <= 1000:
@@ -255,7 +257,7 @@ class FastSampler:
         """Ticks done since start(), leaving the window as it is."""
         return int(self._lib.mt_fast_ticks(self._open()))
 
-    def take(self) -> FastWindow:
+    def poll(self) -> FastWindow:
         """Every row folded since the previous take; their windows start again."""
         self._lib.mt_fast_take(
             self._open(),

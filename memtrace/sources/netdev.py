@@ -1,7 +1,7 @@
 """NICs and their queues through rtnetlink: 64-bit counters per interface, TCA_STATS2 per qdisc, link speed.
 
 memtrace's own network namespace is always sampled; so are the namespaces of
-the pids the runtime passes to `sample()` (a pod's interfaces), deduplicated by
+the pids the runtime passes to `poll()` (a pod's interfaces), deduplicated by
 the namespace's inode. pyroute2 opens the sockets inside another namespace
 (`sockets_in`: a short-lived thread of the agent's enters the namespace with
 pyroute2's setns, makes them and ends), so the agent's other threads never
@@ -138,6 +138,8 @@ def _open_in(fd: int) -> tuple[socket.socket, socket.socket]:
 class NetdevSource:
     """Samples the host's interfaces and those of traced processes' namespaces. One sampling thread."""
 
+    name = "network"
+
     def __init__(
         self, qdisc_every: int = 1, link_every: int = 1, proc: str = "/proc", fast: FastSampler | None = None
     ) -> None:
@@ -250,7 +252,7 @@ class NetdevSource:
 
     # --- sampling ------------------------------------------------------------
 
-    def sample(self, pids: Iterable[int] = (), fast: FastWindow | None = None, fresh: bool = False) -> NetSnapshot:
+    def poll(self, pids: Iterable[int] = (), fast: FastWindow | None = None, fresh: bool = False) -> NetSnapshot:
         """Counters of every interface (and every qdisc, each qdisc_every-th call) in the sampled namespaces.
 
         With `fast` (the fast sampler's window, taken by the caller), the counters of the namespaces it

@@ -1,6 +1,6 @@
 """GPUs through NVML (nvidia-ml-py's pynvml): PCIe, utilisation, memory, power, throttling, ECC, XIDs, processes.
 
-The runtime opens the source once and calls `sample()` at its sampling rate
+The runtime opens the source once and calls `poll()` at its sampling rate
 from one thread. Without an NVIDIA driver (no libnvidia-ml.so.1) the source is
 off: `open()` returns None and says why. A reading NVML does not support on a
 GPU is None. A GPU that falls off the bus is reported `lost` (and counted in
@@ -95,7 +95,9 @@ def _handle_address(handle: Any) -> int | None:
 
 
 class NvmlSource:
-    """The GPUs NVML sees. Not thread-safe across sample() calls: one sampling thread calls it."""
+    """The GPUs NVML sees. Not thread-safe across poll() calls: one sampling thread calls it."""
+
+    name = "gpu"
 
     def __init__(self, nvml: Any, driver_version: str, gpus: list[_Gpu], event_set: Any, detail_every: int = 1) -> None:
         self._nvml = nvml
@@ -244,7 +246,7 @@ class NvmlSource:
 
     def hand_to(self, fast: FastSampler) -> None:
         """Let the fast sampler read utilisation and clock events (through nvidia-ml-py's own
-        libnvidia-ml); sample() then takes them from its window. GPUs lost before they were
+        libnvidia-ml); poll() then takes them from its window. GPUs lost before they were
         opened stay here."""
         lib = getattr(self._nvml, "nvmlLib", None)
         handle = getattr(lib, "_handle", None)
@@ -254,7 +256,7 @@ class NvmlSource:
         fast.set_gpus(handle, [g.address for g in slots if g.address is not None])
         self._fast_slot = {g.index: slot for slot, g in enumerate(slots)}
 
-    def sample(self, detail: bool | None = None, fast: FastWindow | None = None) -> list[GpuSample]:
+    def poll(self, detail: bool | None = None, fast: FastWindow | None = None) -> list[GpuSample]:
         """One reading of every GPU, with the XIDs raised since the previous call.
 
         Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
