@@ -73,9 +73,7 @@ from memtrace.runtime.budget import LaunchBudget
 from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.runtime.overhead import Calibration
 from memtrace.runtime.stacks import StackTable
-from memtrace.sensors.cuda import Attachment, CudaSensor, Hooks, Options
-from memtrace.sensors.cuda.control import CONTROL_QUIET_S
-from memtrace.sensors.cuda.maps import KernelMaps
+from memtrace.sensors.cuda import CONTROL_QUIET_S, Attachment, CudaSensor, Hooks, KernelMaps, Options
 from memtrace.sources.procfs import boot_wall_ns, process_cpu_ns, read_process
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]

@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
 from memtrace.core.threads import thread
-from memtrace.sensors.cuda import CudaSensor, discovery
-from memtrace.sensors.cuda.launches import LaunchLinks
+from memtrace.sensors.cuda import CudaSensor, LaunchLinks, mapped_libraries
 from memtrace.sources.procfs import CpuReader, start_ticks_of
 
 log = logging.getLogger("memtrace")
@@ -410,7 +409,7 @@ class LaunchBudget:
         mode, then the first window opens with its own links attached."""
         links = self.cuda.launch_links
         assert links is not None
-        for cand in discovery.mapped_libraries(key.pid):
+        for cand in mapped_libraries(key.pid):
             self.cuda.launches_per_process(cand.fid)
         if not links.has_own(key.pid) and not links.adopt(key.pid):
             self._cannot.add(key)

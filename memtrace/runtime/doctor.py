@@ -14,7 +14,7 @@ from rich.console import Console
 
 from memtrace.core.errors import MemtraceError
 from memtrace.core.procfiles import pids
-from memtrace.sensors.cuda import discovery
+from memtrace.sensors.cuda import layer_of, mapped_libraries
 
 MIN_KERNEL = (5, 15)  # bpf_cookie for uprobes (5.15), ring buffers, tp_btf
 PROVEN_KERNEL = (6, 1)  # the oldest kernel the tests boot (tests/test_kernels.py)
@@ -244,12 +244,12 @@ def find_cuda_libraries() -> list[str]:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
         for line in out.splitlines():
             path = line.rsplit("=>", 1)[-1].strip()
-            if discovery.layer_of(path) is not None:
+            if layer_of(path) is not None:
                 found.add(path)
     except (OSError, subprocess.SubprocessError):
         pass
     for pid in pids():
-        for c in discovery.mapped_libraries(pid):
+        for c in mapped_libraries(pid):
             found.add(c.name)
     return sorted(found)
 

@@ -50,12 +50,11 @@ from memtrace.core.notices import Collectives
 from memtrace.core.procfiles import Candidate
 from memtrace.core.threads import thread
 from memtrace.model.host import HostBook, SensorState
-from memtrace.sensors.nccl.discovery import is_nccl, mapped_nccl
+from memtrace.sensors.nccl import is_nccl, mapped_nccl
 from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits, read_cgroups
 from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
 
 if TYPE_CHECKING:  # started lazily: NVML and netlink are optional on a host
-    from memtrace.core.sensor import Sensor
     from memtrace.sensors.nccl import NcclSensor
     from memtrace.sensors.sched import SchedSensor
     from memtrace.sources.fastsample import FastSampler, FastWindow
