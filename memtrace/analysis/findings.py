@@ -105,8 +105,7 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
     # time is its transfer's where the call waits for it: a synchronous API,
     # or pageable memory (the driver stages it before the call returns). An
     # asynchronous copy from pinned memory returns once queued: its bytes over
-    # its call time is no bandwidth (719.6 GB/s for PyTorch's pinned copies on
-    # the H200, whose link moved them at 53.7 GB/s by CUPTI's count).
+    # its call time is no bandwidth (docs/design/evidence.md#pinned-async).
     h2d: dict[ProcessKey, dict[int, list[int]]] = {}
     for (key, api, d, host), st in model.copy_view().items():
         if d != Direction.H2D or host in (HostMemory.NONE, HostMemory.UNKNOWN):

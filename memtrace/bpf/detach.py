@@ -15,13 +15,13 @@ def destroy_links(links: list[Link]) -> None:
     """Detach many uprobes without making the caller wait for the kernel.
 
     Removing a uprobe waits out the kernel's tracepoint grace periods, one
-    probe at a time (~0.1 s each, serialised by the kernel): a hundred probes
-    kept `memtrace run` from exiting for 13 s after its command ended. So a
-    detached grandchild holds a reference to every probe while this process
-    drops its own (each at once), then exits and leaves the slow part to the
-    kernel, in the background: the uprobes go away within seconds of the
-    agent, and until then they only feed a ring nobody reads. (Never used
-    for the mmap tracepoint: it could hold a process nobody continues.)"""
+    probe at a time, serialised by the kernel (a hundred took seconds:
+    docs/design/evidence.md#link-removal). So a detached grandchild holds a
+    reference to every probe while this process drops its own (each at
+    once), then exits and leaves the slow part to the kernel, in the
+    background: the uprobes go away within seconds of the agent, and until
+    then they only feed a ring nobody reads. (Never used for the mmap
+    tracepoint: it could hold a process nobody continues.)"""
     if len(links) < 8 or not DETACH_IN_BACKGROUND:
         # A few links (multi-uprobe ones: every probe of a library in one) go
         # here and now, so that no breakpoint outlives the run, together.

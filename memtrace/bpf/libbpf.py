@@ -312,11 +312,9 @@ class Link:
 def destroy_together(links: Sequence[Link]) -> None:
     """Destroy links at once, each on a thread of its own, and return when
     all are gone. Removing a tracepoint or a multi-uprobe link waits out the
-    kernel's grace periods (about 45 ms a link on the 2-vCPU VM), one link
-    after another when done in turn; at once, the links share them: a
-    `memtrace run` left its command's end 225 ms later for five links, 79 ms
-    for three tracepoints (bench/exit_time.py). (ctypes and os.close let go
-    of the interpreter lock meanwhile.)"""
+    kernel's grace periods, one link after another when done in turn; at
+    once, the links share them (docs/design/evidence.md#link-removal).
+    (ctypes and os.close let go of the interpreter lock meanwhile.)"""
     if len(links) <= 1:
         for link in links:
             link.destroy()
@@ -635,7 +633,7 @@ class BpfObject:
 
 
 class RingBuffer:
-    """libbpf ring buffers drained on demand (no epoll: see field notes).
+    """libbpf ring buffers drained on demand (no epoll: docs/design/evidence.md#ring-wakeups).
 
     ``callback(data_ptr, size)`` is called per record; it must not raise.
     """

@@ -68,8 +68,8 @@ class TrapCost:
         return self.pair_seconds / 2
 
 
-# When the cost cannot be measured: the field notes' figure for a small VM
-# (an H100 host measured about 0.8 us). Marked not calibrated wherever shown.
+# When the cost cannot be measured: a small VM's figure, marked not calibrated
+# wherever shown (docs/design/evidence.md#trap-cost).
 FALLBACK = TrapCost(5e-6, 10e-6, calibrated=False)
 
 

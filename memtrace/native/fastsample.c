@@ -46,8 +46,7 @@
 #define MT_MAX_GPU 64
 /* The receive buffer of a dump. The kernel sizes each reply buffer of a dump from the largest
  * buffer its reader has passed (up to 32 KiB; this socket is the sampler's alone): at 64 KiB every
- * tick paid a 32 KiB allocation, 0.10-0.12% of a core at 100 Hz on the 2-vCPU VM against 8 KiB
- * (bench/nic_read.py). A reply holds as many interfaces' messages (about 200 bytes each) as fit;
+ * tick paid a 32 KiB allocation (docs/design/evidence.md#wake-cost). A reply holds as many interfaces' messages (about 200 bytes each) as fit;
  * the next recv takes the rest. */
 #define MT_RECV_BYTES (8 * 1024)
 #define MT_NVML_SUCCESS 0
@@ -328,7 +327,7 @@ static void tick(struct mt_fast *f)
 
 /*
  * The agent reads its rings on timers where records come without a wakeup
- * (uprobes submit so: a wakeup there loses later hits, field notes), and a
+ * (uprobes submit so: a wakeup there loses later hits, docs/design/evidence.md), and a
  * quiet ring lets it sleep long. This thread is awake every tick anyway:
  * if a watched ring now holds its share, it wakes that ring's reader, so
  * a burst is read within a tick however long the reader meant to sleep.
@@ -624,9 +623,9 @@ __attribute__((visibility("default"))) void mt_fast_sizes(uint32_t *out)
  * another size is skipped and counted in *malformed; stops at the first
  * record still being written (BUSY). Returns the events copied.
  *
- * In C because the same steps in numpy cost the agent about 190 us of CPU a
- * drain on the 2-vCPU VM once its caches have gone cold between drains, and
- * a drain of a trickling job reads a few dozen records (bench/wake_cost.py).
+ * In C because the same steps in numpy cost several times more CPU a drain
+ * once the caches have gone cold between drains, and a drain of a trickling
+ * job reads a few dozen records (docs/design/evidence.md#wake-cost).
  */
 #define MT_RB_BUSY (1U << 31)
 #define MT_RB_DISCARD (1U << 30)

@@ -35,7 +35,8 @@ incremental export was the alternative; it would have left every reader
 queue keep them as they are.
 
 A quiet ring is drained less often (IDLE_STRETCH): uprobes submit events
-without a wakeup (a wakeup there loses later hits: field notes), so a drain
+without a wakeup (a wakeup there loses later hits:
+docs/design/evidence.md#ring-wakeups), so a drain
 that sleeps long is a drain that might let a burst fill the ring. When the
 host signals' C sampler runs (its thread wakes 100 times a second anyway),
 it watches the ring's fill for the drain thread (`guard_ring`): the drain
@@ -43,10 +44,8 @@ thread then sleeps up to GUARDED_QUIET_S while the ring is quiet and is
 woken within a tick once a share of the ring waits; the fold thread, whose
 work the live diagnosis's tick does every 0.5 s, sleeps as long; and the
 control thread, which read process notices (also submitted without a
-wakeup) every CONTROL_QUIET_S, is woken within a tick of one arriving. On
-a 2-vCPU VM each wake of a Python thread costs 0.1-0.3 ms of CPU, cold
-caches included (bench/wake_cost.py), which was most of the agent's cost
-(bench/agent_cpu.py --host).
+wakeup) every CONTROL_QUIET_S, is woken within a tick of one arriving.
+Wakes were most of the agent's cost (docs/design/evidence.md#wake-cost).
 """
 
 from __future__ import annotations
@@ -84,28 +83,25 @@ DRAIN_INTERVAL_S = 0.005
 # While the events ring is quiet (a drain reads under 1/QUIET_SHARE of what
 # it holds, and no more than that waits for the model), the next drain is
 # put off, doubling up to this many base periods: an idle agent wakes 25
-# times a second, not 200 (each wake costs this 2-vCPU VM's drain thread
-# about 0.2 ms). The ring (16 MiB of 72-byte events) still holds what a
-# burst of 5 million events a second brings in the longest interval (40 ms);
-# the first drain that reads more goes back to the base period.
+# times a second, not 200 (docs/design/evidence.md#wake-cost). The ring
+# (16 MiB of 72-byte events) still holds what a burst of 5 million events a
+# second brings in the longest interval (40 ms); the first drain that reads
+# more goes back to the base period.
 IDLE_STRETCH = 8
 QUIET_SHARE = 64
 # The drain thread's niceness: on a host whose CPUs the traced jobs keep
-# busy, a drain waits for a CPU as much as for the interpreter (1000
-# processes on 2 vCPUs, an export built meanwhile: the worst drain gap
-# 13.3-15.4 ms at -10 against 11.3-23.2 ms without, bench/footprint.py). It
-# needs little CPU (a few percent of a core) and holds no lock others wait
-# on for long. Set only where the agent may (CAP_SYS_NICE); never fatal.
+# busy, a drain waits for a CPU as much as for the interpreter
+# (docs/design/evidence.md#drain-nice). It needs little CPU and holds no
+# lock others wait on for long. Set only where the agent may
+# (CAP_SYS_NICE); never fatal.
 DRAIN_NICE = -10
 FOLD_SHARE_EVENTS = 4096  # events the fold thread folds per hold of the model lock, at most
 # The fold thread folds when a share is waiting, else at this age: a fold
-# costs about the same for 10 events as for 1000 (numpy per call: 1.3 ms
-# for a training job's tenth of a second on the 2-vCPU VM), and folding
-# after every 5 ms drain of a slow trickle was most of an idle agent's CPU;
-# at 0.1 s it was still a third of `memtrace run`'s in the diagnosis
-# benchmark. Readers never see the delay: they fold what is pending first
-# (the live diagnosis every 0.5 s, top, an export), and a share waiting
-# wakes the thread at once, so memory stays bounded.
+# costs about the same for 10 events as for 1000 (numpy per call:
+# docs/design/evidence.md#wake-cost). Readers never see the delay: they
+# fold what is pending first (the live diagnosis every 0.5 s, top, an
+# export), and a share waiting wakes the thread at once, so memory stays
+# bounded.
 FOLD_LATENCY_S = 0.5
 # With a guard on the ring (guard_ring), the longest a quiet ring waits for a
 # drain, and what is drained waits for a fold (a reader folds first anyway).

@@ -55,7 +55,7 @@ from memtrace.sources.procfs import CpuReader, start_ticks_of
 log = logging.getLogger("memtrace")
 
 PERIOD_S = 5.0  # a duty cycle's period (longer when the duty asks for windows under MIN_ON_S)
-MIN_ON_S = 0.02  # the shortest window: an attach takes ~8 ms on a small VM
+MIN_ON_S = 0.02  # the shortest window: several times an attach's time (docs/design/evidence.md#launch-links)
 MIN_DUTY = 0.005
 # A window stays open, up to MAX_STRETCH times its length, until it has seen
 # this many complete intervals between exact calls (a loop's copies or waits

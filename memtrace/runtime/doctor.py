@@ -168,7 +168,7 @@ def check_uprobe_multi() -> Check:
     )
 
 
-SLOW_TRAP_S = 2e-6  # the H100 host of the field notes: 0.8 us
+SLOW_TRAP_S = 2e-6  # over twice what a GPU host's trap costs (docs/design/evidence.md#trap-cost)
 
 
 def check_probe_cost() -> Check:

@@ -88,9 +88,8 @@ class HostOptions:
     link_s: float = 1.0  # interface names and speeds
     quota_s: float = 1.0  # cgroup cpu.stat, and the memory cgroups' limit hits, per process
     scan_s: float = 1.0  # /proc/PID/maps of the traced processes, for a libnccl loaded late
-    # The same, where an agent's CUDA sensor reports each libnccl a traced process
-    # maps (follow()): a safety net then, and a PyTorch process's maps (thousands
-    # of lines) cost 1.4 ms of CPU a read on the H100 host.
+    # The same, where the CUDA sensor reports each libnccl a traced process maps:
+    # a safety net then (a PyTorch process's maps: docs/design/evidence.md#maps-read).
     followed_scan_s: float = 10.0
 
     def every(self, seconds: float) -> int:

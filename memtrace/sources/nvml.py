@@ -262,8 +262,8 @@ class NvmlSource:
         Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
         temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
         NVML itself refreshes those at about 1 Hz or slower. Where the driver has no PCIe byte
-        counters, NVML estimates PCIe throughput over 20 ms per call and blocks that long (and about
-        1 ms of CPU on an H100): one such GPU is estimated per detailed sample, in turn, so the
+        counters, NVML estimates PCIe throughput over 20 ms per call and blocks that long
+        (docs/design/evidence.md#nvml-pcie): one such GPU is estimated per detailed sample, in turn, so the
         thread blocks 40 ms a second at most whatever the number of GPUs. Between, `detail` is
         False and they are None.
         `detail` True or False overrides the cadence for this call (a run's last sample reads all).

@@ -24,9 +24,8 @@ def _some_total(text: str) -> int | None:
 class Stall:
     """A pressure file read again and again, as the live diagnosis does
     twice a second: kept open, each reading one pread from its start (a
-    pressure file is made anew at offset 0). An open, read and close cost
-    this 2-vCPU VM 160-180 us of CPU after a sleep, a pread about 30 us.
-    A file that fails is opened again at the next reading."""
+    pressure file is made anew at offset 0), several times cheaper than an
+    open, read and close (docs/design/evidence.md#pread). A file that fails is opened again at the next reading."""
 
     def __init__(self, resource: str = "memory", path: Path | None = None) -> None:
         self.path = path or PROC / resource

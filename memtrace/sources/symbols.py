@@ -117,8 +117,8 @@ class ElfSymbols:
     """One file's function symbols, looked up by file offset.
 
     The symbol tables are read as arrays (a PyTorch library holds about a
-    million symbols: pyelftools' symbol by symbol walk took 28 s for
-    libtorch_cuda.so on the H200) and a name is read from the file's string
+    million symbols, too many to walk one by one: docs/design/evidence.md#symbols)
+    and a name is read from the file's string
     table only when a frame asks for it."""
 
     def __init__(self, module: Module) -> None:

@@ -63,7 +63,7 @@ class ControlThread:
         while not self._stop.is_set():
             try:
                 # Process notices come from uprobes, submitted without a wakeup
-                # (a wakeup there loses later hits: field notes): read them too,
+                # (a wakeup there loses later hits: docs/design/evidence.md): read them too,
                 # every quiet_s, or when a watcher says they wait.
                 woken, _, _ = select.select([epoll, self._wake], [], [], self.quiet_s)
                 if self._wake in woken:

@@ -16,10 +16,10 @@ its budget, the library is put in per-process mode:
 
 A process's own links can then be detached and attached again (the duty
 cycle, runtime/budget.py) without blinding any other process. With
-multi-uprobe links (Linux 6.6+) attaching one takes about 8 ms and
-detaching one about 30 ms on a small VM, in the agent's time, not the
-process's. Without them (single uprobes, ~0.1-1 s each) the budget is
-not kept: reported only.
+multi-uprobe links (Linux 6.6+) attaching or detaching one takes
+milliseconds (docs/design/evidence.md#launch-links), in the agent's time,
+not the process's. Without them (single uprobes, a tenth of a second or
+more each) the budget is not kept: reported only.
 """
 
 from __future__ import annotations
