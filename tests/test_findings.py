@@ -10,6 +10,7 @@ import pytest
 
 from memtrace.analysis.findings import Thresholds, compute
 from memtrace.core.abi import EVENT_DTYPE, Direction
+from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
 from memtrace.model import Model
 
@@ -118,9 +119,7 @@ def test_a_one_off_step_after_warm_up_is_not_growth() -> None:
 
 
 def test_pageable_copies_are_a_finding_only_past_the_threshold() -> None:
-    m = Model()
-    # complete: untracked host memory is pageable; one pinned range for the rest
-    m.complete_after_ns = None
+    m = Model(complete_after_ns=None)  # complete: untracked host memory is pageable; one pinned range for the rest
     pinned = 0x7F00_0000_0000
     m.add_events(events([{"api": 66, "dst": pinned, "bytes": 1 << 30}]))  # cuMemHostAlloc
     copy = {"api": COPY, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000}
@@ -136,8 +135,7 @@ def test_an_asynchronous_pinned_copy_gives_no_bandwidth_to_compare_with() -> Non
     call time is no bandwidth (PyTorch's pinned copies came to 719.6 GB/s
     that way on the H200, whose link moved them at 53.7 GB/s). Pageable
     copies are timed either way: the driver stages them before returning."""
-    m = Model()
-    m.complete_after_ns = None
+    m = Model(complete_after_ns=None)
     pinned = 0x7F00_0000_0000
     m.add_events(events([{"api": 66, "dst": pinned, "bytes": 1 << 30}]))  # cuMemHostAlloc
     async_copy = {"api": 25, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000}  # HtoDAsync
@@ -146,3 +144,31 @@ def test_an_asynchronous_pinned_copy_gives_no_bandwidth_to_compare_with() -> Non
     (f,) = [f for f in compute(m) if f.code == "pageable_h2d"]
     assert f.evidence["pageable_bytes_per_second"] == pytest.approx(3 * (64 << 20) / 15e-3)
     assert "pinned_bytes_per_second" not in f.evidence and "pinned copies" not in f.summary
+
+
+def test_a_process_met_mid_run_has_its_untracked_memory_unknown_but_what_its_driver_mapped_pinned() -> None:
+    """Attached to a running process (profile --pid, top, push): a pointer
+    memtrace never saw allocated is unknown, never pageable, so no "pin it"
+    finding is made on a guess; where the process's mappings show its GPU
+    driver mapped the memory (/dev/nvidia*), it is pinned."""
+    driver_lo = 0x7E00_0000_0000
+    m = Model(complete_after_ns=0, driver_mapped=lambda key: [(driver_lo, driver_lo + (64 << 20))])
+    copy = {"api": COPY, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000}
+    m.add_events(events([{**copy, "src": 0x1000}] * 3 + [{**copy, "src": driver_lo + 4096}]))
+    kinds = {k.host: st.calls for k, st in m.copy_view().items()}
+    assert kinds == {HostMemory.UNKNOWN: 3, HostMemory.PINNED: 1}
+    assert not [f for f in compute(m) if f.code == "pageable_h2d"]
+    assert m.processes[KEY].book.pinned_bytes == 0  # the driver's ranges are no allocation of its own
+
+
+def test_the_driver_s_mappings_are_read_from_the_maps_text() -> None:
+    from memtrace.sources.procfs import driver_ranges
+
+    maps = (
+        "55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0          [heap]\n"
+        "7f0000000000-7f0000200000 rw-s 00000000 00:05 611        /dev/nvidiactl\n"
+        "7f0000200000-7f0000400000 rw-s 00000000 00:05 612        /dev/nvidia0\n"
+        "7f1000000000-7f1000001000 r-xp 00000000 08:01 99         /usr/lib/libcuda.so.1\n"
+        "7f2000000000-7f2000001000 rw-p 00000000 00:00 0\n"
+    )
+    assert driver_ranges(maps) == [(0x7F0000000000, 0x7F0000200000), (0x7F0000200000, 0x7F0000400000)]

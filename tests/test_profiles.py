@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -350,3 +351,69 @@ def test_profile_asks_for_a_command_or_a_pid(tmp_path: Path) -> None:
             [*memtrace_cmd(), "profile", "-o", str(tmp_path / "p"), *argv], capture_output=True, text=True, timeout=60
         )
         assert p.returncode == 2 and "fix:" in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)
+
+
+ATTACHED = """
+import ctypes, os, sys, time
+lib, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.environ["FAKE_LIBCUDA"] = os.path.join(lib, "libcuda.so.1")
+rt = ctypes.CDLL(os.path.join(lib, "libcudart.so.13"))
+vp, sz, ci = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+rt.cudaMemcpy.argtypes = [vp, vp, sz, ci]
+rt.cudaMallocHost.argtypes = [ctypes.POINTER(vp), sz]
+MIB = 1 << 20
+pinned_before = vp()
+assert rt.cudaMallocHost(ctypes.byref(pinned_before), MIB) == 0  # pinned before memtrace attaches
+pageable = ctypes.create_string_buffer(MIB)
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+pinned_after = vp()
+assert rt.cudaMallocHost(ctypes.byref(pinned_after), MIB) == 0  # pinned while memtrace watches
+for _ in range(n):
+    assert rt.cudaMemcpy(vp(0x1000), pinned_before, MIB, 1) == 0
+    assert rt.cudaMemcpy(vp(0x1000), pageable, MIB, 1) == 0
+    assert rt.cudaMemcpy(vp(0x1000), pinned_after, MIB, 1) == 0
+print("done", flush=True)
+"""
+
+
+def test_attaching_to_a_running_process_never_calls_its_earlier_memory_pageable(fakecuda: Path, tmp_path: Path) -> None:
+    """`memtrace profile --pid` on a process that allocated pinned memory
+    before memtrace attached: what it did before is not seen, so a buffer
+    memtrace never saw allocated is `unknown`, never `pageable` (the fix
+    "pin it" would be wrong for the pinned one), and no pageable finding
+    is made; memory allocated while memtrace watches is named exactly."""
+    script = tmp_path / "attached.py"
+    script.write_text(ATTACHED)
+    go, n = tmp_path / "go", 100
+    work = subprocess.Popen(
+        [sys.executable, str(script), str(fakecuda / "lib"), str(go), str(n)], stdout=subprocess.PIPE, text=True
+    )
+    assert work.stdout is not None and work.stdout.readline().strip() == "ready"
+    out = tmp_path / "prof"
+    prof = subprocess.Popen(
+        [*memtrace_cmd(), "profile", "-v", "--pid", str(work.pid), "--duration", "60", "-o", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert prof.stderr is not None
+        for line in prof.stderr:
+            if "attached" in line and "libcudart" in line:
+                break
+        go.touch()
+        assert work.stdout.readline().strip() == "done"
+        assert work.wait(timeout=60) == 0
+        assert prof.wait(timeout=60) == 0
+    finally:
+        for p in (work, prof):
+            if p.poll() is None:
+                p.kill()
+    doc = json.loads((out / "summary.json").read_text())
+    kinds: dict[str, int] = {}
+    for r in doc["memcpy"]:
+        if r["direction"] == "h2d":
+            kinds[r["host_memory"]] = kinds.get(r["host_memory"], 0) + r["calls"]
+    assert kinds == {"unknown": 2 * n, "pinned": n}, kinds
+    assert not [f for f in doc["findings"] if f["code"] == "pageable_h2d"], doc["findings"]

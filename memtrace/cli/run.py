@@ -194,7 +194,7 @@ def trace_and_report(
             json_fd = os.dup(1)
             os.dup2(2, 1)
         hopts = HostOptions(interval_s=host_interval, fast_hz=host_rate) if host else None
-        with Pipeline(PipelineOptions(opts, hopts, budget_share)) as pipe:
+        with Pipeline(PipelineOptions(opts, hopts, budget_share, from_exec=pid is None)) as pipe:
             agent, signals, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
             if pid is None:
                 done = run_command(pipe, cmd)

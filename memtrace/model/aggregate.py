@@ -26,6 +26,7 @@ from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.core.nccl import Collective
 from memtrace.core.notices import Collectives, Events, Exited, Held, LaunchesMissed, Missed, Notice, ProcessMet
 from memtrace.core.overhead import Overhead, TrapCost
+from memtrace.model.book import _DRIVER
 from memtrace.model.collectives import WaitAttributor, sync_scopes
 from memtrace.model.copies import add_copies, exact_sums, resolve, what_copies_touch
 from memtrace.model.memory import memory_calls
@@ -76,25 +77,39 @@ class Model:
         self,
         complete_after_ns: int | None = None,
         identify: Callable[[ProcessKey], ProcessInfo] = lambda key: ProcessInfo(),
+        *,
+        boot_wall_ns: int | None = None,
+        stacks: bool = False,
+        forked_since_start: Callable[[ProcessKey], bool] = lambda key: False,
+        driver_mapped: Callable[[ProcessKey], list[tuple[int, int]]] = lambda key: [],
     ) -> None:
+        """`complete_after_ns`: a process that started after this
+        (CLOCK_BOOTTIME ns, as process keys count) was traced from its first
+        CUDA call; None: every process is (`memtrace run`'s command).
+        `identify`: what the host adds to a process's identity (the runtime
+        reads it; the model does no I/O). `boot_wall_ns`: the host's boot
+        time, wall clock, the same in every agent: a process's start (boot
+        ns) plus it never moves; by default the two clocks sampled now.
+        `stacks`: calls are kept by call site too (the kernel takes stacks).
+        `forked_since_start`: the kernel's word on whether a process was
+        forked once the probes were live (exact even when it is gone before
+        its events are decoded). `driver_mapped`: for a process not seen
+        from its start, the host memory ranges its GPU driver mapped into it
+        (/dev/nvidia*): pinned, whatever it called before tracing began.
+        """
         self.processes: dict[ProcessKey, Process] = {}
         self.events = 0
         # A process that started after this (CLOCK_BOOTTIME ns, as process
         # keys count) was traced from its first CUDA call; None: every
         # process is (`memtrace run`).
         self.complete_after_ns = complete_after_ns
-        # Asks the kernel whether a process was forked once the probes were
-        # live (exact even when it is gone before its events are decoded).
-        self.forked_since_start: Callable[[ProcessKey], bool] = lambda key: False
-        # What the host adds to a process's identity (the runtime reads it;
-        # the model does no I/O).
+        self.forked_since_start = forked_since_start
         self.identify = identify
-        # Process start times are boot-clock ns: their wall-clock time is
-        # taken with one offset, so a process's start never moves. The
-        # runtime sets the host's own boot time, the same in every agent.
-        self.boot_wall_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-        # Calls are kept by call site too (Process.sites): the kernel takes stacks.
-        self.stacks = False
+        self._driver_mapped = driver_mapped
+        self.boot_wall_ns = (
+            boot_wall_ns if boot_wall_ns is not None else time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        )
+        self.stacks = stacks
         self.step_trackers: dict[ProcessKey, StepTracker] = {}  # its steps (model/steps.py)
         # Who waited for its collectives (model/collectives.py), for processes that made any.
         self.collective_waits: dict[ProcessKey, WaitAttributor] = {}
@@ -120,12 +135,23 @@ class Model:
             )
             after = self.complete_after_ns
             p.complete = after is None or key.start_ns > after or self.forked_since_start(key)
+            if not p.complete:
+                # Met mid-run: what its driver mapped before then is pinned; the rest stays unknown.
+                for lo, hi in self._driver_mapped(key):
+                    p.book.add(lo, hi - lo, _DRIVER)
             self.processes[key] = p
             if key.start_ns >= self._by_pid.get(key.pid, ProcessKey(0, 0)).start_ns:
                 self._by_pid[key.pid] = key
             if key in self._nccl_users or ProcessKey(key.pid, 0) in self._nccl_users:
                 self.collective_waits.setdefault(key, WaitAttributor())
         return p
+
+    def tracing_from(self, boot_ns: int) -> None:
+        """The probes went live at `boot_ns` (CLOCK_BOOTTIME): a process that
+        started later is traced from its first CUDA call (unless every
+        process is: `complete_after_ns` None)."""
+        if self.complete_after_ns is not None:
+            self.complete_after_ns = boot_ns
 
     def take(self, notices: Sequence[Notice]) -> None:
         """Fold the sensors' notices (core/notices.py) in their order;

@@ -9,8 +9,9 @@ from typing import NamedTuple
 import numpy as np
 
 _TOP = 2**64 - 1  # the highest address: ranges end there at the latest
-# What an address book says of a pointer.
-_UNTRACKED, _DEVICE, _PINNED, _MANAGED = 0, 1, 2, 3
+# What an address book says of a pointer. _DRIVER: host memory the GPU driver
+# had mapped into a process before tracing began (pinned, of unknown allocations).
+_UNTRACKED, _DEVICE, _PINNED, _MANAGED, _DRIVER = 0, 1, 2, 3, 4
 
 
 class BookChanges(NamedTuple):

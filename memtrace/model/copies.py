@@ -10,7 +10,7 @@ import numpy as np
 from memtrace.core.abi import EV_MORE, EV_SUM, Direction
 from memtrace.core.enums import HostMemory
 from memtrace.core.histogram import Grouped
-from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, _UNTRACKED, BookChanges
+from memtrace.model.book import _DEVICE, _DRIVER, _MANAGED, _PINNED, _UNTRACKED, BookChanges
 from memtrace.model.process import CopyKey, CopyStats, Process, SiteKey, SiteStats, direction_of
 
 _H2H, _H2D, _D2H, _D2D, _DEF = (
@@ -36,7 +36,7 @@ def _host_kind(what: np.ndarray, complete: np.ndarray) -> np.ndarray:
     """A pointer's host memory kind; device memory where host memory was named is unknown.
     An untracked pointer is pageable in a process seen whole (`complete`), else unknown."""
     out = np.full(len(what), HostMemory.UNKNOWN, np.uint8)
-    out[what == _PINNED] = HostMemory.PINNED
+    out[(what == _PINNED) | (what == _DRIVER)] = HostMemory.PINNED
     out[what == _MANAGED] = HostMemory.MANAGED
     out[(what == _UNTRACKED) & complete] = HostMemory.PAGEABLE
     return out

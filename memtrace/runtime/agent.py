@@ -73,7 +73,7 @@ from memtrace.runtime.drain import DrainGaps, DrainStats
 from memtrace.runtime.overhead import Calibration
 from memtrace.runtime.stacks import StackTable
 from memtrace.sensors.cuda import CONTROL_QUIET_S, Attachment, CudaSensor, Hooks, KernelMaps, Options
-from memtrace.sources.procfs import boot_wall_ns, process_cpu_ns, read_process
+from memtrace.sources.procfs import boot_wall_ns, driver_mapped, process_cpu_ns, read_process
 
 __all__ = ["DRAIN_INTERVAL_S", "Agent", "DrainStats", "Options"]
 
@@ -127,18 +127,29 @@ class Agent:
         budget: float | None = None,
         *,
         other_library: Callable[[ProcessKey, Candidate, bool], bool] | None = None,
+        from_exec: bool | None = None,
     ) -> None:
         """`measure_overhead`: time a probe's trap at start (runtime/overhead.py),
         so that each process's overhead can be told (Model.overhead).
         `budget` (with it): keep each process's overhead under this share of
         its CPU time by sampling its launch probes (runtime/budget.py).
         `other_library`: another sensor's library a process was stopped for
-        (libnccl: HostSignals.nccl_mapped), called on the control thread."""
-        # `memtrace run` traces a command from its first instruction: every
-        # process is seen whole. Otherwise only those that start once the
-        # probes are live are (set in start()), and those held at load.
-        self.model = Model(complete_after_ns=None if opts.only_traced else 2**63, identify=read_process)
-        self.model.boot_wall_ns = boot_wall_ns()
+        (libnccl: HostSignals.nccl_mapped), called on the control thread.
+        `from_exec`: every process it meets is traced from its first
+        instruction (`memtrace run`'s command and its children; by default
+        with Options.only_traced). Otherwise only those that start once the
+        probes are live are (set in start()), and those held at load; a
+        process met mid-run has its untracked host memory unknown, not
+        pageable, but for what its GPU driver mapped (pinned)."""
+        whole = opts.only_traced if from_exec is None else from_exec
+        self.model = Model(
+            complete_after_ns=None if whole else 2**63,
+            identify=read_process,
+            boot_wall_ns=boot_wall_ns(),
+            stacks=opts.stacks,
+            forked_since_start=self._forked_since_start,
+            driver_mapped=driver_mapped,
+        )
         self.lock = threading.RLock()  # the model's
         self._drain_lock = threading.Lock()  # the rings'
         self._pending_lock = threading.Lock()  # the queue's, held for an append or a swap only
@@ -183,7 +194,6 @@ class Agent:
             ),
         )
         if opts.stacks:
-            self.model.stacks = True
             self.stacks = StackTable(self._take_stack, self._tell_python, self._take_py_codes)
 
     # ---- what a drain decodes: queued in ring order, folded under the model lock ----
@@ -292,11 +302,11 @@ class Agent:
             if self._budget_share is not None:
                 self.budget = LaunchBudget(self.cuda, self._budget_share, self._live, lambda: self.model.trap_cost)
                 self.budget.start()
-        assert self.cuda.maps is not None
-        self.model.forked_since_start = self.cuda.maps.is_fresh
-        if self.model.complete_after_ns is not None:
-            # A process that started after now (its start as BPF reads it) started after the probes went live.
-            self.model.complete_after_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        # A process that started after now (its start as BPF reads it) started after the probes went live.
+        self.model.tracing_from(time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+
+    def _forked_since_start(self, key: ProcessKey) -> bool:
+        return self.cuda.maps is not None and self.cuda.maps.is_fresh(key)
 
     def _live(self) -> list[ProcessKey]:
         """The processes the model has met that have not exited (a copy: no lock)."""

@@ -44,13 +44,17 @@ class PipelineOptions:
     no diagnosis then). `budget`: the share of a process's CPU time its probes
     may cost (None: off). `measure_overhead`: time a trap at start, so each
     process's overhead is told. `diagnose`: run the live diagnosis on the
-    host signals' ticks."""
+    host signals' ticks. `from_exec`: every process is traced from its
+    first instruction (`memtrace run CMD`); not when attaching to running
+    processes (`profile --pid`, and `top` and `push` for those running at
+    start), whose earlier host memory is then unknown, not pageable."""
 
     cuda: Options = field(default_factory=Options)
     host: HostOptions | None = field(default_factory=HostOptions)
     budget: float | None = None
     measure_overhead: bool = True
     diagnose: bool = True
+    from_exec: bool = False
 
 
 class Pipeline:
@@ -68,6 +72,7 @@ class Pipeline:
             measure_overhead=opts.measure_overhead,
             budget=opts.budget,
             other_library=self._nccl_mapped if host is not None and host.nccl else None,
+            from_exec=opts.from_exec,
         )
         self.host: HostSignals | None = None
         self.diagnosis: LiveDiagnosis | None = None

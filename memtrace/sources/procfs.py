@@ -132,6 +132,32 @@ def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
     return ProcessInfo(name, exe, attrs, ppid=ppid)
 
 
+# The GPU driver's device files: host memory mapped from them is the
+# driver's (pinned allocations, mapped with cudaHostAlloc and the like).
+DRIVER_DEVICE_PREFIX = "/dev/nvidia"
+
+
+def driver_ranges(maps: str) -> list[tuple[int, int]]:
+    """The address ranges of a /proc/PID/maps text mapped from the GPU driver's device files."""
+    out = []
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith(DRIVER_DEVICE_PREFIX):
+            lo, hi = parts[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def driver_mapped(key: ProcessKey, proc: Path = Path("/proc")) -> list[tuple[int, int]]:
+    """The host memory ranges the GPU driver has mapped into a running
+    process (none if it is gone, or the pid is another process's now)."""
+    try:
+        text = (proc / str(key.pid) / "maps").read_text()
+    except OSError:
+        return []
+    return driver_ranges(text) if is_running(key, proc) else []
+
+
 def thread_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[str, float]]:
     """Each thread of a process: its name and its user and system CPU
     seconds so far (memtrace names its own threads: memtrace-drain, ...).
