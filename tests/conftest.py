@@ -32,11 +32,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "bpf: loads real BPF programs into the kernel (needs root)")
-    config.addinivalue_line("markers", "qemu: boots real kernels under qemu with the shipped objects")
-
-
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     import sys
 

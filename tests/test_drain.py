@@ -134,7 +134,7 @@ def test_an_export_that_takes_seconds_never_delays_a_drain(fakecuda: Path, tmp_p
     try:
         with (
             waiting_driver(fakecuda, truth, "-n", "300", "-p", "10000", "-s", "7") as w,
-            Pipeline(PipelineOptions(Options(only_traced=True), None, measure_overhead=False)) as pipe,
+            Pipeline(PipelineOptions(Options(only_traced=True), None, measure_overhead=False, from_exec=True)) as pipe,
         ):
             agent = pipe.agent
             agent.cuda.trace_pid(w.pid)
@@ -187,7 +187,7 @@ def test_a_process_held_while_an_export_is_built_is_continued_at_once(fakecuda: 
     stop = threading.Event()
     truth = tmp_path / "truth.jsonl"
     try:
-        with Pipeline(PipelineOptions(Options(only_traced=True), None, measure_overhead=False)) as pipe:
+        with Pipeline(PipelineOptions(Options(only_traced=True), None, measure_overhead=False, from_exec=True)) as pipe:
             agent = pipe.agent
             holds = agent.stats()[Stat.HOLDS]
             pusher = threading.Thread(target=push_forever, args=(pipe, cfg, stop), kwargs={"builder": builder})

@@ -484,7 +484,7 @@ def test_doctor_checks_netlink() -> None:
 
     c = check_netlink()
     assert check_netlink in CHECKS
-    n = len(NetdevSource().sample().interfaces)
+    n = len(NetdevSource().poll().interfaces)
     assert c.ok and not c.warn and c.detail.startswith(f"{n} interface")
 
 
@@ -492,7 +492,7 @@ def test_source_opens_without_privileges_to_enter_namespaces(tmp_path: Path) -> 
     """As an unprivileged user: its own namespace is sampled; another's is an error in words, not a crash."""
     code = (
         "from memtrace.sources.netdev import NetdevSource\n"
-        "s = NetdevSource(); snap = s.sample([1]); s.close()\n"
+        "s = NetdevSource(); snap = s.poll([1]); s.close()\n"
         "print(len(snap.interfaces) > 0, snap.errors)\n"
     )
     p = subprocess.run(

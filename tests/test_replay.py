@@ -5,7 +5,6 @@ batches and JAX staging buffers from pageable memory."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -16,13 +15,7 @@ from conftest import FIXTURES, run_traced
 sys.path.insert(0, str(FIXTURES))
 import traces  # noqa: E402
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(
-        traces.TRACES is None and not os.environ.get("CI"),
-        reason="shared/traces is not beside this checkout (set MEMTRACE_TRACES)",
-    ),
-]
+pytestmark = pytest.mark.bpf
 
 MiB = 1 << 20
 

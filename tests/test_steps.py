@@ -337,11 +337,6 @@ def recorded(name: str) -> tuple[np.ndarray, StepTracker]:
     sys.path.insert(0, str(FIXTURES))
     import traces
 
-    if traces.TRACES is None:
-        import os
-
-        if not os.environ.get("CI"):
-            pytest.skip("shared/traces is not beside this checkout (set MEMTRACE_TRACES)")
     b = traces.events(list(traces.records(name)))
     t = StepTracker(int(b["pid"][0]))
     for part in np.array_split(b, len(b) // 40):  # a drain's worth at a time
@@ -353,7 +348,7 @@ def recorded(name: str) -> tuple[np.ndarray, StepTracker]:
     ("name", "iterations"), [("torch_train_pinned", 300), ("torch_train_pageable", 300), ("torch_serve", 500)]
 )
 def test_the_recorded_pytorch_loops_have_one_step_per_iteration(name: str, iterations: int) -> None:
-    """Real call streams recorded on an H100 (shared/traces): N iterations,
+    """Real call streams recorded on an H100 (tests/traces): N iterations,
     N - 1 steps, each from one `loss.item()` (or result) wait to the next:
     the wait after the iteration's D2H copy. PyTorch's weight uploads at
     setup are H2D copies each waited for: they are no steps."""
