@@ -8,7 +8,7 @@ set -euo pipefail
 # memtrace loads BPF programs: root, or sudo where there is one.
 if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "demo: memtrace needs root (it loads BPF programs): run this as root" >&2; exit 1; }
-  exec sudo -E env "PATH=$PATH" "$0" "$@"
+  exec sudo -E -H env "PATH=$PATH" "$0" "$@"
 fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -64,6 +64,8 @@ for line in open(sys.argv[1]):
     print(f"  device memory: {m['allocations']} allocations ({m['failed_allocations']} failed),"
           f" {m['frees']} frees, {m['unknown_frees']} unknown frees,")
     print(f"    {m['in_use_bytes']:,} bytes in use in {m['outstanding']} allocations")
-    print("  waits:", ", ".join(f"{k} {v}" for k, v in t["sync"].items()))
+    print("  waits:")
+    for k, v in t["sync"].items():
+        print(f"    {k:22} {v}")
     print("  launches:", ", ".join(f"{k} {v}" for k, v in t["launches"].items()))
 PY

@@ -97,10 +97,11 @@ wait_port "$OTLP_HTTP_PORT" "${pids[-1]}" "the collector" "$DATA/otelcol.log"
 
 cat >&2 <<EOF
 local-backend: up (data and logs in $DATA)
-  collector        OTLP/HTTP http://127.0.0.1:$OTLP_HTTP_PORT, OTLP/gRPC 127.0.0.1:$OTLP_GRPC_PORT
+  collector        OTLP/HTTP 127.0.0.1:$OTLP_HTTP_PORT, OTLP/gRPC 127.0.0.1:$OTLP_GRPC_PORT
   VictoriaMetrics  http://127.0.0.1:$VM_PORT (PromQL: /api/v1/query)
-push to it:   .venv/bin/memtrace push --endpoint http://127.0.0.1:$OTLP_HTTP_PORT   (as root)
-query it:     curl -s http://127.0.0.1:$VM_PORT/api/v1/query --data-urlencode 'query=sum by (direction) (gpu_memcpy_bytes_total)'
+push:  .venv/bin/memtrace push --endpoint http://127.0.0.1:$OTLP_HTTP_PORT  (as root)
+query: curl -s http://127.0.0.1:$VM_PORT/api/v1/query \\
+         --data-urlencode 'query=sum by (direction) (gpu_memcpy_bytes_total)'
 ^C stops both (or kill $$).
 EOF
 wait -n "${pids[@]}" || true

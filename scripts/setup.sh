@@ -63,4 +63,4 @@ fi
 extras=""; [ $dev = 1 ] && extras="[test,dev]"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
 echo "setup: memtrace installed in $(pwd)/.venv ($(.venv/bin/memtrace --version))" >&2
-echo "setup: it is not on PATH; run it as root, e.g.: $(pwd)/.venv/bin/memtrace doctor" >&2
+echo "setup: it is not on PATH; run it as root, e.g.: .venv/bin/memtrace doctor" >&2

@@ -5,7 +5,7 @@
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "test: the tests load BPF programs: run this as root" >&2; exit 1; }
-  exec sudo -E env "PATH=$PATH" "$0" "$@"
+  exec sudo -E -H env "PATH=$PATH" "$0" "$@"
 fi
 cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
