@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Install what memtrace needs on a Debian/Ubuntu host into ./.venv.
+# apt-get runs as root: directly when this runs as root, else through sudo.
 #   scripts/setup.sh          runtime: libbpf1, gcc (the fast host sampler) and the Python package
 #   scripts/setup.sh --demo   also make: to build the simulated workload (scripts/demo.sh)
 #   scripts/setup.sh --dev    also clang, bpftool, qemu, cross compilers: to build objects and run the tests
@@ -36,24 +37,30 @@ if [ "${1:-}" = --print ] || [ "${2:-}" = --print ]; then
   exit 0
 fi
 
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else echo "setup: '$*' needs root: run this as root, or install sudo" >&2; exit 1
+  fi
+}
 need_apt=()
 have() { dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 for p in "${want[@]}"; do have "$p" || need_apt+=("$p"); done
 if [ $dev = 1 ]; then
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    dpkg --add-architecture arm64
+    as_root dpkg --add-architecture arm64
     need_apt+=(libbpf-dev:arm64)
   fi
 fi
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 extras=""; [ $dev = 1 ] && extras="[test,dev]"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
 echo "setup: memtrace installed in $(pwd)/.venv ($(.venv/bin/memtrace --version))" >&2
+echo "setup: it is not on PATH; run it as root, e.g.: .venv/bin/memtrace doctor" >&2
