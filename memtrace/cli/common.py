@@ -16,7 +16,8 @@ from memtrace.core.errors import BadOption, MemtraceError
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="memtrace: always-on eBPF tracing of CUDA memory copies.",
+    help="memtrace: zero-code, always-on eBPF measurement of CUDA jobs: their copies, memory, "
+    "launches and waits, the host around them, and why they slow down.",
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
