@@ -4,6 +4,7 @@
 #   make check-objects   rebuild into a scratch dir and compare with the shipped bytes
 #   make vmlinux-x86     regenerate vmlinux/x86/vmlinux.h from this host's BTF
 #   make vmlinux-arm64   regenerate vmlinux/arm64/vmlinux.h from Debian's arm64 kernel
+#   make test-fast       the tests that need no root, no backend and no qemu (after scripts/setup.sh --dev)
 
 CLANG ?= clang
 ARCHES := x86 arm64
@@ -18,7 +19,7 @@ BPF_CFLAGS := -O2 -g -target bpf -fno-ident -Wall -Werror \
 
 OBJS := $(foreach s,$(SENSORS),$(foreach a,$(ARCHES),$(OUT)/$(s).$(a).bpf.o))
 
-.PHONY: all check-objects clean vmlinux-x86 vmlinux-arm64
+.PHONY: all check-objects clean vmlinux-x86 vmlinux-arm64 test-fast
 all: $(OBJS)
 
 define sensor_rule
@@ -42,3 +43,8 @@ vmlinux-arm64:
 
 clean:
 	rm -f $(OBJS)
+
+# Under a minute, as any user: what loads no BPF, makes no cgroup or namespace,
+# starts no backend, boots no kernel and is not marked slow (pyproject.toml).
+test-fast:
+	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not bpf and not root and not qemu and not e2e and not slow"

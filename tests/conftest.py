@@ -30,6 +30,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "bpf" in item.keywords:
             item.add_marker(skip)
+        elif "root" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs root (a cgroup, a namespace)"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -40,6 +40,7 @@ def test_missing_command_and_bad_options() -> None:
     assert p.returncode == 2
 
 
+@pytest.mark.bpf  # it gets as far as loading libbpf only with the privileges to load BPF
 def test_missing_libbpf_says_how_to_install_it() -> None:
     p = memtrace("run", "--", "true", env={"MEMTRACE_LIBBPF": "/nonexistent/libbpf.so.1"})
     assert p.returncode == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -239,6 +240,7 @@ def _state(m: Model) -> dict:  # type: ignore[type-arg]
     }  # fmt: skip
 
 
+@pytest.mark.slow
 @given(rows=st.lists(_event, min_size=1, max_size=60), complete=st.booleans())
 @settings(max_examples=500, deadline=None)
 def test_a_batch_folds_exactly_as_its_events_one_by_one(rows: list, complete: bool) -> None:  # type: ignore[type-arg]

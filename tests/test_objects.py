@@ -14,6 +14,7 @@ from elftools.elf.elffile import ELFFile
 from memtrace.bpf.host import object_path, rodata_options
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("clang") is None, reason="needs clang to rebuild the objects")
 def test_shipped_objects_match_a_rebuild_from_a_fresh_checkout(tmp_path: Path) -> None:
     # Another path on purpose: the build must not depend on where the tree is.

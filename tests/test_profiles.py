@@ -206,6 +206,8 @@ def test_memory_growth_names_where_what_is_in_use_was_allocated(fakecuda: Path, 
     assert finding["summary"] == f"device memory grew; 100% of what is in use allocated at {site['site']}"
 
 
+@pytest.mark.bpf
+@pytest.mark.e2e
 def test_push_sends_call_sites_as_otlp_profiles_through_the_real_collector(fakecuda: Path, tmp_path: Path) -> None:
     """`memtrace push --stacks` to the real collector (deploy/otelcol/agent.yaml,
     its profiles pipeline behind the feature gate the manifests set), which
@@ -301,6 +303,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.bpf
 def test_profile_a_running_process_by_pid(fakecuda: Path, tmp_path: Path) -> None:
     """`memtrace profile --pid`: a Python process that was already running
     (its libraries mapped before memtrace started) is profiled until it
@@ -378,6 +381,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.bpf
 def test_attaching_to_a_running_process_never_calls_its_earlier_memory_pageable(fakecuda: Path, tmp_path: Path) -> None:
     """`memtrace profile --pid` on a process that allocated pinned memory
     before memtrace attached: what it did before is not seen, so a buffer

@@ -66,6 +66,7 @@ def test_a_missing_pressure_file_reads_none_and_is_opened_once_it_is_there(tmp_p
     s.close()
 
 
+@pytest.mark.root
 def test_a_job_reading_past_its_memory_limit_is_counted_hitting_it(tmp_path: Path) -> None:
     """A process reads a 32 MiB file (on disk, page cache charged to it)
     over and over in a cgroup limited to 8 MiB: its limit is hit, and
