@@ -12,6 +12,7 @@ from rich.console import Console
 
 from memtrace import __version__
 from memtrace.core.errors import BadOption, MemtraceError
+from memtrace.export.text import say
 
 app = typer.Typer(
     add_completion=False,
@@ -66,9 +67,9 @@ def ring_bytes(mib: float) -> int:
 
 
 def fail(e: MemtraceError) -> None:
-    err.print(f"[bold red]memtrace:[/bold red] {e.message}", highlight=False)
+    say(err, "[bold red]memtrace:[/bold red]", e.message, indent=2)
     if e.fix:
-        err.print(f"  [bold]fix:[/bold] {e.fix}", highlight=False)
+        say(err, "[bold]fix:[/bold]", e.fix, lead=2, indent=7)
     raise typer.Exit(2)
 
 

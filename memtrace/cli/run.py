@@ -199,6 +199,10 @@ def trace_and_report(
             if pid is None:
                 done = run_command(pipe, cmd)
                 command: dict[str, object] = {"argv": cmd, "exit_code": done.exit_code}
+                if done.signal is not None:
+                    command["signal"] = done.signal  # it did not exit: a signal ended it
+                if done.interrupted:
+                    command["interrupted"] = True  # ^C or SIGTERM reached it through memtrace
             else:
                 done = watch_pid(pipe, pid, seconds)
                 command = {"pid": pid, "exit_code": None}

@@ -21,6 +21,8 @@ from memtrace.runtime.pipeline import Pipeline
 class Finished:
     exit_code: int
     wall_seconds: float
+    signal: str | None = None  # the signal that ended it (SIGINT, SIGKILL, SIGSEGV, ...), if one did
+    interrupted: bool = False  # a ^C or SIGTERM reached memtrace while it ran, and was passed on to it
 
 
 class GatedChild:
@@ -85,7 +87,9 @@ class GatedChild:
 
     def _finished(self, status: int) -> Finished:
         code = os.waitstatus_to_exitcode(status)
-        return Finished(code if code >= 0 else 128 - code, time.monotonic() - self.started)
+        if code >= 0:
+            return Finished(code, time.monotonic() - self.started)
+        return Finished(128 - code, time.monotonic() - self.started, signal.Signals(-code).name)
 
 
 def run_command(pipe: Pipeline, argv: list[str], drain_interval: float = DRAIN_INTERVAL_S) -> Finished:
@@ -104,11 +108,16 @@ def run_command(pipe: Pipeline, argv: list[str], drain_interval: float = DRAIN_I
         pipe.finish_host()
         raise
     # The terminal's ^C reaches the child too; we wait for it and report.
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupted = [False]
+
+    def noted(_sig: int, _frame: object) -> None:
+        interrupted[0] = True
 
     def forward(sig: int, _frame: object) -> None:
+        interrupted[0] = True
         os.kill(child.pid, sig)
 
+    old_int = signal.signal(signal.SIGINT, noted)
     old_term = signal.signal(signal.SIGTERM, forward)
     try:
         # The agent drains on its own thread while this one waits for the command.
@@ -120,6 +129,7 @@ def run_command(pipe: Pipeline, argv: list[str], drain_interval: float = DRAIN_I
         agent.cuda.read_control_now()
         agent.poll()
         agent.sync_totals()
+        done.interrupted = interrupted[0]
         return done
     finally:
         pipe.finish_host()  # its last sample sees the command's end, and goes into the model

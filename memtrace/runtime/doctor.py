@@ -14,6 +14,7 @@ from rich.console import Console
 
 from memtrace.core.errors import MemtraceError
 from memtrace.core.procfiles import pids
+from memtrace.export.text import say
 from memtrace.sensors.cuda import layer_of, mapped_libraries
 
 MIN_KERNEL = (5, 15)  # bpf_cookie for uprobes (5.15), ring buffers, tp_btf
@@ -367,9 +368,9 @@ def run_checks(console: Console) -> bool:
         mark = (
             "[green]  ok[/green]" if c.ok and not c.warn else ("[yellow]warn[/yellow]" if c.ok else "[red]FAIL[/red]")
         )
-        console.print(f"{mark}  [bold]{c.name}[/bold]: {c.detail}", highlight=False)
+        say(console, f"{mark}  [bold]{c.name}[/bold]:", c.detail)
         if c.fix and (not c.ok or c.warn):
-            console.print(f"      fix: {c.fix}", highlight=False)
+            say(console, "fix:", c.fix, lead=6, indent=11)
         ok &= c.ok
     console.print("memtrace can run here." if ok else "memtrace cannot run here until the failures above are fixed.")
     return ok
