@@ -47,6 +47,10 @@ def profile(tmp_path: Path, fakecuda: Path) -> tuple[Path, dict]:
     )
     assert p.returncode == 0, p.stderr
     assert sorted(os.listdir(out)) == ["copies.folded", "copies.svg", "memtrace.pb.gz", "summary.json"]
+    # It says what it measured (the table run prints) and every file it wrote, with its size.
+    assert "memcpy" in p.stderr.lower() or "h2d" in p.stderr, p.stderr
+    for name in os.listdir(out):
+        assert f"memtrace: wrote {out / name} ({(out / name).stat().st_size:,} bytes)" in p.stderr, p.stderr
     return out, json.loads((out / "summary.json").read_text())
 
 

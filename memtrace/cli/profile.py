@@ -76,4 +76,5 @@ def profile(
         verbose=verbose,
         pid=pid,
         seconds=duration,
+        tell_files=True,
     )

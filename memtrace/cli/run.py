@@ -161,9 +161,12 @@ def trace_and_report(
     pid: int | None = None,
     seconds: float = 0.0,
     host_rate: float = 100.0,
+    tell_files: bool = False,
 ) -> None:
     """`run`'s work: trace CMD until it exits, or (`pid`) a running process
-    for `seconds`, then write the summary and the profiles asked for."""
+    for `seconds`, then write the summary and the profiles asked for.
+    `tell_files` (`profile`): the table goes to stderr as well, then a list
+    of the files written."""
     setup_logging(verbose)
     from memtrace.export import profiles
     from memtrace.export.callsites import call_sites
@@ -237,6 +240,8 @@ def trace_and_report(
             # waits out the kernel's grace periods (bench/exit_time.py).
             emit_summary(doc, fmt, out, json_fd, detail)
             written = True
+            if tell_files:
+                tell(doc, [f for f in (output, pprof, flamegraph, folded) if f], detail)
     except MemtraceError as e:
         if out is not None and not written:
             out.close()
@@ -245,6 +250,19 @@ def trace_and_report(
         fail(e)
         return
     raise typer.Exit(done.exit_code)
+
+
+def tell(doc: dict[str, Any], files: list[str], detail: bool) -> None:
+    """The summary's table on stderr, then each file written and its size."""
+    from memtrace.export.report import print_table
+
+    try:
+        print_table(doc, SummaryConsole(file=sys.stderr), detail=detail)
+        for f in files:
+            if os.path.exists(f):
+                err.print(f"memtrace: wrote {f} ({os.path.getsize(f):,} bytes)", highlight=False, soft_wrap=True)
+    except BrokenPipeError:
+        pass
 
 
 def emit_summary(doc: dict[str, Any], fmt: Format, out: IO[str] | None, json_fd: int | None, detail: bool) -> None:
