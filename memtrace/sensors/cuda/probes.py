@@ -35,21 +35,40 @@ class Probe:
         return (("mt_launch", False),)
 
 
-def probe_plan(path: str, layer: Layer) -> list[Probe]:
+# A function memtrace's own test CUDA libraries export (tests/fixtures): what is
+# traced through them is a simulated workload, and the output says so.
+SIMULATED_MARKER = "memtrace_simulated_cuda"
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    probes: list[Probe]
+    simulated: bool  # the file is memtrace's test library, not CUDA's
+
+
+def plan_file(path: str, layer: Layer) -> FilePlan:
     """The probes for one file: each probed symbol of `layer` it defines, one
-    per code address (aliases of one function would count a call twice)."""
+    per code address (aliases of one function would count a call twice);
+    and whether it is memtrace's test library. One read of its symbols."""
     table = apis.apis_for(layer)
     machine = os.uname().machine
     with open(path, "rb") as f:
-        offsets = elf.function_offsets(f, table)
+        offsets = elf.function_offsets(f, [*table, SIMULATED_MARKER])
+        simulated = offsets.pop(SIMULATED_MARKER, None) is not None
         by_offset: dict[int, str] = {}
         for sym in sorted(offsets, key=lambda s: (table[s].id, s != table[s].name, s)):
             by_offset.setdefault(offsets[sym], sym)
         kinds = {off: entry_kind(elf.code_at(f, off, 2), machine) for off in by_offset}
-    return [
+    probes = [
         Probe(sym, off, table[sym].cookie(), table[sym].needs_return, kinds[off])
         for off, sym in sorted(by_offset.items())
     ]
+    return FilePlan(probes, simulated)
+
+
+def probe_plan(path: str, layer: Layer) -> list[Probe]:
+    """The probes for one file (plan_file's)."""
+    return plan_file(path, layer).probes
 
 
 @dataclass
@@ -69,6 +88,7 @@ class Attachment:
     # Its probes' entry kinds (what a trap costs): launch probes, and the others.
     launch_kinds: frozenset[EntryKind] = frozenset()
     other_kinds: frozenset[EntryKind] = frozenset()
+    simulated: bool = False  # memtrace's test library (SIMULATED_MARKER), not CUDA's
 
     def close(self) -> None:
         destroy_links(self.links)

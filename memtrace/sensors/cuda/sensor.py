@@ -43,7 +43,7 @@ from memtrace.sensors.cuda.control import ControlThread
 from memtrace.sensors.cuda.holds import HELD_MAP, HOLD_LIMIT_S, Guardian, refresh, release, release_all
 from memtrace.sensors.cuda.launches import LAUNCH_PROGRAM, LaunchLinks, LaunchTarget
 from memtrace.sensors.cuda.maps import KernelMaps
-from memtrace.sensors.cuda.probes import UPROBE_PROGRAMS, Attachment, probe_plan
+from memtrace.sensors.cuda.probes import UPROBE_PROGRAMS, Attachment, plan_file
 
 log = logging.getLogger("memtrace")
 
@@ -266,10 +266,11 @@ class CudaSensor:
             return self.attachments[cand.fid]
         layer = cand.layer if cand.layer is not None else Layer.RUNTIME
         try:
-            plan = probe_plan(cand.path, layer)
+            filed = plan_file(cand.path, layer)
         except OSError as e:
             log.warning("cannot read %s (pid %d): %s", cand.name, cand.pid, e)
             return None
+        plan = filed.probes
         if not plan:
             if cand.layer is not None:
                 log.warning("%s exports none of the CUDA symbols memtrace probes; not attached", cand.name)
@@ -281,6 +282,7 @@ class CudaSensor:
             {p.symbol: p.offset for p in plan},
             launch_kinds=frozenset(p.kind for p in plan if not p.needs_return),
             other_kinds=frozenset(p.kind for p in plan if p.needs_return),
+            simulated=filed.simulated,
         )
         assert self.obj is not None
         try:
