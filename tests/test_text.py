@@ -24,7 +24,7 @@ def _lines(cmd: list[str]) -> list[str]:
 def _check(lines: list[str], starts: tuple[str, ...]) -> None:
     assert lines
     for line in lines:
-        assert len(line) <= 80, line
+        assert len(line) <= 80 or len(line.split()) == 1, line  # only a word longer than a line (never cut)
         assert line == line.rstrip(), f"padded: {line!r}"
         assert line.startswith(starts) or line.startswith(" "), f"a continuation back at column 0: {line!r}"
 
