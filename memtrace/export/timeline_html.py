@@ -119,7 +119,7 @@ def render(tl: Timeline, title: str = "") -> str:
     for s in tl.steps:
         if s.steps == 1:
             by_pid.setdefault(s.pid, []).append(s.end_ns - s.start_ns)
-    for s in tl.steps:
+    for k, s in enumerate(tl.steps):
         durations = by_pid.get(s.pid)
         median = statistics.median(durations) if durations else 0
         d = s.end_ns - s.start_ns
@@ -130,7 +130,8 @@ def render(tl: Timeline, title: str = "") -> str:
         ln.spans.append((s.start_ns, s.end_ns, 0, tip))
         # Slower than the median: redder, up to twice the median.
         slow = min(max(d / median - 1, 0.0), 1.0) if median and s.steps == 1 else 0.0
-        ln.colours.append(f"hsl({210 - 210 * slow:.0f},60%,{55 - 10 * slow:.0f}%)")
+        # Alternate shades, so that steps side by side read as steps.
+        ln.colours.append(f"hsl({210 - 210 * slow:.0f},60%,{55 - 10 * slow + 8 * (k % 2):.0f}%)")
 
     rows: list[str] = []
     y = 40
@@ -159,7 +160,8 @@ def render(tl: Timeline, title: str = "") -> str:
             f'<rect x="{x0:.2f}" y="30" width="{max(x1 - x0, 2):.2f}" height="{height - 60}" '
             f'fill="#e45756" fill-opacity="0.15"/>'
             f'<line x1="{x1:.2f}" x2="{x1:.2f}" y1="30" y2="{height - 30}" stroke="#c00" stroke-width="2"/>'
-            f'<text x="{x1 + 3:.2f}" y="26" fill="#c00">{html.escape(inst.name)}</text></g>'
+            f'<text x="{x1 + 3 if x1 < LABEL + 0.7 * WIDTH else x1 - 3:.2f}" y="26" fill="#c00" '
+            f'text-anchor="{"start" if x1 < LABEL + 0.7 * WIDTH else "end"}">{html.escape(inst.name)}</text></g>'
         )
     axis = _axis(t0, t1, x, height)
     label = html.escape(title or tl.title or "memtrace timeline")
@@ -205,8 +207,9 @@ def _draw_lane(ln: _Lane, pid: int, y: int, x: object) -> str:
             b = sum(spans[j][2] for j in cur)
             tip = f"{len(cur)} {ln.name} calls" + (f", {_bytes(b)}" if b else "")
         colour = ln.colours[cur[0]] if ln.colours else COLOURS[ln.name]
+        width = max(cur_x1 - cur_x0 - (1.0 if ln.name == "steps" else 0.0), 1.0)  # a hairline between steps
         out.append(
-            f'<rect class="s" x="{cur_x0:.2f}" y="{y + 3}" width="{max(cur_x1 - cur_x0, 1.0):.2f}" height="{LANE - 6}" '
+            f'<rect class="s" x="{cur_x0:.2f}" y="{y + 3}" width="{width:.2f}" height="{LANE - 6}" '
             f'fill="{colour}" data-n="{len(cur)}" data-begin-ns="{first[0]}" '
             f'data-end-ns="{max(spans[j][1] for j in cur)}"><title>{html.escape(tip)}</title></rect>'
         )
