@@ -372,7 +372,7 @@ def test_the_html_timeline_draws_each_step_copy_and_wait_in_a_real_browser(fakec
         for lane in by.values():
             for r in lane["rects"]:
                 assert abs(r["x"] - (svg["left"] + svg["label"] + (r["b"] - svg["t0"]) * scale)) <= 1.0, r
-                assert r["w"] >= max((r["e"] - r["b"]) * scale, 1.0) - 1.0, r
+                assert r["w"] >= max((r["e"] - r["b"]) * scale, 1.0) - 1.01, r  # a hairline between steps
         for r in by[(pid, "steps")]["rects"]:
             hit = b.eval(
                 f"(() => {{const e = document.elementFromPoint({r['x'] + r['w'] / 2}, {r['y'] + r['h'] / 2});"

@@ -117,8 +117,8 @@ def push(
                 )
             try:
                 os.makedirs(recorder_dir, exist_ok=True)
-                with open(os.path.join(recorder_dir, PIDFILE), "w") as f:
-                    f.write(f"{os.getpid()}\n")
+                if not os.access(recorder_dir, os.W_OK):
+                    raise PermissionError(13, "not writable")
             except OSError as e:
                 raise BadOption(
                     f"cannot write the flight recorder's directory {recorder_dir}: {e.strerror or e}",
@@ -142,6 +142,8 @@ def push(
         snapshot = rec.snapshot
         # The signal's handler runs on the main thread, between its bytecodes: it only starts a thread.
         signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=snapshot, daemon=True).start())
+        with open(os.path.join(recorder_dir, PIDFILE), "w") as f:  # once SIGUSR1 no longer kills it
+            f.write(f"{os.getpid()}\n")
     try:
         push(opts, cfg, stop, rec)
     except MemtraceError as e:

@@ -207,7 +207,9 @@ def _draw_lane(ln: _Lane, pid: int, y: int, x: object) -> str:
             b = sum(spans[j][2] for j in cur)
             tip = f"{len(cur)} {ln.name} calls" + (f", {_bytes(b)}" if b else "")
         colour = ln.colours[cur[0]] if ln.colours else COLOURS[ln.name]
-        width = max(cur_x1 - cur_x0 - (1.0 if ln.name == "steps" else 0.0), 1.0)  # a hairline between steps
+        width = max(cur_x1 - cur_x0, 1.0)
+        if ln.name == "steps" and width > 3.0:
+            width -= 1.0  # a hairline between steps wide enough to spare it
         out.append(
             f'<rect class="s" x="{cur_x0:.2f}" y="{y + 3}" width="{width:.2f}" height="{LANE - 6}" '
             f'fill="{colour}" data-n="{len(cur)}" data-begin-ns="{first[0]}" '

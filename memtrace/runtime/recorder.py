@@ -244,6 +244,9 @@ class Recorder:
         self._written: set[int] = set()  # id() of the diagnoses whose file is asked for
         self._files: dict[int, str] = {}
         self._steps_prev: dict[int, tuple[int, int]] = {}
+        # pid -> its stepping thread, as the model said while it ran: a file written after the
+        # process exited and was forgotten (push forgets what it has pushed) still draws its steps.
+        self._stepping: dict[int, int] = {}
         self._launches_prev: dict[int, tuple[int, int]] = {}
         self._reasons: dict[str, int] = {}
         self._writers: list[threading.Thread] = []
@@ -335,6 +338,7 @@ class Recorder:
                 tracker = model.step_trackers.get(key)
                 st = tracker.stats() if tracker is not None else None
                 if st is not None:
+                    self._stepping[key.pid] = st.tid
                     readings.append(Reading("steps", "steps", "count", st.steps, key.pid, True))
                     sp = self._steps_prev.get(key.pid)
                     self._steps_prev[key.pid] = (st.steps, st.step_ns)
@@ -544,12 +548,12 @@ class Recorder:
         coll = np.concatenate(colls) if colls else np.zeros(0, NCCL_EVENT_DTYPE)
         coll = coll[(coll["ts_ns"] + coll["duration_ns"] >= start_ns) & (coll["ts_ns"] <= end_ns)]
         direction, hostmem = ev["direction"], np.zeros(len(ev), np.uint8)
-        stepping: dict[int, int] = {}
+        stepping = dict(self._stepping)
         names: dict[int, str] = {}
         if agent is not None:
             with agent.lock:
                 direction, hostmem = copy_kinds(agent.model, ev)
-                stepping = _stepping(agent.model)
+                stepping.update(_stepping(agent.model))
                 names = {k.pid: p.name for k, p in agent.model.processes.items() if p.name}
         names.update(self.names)
         stacks: dict[int, Any] = {}
