@@ -18,6 +18,7 @@ too. MONOTONIC is the trace's primary clock.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from memtrace.core.stacks import NativeFrame, PythonFrame
 from memtrace.export.timeline import FAMILY, MEM_OP, Timeline
 
 MONOTONIC, REALTIME, BOOTTIME = 3, 1, 6  # perfetto's BuiltinClock
+SHARE = 65536  # slice packets encoded (and written) at a time
 SEQUENCE = 1  # every packet is on one sequence: its defaults (the clock) hold for all
 _END, _BEGIN, _POINT = 0, 1, 2
 _CALL, _COLL, _STEP = 0, 1, 2
@@ -164,6 +166,12 @@ class _Wire:
 
 def encode(tl: Timeline) -> bytes:
     """The trace file's bytes."""
+    return b"".join(packets(tl))
+
+
+def packets(tl: Timeline) -> Iterator[bytes]:
+    """The trace file's bytes, a share of its packets at a time (a file is
+    written as they come: a window of a million calls is never held whole)."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 
     trace = Trace()
@@ -264,9 +272,9 @@ def encode(tl: Timeline) -> bytes:
     tie1 = np.concatenate([-begin, -end])
     tie2 = np.concatenate([-inner, inner])
     order = np.lexsort((tie2, tie1, what, ts))
-    refs = np.concatenate([ref, ref])[order].tolist()
-    tss = ts[order].tolist()
-    whats = what[order].tolist()
+    refs_all = np.concatenate([ref, ref])[order]
+    tss_all = ts[order]
+    whats_all = what[order]
 
     api = ev["api"].tolist()
     pid_of, tid_of = ev["pid"].tolist(), ev["tid"].tolist()
@@ -359,19 +367,25 @@ def encode(tl: Timeline) -> bytes:
 
     mask = (1 << _SHIFT) - 1
     track_bytes: dict[int, bytes] = {}
-    chunks: list[bytes] = [bytes(trace.SerializeToString())]  # the clock, the defaults and the tracks
+    yield bytes(trace.SerializeToString())  # the clock, the defaults and the tracks
     del trace.packet[:]
-    for r, t, what_ in zip(refs, tss, whats, strict=True):
-        k, i = r >> _SHIFT, r & mask
-        uuid = track_of(k, i)
-        tb = track_bytes.get(uuid)
-        if tb is None:
-            tb = track_bytes[uuid] = w.track + _varint(uuid)
-        if what_ == _END:
-            chunks.append(w.packet(t, w.end + tb))
-            continue
-        body = call_begin(i) if k == _CALL else coll_begin(i) if k == _COLL else step_begin(i)
-        chunks.append(w.packet(t, w.begin + tb + body))
+    for lo in range(0, len(refs_all), SHARE):
+        refs = refs_all[lo : lo + SHARE].tolist()
+        tss = tss_all[lo : lo + SHARE].tolist()
+        whats = whats_all[lo : lo + SHARE].tolist()
+        chunks: list[bytes] = []
+        for r, t, what_ in zip(refs, tss, whats, strict=True):
+            k, i = r >> _SHIFT, r & mask
+            uuid = track_of(k, i)
+            tb = track_bytes.get(uuid)
+            if tb is None:
+                tb = track_bytes[uuid] = w.track + _varint(uuid)
+            if what_ == _END:
+                chunks.append(w.packet(t, w.end + tb))
+                continue
+            body = call_begin(i) if k == _CALL else coll_begin(i) if k == _COLL else step_begin(i)
+            chunks.append(w.packet(t, w.begin + tb + body))
+        yield b"".join(chunks)
 
     # ---- counters and instants ----
     counter = TrackEvent.TYPE_COUNTER
@@ -394,17 +408,18 @@ def encode(tl: Timeline) -> bytes:
         te.categories.append(inst.category)
         for k2, v in inst.args.items():
             _annotate(te, k2, v)
-    chunks.append(bytes(trace.SerializeToString()))
-    return b"".join(chunks)
+    yield bytes(trace.SerializeToString())
 
 
 def write(tl: Timeline, path: str) -> int:
     """Write the trace to `path` (whole, or not at all: a temporary name, then a rename). Returns its size."""
     import os
 
-    data = encode(tl)
+    size = 0
     tmp = f"{path}.part"
     with open(tmp, "wb") as f:
-        f.write(data)
+        for chunk in packets(tl):
+            f.write(chunk)
+            size += len(chunk)
     os.replace(tmp, path)
-    return len(data)
+    return size
