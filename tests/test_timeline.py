@@ -301,7 +301,7 @@ def test_every_counter_track_matches_the_json_summary_of_the_same_run(traced_loo
     for name, key in (
         ("SM utilisation", "sm_utilization_percent"),
         ("memory utilisation", "memory_utilization_percent"),
-    ):  # noqa: E501
+    ):
         pts = tr.counter(name, group=group)
         checked.add(name)
         assert pts and all(0 <= v <= g[key]["max"] for _, v in pts)
