@@ -46,7 +46,7 @@ def profile(tmp_path: Path, fakecuda: Path) -> tuple[Path, dict]:
         timeout=180,
     )
     assert p.returncode == 0, p.stderr
-    assert sorted(os.listdir(out)) == ["copies.folded", "copies.svg", "memtrace.pb.gz", "summary.json"]
+    assert sorted(os.listdir(out)) == ["copies.folded", "copies.svg", "memtrace.pb.gz", "summary.json", "timeline.html"]
     # It says what it measured (the table run prints) and every file it wrote, with its size.
     assert "memcpy" in p.stderr.lower() or "h2d" in p.stderr, p.stderr
     for name in os.listdir(out):
@@ -349,7 +349,7 @@ def test_profile_a_running_process_by_pid(fakecuda: Path, tmp_path: Path) -> Non
     line = next(i for i, text in enumerate(RUNNING.splitlines(), 1) if text.endswith("# site"))
     assert py and py[0]["file"] == str(script) and py[0]["line"] == line, site["frames"]
     assert py[0]["function"].endswith("upload")
-    assert sorted(os.listdir(out)) == ["copies.folded", "copies.svg", "memtrace.pb.gz", "summary.json"]
+    assert sorted(os.listdir(out)) == ["copies.folded", "copies.svg", "memtrace.pb.gz", "summary.json", "timeline.html"]
 
 
 def test_profile_asks_for_a_command_or_a_pid(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """memtrace's command line: one module per command, each wiring only."""
 
-from memtrace.cli import doctor, profile, push, run, top  # noqa: F401  (registers the commands)
+from memtrace.cli import doctor, profile, push, run, snapshot, top  # noqa: F401  (registers the commands)
 from memtrace.cli.common import app
 
 

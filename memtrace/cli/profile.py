@@ -16,6 +16,7 @@ FILES = {
     "pprof": "memtrace.pb.gz",
     "flamegraph": "copies.svg",
     "folded": "copies.folded",
+    "timeline": "timeline.html",
 }
 
 
@@ -41,7 +42,8 @@ def profile(
     (native and Python frames) and write, in DIR: memtrace.pb.gz (pprof:
     copies, copy bytes, allocations, allocated and in-use bytes; `go tool
     pprof`), copies.svg (an interactive flame graph of copy bytes,
-    self-contained), copies.folded (flamegraph.pl, speedscope) and
+    self-contained), copies.folded (flamegraph.pl, speedscope), timeline.html
+    (when each step, copy, wait and diagnosis happened; self-contained) and
     summary.json (`memtrace run --format json`). Exits with CMD's exit code
     (0 with --pid)."""
     setup_logging(verbose)
@@ -76,5 +78,6 @@ def profile(
         verbose=verbose,
         pid=pid,
         seconds=duration,
+        timeline=path["timeline"],
         tell_files=True,
     )

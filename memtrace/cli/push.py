@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -62,6 +63,20 @@ def push(
         help="Take the call stack of each copy and allocation and push the call sites as OTLP profiles "
         "(the collector's profiles pipeline: deploy/otelcol).",
     ),
+    recorder: bool = typer.Option(
+        True,
+        "--recorder/--no-recorder",
+        help="Keep the last seconds of events in memory; write them as a Perfetto trace on each diagnosis "
+        "and on `memtrace snapshot` (SIGUSR1).",
+    ),
+    recorder_seconds: float = typer.Option(30.0, "--recorder-seconds", metavar="SECONDS", help="Seconds kept."),
+    recorder_memory: float = typer.Option(64, "--recorder-memory", metavar="MIB", help="Memory kept, at most."),
+    recorder_dir: str = typer.Option(
+        "/var/lib/memtrace/timelines", "--recorder-dir", metavar="DIR", help="Where its traces go."
+    ),
+    recorder_dir_size: float = typer.Option(
+        1024, "--recorder-dir-size", metavar="MIB", help="Its traces' total size, at most (the oldest go first)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
 ) -> None:
     """Trace every CUDA process on this host and push OTLP metrics to a collector.
@@ -71,6 +86,7 @@ def push(
     from memtrace.runtime.hostsignals import HostOptions
     from memtrace.runtime.pipeline import Options, PipelineOptions
     from memtrace.runtime.push import push
+    from memtrace.runtime.recorder import PIDFILE, Recorder, RecorderOptions
 
     try:
         cfg = resolve(
@@ -92,13 +108,47 @@ def push(
             HostOptions(interval_s=host_interval, fast_hz=host_rate, tick_s=max(host_interval, 0.5)) if host else None,
             cfg.overhead_budget,
         )
+        rec = None
+        if recorder:
+            if not 1 <= recorder_seconds <= 3600 or not 1 <= recorder_memory <= 65536 or recorder_dir_size < 1:
+                raise BadOption(
+                    "--recorder-seconds, --recorder-memory or --recorder-dir-size is out of range",
+                    "give 1 to 3600 seconds, 1 to 65536 MiB, and at least 1 MiB for the directory",
+                )
+            try:
+                os.makedirs(recorder_dir, exist_ok=True)
+                if not os.access(recorder_dir, os.W_OK):
+                    raise PermissionError(13, "not writable")
+            except OSError as e:
+                raise BadOption(
+                    f"cannot write the flight recorder's directory {recorder_dir}: {e.strerror or e}",
+                    "give --recorder-dir a writable folder, or --no-recorder",
+                ) from None
+            rec = Recorder(
+                RecorderOptions(
+                    seconds=recorder_seconds,
+                    max_bytes=int(recorder_memory * (1 << 20)),
+                    directory=recorder_dir,
+                    directory_bytes=int(recorder_dir_size * (1 << 20)),
+                )
+            )
     except MemtraceError as e:
         fail(e)
         return
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if rec is not None:
+        snapshot = rec.snapshot
+        # The signal's handler runs on the main thread, between its bytecodes: it only starts a thread.
+        signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=snapshot, daemon=True).start())
+        with open(os.path.join(recorder_dir, PIDFILE), "w") as f:  # once SIGUSR1 no longer kills it
+            f.write(f"{os.getpid()}\n")
     try:
-        push(opts, cfg, stop)
+        push(opts, cfg, stop, rec)
     except MemtraceError as e:
         fail(e)
+    finally:
+        if rec is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(recorder_dir, PIDFILE))

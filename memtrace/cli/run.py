@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import stat
 import sys
+import time
 from typing import IO, Any
 
 import typer
@@ -118,6 +120,16 @@ def run(
         metavar="FILE",
         help="With --stacks: write an interactive SVG flame graph of copy bytes to FILE.",
     ),
+    timeline: str | None = typer.Option(
+        None,
+        "--timeline",
+        metavar="FILE",
+        help="Write what happened when as a Perfetto trace to FILE (ui.perfetto.dev), or, for FILE.html, "
+        "as a self-contained HTML timeline.",
+    ),
+    timeline_memory: float = typer.Option(
+        1024, "--timeline-memory", metavar="MIB", help="With --timeline: events kept, at most (the oldest go first)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments and libbpf messages."),
 ) -> None:
     """Trace CMD (a program and its arguments, after --) and its children from
@@ -141,6 +153,8 @@ def run(
         flamegraph,
         verbose,
         host_rate=host_rate,
+        timeline=timeline,
+        timeline_memory=timeline_memory,
     )
 
 
@@ -161,6 +175,8 @@ def trace_and_report(
     pid: int | None = None,
     seconds: float = 0.0,
     host_rate: float = 100.0,
+    timeline: str | None = None,
+    timeline_memory: float = 1024,
     tell_files: bool = False,
 ) -> None:
     """`run`'s work: trace CMD until it exits, or (`pid`) a running process
@@ -175,6 +191,7 @@ def trace_and_report(
     from memtrace.runtime.command import run_command, watch_pid
     from memtrace.runtime.hostsignals import HostOptions
     from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
+    from memtrace.runtime.recorder import Recorder, RecorderOptions
 
     out: IO[str] | None = None
     created = written = False
@@ -188,6 +205,16 @@ def trace_and_report(
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
         check_host_rate(host_rate)
+        recorder = None
+        if timeline is not None:
+            where = os.path.dirname(os.path.abspath(timeline))
+            if not os.access(where, os.W_OK):
+                raise BadOption(
+                    f"cannot write the timeline to {timeline}", "give --timeline a path in a writable folder"
+                )
+            if not 1 <= timeline_memory <= 65536:
+                raise BadOption(f"--timeline-memory {timeline_memory} is out of range", "give 1 to 65536 MiB")
+            recorder = Recorder(RecorderOptions(seconds=math.inf, max_bytes=int(timeline_memory * (1 << 20))))
         if output:
             out, created = open_output(output)
         elif fmt == Format.json:
@@ -197,7 +224,8 @@ def trace_and_report(
             json_fd = os.dup(1)
             os.dup2(2, 1)
         hopts = HostOptions(interval_s=host_interval, fast_hz=host_rate) if host else None
-        with Pipeline(PipelineOptions(opts, hopts, budget_share, from_exec=pid is None)) as pipe:
+        began = time.monotonic_ns()
+        with Pipeline(PipelineOptions(opts, hopts, budget_share, from_exec=pid is None), recorder=recorder) as pipe:
             agent, signals, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
             if pid is None:
                 done = run_command(pipe, cmd)
@@ -236,12 +264,14 @@ def trace_and_report(
                     what = what[:97] + "..."
                 svg = profiles.flame_graph(copies, f"memtrace: bytes copied by {what}")
                 write_file(flamegraph, svg.encode(), "the flame graph")
+            if recorder is not None and timeline is not None:
+                write_timeline(recorder, pipe, timeline, began, doc, cmd, pid)
             # Said before the agent closes: removing its probes and tracepoints
             # waits out the kernel's grace periods (bench/exit_time.py).
             emit_summary(doc, fmt, out, json_fd, detail)
             written = True
             if tell_files:
-                tell(doc, [f for f in (output, pprof, flamegraph, folded) if f], detail)
+                tell(doc, [f for f in (output, pprof, flamegraph, folded, timeline) if f], detail)
     except MemtraceError as e:
         if out is not None and not written:
             out.close()
@@ -263,6 +293,19 @@ def tell(doc: dict[str, Any], files: list[str], detail: bool) -> None:
                 err.print(f"memtrace: wrote {f} ({os.path.getsize(f):,} bytes)", highlight=False, soft_wrap=True)
     except BrokenPipeError:
         pass
+
+
+def write_timeline(
+    recorder: Any, pipe: Any, path: str, began: int, doc: dict[str, Any], cmd: list[str], pid: int | None
+) -> None:
+    """--timeline: the whole run, its counters' last readings taken now (they are the summary's)."""
+    recorder.tick(pipe.agent, pipe.host)
+    tl = recorder.timeline(pipe.agent, pipe.host, began, time.monotonic_ns(), findings=doc.get("findings"))
+    tl.title = "memtrace: " + (" ".join([os.path.basename(cmd[0]), *cmd[1:]])[:100] if cmd else f"pid {pid}")
+    try:
+        recorder.write(tl, path)
+    except OSError as e:
+        err.print(f"[bold red]memtrace:[/bold red] could not write the timeline to {path}: {e}", highlight=False)
 
 
 def emit_summary(doc: dict[str, Any], fmt: Format, out: IO[str] | None, json_fd: int | None, detail: bool) -> None:

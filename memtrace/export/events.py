@@ -115,7 +115,8 @@ class DiagnosisEvents:
         self.logger = self.provider.get_logger("memtrace")
         self.sent = 0
 
-    def emit(self, d: Diagnosis, start_ns: int = 0) -> None:
+    def emit(self, d: Diagnosis, start_ns: int = 0, extra: dict[str, Any] | None = None) -> None:
+        """`extra`: more attributes (the flight recorder's file, memtrace.timeline.file)."""
         from opentelemetry._logs import LogRecord
 
         self.logger.emit(
@@ -125,7 +126,7 @@ class DiagnosisEvents:
                 severity_number=self._severity,
                 severity_text="WARN",
                 body=d.symptom,
-                attributes=attributes(d, start_ns),
+                attributes={**attributes(d, start_ns), **(extra or {})},
                 event_name="memtrace.diagnosis",
             )
         )

@@ -128,6 +128,7 @@ class Agent:
         *,
         other_library: Callable[[ProcessKey, Candidate, bool], bool] | None = None,
         from_exec: bool | None = None,
+        recorder: Callable[[list[Notice]], None] | None = None,
     ) -> None:
         """`measure_overhead`: time a probe's trap at start (runtime/overhead.py),
         so that each process's overhead can be told (Model.overhead).
@@ -140,7 +141,9 @@ class Agent:
         with Options.only_traced). Otherwise only those that start once the
         probes are live are (set in start()), and those held at load; a
         process met mid-run has its untracked host memory unknown, not
-        pageable, but for what its GPU driver mapped (pinned)."""
+        pageable, but for what its GPU driver mapped (pinned).
+        `recorder`: shown every notice as it is taken, on the polling thread
+        (the flight recorder, runtime/recorder.py); None costs nothing."""
         whole = opts.only_traced if from_exec is None else from_exec
         self.model = Model(
             complete_after_ns=None if whole else 2**63,
@@ -182,6 +185,7 @@ class Agent:
         self.calibration: Calibration | None = None
         self._trap_costs: TrapCosts | None = None
         self.stacks: StackTable | None = None
+        self._record = recorder
         self.cuda = CudaSensor(
             opts,
             Hooks(
@@ -201,6 +205,8 @@ class Agent:
     def _take(self, notices: list[Notice]) -> None:
         """A poll's notices, on the polling thread: what must happen while the
         processes live happens now, and the rest waits in the queue for the model."""
+        if self._record is not None:
+            self._record(notices)
         events = 0
         for n in notices:
             if isinstance(n, Events):

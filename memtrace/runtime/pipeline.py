@@ -29,6 +29,7 @@ from memtrace.core.procfiles import Candidate
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.diagnose import LiveDiagnosis
 from memtrace.runtime.hostsignals import HostOptions, HostSignals
+from memtrace.runtime.recorder import Recorder
 from memtrace.sensors.cuda import Options
 
 __all__ = ["Options", "Pipeline", "PipelineOptions"]
@@ -64,15 +65,26 @@ class Pipeline:
     closes everything, the host signals first (their last sample folds
     into the model)."""
 
-    def __init__(self, opts: PipelineOptions, on_diagnosis: Callable[[Diagnosis], None] | None = None) -> None:
+    def __init__(
+        self,
+        opts: PipelineOptions,
+        on_diagnosis: Callable[[Diagnosis], None] | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        """`recorder`: the flight recorder (runtime/recorder.py), shown every
+        notice the agent takes, ticked with the host signals, told each
+        diagnosis before `on_diagnosis` is (so the file it will write can be named)."""
         self.opts = opts
         host = opts.host
+        self.recorder = recorder
+        self._on_diagnosis = on_diagnosis
         self.agent = Agent(
             opts.cuda,
             measure_overhead=opts.measure_overhead,
             budget=opts.budget,
             other_library=self._nccl_mapped if host is not None and host.nccl else None,
             from_exec=opts.from_exec,
+            recorder=recorder.take if recorder is not None else None,
         )
         self.host: HostSignals | None = None
         self.diagnosis: LiveDiagnosis | None = None
@@ -83,10 +95,13 @@ class Pipeline:
                 collectives=self.agent.add_collectives,
                 ring_owner=self.agent,
                 follows_nccl=host.nccl and opts.cuda.hold_nccl,
-                on_tick=self._tick if opts.diagnose else None,
+                on_tick=self._tick if opts.diagnose or recorder is not None else None,
             )
             if opts.diagnose:
-                self.diagnosis = LiveDiagnosis(self.agent, self.host, on_diagnosis)
+                told = self._diagnosed if recorder is not None else on_diagnosis
+                self.diagnosis = LiveDiagnosis(self.agent, self.host, told)
+        if recorder is not None:
+            recorder.bind(self.agent, self.host)
 
     def _nccl_mapped(self, key: ProcessKey, lib: Candidate, held: bool) -> bool:
         return self.host is not None and self.host.nccl_mapped(key, lib, held)
@@ -94,6 +109,14 @@ class Pipeline:
     def _tick(self) -> None:
         if self.diagnosis is not None:
             self.diagnosis.tick()
+        if self.recorder is not None:
+            self.recorder.tick(self.agent, self.host)
+
+    def _diagnosed(self, d: Diagnosis) -> None:
+        if self.recorder is not None:
+            self.recorder.diagnosed(d)
+        if self._on_diagnosis is not None:
+            self._on_diagnosis(d)
 
     def start(self) -> None:
         self.agent.start()

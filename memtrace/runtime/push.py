@@ -9,6 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
+from memtrace.analysis.diagnosis import Diagnosis
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.events import DiagnosisEvents
@@ -17,6 +18,7 @@ from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, Profile
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.memory import freeze_long_lived, give_back_free_memory, no_cyclic_gc
 from memtrace.runtime.pipeline import Pipeline, PipelineOptions
+from memtrace.runtime.recorder import Recorder
 from memtrace.sources.procfs import host_attributes, is_running
 
 log = logging.getLogger("memtrace")
@@ -70,15 +72,29 @@ MAX_UNSENT_EXITED = 2048
 SETTLE_POLL_S = 0.02  # how often a push in flight is looked at
 
 
-def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event) -> int:
+RECORDER_CLOSE_S = 30.0  # at the stop, files still waiting for their window are written within this
+
+
+def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event, recorder: Recorder | None = None) -> int:
     """`memtrace push`: the pipeline built from `opts`, its diagnoses sent as
     OTLP events (log records) to the same collector, and push_forever
-    until `stop`. Returns the number of failed pushes."""
+    until `stop`. With a flight `recorder`, each diagnosis's event names
+    the file it writes (memtrace.timeline.file). Returns the number of failed pushes."""
     resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
     events = DiagnosisEvents(cfg, resource) if opts.host is not None and opts.diagnose else None
+
+    def diagnosed(d: Diagnosis) -> None:
+        assert events is not None
+        path = recorder.file_of(d) if recorder is not None else None
+        events.emit(d, d.start_ns, {"memtrace.timeline.file": path} if path else None)
+
     try:
-        with Pipeline(opts, on_diagnosis=(lambda d: events.emit(d, d.start_ns)) if events else None) as pipe:
-            return push_forever(pipe, cfg, stop)
+        with Pipeline(opts, on_diagnosis=diagnosed if events else None, recorder=recorder) as pipe:
+            try:
+                return push_forever(pipe, cfg, stop)
+            finally:
+                if recorder is not None:
+                    recorder.close(RECORDER_CLOSE_S)  # while the agent can still be read
     finally:
         if events is not None:
             events.shutdown()
