@@ -197,7 +197,7 @@ def test_a_process_said_to_map_libnccl_before_its_first_call_has_every_wait_kept
     nc = nccl_events(coll(C.ALLREDUCE, 1_000, A))
     nc["pid"] = nc["tid"] = pid
     m.add_collectives(nc, 10_000, frozenset())  # the first poll: before the sample lists it as a user
-    assert m.collective_wait_totals() == {(pid, C.ALLREDUCE): (1, 777_000)}
+    assert m.collective_wait_totals() == {(ProcessKey(pid, 0), C.ALLREDUCE): (1, 777_000)}
     key = next(iter(m.processes))
     m.forget(key)
     m.add_events(ev)  # the same pid again, never said to map libnccl: nothing kept

@@ -484,7 +484,7 @@ def test_the_wait_after_a_collective_is_exported_per_collective() -> None:
     m.add_collectives(nc, 1_999, frozenset({ProcessKey(pid, 0)}))
     assert m.collective_wait_totals() == {}  # the wait began at 2,000: not judged yet
     m.add_collectives(np.zeros(0, NCCL_DTYPE), 10_000, frozenset({ProcessKey(pid, 0)}))
-    assert m.collective_wait_totals() == {(pid, Collective.ALLREDUCE): (1, 777_000)}
+    assert m.collective_wait_totals() == {(ProcessKey(pid, 0), Collective.ALLREDUCE): (1, 777_000)}
     batch = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"}).build(m, {}, 1)
     (rm,) = [r for r in batch.data.resource_metrics if r.resource.attributes.get("process.pid") == pid]
     got = {
