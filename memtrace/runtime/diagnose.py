@@ -5,7 +5,9 @@ sampling thread; takes the model lock, then the book's, briefly each.
 
 A window is the difference of two readings of cumulative counters, so the
 previous reading of each process is kept, by its ProcessKey (a reused pid
-is another process, never a difference across two)."""
+is another process, never a difference across two), for the live
+processes only: an exited one makes no more windows, and an agent that
+meets a process a second for weeks keeps no state of those gone."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class LiveDiagnosis:
         self.host = host
         self.engine = Diagnoser()
         self.on_diagnosis = on_diagnosis
-        # Each process's readings at the last window.
+        # Each live process's readings at the last window.
         self._prev_counters: dict[ProcessKey, _Counters] = {}
         self._prev_cpu: dict[ProcessKey, CpuStats] = {}
         self._prev_quota: dict[ProcessKey, int] = {}  # its CPU quota's throttled ns
@@ -79,6 +81,14 @@ class LiveDiagnosis:
             c = out.setdefault(d.key, {})
             c[d.cause] = c.get(d.cause, 0) + 1
         return out
+
+    def _prune(self, live: set[ProcessKey]) -> None:
+        """Keep the readings, and the engine's history, of the live processes only."""
+        for prev in (self._prev_counters, self._prev_cpu, self._prev_quota, self._prev_hits, self._prev_calls):
+            for key in prev.keys() - live:
+                del prev[key]
+        for key in self.engine.seen.keys() - live:
+            self.engine.forget(key)
 
     def tick(self) -> list[Diagnosis]:
         """One window; returns the diagnoses it made. Never raises: a failure is counted and logged once."""
@@ -179,6 +189,7 @@ class LiveDiagnosis:
                 w.netns = book.netns_of(key.pid)
             hw.gpus = self.gpu_windows(book)
             hw.links = self._links(book, seconds)
+        self._prune({key for key, _ in live})
         if first:
             return []
         made = self.engine.observe(list(procs.values()), hw)
