@@ -409,6 +409,7 @@ def test_a_gpus_pcie_bytes_are_exported_where_the_driver_counts_them(temporality
     whose driver has no byte counters (NVML's 20 ms estimate only) has none, since an estimate of a
     rate is not a count of bytes. The summary's rows say which each GPU had."""
     from memtrace.core.gpu import GpuSample
+    from memtrace.export.host import gpu_row
     from memtrace.model.host import HostBook
 
     b = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1", temporality=temporality), {"host.name": "t"})
@@ -444,7 +445,7 @@ def test_a_gpus_pcie_bytes_are_exported_where_the_driver_counts_them(temporality
     if temporality == "cumulative":
         second = {("GPU-c", "transmit"): 3 * GIB + 6, ("GPU-c", "receive"): 100 + 2 * GIB}
     assert push() == second
-    rows = {g.uuid: g.row(None) for g in host.gpus.values()}
+    rows = {g.uuid: gpu_row(g, None) for g in host.gpus.values()}
     c, s = rows["GPU-c"], rows["GPU-s"]
     assert c["pcie_throughput_from"] == "byte_counters" and c["pcie_counter_resets"] == 0
     assert (c["pcie_tx_bytes"], c["pcie_rx_bytes"]) == (3 * GIB + 6, 100 + 2 * GIB)
