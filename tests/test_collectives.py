@@ -197,11 +197,37 @@ def test_a_process_said_to_map_libnccl_before_its_first_call_has_every_wait_kept
     nc = nccl_events(coll(C.ALLREDUCE, 1_000, A))
     nc["pid"] = nc["tid"] = pid
     m.add_collectives(nc, 10_000, frozenset())  # the first poll: before the sample lists it as a user
-    assert m.collective_wait_totals() == {(pid, C.ALLREDUCE): (1, 777_000)}
+    assert m.collective_wait_totals() == {(ProcessKey(pid, 0), C.ALLREDUCE): (1, 777_000)}
     key = next(iter(m.processes))
     m.forget(key)
     m.add_events(ev)  # the same pid again, never said to map libnccl: nothing kept
     assert m.collective_waits == {}
+
+
+def test_two_processes_of_one_pid_keep_their_own_collective_waits() -> None:
+    """A pid reused: the waits charged to each process's collectives stay
+    its own in the totals the summary's rows are made from, the second's
+    never in place of the first's."""
+    from memtrace.model.aggregate import Model
+
+    m = Model()
+    pid = 10**7 + 11
+    first, second = ProcessKey(pid, 5_000), ProcessKey(pid, 9_000)
+    for key, wait_ns, t in ((first, 777_000, 0), (second, 333_000, 100_000)):
+        ev = np.zeros(1, abi.EVENT_DTYPE)  # its CUDA call: the wait
+        ev["pid"] = ev["tid"] = pid
+        ev["start_ns"] = key.start_ns
+        ev["api"], ev["stream"], ev["ts_ns"], ev["duration_ns"] = 80, A, t + 2_000, wait_ns
+        m.add_collectives(np.zeros(0, EVENT_DTYPE), 0, frozenset({key}))
+        m.add_events(ev)
+        nc = nccl_events(coll(C.ALLREDUCE, t + 1_000, A))
+        nc["pid"] = nc["tid"] = pid
+        m.add_collectives(nc, t + 10_000, frozenset({key}))
+        m.process_exited(key)
+    assert m.collective_wait_totals() == {
+        (first, C.ALLREDUCE): (1, 777_000),
+        (second, C.ALLREDUCE): (1, 333_000),
+    }
 
 
 def test_sync_scopes_follow_the_cuda_api_table() -> None:

@@ -460,3 +460,57 @@ def test_the_live_windows_carry_each_gpus_pcie_bytes_and_processes() -> None:
     assert window(2, 10**12, 0) == {"GPU-c": (0, (4242,)), "GPU-s": (None, ())}
     assert window(3, 10**12 + 5 * GIB, 3) == {"GPU-c": (5 * GIB + 3, (4242,)), "GPU-s": (None, ())}
     assert window(4, 10**12 + 5 * GIB + 1, 3) == {"GPU-c": (1, (4242,)), "GPU-s": (None, ())}
+
+
+def test_the_live_diagnosis_keeps_no_state_of_the_processes_gone() -> None:
+    """`memtrace push` runs for weeks and meets processes by the thousand:
+    each window keeps the last readings of the live processes (by their
+    ProcessKey: a reused pid is a new process, never a window across two)
+    and the engine's history of them, and nothing of those that exited."""
+    import contextlib
+    import threading
+    import types
+
+    import numpy as np
+
+    from memtrace.core.abi import EVENT_DTYPE
+    from memtrace.core.cpu import CpuStats
+    from memtrace.core.nccl import CallTotals, Collective
+    from memtrace.model import Model
+    from memtrace.model.host import HostBook
+    from memtrace.runtime.diagnose import LiveDiagnosis
+
+    model, book = Model(), HostBook()
+    agent = types.SimpleNamespace(locked=lambda: contextlib.nullcontext(model))
+    live = LiveDiagnosis(agent, types.SimpleNamespace(lock=threading.Lock(), book=book))  # type: ignore[arg-type]
+
+    def kept() -> int:
+        """The entries of every per-process table the diagnosis holds, its engine's included."""
+        tables = [*vars(live).values(), *vars(live.engine).values()]
+        return sum(len(t) for t in tables if isinstance(t, dict))
+
+    def tick(keys: list[ProcessKey], n: int) -> None:
+        """A window in which `keys` each copy, wait and run, and their readings grow."""
+        ev = np.zeros(len(keys), EVENT_DTYPE)
+        for i, key in enumerate(keys):
+            ev[i]["pid"], ev[i]["tid"], ev[i]["start_ns"] = key.pid, key.pid, key.start_ns
+            ev[i]["api"], ev[i]["bytes"], ev[i]["duration_ns"], ev[i]["ts_ns"] = 22, 4096, 1000, n * 10**6 + i
+            hist = (n,) + (0,) * 25
+            book.set_cpu({key: CpuStats(key.pid, hist, hist, n, n, n, n, n, 1)})
+            book.set_quota(key, "/job", n, n)
+            book.memory_limit_hits[key] = n
+        book.set_collectives({(k, Collective.ALLREDUCE): CallTotals(n, n, 0, 0, n) for k in keys}, [])
+        model.add_events(ev)
+        live.tick()
+
+    # Processes come three at a time, live for a few windows and exit; one pid is reused.
+    for generation in range(40):
+        keys = [ProcessKey(10_000 + (generation * 3 + i) % 50, 1_000 + generation) for i in range(3)]
+        for n in range(1, 4):
+            tick(keys, generation * 10 + n)
+        for key in keys:
+            model.process_exited(key)
+            book.forget(key)
+        assert kept() <= 3 * 10, generation  # a few tables of the three live ones at most
+    tick([], 10_000)
+    assert kept() == 0

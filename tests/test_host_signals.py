@@ -484,3 +484,36 @@ def test_the_fast_sampler_slows_down_while_no_process_is_traced() -> None:
         assert rates(named) == (200.0, pytest.approx(200.0))
     finally:
         named.close()
+
+
+def test_a_process_read_before_the_agent_met_it_keeps_one_cpu_row() -> None:
+    """`run` traces its command from its first instruction, before the CUDA
+    model meets it at its first CUDA call: its CPU row, under its pid alone
+    until then (start 0: not known), is the same row once its start is
+    known, with the start the CUDA rows give it, never a second row."""
+    import time
+
+    from memtrace.runtime.hostsignals import HostOptions, HostSignals
+    from memtrace.sources.procfs import boot_wall_ns
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    met: set[ProcessKey] = set()
+    hs = HostSignals(HostOptions(nccl=False, gpu=False, network=False, fast_hz=0), lambda: set(met))
+    try:
+        hs.start([sleeper.pid])
+        for _ in range(500):  # until its first switch since it was traced
+            hs.sample()
+            if hs.view()["cpu"]:
+                break
+            time.sleep(0.01)
+        assert [(r["pid"], r["start_time_unix_nano"]) for r in hs.view()["cpu"]] == [(sleeper.pid, 0)]
+        key = ProcessKey(sleeper.pid, 123_000_000_000)  # as the CUDA model names it
+        met.add(key)
+        hs.sample()
+        rows = hs.view()["cpu"]
+        assert [(r["pid"], r["start_time_unix_nano"]) for r in rows] == [(sleeper.pid, boot_wall_ns() + key.start_ns)]
+        assert rows[0]["voluntary_switches"] > 0
+    finally:
+        hs.close()
+        sleeper.kill()
+        sleeper.wait()

@@ -12,14 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, run_traced
+from conftest import FIXTURES, memtrace_cmd, run_traced
 
 from memtrace.core.abi import EVENT_DTYPE, Direction
+from memtrace.core.cpu import CpuStats
 from memtrace.core.ids import ProcessInfo, ProcessKey
+from memtrace.core.nccl import CallTotals, Collective
 from memtrace.export.config import resolve
+from memtrace.export.host import collective_rows, cpu_rows
 from memtrace.export.otlp import MetricsBuilder
 from memtrace.export.report import summary
 from memtrace.model import Model
+from memtrace.model.host import HostBook
 from memtrace.sources.procfs import CpuReader, process_cpu_ns, process_start_ticks, read_process
 
 PID = 4242
@@ -77,6 +81,32 @@ def test_the_model_keeps_two_processes_with_one_pid_apart() -> None:
     m.process_exited(OLD)
     m.forget(OLD)
     assert set(m.processes) == {NEW} and m.processes[NEW].copy_view() and not m.processes[NEW].exited
+
+
+def test_the_host_rows_keep_two_processes_with_one_pid_apart() -> None:
+    """The host signals' rows (host.cpu, collectives) name a process as the
+    CUDA rows do: two processes of one pid are two rows, each with its start
+    and its own figures, neither replacing nor added to the other's."""
+    boot = 1_700_000_000 * 10**9
+    hist = (0,) * 26
+    book = HostBook()
+    book.set_cpu({OLD: CpuStats(PID, hist, hist, 1, 2, 3 * 10**9, 4, 5, 11)}, {OLD: "trainer"})
+    book.set_cpu({NEW: CpuStats(PID, hist, hist, 1, 2, 5 * 10**8, 6, 7, 12)}, {NEW: "server"})  # the pid's next
+    ar = Collective.ALLREDUCE
+    book.set_collectives({(OLD, ar): CallTotals(3, 30, 0, 0, 10), (NEW, ar): CallTotals(5, 50, 0, 0, 10)}, [])
+    rows = cpu_rows(book, {}, boot)
+    assert [(r["pid"], r["start_time_unix_nano"], r["process"], r["on_cpu_seconds"]) for r in rows] == [
+        (PID, boot + OLD.start_ns, "trainer", 3.0),
+        (PID, boot + NEW.start_ns, "server", 0.5),
+    ]
+    coll = collective_rows(book, boot_wall_ns=boot, attached={}, waits={(OLD, ar): (2, 10**9)})
+    assert [(r["pid"], r["start_time_unix_nano"], r["calls"], r["waits_attributed"]) for r in coll] == [
+        (PID, boot + OLD.start_ns, 3, 2),
+        (PID, boot + NEW.start_ns, 5, 0),
+    ]
+    book.forget(OLD)
+    assert [r["start_time_unix_nano"] for r in cpu_rows(book, {}, boot)] == [boot + NEW.start_ns]
+    assert [r["calls"] for r in collective_rows(book, boot_wall_ns=boot, attached={}, waits={})] == [5]
 
 
 def test_the_bpf_name_wins_and_a_reused_pid_is_not_read_from_proc() -> None:
@@ -184,3 +214,34 @@ def test_a_pid_reused_mid_run_is_two_processes_each_exact(fakecuda: Path, tmp_pa
     for rows, truth in zip(waits.values(), lines, strict=True):
         assert {w["api"]: w["calls"] for w in rows} == truth["sync"]
     assert doc["agent"]["dropped"] == 0 and doc["agent"]["calls_without_event"] == 0
+
+
+@pytest.mark.bpf
+def test_a_pid_reused_mid_run_is_two_processes_in_the_host_rows_too(fakecuda: Path, tmp_path: Path) -> None:
+    """The CPU sensor's rows (host.cpu) tell the two processes of a reused
+    pid apart as the CUDA rows do: a row each, with its own start, and the
+    second's figures its own, never the first's added in (the sensor counts
+    by pid): the first spins on the CPU for seconds, the second sleeps."""
+    pids_out = tmp_path / "pids.json"
+    loop = str(fakecuda / "steploop")
+    busy = [loop, "-n", "400", "-k", "1000", "-w", "5000"]  # 5 ms of every 8 on the CPU, 3 s
+    idle = [loop, "-n", "100", "-l", "1", "-k", "10000", "-w", "0"]  # asleep in its waits, 1 s
+    argv = [sys.executable, str(FIXTURES / "reuse_pid.py"), str(pids_out), "--", *busy, "--", *idle]
+    out = tmp_path / "summary.json"
+    p = subprocess.run(
+        [*memtrace_cmd(), "run", "--host-interval", "0.05", "--format", "json", "-o", str(out), "--", *argv],
+        env=dict(os.environ, WORKLOAD_TRUTH=str(tmp_path / "truth.jsonl")),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stderr
+    first, second = json.loads(pids_out.read_text())["pids"]
+    assert first == second, "the second run did not get the first one's pid"
+    doc = json.loads(out.read_text())
+    starts = list(_by_start(doc["memcpy"], first))
+    assert len(starts) == 2, starts
+    cpu = _by_start(doc["host"]["cpu"], first)
+    assert list(cpu) == starts  # a row each, with the start the CUDA rows give it
+    (spun,), (slept,) = cpu.values()
+    assert slept["on_cpu_seconds"] < spun["on_cpu_seconds"], (spun, slept)

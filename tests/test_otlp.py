@@ -409,6 +409,7 @@ def test_a_gpus_pcie_bytes_are_exported_where_the_driver_counts_them(temporality
     whose driver has no byte counters (NVML's 20 ms estimate only) has none, since an estimate of a
     rate is not a count of bytes. The summary's rows say which each GPU had."""
     from memtrace.core.gpu import GpuSample
+    from memtrace.export.host import gpu_row
     from memtrace.model.host import HostBook
 
     b = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1", temporality=temporality), {"host.name": "t"})
@@ -444,7 +445,7 @@ def test_a_gpus_pcie_bytes_are_exported_where_the_driver_counts_them(temporality
     if temporality == "cumulative":
         second = {("GPU-c", "transmit"): 3 * GIB + 6, ("GPU-c", "receive"): 100 + 2 * GIB}
     assert push() == second
-    rows = {g.uuid: g.row(None) for g in host.gpus.values()}
+    rows = {g.uuid: gpu_row(g, None) for g in host.gpus.values()}
     c, s = rows["GPU-c"], rows["GPU-s"]
     assert c["pcie_throughput_from"] == "byte_counters" and c["pcie_counter_resets"] == 0
     assert (c["pcie_tx_bytes"], c["pcie_rx_bytes"]) == (3 * GIB + 6, 100 + 2 * GIB)
@@ -484,7 +485,7 @@ def test_the_wait_after_a_collective_is_exported_per_collective() -> None:
     m.add_collectives(nc, 1_999, frozenset({ProcessKey(pid, 0)}))
     assert m.collective_wait_totals() == {}  # the wait began at 2,000: not judged yet
     m.add_collectives(np.zeros(0, NCCL_DTYPE), 10_000, frozenset({ProcessKey(pid, 0)}))
-    assert m.collective_wait_totals() == {(pid, Collective.ALLREDUCE): (1, 777_000)}
+    assert m.collective_wait_totals() == {(ProcessKey(pid, 0), Collective.ALLREDUCE): (1, 777_000)}
     batch = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"}).build(m, {}, 1)
     (rm,) = [r for r in batch.data.resource_metrics if r.resource.attributes.get("process.pid") == pid]
     got = {

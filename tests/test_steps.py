@@ -10,6 +10,7 @@ import pytest
 
 from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.core.ids import ProcessKey
+from memtrace.export.report import steps
 from memtrace.model import Model
 from memtrace.model.steps import MERGE_BELOW, RECENT, StepTracker, _Thread, feed
 
@@ -233,15 +234,16 @@ def test_model_feeds_steps_and_views_them_per_process() -> None:
     m = Model()
     b = events(loop(8)), events(loop(3), pid=PID + 1)
     m.add_events(np.concatenate(b))
-    rows = m.steps_view()
-    assert [r["pid"] for r in rows] == [PID]  # three waits are no steps yet
+    assert list(m.steps_view()) == [ProcessKey(PID, 0)]  # three waits are no steps yet
+    rows = steps(m)
+    assert [r["pid"] for r in rows] == [PID]
     r = rows[0]
     assert r["steps"] == 7
     assert r["duration_seconds"]["max"] == pytest.approx(7.4e-3)
     assert r["breakdown"] == pytest.approx({"copy": 4 / 74, "sync_wait": 20 / 74, "collective": 0.0, "host": 50 / 74})
     assert r["gpu_idle_share"] == pytest.approx(50 / 74)
     m.forget(ProcessKey(PID, 0))
-    assert m.steps_view() == []
+    assert m.steps_view() == {} and steps(m) == []
 
 
 def test_feed_splits_by_process() -> None:

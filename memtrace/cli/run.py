@@ -9,6 +9,7 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
 import typer
@@ -188,6 +189,7 @@ def trace_and_report(
     from memtrace.export.callsites import call_sites
     from memtrace.export.callsites import folded as fold_stacks
     from memtrace.export.report import summary
+    from memtrace.export.schema import Command
     from memtrace.runtime.command import run_command, watch_pid
     from memtrace.runtime.hostsignals import HostOptions
     from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
@@ -229,26 +231,26 @@ def trace_and_report(
             agent, signals, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
             if pid is None:
                 done = run_command(pipe, cmd)
-                command: dict[str, object] = {"argv": cmd, "exit_code": done.exit_code}
+                command = Command(argv=cmd, exit_code=done.exit_code, wall_seconds=done.wall_seconds)
                 if done.signal is not None:
                     command["signal"] = done.signal  # it did not exit: a signal ended it
                 if done.interrupted:
                     command["interrupted"] = True  # ^C or SIGTERM reached it through memtrace
             else:
                 done = watch_pid(pipe, pid, seconds)
-                command = {"pid": pid, "exit_code": None}
+                command = Command(pid=pid, exit_code=None, wall_seconds=done.wall_seconds)
             if not agent.wait_calibrated(CALIBRATION_WAIT_S):
                 log.warning("a probe's trap cost is not measured yet: the summary has no overhead")
             doc = summary(
                 agent.model,
                 agent.stats(),
                 agent.libraries,
-                {**command, "wall_seconds": done.wall_seconds},
+                command,
                 agent.cuda.malformed,
                 drain=agent.drain_stats().as_dict(),
                 host=signals.view(agent.names()) if signals else None,
                 collectives=signals.collectives_view(agent.model.collective_wait_totals()) if signals else None,
-                diagnoses=[d.as_dict() for d in diagnosis.diagnoses] if diagnosis else None,
+                diagnoses=diagnosis.diagnoses if diagnosis else None,
                 overhead_budget=budget_share,
                 stacks=call_sites(agent.model, agent.stack_frames()) if stacks else None,
                 stack_counts=agent.stack_counts(),
@@ -282,7 +284,7 @@ def trace_and_report(
     raise typer.Exit(done.exit_code)
 
 
-def tell(doc: dict[str, Any], files: list[str], detail: bool) -> None:
+def tell(doc: Mapping[str, Any], files: list[str], detail: bool) -> None:
     """The summary's table on stderr, then each file written and its size."""
     from memtrace.export.report import print_table
 
@@ -296,7 +298,7 @@ def tell(doc: dict[str, Any], files: list[str], detail: bool) -> None:
 
 
 def write_timeline(
-    recorder: Any, pipe: Any, path: str, began: int, doc: dict[str, Any], cmd: list[str], pid: int | None
+    recorder: Any, pipe: Any, path: str, began: int, doc: Mapping[str, Any], cmd: list[str], pid: int | None
 ) -> None:
     """--timeline: the whole run, its counters' last readings taken now (they are the summary's)."""
     recorder.tick(pipe.agent, pipe.host)
@@ -308,7 +310,7 @@ def write_timeline(
         err.print(f"[bold red]memtrace:[/bold red] could not write the timeline to {path}: {e}", highlight=False)
 
 
-def emit_summary(doc: dict[str, Any], fmt: Format, out: IO[str] | None, json_fd: int | None, detail: bool) -> None:
+def emit_summary(doc: Mapping[str, Any], fmt: Format, out: IO[str] | None, json_fd: int | None, detail: bool) -> None:
     """Write the summary: to `out` (-o), else JSON to stdout (its saved
     descriptor `json_fd`) or the table to stderr; then stdout goes to
     /dev/null, so nothing is left to flush into a closed pipe at exit."""

@@ -4,41 +4,52 @@ speedscope, inferno)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from memtrace.core import apis
-from memtrace.core.stacks import NO_STACK, Stack
+from memtrace.core.stacks import NO_STACK, Frame, PythonFrame, Stack
 from memtrace.core.units import human_bytes
+from memtrace.export import schema
 from memtrace.model import Model
 
 
-def call_sites(model: Model, frames: Mapping[int, Stack]) -> list[dict[str, Any]]:
+def frame_row(f: Frame) -> schema.Frame:
+    """A frame as the summary's `stacks` rows carry it."""
+    if isinstance(f, PythonFrame):
+        return schema.Frame(function=f.function, file=f.file, line=f.line)
+    row = schema.Frame(module=f.module, function=f.function, offset=f.offset)
+    if f.build_id:
+        row["build_id"] = f.build_id
+    return row
+
+
+def call_sites(model: Model, frames: Mapping[int, Stack]) -> list[schema.CallSite]:
     """Every (process, stack, kind, api, direction, host memory) with its
     calls and bytes, most bytes first. Calls without a stack (none taken,
     or not kept: the agent's `stacks` counts say why) are listed too, with
     no frames, so the list adds up to the copies and allocations seen as
     events."""
-    out: list[dict[str, Any]] = []
+    out: list[schema.CallSite] = []
     for p in model.processes.values():
         in_use = p.in_use_by_stack()
         for key, st in p.sites.items():
             stack = frames.get(key.stack)
-            row: dict[str, Any] = {
-                "pid": p.pid,
-                "process": p.name,
-                "kind": key.kind,
-                "api": apis.api_name(key.api),
-                "direction": key.direction.label if key.direction is not None else None,
-                "host_memory": key.host.label,
-                "calls": st.calls,
-                "bytes": st.bytes,
-                "errors": st.errors,
-                "frames": [f.as_dict() for f in stack.frames] if stack else [],
-            }
+            row = schema.CallSite(
+                pid=p.pid,
+                process=p.name,
+                kind=key.kind,
+                api=apis.api_name(key.api),
+                direction=key.direction.label if key.direction is not None else None,
+                host_memory=key.host.label,
+                calls=st.calls,
+                bytes=st.bytes,
+                errors=st.errors,
+                frames=[frame_row(f) for f in stack.frames] if stack else [],
+            )
             if stack is not None and stack.python is not None:
                 row["python_frames"] = stack.python
             if key.kind == "alloc":
@@ -50,7 +61,7 @@ def call_sites(model: Model, frames: Mapping[int, Stack]) -> list[dict[str, Any]
     return out
 
 
-def folded(sites: list[dict[str, Any]], weight: str = "bytes", kind: str | None = "copy") -> str:
+def folded(sites: Sequence[Mapping[str, Any]], weight: str = "bytes", kind: str | None = "copy") -> str:
     """Folded stacks, outermost frame first, weighted by `weight` (a
     site's `bytes`, `calls` or `in_use_bytes`), for sites of `kind`
     (None: all). The process and the api are the two outermost frames,
@@ -71,7 +82,7 @@ def folded(sites: list[dict[str, Any]], weight: str = "bytes", kind: str | None 
     return "".join(f"{k} {v}\n" for k, v in sorted(lines.items()))
 
 
-def _short(f: dict[str, Any]) -> str:
+def _short(f: Mapping[str, Any]) -> str:
     """A frame for a line of text: the function (a Python frame's with its
     file and line; a C++ function without its parameter list), or the file
     and offset."""
@@ -98,7 +109,7 @@ def without_parameters(name: str) -> str:
     return name
 
 
-def _label(f: dict[str, Any]) -> str:
+def _label(f: Mapping[str, Any]) -> str:
     if "file" in f:  # a Python frame: where in the user's code
         where = str(f["file"]).rsplit("/", 1)[-1]
         return f"{f['function']} ({where}:{f['line']})" if f["line"] is not None else f"{f['function']} ({where})"
@@ -109,7 +120,7 @@ def _label(f: dict[str, Any]) -> str:
 TOP_SITES = 5
 
 
-def print_call_sites(doc: dict[str, Any], console: Console, top: int = TOP_SITES) -> None:
+def print_call_sites(doc: Mapping[str, Any], console: Console, top: int = TOP_SITES) -> None:
     """The call sites that moved and allocated the most, a line each: what
     was called, then its callers, innermost first (the frames in the
     program's own files; the CUDA call itself is the first word)."""
@@ -142,7 +153,7 @@ def print_call_sites(doc: dict[str, Any], console: Console, top: int = TOP_SITES
             console.print(f"  [dim]{len(rows) - top} more: --format json[/dim]", highlight=False)
 
 
-def site_label(site: dict[str, Any]) -> str | None:
+def site_label(site: Mapping[str, Any]) -> str | None:
     """Where in the user's code a site's call was made: its innermost Python
     frame (file:line in function), or else the CUDA call's native caller."""
     for f in site["frames"]:
@@ -158,7 +169,7 @@ def site_label(site: dict[str, Any]) -> str | None:
 TOP_FINDING_SITES = 3
 
 
-def name_the_lines(findings: list[dict[str, Any]], sites: list[dict[str, Any]]) -> None:
+def name_the_lines(findings: Sequence[schema.Finding], sites: Sequence[Mapping[str, Any]]) -> None:
     """Say where a finding's bytes came from, in its summary and its evidence
     (`sites`): for pageable_h2d the call sites (the Python line where there
     is one) that copied most of its pageable bytes; for

@@ -436,14 +436,14 @@ class MetricsBuilder:
         )
 
     def _host_process(self, host: HostBook, key: ProcessKey, pp: _Points) -> None:
-        """A process's CPU time and collectives, from the host signals (keyed by pid there)."""
-        cpu = host.cpu.get(key.pid)
+        """A process's CPU time and collectives, from the host signals."""
+        cpu = host.cpu_of(key)
         if cpu is not None:
             pp.sums(("cpu", key), {}, CPU_COUNTERS, (cpu.runq_ns / 1e9, cpu.offcpu_ns / 1e9, cpu.oncpu_ns / 1e9))
             for kind, n in (("voluntary", cpu.voluntary), ("involuntary", cpu.involuntary)):
                 pp.sums(("ctx", key, kind), {"process.context_switch_type": kind}, ("process.context_switches",), (n,))
-        for (pid, coll), t in sorted(host.collectives.items()):
-            if pid == key.pid and t.calls:
+        for coll, t in host.collectives_of(key):
+            if t.calls:
                 cur = (t.calls, t.bytes, t.duration_ns / 1e9)
                 pp.sums(("nccl", key, int(coll)), {"collective": coll.label}, NCCL_COUNTERS, cur)
 

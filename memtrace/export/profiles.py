@@ -19,7 +19,7 @@ import gzip
 import html
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 SAMPLE_TYPES = (
@@ -73,7 +73,7 @@ class _Strings:
         return i
 
 
-def pprof(sites: list[dict[str, Any]], time_ns: int | None = None) -> bytes:
+def pprof(sites: Sequence[Mapping[str, Any]], time_ns: int | None = None) -> bytes:
     """The call sites (the summary's `stacks`) as a gzipped pprof profile."""
     s = _Strings()
     mappings: dict[tuple[str, str], int] = {}

@@ -1,28 +1,35 @@
-"""The summary users read: a JSON document (schema in README.md) and a
-rich table built from it."""
+"""The summary users read: the JSON document (export/schema.py: its
+classes, and docs/json.md) and a rich table built from it."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+from typing_extensions import TypedDict
 
-from memtrace.analysis.findings import DEFAULT, Thresholds, compute
+from memtrace.analysis.diagnosis import Diagnosis
+from memtrace.analysis.findings import DEFAULT, Finding, Thresholds, compute
 from memtrace.core import apis
 from memtrace.core.abi import BATCH_MAX, Direction, Layer, Stat
+from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes, human_seconds
+from memtrace.export import schema
 from memtrace.export.callsites import name_the_lines, print_call_sites
+from memtrace.export.schema import SCHEMA_VERSION
 from memtrace.model import Model, describe
+from memtrace.model.steps import StepStats
 
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "Library", "print_table", "say", "summary"]
 
 
 class Library(Protocol):
@@ -38,123 +45,177 @@ class Library(Protocol):
     def link_count(self) -> int: ...
 
 
+class _Stacks(TypedDict, total=False):
+    """The summary's `stacks`, where it has them, in their place among its keys."""
+
+    stacks: list[schema.CallSite]
+
+
+class _Command(TypedDict, total=False):
+    """The summary's `command`, where it has one (last)."""
+
+    command: schema.Command
+
+
 def summary(
     model: Model,
     stats: dict[Stat, int],
     libraries: Sequence[Library],
-    command: dict[str, Any] | None = None,
+    command: schema.Command | None = None,
     malformed: int = 0,
     thresholds: Thresholds = DEFAULT,
-    drain: dict[str, Any] | None = None,
-    host: dict[str, Any] | None = None,
-    collectives: list[dict[str, Any]] | None = None,
-    diagnoses: list[dict[str, Any]] | None = None,
+    drain: schema.Drain | None = None,
+    host: schema.Host | None = None,
+    collectives: list[schema.CollectiveRow] | None = None,
+    diagnoses: Sequence[Diagnosis] | None = None,
     overhead_budget: float | None = DEFAULT_BUDGET,
-    stacks: list[dict[str, Any]] | None = None,
-    stack_counts: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The run's summary; `drain`: the agent's drain statistics (DrainStats.as_dict()), when it has them;
-    `host` and `collectives`: the host signals' views (runtime/hostsignals.py), None when they were off;
+    stacks: list[schema.CallSite] | None = None,
+    stack_counts: schema.StackCounts | None = None,
+) -> schema.Summary:
+    """The run's summary; `drain`: the agent's drain statistics, when it has them;
+    `host` and `collectives`: the host signals' sections (runtime/hostsignals.py), None when they were off;
     `overhead_budget`: the share of a process's CPU time its probes may cost (replaces the thresholds' own);
     `stacks`: the call sites (export/callsites.py) and `stack_counts` what became of the stacks asked for,
     None with stacks off."""
     thresholds = dataclasses.replace(thresholds, overhead_budget=overhead_budget)
+    findings = [finding(f) for f in compute(model, thresholds)]
+    if stacks:
+        name_the_lines(findings, stacks)
+    agent = schema.Agent(
+        events=stats.get(Stat.EVENTS, 0),
+        dropped=stats.get(Stat.DROPPED, 0),
+        calls_without_event=sum(v[0] for v in model.lost.values()) + stats.get(Stat.TOTALS_FULL, 0),
+        abandoned_calls=stats.get(Stat.ABANDONED, 0),
+        untracked_calls=stats.get(Stat.INFLIGHT_FULL, 0)
+        + stats.get(Stat.TOTALS_FULL, 0)
+        + stats.get(Stat.COUNTS_FULL, 0),
+        nested_driver_calls=stats.get(Stat.NESTED, 0),
+        # Calls made inside a probed call of the same layer: the outer call's work, counted once as it.
+        nested_same_layer_calls=stats.get(Stat.NESTED_SAME, 0),
+        # Calls whose return was never seen (probes attached mid-call): not counted.
+        unreturned_calls=stats.get(Stat.UNRETURNED, 0),
+        # Batch copies with more copies than BPF reads: the bytes past the bound are missing.
+        batch_truncated_calls=stats.get(Stat.BATCH_TRUNCATED, 0),
+        # Copies of 3D batches to or from a CUDA array: counted, their bytes not known.
+        batch_array_copies=stats.get(Stat.BATCH_ARRAY_COPIES, 0),
+        holds=stats.get(Stat.HOLDS, 0),
+        hold_missed=stats.get(Stat.HOLD_MISSED, 0),
+        malformed_records=malformed,
+        # NCCL events of a process that had made no CUDA call yet (not charged), and waits past the bound.
+        collective_events_unmatched=model.collectives_unmatched,
+        collective_waits_dropped=sum(a.dropped for a in model.collective_waits.values()),
+        libraries=[
+            schema.LibraryRow(
+                path=a.name, layer=a.layer.label, probes=len(a.symbols), links=a.link_count, symbols=sorted(a.symbols)
+            )
+            for a in libraries
+        ],
+    )
+    if drain is not None:
+        agent["drain"] = drain
+    if stack_counts is not None:
+        agent["stacks"] = stack_counts
+    copies, totals = memcpy(model)
+    sites: _Stacks = {} if stacks is None else {"stacks": stacks}
+    cmd: _Command = {"command": command} if command else {}
+    return schema.Summary(
+        schema=SCHEMA_VERSION,
+        memcpy=copies,
+        totals=totals,
+        device_memory=device_memory(model),
+        synchronization=synchronization(model),
+        launches=launches(model),
+        overhead=overhead(model, thresholds.overhead_budget),
+        steps=steps(model),
+        collectives=collectives or [],
+        host=host,
+        findings=findings,
+        diagnoses=[diagnosis(d) for d in diagnoses or ()],
+        **sites,
+        agent=agent,
+        **cmd,
+    )
+
+
+def _who(model: Model, key: ProcessKey) -> tuple[int, str]:
+    """A process's start (wall clock) and name as its rows say them; (0, "") for one the model never met."""
+    p = model.processes.get(key)
+    return (p.start_ns, p.name) if p else (0, "")
+
+
+def memcpy(model: Model) -> tuple[list[schema.CopyRow], dict[str, schema.DirectionTotals]]:
+    """The copy rows, by (process, api, direction, host memory), and their totals by direction."""
     rows = []
-    totals: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "bytes": 0, "errors": 0})
+    totals: dict[str, schema.DirectionTotals] = {}
     copies = model.copy_view()
     for key in sorted(copies):
         st = copies[key]
         if st.calls == 0:
             continue
         layer, api, direction, sync, host_memory = describe(key)
-        proc = model.processes.get(key.process)
+        start, name = _who(model, key.process)
         h = st.durations
         seconds = st.duration_ns / 1e9
         rows.append(
-            {
-                "pid": key.process.pid,
-                "start_time_unix_nano": proc.start_ns if proc else 0,
-                "process": proc.name if proc else "",
-                "layer": layer,
-                "api": api,
-                "direction": direction,
-                "host_memory": host_memory,
-                "synchronous": sync,
-                "calls": st.calls,
-                "bytes": st.bytes,
-                "errors": st.errors,
-                "duration_seconds": {
-                    "p50": h.quantile(0.50),
-                    "p95": h.quantile(0.95),
-                    "p99": h.quantile(0.99),
-                    "max": h.max if h.count else 0.0,
-                    "sum": seconds,
-                },
-                "bandwidth_bytes_per_second": st.bytes / seconds if seconds > 0 else None,
-            }
+            schema.CopyRow(
+                pid=key.process.pid,
+                start_time_unix_nano=start,
+                process=name,
+                layer=layer,
+                api=api,
+                direction=direction,
+                host_memory=host_memory,
+                synchronous=sync,
+                calls=st.calls,
+                bytes=st.bytes,
+                errors=st.errors,
+                duration_seconds=schema.CopyDurations(
+                    p50=h.quantile(0.50),
+                    p95=h.quantile(0.95),
+                    p99=h.quantile(0.99),
+                    max=h.max if h.count else 0.0,
+                    sum=seconds,
+                ),
+                bandwidth_bytes_per_second=st.bytes / seconds if seconds > 0 else None,
+            )
         )
-        t = totals[direction]
+        t = totals.setdefault(direction, schema.DirectionTotals(calls=0, bytes=0, errors=0))
         t["calls"] += st.calls
         t["bytes"] += st.bytes
         t["errors"] += st.errors
-    findings = [f.as_dict() for f in compute(model, thresholds)]
-    if stacks:
-        name_the_lines(findings, stacks)
-    return {
-        "schema": SCHEMA_VERSION,
-        "memcpy": rows,
-        "totals": {d.label: totals[d.label] for d in Direction if d.label in totals},
-        "device_memory": device_memory(model),
-        "synchronization": synchronization(model),
-        "launches": launches(model),
-        "overhead": overhead(model, thresholds.overhead_budget),
-        "steps": steps(model),
-        "collectives": collectives or [],
-        "host": host,
-        "findings": findings,
-        "diagnoses": diagnoses if diagnoses is not None else [],
-        **({"stacks": stacks} if stacks is not None else {}),
-        "agent": {
-            "events": stats.get(Stat.EVENTS, 0),
-            "dropped": stats.get(Stat.DROPPED, 0),
-            "calls_without_event": sum(v[0] for v in model.lost.values()) + stats.get(Stat.TOTALS_FULL, 0),
-            "abandoned_calls": stats.get(Stat.ABANDONED, 0),
-            "untracked_calls": stats.get(Stat.INFLIGHT_FULL, 0)
-            + stats.get(Stat.TOTALS_FULL, 0)
-            + stats.get(Stat.COUNTS_FULL, 0),
-            "nested_driver_calls": stats.get(Stat.NESTED, 0),
-            # Calls made inside a probed call of the same layer: the outer call's work, counted once as it.
-            "nested_same_layer_calls": stats.get(Stat.NESTED_SAME, 0),
-            # Calls whose return was never seen (probes attached mid-call): not counted.
-            "unreturned_calls": stats.get(Stat.UNRETURNED, 0),
-            # Batch copies with more copies than BPF reads: the bytes past the bound are missing.
-            "batch_truncated_calls": stats.get(Stat.BATCH_TRUNCATED, 0),
-            # Copies of 3D batches to or from a CUDA array: counted, their bytes not known.
-            "batch_array_copies": stats.get(Stat.BATCH_ARRAY_COPIES, 0),
-            "holds": stats.get(Stat.HOLDS, 0),
-            "hold_missed": stats.get(Stat.HOLD_MISSED, 0),
-            "malformed_records": malformed,
-            # NCCL events of a process that had made no CUDA call yet (not charged), and waits past the bound.
-            "collective_events_unmatched": model.collectives_unmatched,
-            "collective_waits_dropped": sum(a.dropped for a in model.collective_waits.values()),
-            "libraries": [
-                {
-                    "path": a.name,
-                    "layer": a.layer.label,
-                    "probes": len(a.symbols),
-                    "links": a.link_count,
-                    "symbols": sorted(a.symbols),
-                }
-                for a in libraries
-            ],
-            **({"drain": drain} if drain is not None else {}),
-            **({"stacks": stack_counts} if stack_counts is not None else {}),
-        },
-        **({"command": command} if command else {}),
-    }
+    return rows, {d.label: totals[d.label] for d in Direction if d.label in totals}
 
 
-def overhead(model: Model, budget: float | None) -> list[dict[str, Any]]:
+def finding(f: Finding) -> schema.Finding:
+    return schema.Finding(
+        code=f.code,
+        pid=f.pid,
+        start_time_unix_nano=f.start_ns,
+        process=f.process,
+        value=f.value,
+        summary=f.summary,
+        fix=f.fix,
+        evidence=f.evidence,
+    )
+
+
+def diagnosis(d: Diagnosis) -> schema.Diagnosis:
+    return schema.Diagnosis(
+        cause=d.cause,
+        pid=d.key.pid,
+        start_time_unix_nano=d.start_ns,
+        process=d.process,
+        symptom=d.symptom,
+        ratio=d.ratio,
+        onset_time_unix_nano=d.onset_ns,
+        detected_time_unix_nano=d.detected_ns,
+        named_time_unix_nano=d.named_ns,
+        evidence=d.evidence,
+        fix=d.fix,
+    )
+
+
+def overhead(model: Model, budget: float | None) -> list[schema.OverheadRow]:
     """What memtrace's probes cost each process that took a trap (estimated:
     the kernel's trap counts times this host's calibrated trap cost), beside
     the budget; empty when the cost was not measured."""
@@ -164,50 +225,63 @@ def overhead(model: Model, budget: float | None) -> list[dict[str, Any]]:
         if o is None:
             continue
         out.append(
-            {
-                "pid": key.pid,
-                "start_time_unix_nano": p.start_ns,
-                "process": p.name,
-                **o.as_dict(),
-                "budget": budget,
-                "over_budget": o.over(budget),
+            schema.OverheadRow(
+                pid=key.pid,
+                start_time_unix_nano=p.start_ns,
+                process=p.name,
+                traps=o.traps,
+                launch_traps=o.launch_traps,
+                estimated_seconds=o.seconds,
+                cpu_seconds=o.cpu_seconds,
+                cpu_final=o.cpu_final,
+                share_of_cpu=o.share,
+                trap_seconds=o.cost.entry_seconds,
+                pair_seconds=o.cost.pair_seconds,
+                trap_entry_kind=o.cost.kind,
+                calibrated=o.cost.calibrated,
+                bounded=o.bounded,
+                estimated=True,
+                budget=budget,
+                over_budget=o.over(budget),
                 # The share of the time its launch probes were attached (None: always, exact).
-                "launch_duty": p.launch_duty,
-            }
+                launch_duty=p.launch_duty,
+            )
         )
     return out
 
 
-def device_memory(model: Model) -> list[dict[str, Any]]:
+def device_memory(model: Model) -> list[schema.DeviceMemoryRow]:
     out = []
     for key, p in sorted(model.processes.items()):
         m = p.memory
         if not (m.allocations or m.frees or m.unknown_frees or m.failed_allocations or p.book.pinned_bytes):
             continue
         out.append(
-            {
-                "pid": key.pid,
-                "start_time_unix_nano": p.start_ns,
-                "process": p.name,
-                "allocations": m.allocations,
-                "allocated_bytes": m.allocated_bytes,
-                "frees": m.frees,
-                "freed_bytes": m.freed_bytes,
-                "unknown_frees": m.unknown_frees,
-                "failed_allocations": m.failed_allocations,
-                "in_use_bytes": m.in_use_bytes,
-                "peak_bytes": m.peak_bytes,
-                "outstanding": m.outstanding,
-                "exited": p.exited,
-                "allocation_size_bytes": {"p50": m.sizes.quantile(0.5), "max": m.sizes.max if m.sizes.count else 0.0},
-                "pinned_host_bytes": p.book.pinned_bytes,
-                "lost_calls": p.lost_memory_calls(),
-            }
+            schema.DeviceMemoryRow(
+                pid=key.pid,
+                start_time_unix_nano=p.start_ns,
+                process=p.name,
+                allocations=m.allocations,
+                allocated_bytes=m.allocated_bytes,
+                frees=m.frees,
+                freed_bytes=m.freed_bytes,
+                unknown_frees=m.unknown_frees,
+                failed_allocations=m.failed_allocations,
+                in_use_bytes=m.in_use_bytes,
+                peak_bytes=m.peak_bytes,
+                outstanding=m.outstanding,
+                exited=p.exited,
+                allocation_size_bytes=schema.SizeQuantiles(
+                    p50=m.sizes.quantile(0.5), max=m.sizes.max if m.sizes.count else 0.0
+                ),
+                pinned_host_bytes=p.book.pinned_bytes,
+                lost_calls=p.lost_memory_calls(),
+            )
         )
     return out
 
 
-def synchronization(model: Model) -> list[dict[str, Any]]:
+def synchronization(model: Model) -> list[schema.SyncRow]:
     out = []
     syncs = model.sync_view()
     waited: dict[ProcessKey, int] = defaultdict(int)
@@ -217,52 +291,82 @@ def synchronization(model: Model) -> list[dict[str, Any]]:
         a = apis.BY_ID.get(api)
         p = model.processes.get(key)
         wall = p.wall_ns() if p else 0
+        start, name = _who(model, key)
         h = st.durations
         out.append(
-            {
-                "pid": key.pid,
-                "start_time_unix_nano": p.start_ns if p else 0,
-                "process": p.name if p else "",
-                "layer": a.layer.label if a else "driver",
-                "api": apis.api_name(api),
-                "kind": a.sync.value if a and a.sync else "other",
-                "calls": st.calls,
-                "errors": st.errors,
-                "duration_seconds": {
-                    "p50": h.quantile(0.50),
-                    "p99": h.quantile(0.99),
-                    "max": h.max if h.count else 0.0,
-                    "sum": st.duration_ns / 1e9,
-                },
-                "share_of_wall_time": waited[key] / wall if wall else None,
-            }
+            schema.SyncRow(
+                pid=key.pid,
+                start_time_unix_nano=start,
+                process=name,
+                layer=a.layer.label if a else "driver",
+                api=apis.api_name(api),
+                kind=a.sync.value if a and a.sync else "other",
+                calls=st.calls,
+                errors=st.errors,
+                duration_seconds=schema.WaitDurations(
+                    p50=h.quantile(0.50),
+                    p99=h.quantile(0.99),
+                    max=h.max if h.count else 0.0,
+                    sum=st.duration_ns / 1e9,
+                ),
+                share_of_wall_time=waited[key] / wall if wall else None,
+            )
         )
     return out
 
 
-def steps(model: Model) -> list[dict[str, Any]]:
+def _step_durations(h: ExpHistogram) -> schema.StepDurations:
+    return schema.StepDurations(
+        p50=h.quantile(0.50),
+        p95=h.quantile(0.95),
+        p99=h.quantile(0.99),
+        max=h.max if h.count and not math.isinf(h.max) else 0.0,
+    )
+
+
+def step_row(key: ProcessKey, start_ns: int, name: str, st: StepStats) -> schema.StepRow:
+    """A process's steps (model/steps.py), as the summary's `steps` row."""
+    return schema.StepRow(
+        pid=key.pid,
+        start_time_unix_nano=start_ns,
+        process=name,
+        tid=st.tid,
+        steps=st.steps,
+        duration_seconds=_step_durations(st.durations),
+        breakdown=schema.StepBreakdown(
+            copy=st.share(st.copy_ns),
+            sync_wait=st.share(st.sync_ns),
+            collective=st.share(st.collective_ns),
+            host=st.share(st.host_ns),
+        ),
+        gpu_idle_share=st.share(st.gpu_idle_ns),
+    )
+
+
+def steps(model: Model) -> list[schema.StepRow]:
     """Each process's inferred steps (memtrace/model/steps.py)."""
-    return model.steps_view()
+    return [step_row(key, *_who(model, key), st) for key, st in model.steps_view().items()]
 
 
-def launches(model: Model) -> list[dict[str, Any]]:
+def launches(model: Model) -> list[schema.LaunchRow]:
     out = []
     for (key, api), n in sorted(model.launches.items()):
         a = apis.BY_ID.get(api)
         p = model.processes.get(key)
+        start, name = _who(model, key)
         out.append(
-            {
-                "pid": key.pid,
-                "start_time_unix_nano": p.start_ns if p else 0,
-                "process": p.name if p else "",
-                "api": apis.api_name(api),
-                "kind": a.launch.value if a and a.launch else "kernel",
-                "launches": n,
+            schema.LaunchRow(
+                pid=key.pid,
+                start_time_unix_nano=start,
+                process=name,
+                api=apis.api_name(api),
+                kind=a.launch.value if a and a.launch else "kernel",
+                launches=n,
                 # Sampled by the overhead budget: counted in its windows, extrapolated between them.
-                "estimated": bool(p and p.launch_duty is not None),
+                estimated=bool(p and p.launch_duty is not None),
                 # Its own launch probes came after it may have launched: a floor.
-                "partial": bool(p and p.launches_partial),
-            }
+                partial=bool(p and p.launches_partial),
+            )
         )
     return out
 
@@ -351,7 +455,7 @@ def _process_name(rows: list[dict[str, Any]], pid: int) -> str:
     return next((r["process"] for r in rows if r["process"]), "")
 
 
-def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> None:
+def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) -> None:
     """The summary for people: per process and direction (80 columns), or per
     API with ``detail``. Exact byte totals are always shown in full."""
     a = doc["agent"]
@@ -472,7 +576,7 @@ def print_table(doc: dict[str, Any], console: Console, detail: bool = False) -> 
         )
 
 
-def print_sections(doc: dict[str, Any], console: Console) -> None:
+def print_sections(doc: Mapping[str, Any], console: Console) -> None:
     """Device memory, waits, launches and findings, under the copy table."""
     if doc.get("device_memory"):
         t = _table(
@@ -530,7 +634,7 @@ def _pct(v: float | None) -> str:
     return "?" if v is None else f"{v:.0%}"
 
 
-def print_host(doc: dict[str, Any], console: Console) -> None:
+def print_host(doc: Mapping[str, Any], console: Console) -> None:
     """The host signals in a few lines: CPU waits, collectives, GPUs, busy links, sensors that were off."""
     host = doc.get("host")
     for c in doc.get("collectives") or []:

@@ -46,15 +46,15 @@ class TopView:
         self.detail = detail
         self.thresholds = Thresholds(overhead_budget=overhead_budget)
         self._prev: dict[ProcessKey, tuple[int, int, int]] = {}
-        self._prev_cpu: dict[int, CpuStats] = {}
+        self._prev_cpu: dict[ProcessKey, CpuStats] = {}
 
-    def _runq_p99(self, host: HostBook | None, pid: int) -> str:
+    def _runq_p99(self, host: HostBook | None, key: ProcessKey) -> str:
         """Run-queue latency p99 since the previous refresh (the host signals' CPU sensor)."""
-        cur = host.cpu.get(pid) if host is not None else None
+        cur = host.cpu.get(key) if host is not None else None
         if cur is None:
             return ""
-        prev = self._prev_cpu.get(pid)
-        self._prev_cpu[pid] = cur
+        prev = self._prev_cpu.get(key)
+        self._prev_cpu[key] = cur
         window = cur.since(prev) if prev is not None else cur
         p99 = window.runq_quantile_us(0.99)
         return "" if p99 is None else f"{p99 / 1e3:.2g}ms"
@@ -134,11 +134,13 @@ class TopView:
                 cells += [
                     "" if p50 is None else f"{p50 * 1e3:.3g}ms",
                     "" if steps is None else f"{steps.share(steps.gpu_idle_ns):.0%}",
-                    self._runq_p99(host, key.pid),
+                    self._runq_p99(host, key),
                     self._overhead(model, key),
                 ]
             t.add_row(*cells)
             self._prev[key] = (p.calls, p.bytes, launches.get(key, 0))
+        for gone in self._prev_cpu.keys() - shown:  # the CPU readings of processes no longer shown
+            del self._prev_cpu[gone]
         notes = [
             f"[bold red]diagnosis[/bold red] ({d.process or d.key.pid} {d.key.pid}): {d.symptom}; "
             f"cause [bold]{d.cause}[/bold]. [bold]fix[/bold]: {d.fix}"

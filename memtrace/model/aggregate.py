@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -41,7 +40,7 @@ from memtrace.model.process import (
     SyncStats,
     direction_of,
 )
-from memtrace.model.steps import StepTracker
+from memtrace.model.steps import StepStats, StepTracker
 
 # Per-api lookup tables for vectorised decoding.
 _FAMILY = np.full(1 << 16, Family.COPY, np.uint8)  # an id this version does not know: kept as a copy
@@ -360,18 +359,14 @@ class Model:
             out.update(p.sync_view())
         return out
 
-    def steps_view(self) -> list[dict[str, Any]]:
-        """One row per process with steps (of its stepping thread): pid,
-        start_time_unix_nano, process, tid, steps, duration_seconds,
-        breakdown (shares of step time), gpu_idle_share."""
-        rows = []
+    def steps_view(self) -> dict[ProcessKey, StepStats]:
+        """Each process with steps: the steps of its stepping thread, by process."""
+        out = {}
         for key, t in sorted(self.step_trackers.items()):
             st = t.stats()
             if st is not None:
-                p = self.processes.get(key)
-                who = {"pid": key.pid, "start_time_unix_nano": p.start_ns if p else 0, "process": p.name if p else ""}
-                rows.append({**who, **st.row()})
-        return rows
+                out[key] = st
+        return out
 
     def process_exited(self, key: ProcessKey, cpu_ns: int = 0) -> None:
         """`cpu_ns`: its whole CPU time, as the kernel had it at the exit (0: not said)."""
@@ -414,12 +409,12 @@ class Model:
         if self._by_pid.get(key.pid) == key:
             del self._by_pid[key.pid]
 
-    def collective_wait_totals(self) -> dict[tuple[int, Collective], tuple[int, int]]:
-        """Per (pid, collective) of the live processes: the waits charged to it, and their total ns."""
-        out: dict[tuple[int, Collective], tuple[int, int]] = {}
+    def collective_wait_totals(self) -> dict[tuple[ProcessKey, Collective], tuple[int, int]]:
+        """Per (process, collective): the waits charged to it, and their total ns."""
+        out: dict[tuple[ProcessKey, Collective], tuple[int, int]] = {}
         for key, att in self.collective_waits.items():
             for c, v in att.by_collective.items():
-                out[(key.pid, c)] = v
+                out[(key, c)] = v
         return out
 
 

@@ -2,8 +2,11 @@
 process got (the CPU sensor), the GPUs (NVML), the network interfaces of the
 namespaces the processes live in (rtnetlink) and their collectives (the
 NCCL sensor). Pure folding of readings the runtime takes on its sampling
-timer; the report turns `view()` into the summary's `host` and
-`collectives` (README, "JSON summary").
+timer; export/host.py turns them into the summary's `host` and
+`collectives` rows (export/schema.py).
+
+A process is its ProcessKey (pid, start), as on the CUDA side: a pid
+reused during the run is two processes, two rows, never one.
 
 Every figure is the sensor's own, or a delta of two of its cumulative
 counters: nothing is estimated. A sensor that is off says so and why
@@ -20,16 +23,27 @@ seen are folded out and counted in `processes_dropped`).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from memtrace.core.cpu import CpuStats
 from memtrace.core.gpu import GpuSample, counter_delta
+from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import CallTotals, Collective
-from memtrace.core.netdev import IFACE_COUNTERS, QDISC_COUNTERS, NetSnapshot, net_rates
+from memtrace.core.netdev import (
+    IFACE_COUNTERS,
+    QDISC_COUNTERS,
+    InterfaceSample,
+    Netns,
+    NetSnapshot,
+    QdiscSample,
+    net_rates,
+)
 
 MAX_PROCESSES = 4096
-TOP_PREEMPTORS = 5
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -40,15 +54,9 @@ class SensorState:
     reason: str = ""
     fix: str = ""
 
-    def row(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"state": "on" if self.on else "off"}
-        if not self.on:
-            out.update(reason=self.reason, fix=self.fix)
-        return out
-
 
 @dataclass
-class _Series:
+class Series:
     """Mean and maximum of one reading over the samples that had it."""
 
     n: int = 0
@@ -64,14 +72,15 @@ class _Series:
         m = v if most is None else most
         self.most = m if self.most is None else max(self.most, m)
 
-    def row(self, scale: float = 1.0) -> dict[str, float] | None:
+    def mean_max(self) -> tuple[float, float] | None:
+        """(mean, maximum); None: no sample had the reading."""
         if not self.n or self.most is None:
             return None
-        return {"mean": self.total / self.n * scale, "max": self.most * scale}
+        return self.total / self.n, self.most
 
 
 @dataclass
-class _ByteCounter:
+class ByteCounter:
     """A cumulative byte counter, between the first and last samples that had it: exact bytes over
     exact seconds, and the busiest interval between two samples."""
 
@@ -90,10 +99,11 @@ class _ByteCounter:
         rate = delta / seconds
         self.most = rate if self.most is None else max(self.most, rate)
 
-    def row(self) -> dict[str, float] | None:
+    def mean_max(self) -> tuple[float, float] | None:
+        """(bytes per second over the counted seconds, the busiest interval's); None: never counted."""
         if not self.seconds or self.most is None:
             return None
-        return {"mean": self.bytes / self.seconds, "max": self.most}
+        return self.bytes / self.seconds, self.most
 
 
 @dataclass
@@ -107,15 +117,15 @@ class GpuSeries:
     latest: GpuSample | None = None  # the last sample, detailed or not
     samples: int = 0
     lost_samples: int = 0
-    sm: _Series = field(default_factory=_Series)
-    mem_util: _Series = field(default_factory=_Series)
-    memory_used: _Series = field(default_factory=_Series)
-    temperature: _Series = field(default_factory=_Series)
-    power: _Series = field(default_factory=_Series)
-    pcie_tx: _Series = field(default_factory=_Series)
-    pcie_rx: _Series = field(default_factory=_Series)
-    pcie_tx_count: _ByteCounter = field(default_factory=_ByteCounter)  # where the driver counts PCIe bytes
-    pcie_rx_count: _ByteCounter = field(default_factory=_ByteCounter)
+    sm: Series = field(default_factory=Series)
+    mem_util: Series = field(default_factory=Series)
+    memory_used: Series = field(default_factory=Series)
+    temperature: Series = field(default_factory=Series)
+    power: Series = field(default_factory=Series)
+    pcie_tx: Series = field(default_factory=Series)
+    pcie_rx: Series = field(default_factory=Series)
+    pcie_tx_count: ByteCounter = field(default_factory=ByteCounter)  # where the driver counts PCIe bytes
+    pcie_rx_count: ByteCounter = field(default_factory=ByteCounter)
     pcie_counted: bool = False
     throttled_samples: int = 0
     clock_samples: int = 0
@@ -171,85 +181,22 @@ class GpuSeries:
         for p in s.processes:
             self.processes[p.pid] = p.used_memory_bytes
 
-    def _delta(self, name: str) -> int | None:
+    def delta(self, name: str) -> int | None:
+        """A cumulative counter's increase between the first and last detailed samples
+        (`pcie_replay_count`, `ecc_corrected_volatile`, ...); None: not read (no detailed sample had it)."""
         if self.first is None or self.last is None:
             return None
         return counter_delta(getattr(self.first, name), getattr(self.last, name))[0]
 
-    def _pcie_rows(self) -> dict[str, Any]:
-        """PCIe throughput: exact from the driver's byte counters, or NVML's 20 ms estimates."""
-        if self.pcie_counted:
-            tx, rx = self.pcie_tx_count, self.pcie_rx_count
-            return {
-                "pcie_throughput_from": "byte_counters",
-                "pcie_tx_bytes_per_second": tx.row(),
-                "pcie_rx_bytes_per_second": rx.row(),
-                "pcie_tx_bytes": tx.bytes if tx.seconds else None,
-                "pcie_rx_bytes": rx.bytes if rx.seconds else None,
-                "pcie_counter_resets": tx.resets + rx.resets,
-            }
-        sampled = bool(self.pcie_tx.n or self.pcie_rx.n)
-        return {
-            "pcie_throughput_from": "20ms_samples" if sampled else None,
-            "pcie_tx_bytes_per_second": self.pcie_tx.row(),
-            "pcie_rx_bytes_per_second": self.pcie_rx.row(),
-            "pcie_tx_bytes": None,
-            "pcie_rx_bytes": None,
-            "pcie_counter_resets": 0,
-        }
-
     def replays_since_start(self) -> int | None:
-        return self._delta("pcie_replay_count")
-
-    def row(self, pids: set[int] | None) -> dict[str, Any]:
-        last = self.last
-        link = None
-        if last is not None and last.max_link_width is not None:
-            link = {
-                "generation": last.link_generation,
-                "width": last.link_width,
-                "max_generation": last.max_link_generation,
-                "max_width": last.max_link_width,
-                "lowest_seen": None
-                if self.narrowest is None
-                else {"generation": self.narrowest[0], "width": self.narrowest[1]},
-                "degraded_share": self.degraded_samples / self.link_samples if self.link_samples else None,
-            }
-        power = self.power.row(1e-3)
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "name": self.name,
-            "bus_id": self.bus_id,
-            "samples": self.samples,
-            "lost_samples": self.lost_samples,
-            "sm_utilization_percent": self.sm.row(),
-            "memory_utilization_percent": self.mem_util.row(),
-            "memory_used_bytes": self.memory_used.row(),
-            "memory_total_bytes": None if last is None else last.memory_total_bytes,
-            "temperature_celsius": self.temperature.row(),
-            "power_watts": power,
-            **self._pcie_rows(),
-            "pcie_link": link,
-            "pcie_replays": self._delta("pcie_replay_count"),
-            "ecc_corrected_errors": self._delta("ecc_corrected_volatile"),
-            "ecc_uncorrected_errors": self._delta("ecc_uncorrected_volatile"),
-            "clock_event_reasons": sorted(self.reasons),
-            "throttled_share": self.throttled_samples / self.clock_samples if self.clock_samples else None,
-            "xids": list(self.xids),
-            "processes": [
-                {"pid": pid, "used_memory_bytes": used}
-                for pid, used in sorted(self.processes.items())
-                if pids is None or pid in pids
-            ],
-        }
+        return self.delta("pcie_replay_count")
 
 
 @dataclass
 class _Link:
     """One interface (or qdisc) between its first and last sample, with the busiest window."""
 
-    first: Any
+    first: Any  # InterfaceSample or QdiscSample
     last: Any
     t_first: int  # CLOCK_MONOTONIC ns of the samples
     t_last: int
@@ -275,34 +222,43 @@ class _Link:
 
 @dataclass(frozen=True)
 class InterfaceSeries:
-    """One interface as the export reads it: its counters since the first sample."""
+    """One interface as the exports read it: its counters since the first sample."""
 
     netns: int
     host_namespace: bool
-    last: Any  # InterfaceSample
+    last: InterfaceSample
     deltas: dict[str, int]  # IFACE_COUNTERS
     utilization: float | None  # over the last sampling interval
+    seconds: float = 0.0  # between the first and last samples
+    peak_utilization: float | None = None  # the busiest window's or fast tick's (None: unknown speed)
+    peak_rx_bytes_per_s: float | None = None  # the busiest fast tick's (None: no fast sampler)
+    peak_tx_bytes_per_s: float | None = None
+    counter_resets: int = 0
 
 
 @dataclass(frozen=True)
 class QdiscSeries:
-    last: Any  # QdiscSample
+    last: Any  # QdiscSample (Any: the OTLP export reads it untyped)
     deltas: dict[str, int]  # QDISC_COUNTERS
+    peak_backlog_bytes: int = 0
 
 
 class HostBook:
-    """The host readings of one run (or one push interval), folded."""
+    """The host readings of one run (or one push interval), folded. Each
+    process's readings are kept by its ProcessKey; a reading taken before
+    its start was known stands as ProcessKey(pid, 0)."""
 
     def __init__(self, max_processes: int = MAX_PROCESSES) -> None:
         self.sensors: dict[str, SensorState] = {}
         self.max_processes = max_processes
         self.gpus: dict[str, GpuSeries] = {}
         self.driver_version: str | None = None
-        self.cpu: OrderedDict[int, CpuStats] = OrderedDict()
-        self.names: dict[int, str] = {}
-        self.quota_throttled_ns: dict[int, tuple[str, int, int]] = {}  # pid -> (cgroup, throttled ns, periods)
-        self.memory_limit_hits: dict[int, int] = {}  # pid -> its memory cgroups' limit hits so far
-        self.collectives: dict[tuple[int, Collective], CallTotals] = {}
+        self.cpu: OrderedDict[ProcessKey, CpuStats] = OrderedDict()
+        self.names: dict[ProcessKey, str] = {}
+        # process -> (cgroup, throttled ns, periods), since its first reading
+        self.quota_throttled_ns: dict[ProcessKey, tuple[str, int, int]] = {}
+        self.memory_limit_hits: dict[ProcessKey, int] = {}  # its memory cgroups' limit hits so far
+        self.collectives: dict[tuple[ProcessKey, Collective], CallTotals] = {}
         self.nccl_libraries: list[str] = []
         self.processes_dropped = 0
         self.cpu_gaps: dict[str, int] = {}  # what the CPU sensor could not keep or was not told, counted
@@ -376,51 +332,103 @@ class HostBook:
                 snap.time_ns, snap.namespaces, snap.interfaces, self._net_prev.qdiscs, snap.gone_namespaces
             )
 
-    def set_cpu(self, stats: dict[int, CpuStats], names: dict[int, str] | None = None) -> None:
+    def set_cpu(self, stats: dict[ProcessKey, CpuStats], names: dict[ProcessKey, str] | None = None) -> None:
         """The CPU sensor's cumulative readings (a later reading replaces an earlier one)."""
-        for pid, st in stats.items():
-            self.cpu[pid] = st
-            self.cpu.move_to_end(pid)
+        for key, st in stats.items():
+            self.cpu[key] = st
+            self.cpu.move_to_end(key)
         self.names.update(names or {})
         while len(self.cpu) > self.max_processes:
-            pid, _ = self.cpu.popitem(last=False)
-            self.names.pop(pid, None)
+            key, _ = self.cpu.popitem(last=False)
+            self.names.pop(key, None)
             self.processes_dropped += 1
 
-    def forget(self, pid: int) -> None:
+    def forget(self, key: ProcessKey) -> None:
         """A process the agent no longer traces: its CPU and collectives rows go."""
-        self.cpu.pop(pid, None)
-        self.names.pop(pid, None)
-        self.quota_throttled_ns.pop(pid, None)
-        self.memory_limit_hits.pop(pid, None)
-        for k in [k for k in self.collectives if k[0] == pid]:
+        self.cpu.pop(key, None)
+        self.names.pop(key, None)
+        self.quota_throttled_ns.pop(key, None)
+        self.memory_limit_hits.pop(key, None)
+        for k in [k for k in self.collectives if k[0] == key]:
             del self.collectives[k]
 
-    def set_quota(self, pid: int, cgroup: str, throttled_ns: int, throttled_periods: int) -> None:
-        self.quota_throttled_ns[pid] = (cgroup, throttled_ns, throttled_periods)
+    def rename(self, old: ProcessKey, new: ProcessKey) -> None:
+        """Readings kept under `old` are `new`'s (a pid's, before its process's start was known):
+        they move to it, unless it has its own."""
+        if old == new:
+            return
+        _move(self.cpu, old, new)
+        _move(self.names, old, new)
+        _move(self.quota_throttled_ns, old, new)
+        _move(self.memory_limit_hits, old, new)
+        for k in [k for k in self.collectives if k[0] == old]:
+            self.collectives.setdefault((new, k[1]), self.collectives.pop(k))
 
-    def set_collectives(self, totals: dict[tuple[int, Collective], CallTotals], libraries: list[str]) -> None:
+    def set_quota(self, key: ProcessKey, cgroup: str, throttled_ns: int, throttled_periods: int) -> None:
+        self.quota_throttled_ns[key] = (cgroup, throttled_ns, throttled_periods)
+
+    def set_collectives(self, totals: dict[tuple[ProcessKey, Collective], CallTotals], libraries: list[str]) -> None:
         self.collectives = totals
         self.nccl_libraries = libraries
 
-    # ---- what the diagnosis reads (live) ----
+    # ---- what the diagnosis and the exports read ----
 
-    def latest_interfaces(self) -> list[Any]:
-        """The last sample of each interface (InterfaceSample), cumulative counters."""
+    def cpu_of(self, key: ProcessKey) -> CpuStats | None:
+        """A process's CPU readings: its own, or those kept under its pid
+        alone (taken before its start was known, and not renamed since)."""
+        own = self.cpu.get(key)
+        return own if own is not None else self.cpu.get(ProcessKey(key.pid, 0))
+
+    def collectives_of(self, key: ProcessKey) -> list[tuple[Collective, CallTotals]]:
+        """A process's collectives, by collective: its own, or as cpu_of, those kept under its pid alone."""
+        rows = sorted(((c, t) for (who, c), t in self.collectives.items() if who == key), key=lambda ct: ct[0])
+        if rows or not key.start_ns:
+            return rows
+        return self.collectives_of(ProcessKey(key.pid, 0))
+
+    def latest_interfaces(self) -> list[InterfaceSample]:
+        """The last sample of each interface, cumulative counters."""
         return [link.last for link in self._ifaces.values()]
 
-    def latest_qdiscs(self) -> list[Any]:
+    def latest_qdiscs(self) -> list[QdiscSample]:
         return [q.last for q in self._qdiscs.values()]
 
-    def interface_series(self) -> list[InterfaceSeries]:
+    def interfaces(self) -> list[InterfaceSeries]:
+        """Every interface sampled, in the order first seen."""
         out = []
-        for (netns, _index, _name), link in sorted(self._ifaces.items(), key=lambda kv: kv[0]):
+        for (netns, _index, _name), link in self._ifaces.items():
             host, _ = self._namespaces.get(netns, (False, set()))
-            out.append(InterfaceSeries(netns, host, link.last, link.counted(IFACE_COUNTERS), link.last_utilization))
+            out.append(
+                InterfaceSeries(
+                    netns,
+                    host,
+                    link.last,
+                    link.counted(IFACE_COUNTERS),
+                    link.last_utilization,
+                    seconds=(link.t_last - link.t_first) / 1e9,
+                    peak_utilization=link.peak_utilization,
+                    peak_rx_bytes_per_s=link.peak_rx,
+                    peak_tx_bytes_per_s=link.peak_tx,
+                    counter_resets=link.resets,
+                )
+            )
         return out
 
+    def interface_series(self) -> list[InterfaceSeries]:
+        """Every interface, by (netns, index, name)."""
+        return sorted(self.interfaces(), key=lambda i: i.last.key)
+
+    def qdiscs(self) -> list[QdiscSeries]:
+        """Every queueing discipline sampled, in the order first seen."""
+        return [QdiscSeries(q.last, q.counted(QDISC_COUNTERS), q.peak_backlog_bytes) for q in self._qdiscs.values()]
+
     def qdisc_series(self) -> list[QdiscSeries]:
-        return [QdiscSeries(q.last, q.counted(QDISC_COUNTERS)) for _k, q in sorted(self._qdiscs.items())]
+        """Every queueing discipline, by (netns, ifindex, ifname, handle, parent)."""
+        return sorted(self.qdiscs(), key=lambda q: q.last.key)
+
+    def namespaces(self) -> list[Netns]:
+        """The network namespaces sampled, by inode, with every traced pid seen in each."""
+        return [Netns(ino, tuple(sorted(pids)), host) for ino, (host, pids) in sorted(self._namespaces.items())]
 
     def netns_of(self, pid: int) -> int | None:
         for ino, (_host, pids) in self._namespaces.items():
@@ -428,128 +436,7 @@ class HostBook:
                 return ino
         return None
 
-    # ---- views ----
 
-    def _cpu_rows(self, cgroup_name: dict[int, str]) -> list[dict[str, Any]]:
-        rows = []
-        for pid, st in self.cpu.items():
-            alive = st.oncpu_ns + st.offcpu_ns + st.runq_ns
-            q = self.quota_throttled_ns.get(pid)
-            rows.append(
-                {
-                    "pid": pid,
-                    "process": self.names.get(pid, ""),
-                    "on_cpu_seconds": st.oncpu_ns / 1e9,
-                    "off_cpu_seconds": st.offcpu_ns / 1e9,
-                    "run_queue_seconds": st.runq_ns / 1e9,
-                    "run_queue_share": st.runq_ns / alive if alive else 0.0,
-                    "run_queue_latency_us": _quantiles(st.runq_quantile_us, sum(st.runq_hist)),
-                    "off_cpu_us": _quantiles(st.offcpu_quantile_us, sum(st.offcpu_hist)),
-                    "voluntary_switches": st.voluntary,
-                    "involuntary_switches": st.involuntary,
-                    "cgroup_id": st.cgroup_id,
-                    "cgroup": cgroup_name.get(st.cgroup_id),
-                    "cpu_quota": None
-                    if q is None
-                    else {"cgroup": q[0], "throttled_seconds": q[1] / 1e9, "throttled_periods": q[2]},
-                    "preempted_by": [
-                        {
-                            "cgroup_id": p.cgroup_id,
-                            "cgroup": "(idle: own CPU quota)" if p.cgroup_id == 0 else cgroup_name.get(p.cgroup_id),
-                            "switches": p.count,
-                            "run_queue_seconds": p.wait_ns / 1e9,
-                            "last_pid": p.last_pid,
-                            "last_process": p.last_comm,
-                        }
-                        for p in st.preemptors[:TOP_PREEMPTORS]
-                    ],
-                }
-            )
-        return rows
-
-    def _net_view(self) -> dict[str, Any]:
-        ifaces = []
-        for (netns, _index, name), link in sorted(self._ifaces.items(), key=lambda kv: (kv[0][0], kv[0][2])):
-            interval = (link.t_last - link.t_first) / 1e9
-            deltas = link.counted(IFACE_COUNTERS)
-            b = link.last
-            host, _ = self._namespaces.get(netns, (False, set()))
-            ifaces.append(
-                {
-                    "netns": netns,
-                    "host_namespace": host,
-                    "interface": name,
-                    "operstate": b.operstate,
-                    "speed_bits_per_second": b.speed_bits_per_s,
-                    **deltas,
-                    "seconds": interval,
-                    "rx_bytes_per_second": deltas["rx_bytes"] / interval if interval else None,
-                    "tx_bytes_per_second": deltas["tx_bytes"] / interval if interval else None,
-                    "peak_utilization": link.peak_utilization,
-                    "peak_rx_bytes_per_second": link.peak_rx,
-                    "peak_tx_bytes_per_second": link.peak_tx,
-                    "counter_resets": link.resets,
-                }
-            )
-        qdiscs = []
-        for (netns, _ifindex, ifname, handle, parent), ql in sorted(
-            self._qdiscs.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3])
-        ):
-            deltas = ql.counted(QDISC_COUNTERS)
-            b = ql.last
-            qdiscs.append(
-                {
-                    "netns": netns,
-                    "interface": ifname,
-                    "kind": b.kind,
-                    "handle": f"{handle >> 16:x}:{handle & 0xFFFF:x}",
-                    "root": parent == 0xFFFFFFFF,
-                    **deltas,
-                    "backlog_bytes": b.backlog_bytes,
-                    "peak_backlog_bytes": ql.peak_backlog_bytes,
-                }
-            )
-        return {
-            "samples": self.net_samples,
-            "namespaces": [
-                {"netns": ino, "host_namespace": host, "pids": sorted(pids)}
-                for ino, (host, pids) in sorted(self._namespaces.items())
-            ],
-            "interfaces": ifaces,
-            "qdiscs": qdiscs,
-            "errors": sorted(self.net_errors),
-        }
-
-    def view(self, cgroup_name: dict[int, str] | None = None, pids: set[int] | None = None) -> dict[str, Any]:
-        """The summary's `host` section."""
-        names = cgroup_name or {}
-        return {
-            "sensors": {k: v.row() for k, v in sorted(self.sensors.items())},
-            "cpu": self._cpu_rows(names),
-            "gpus": [g.row(pids) for g in sorted(self.gpus.values(), key=lambda g: g.index)],
-            "nvidia_driver": self.driver_version,
-            "network": self._net_view(),
-            "processes_dropped": self.processes_dropped,
-            "cpu_sensor": dict(self.cpu_gaps) if "cpu" in self.sensors and self.sensors["cpu"].on else None,
-        }
-
-    def collectives_view(self) -> list[dict[str, Any]]:
-        """The summary's `collectives`: per process and collective, calls and bytes."""
-        return [
-            {
-                "pid": pid,
-                "collective": coll.label,
-                "calls": t.calls,
-                "bytes": t.bytes,
-                "bytes_unknown_calls": t.bytes_unknown,
-                "errors": t.errors,
-                "seconds": t.duration_ns / 1e9,
-            }
-            for (pid, coll), t in sorted(self.collectives.items(), key=lambda kv: (kv[0][0], kv[0][1]))
-        ]
-
-
-def _quantiles(fn: Any, n: int) -> dict[str, float] | None:
-    if not n:
-        return None
-    return {"count": n, "p50": fn(0.5), "p99": fn(0.99)}
+def _move(rows: MutableMapping[ProcessKey, T], old: ProcessKey, new: ProcessKey) -> None:
+    if old in rows:
+        rows.setdefault(new, rows.pop(old))

@@ -114,7 +114,6 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -176,21 +175,6 @@ class StepStats:
 
     def share(self, ns: int) -> float:
         return ns / self.step_ns if self.step_ns else 0.0
-
-    def row(self) -> dict[str, Any]:
-        """The steps as the JSON summary reports them (README.md, `steps`)."""
-        return {
-            "tid": self.tid,
-            "steps": self.steps,
-            "duration_seconds": quantiles(self.durations),
-            "breakdown": {
-                "copy": self.share(self.copy_ns),
-                "sync_wait": self.share(self.sync_ns),
-                "collective": self.share(self.collective_ns),
-                "host": self.share(self.host_ns),
-            },
-            "gpu_idle_share": self.share(self.gpu_idle_ns),
-        }
 
 
 class _Ring:
@@ -660,12 +644,3 @@ def feed(trackers: dict[int, StepTracker], batch: np.ndarray, collectives: np.nd
         b = batch if len(pids) == 1 else batch[batch["pid"] == pid]
         c = None if collectives is None else collectives[collectives["pid"] == pid]
         t.add(b, c)
-
-
-def quantiles(h: ExpHistogram) -> dict[str, float]:
-    return {
-        "p50": h.quantile(0.50),
-        "p95": h.quantile(0.95),
-        "p99": h.quantile(0.99),
-        "max": h.max if h.count and not math.isinf(h.max) else 0.0,
-    }

@@ -57,7 +57,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, PyCode, PyCodeKey, PyProc, Stat
 from memtrace.core.abi import Stack as RawStack
@@ -67,6 +67,7 @@ from memtrace.core.overhead import TrapCosts
 from memtrace.core.procfiles import Candidate
 from memtrace.core.stacks import Stack
 from memtrace.core.threads import thread
+from memtrace.export.schema import StackCounts
 from memtrace.model import Model
 from memtrace.runtime.budget import LaunchBudget
 from memtrace.runtime.drain import DrainGaps, DrainStats
@@ -602,32 +603,32 @@ class Agent:
             keys = {k.stack for p in self.model.processes.values() for k in p.sites}
         return self.stacks.stacks(keys)
 
-    def stack_counts(self) -> dict[str, Any] | None:
+    def stack_counts(self) -> StackCounts | None:
         """What became of the stacks asked for (None with stacks off)."""
         if self.stacks is None:
             return None
         st = self.stats()
-        return {
-            "taken": st.get(Stat.STACKS, 0),
-            "not_taken": st.get(Stat.STACK_FAILED, 0),
-            "not_kept": st.get(Stat.STACKS_FULL, 0) + self.stacks.not_kept + self.stacks.not_found,
-            "distinct": self.stacks.distinct,
-            "frames_unplaced": self.stacks.unplaced_frames,
-            "python_frames_unnamed": self.stacks.python_unnamed,
-            "python_frames_walked": st.get(Stat.PY_FRAMES, 0),
-            "python_frame_reads": st.get(Stat.PY_READS, 0),
-            "python_thread_reads": st.get(Stat.PY_THREAD_READS, 0),
-            "python_unsupported": dict(self.stacks.unsupported),
-        }
+        return StackCounts(
+            taken=st.get(Stat.STACKS, 0),
+            not_taken=st.get(Stat.STACK_FAILED, 0),
+            not_kept=st.get(Stat.STACKS_FULL, 0) + self.stacks.not_kept + self.stacks.not_found,
+            distinct=self.stacks.distinct,
+            frames_unplaced=self.stacks.unplaced_frames,
+            python_frames_unnamed=self.stacks.python_unnamed,
+            python_frames_walked=st.get(Stat.PY_FRAMES, 0),
+            python_frame_reads=st.get(Stat.PY_READS, 0),
+            python_thread_reads=st.get(Stat.PY_THREAD_READS, 0),
+            python_unsupported=dict(self.stacks.unsupported),
+        )
 
     def processes(self) -> set[ProcessKey]:
         """The processes the model has met (for the host signals; no lock:
         a copy of the keys is taken at once)."""
         return set(list(self.model.processes))
 
-    def names(self) -> dict[int, str]:
+    def names(self) -> dict[ProcessKey, str]:
         """Each process's command name, as the model knows it."""
-        return {k.pid: p.name for k, p in list(self.model.processes.items()) if p.name}
+        return {k: p.name for k, p in list(self.model.processes.items()) if p.name}
 
     def close(self) -> None:
         self.unguard_ring()  # before the ring is unmapped: the guard reads its positions

@@ -1,7 +1,13 @@
 """Live diagnosis: every WINDOW_S, what changed in each traced process and
 on the host (from the model and the host signals' book) becomes one window
 for the diagnosis engine (analysis/diagnosis.py). Runs on the host-signal
-sampling thread; takes the model lock, then the book's, briefly each."""
+sampling thread; takes the model lock, then the book's, briefly each.
+
+A window is the difference of two readings of cumulative counters, so the
+previous reading of each process is kept, by its ProcessKey (a reused pid
+is another process, never a difference across two), for the live
+processes only: an exited one makes no more windows, and an agent that
+meets a process a second for weeks keeps no state of those gone."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrace.analysis.diagnosis import Diagnoser, Diagnosis, GpuWindow, HostWindow, LinkWindow, ProcWindow
+from memtrace.core.cpu import CpuStats
 from memtrace.core.ids import ProcessKey
 from memtrace.model.host import HostBook
 from memtrace.runtime.agent import Agent
@@ -49,11 +56,13 @@ class LiveDiagnosis:
         self.host = host
         self.engine = Diagnoser()
         self.on_diagnosis = on_diagnosis
-        self._prev: dict[Any, tuple[int, ...]] = {}
+        # Each live process's readings at the last window.
         self._prev_counters: dict[ProcessKey, _Counters] = {}
-        self._prev_cpu: dict[int, Any] = {}
-        self._prev_quota: dict[int, int] = {}
-        self._prev_hits: dict[int, int] = {}  # pid -> its memory limit hits at the last window
+        self._prev_cpu: dict[ProcessKey, CpuStats] = {}
+        self._prev_quota: dict[ProcessKey, int] = {}  # its CPU quota's throttled ns
+        self._prev_hits: dict[ProcessKey, int] = {}  # its memory cgroups' limit hits
+        self._prev_calls: dict[ProcessKey, int] = {}  # ns in its collective calls, as the NCCL sensor has them
+        self._prev_pcie: dict[str, int] = {}  # per GPU: the PCIe bytes its driver counted
         self._prev_t: int | None = None
         self._prev_stall: int | None = None
         self._prev_replays: dict[str, int] = {}
@@ -73,12 +82,13 @@ class LiveDiagnosis:
             c[d.cause] = c.get(d.cause, 0) + 1
         return out
 
-    def _delta(self, key: Any, cur: tuple[int, ...]) -> tuple[int, ...] | None:
-        prev = self._prev.get(key)
-        self._prev[key] = cur
-        if prev is None:
-            return None
-        return tuple(c - p for c, p in zip(cur, prev, strict=True))
+    def _prune(self, live: set[ProcessKey]) -> None:
+        """Keep the readings, and the engine's history, of the live processes only."""
+        for prev in (self._prev_counters, self._prev_cpu, self._prev_quota, self._prev_hits, self._prev_calls):
+            for key in prev.keys() - live:
+                del prev[key]
+        for key in self.engine.seen.keys() - live:
+            self.engine.forget(key)
 
     def tick(self) -> list[Diagnosis]:
         """One window; returns the diagnoses it made. Never raises: a failure is counted and logged once."""
@@ -150,31 +160,36 @@ class LiveDiagnosis:
         self._prev_stall = stall
         with self.host.lock:
             book = self.host.book
+            calls: dict[ProcessKey, int] = {}
+            for (owner, _c), t in book.collectives.items():
+                calls[owner] = calls.get(owner, 0) + t.duration_ns
             for key, w in procs.items():
-                cpu = book.cpu.get(key.pid)
-                prev = self._prev_cpu.get(key.pid)
+                cpu = book.cpu.get(key)
+                cpu_before = self._prev_cpu.get(key)
                 if cpu is not None:
-                    self._prev_cpu[key.pid] = cpu
-                if cpu is not None and prev is not None:
-                    win = cpu.since(prev)
+                    self._prev_cpu[key] = cpu
+                if cpu is not None and cpu_before is not None:
+                    win = cpu.since(cpu_before)
                     w.runq_ns, w.on_cpu_ns, w.off_cpu_ns = win.runq_ns, win.oncpu_ns, win.offcpu_ns
                     w.preemptors = {p.cgroup_id: (p.wait_ns, "", p.last_comm) for p in win.preemptors}
-                q = book.quota_throttled_ns.get(key.pid)
+                q = book.quota_throttled_ns.get(key)
                 if q is not None:
-                    w.quota_throttled_ns = q[1] - self._prev_quota.get(key.pid, q[1])
-                    self._prev_quota[key.pid] = q[1]
-                hits = book.memory_limit_hits.get(key.pid)
+                    w.quota_throttled_ns = q[1] - self._prev_quota.get(key, q[1])
+                    self._prev_quota[key] = q[1]
+                hits = book.memory_limit_hits.get(key)
                 if hits is not None:
-                    w.memory_limit_hits = max(hits - self._prev_hits.get(key.pid, hits), 0)
-                    self._prev_hits[key.pid] = hits
-                coll = sum(t.duration_ns for (pid, _c), t in book.collectives.items() if pid == key.pid)
-                dc = self._delta(("c", key), (coll,))
-                if dc is not None and dc[0] > calls_ns.get(key, 0):
+                    w.memory_limit_hits = max(hits - self._prev_hits.get(key, hits), 0)
+                    self._prev_hits[key] = hits
+                coll = calls.get(key, 0)
+                before = self._prev_calls.get(key)
+                self._prev_calls[key] = coll
+                if before is not None and coll - before > calls_ns.get(key, 0):
                     # The calls' own time as the NCCL sensor has it, where the steps have less (none).
-                    w.collective_ns += dc[0] - calls_ns.get(key, 0)
+                    w.collective_ns += coll - before - calls_ns.get(key, 0)
                 w.netns = book.netns_of(key.pid)
             hw.gpus = self.gpu_windows(book)
             hw.links = self._links(book, seconds)
+        self._prune({key for key, _ in live})
         if first:
             return []
         made = self.engine.observe(list(procs.values()), hw)
@@ -204,7 +219,9 @@ class LiveDiagnosis:
             prev_r = self._prev_replays.get(g.uuid)
             if replays is not None:
                 self._prev_replays[g.uuid] = replays
-            moved = self._delta(("pcie", g.uuid), (g.pcie_tx_count.bytes + g.pcie_rx_count.bytes,))
+            pcie = g.pcie_tx_count.bytes + g.pcie_rx_count.bytes
+            pcie_before = self._prev_pcie.get(g.uuid)
+            self._prev_pcie[g.uuid] = pcie
             out.append(
                 GpuWindow(
                     index=g.index,
@@ -216,7 +233,7 @@ class LiveDiagnosis:
                     max_link_width=last.max_link_width if last else None,
                     link_generation=last.link_generation if last else None,
                     max_link_generation=last.max_link_generation if last else None,
-                    pcie_bytes=moved[0] if moved is not None and g.pcie_counted else None,
+                    pcie_bytes=pcie - pcie_before if pcie_before is not None and g.pcie_counted else None,
                     pids=tuple(g.processes),
                 )
             )

@@ -11,8 +11,9 @@ without what was put off, so a gap is always the period plus lateness."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+
+from memtrace.export.schema import Drain
 
 # Gaps are counted in buckets of a quarter power of two (19% wide), from
 # 1 us (bucket 0) to about 9 days: p99 to within a bucket, in constant memory.
@@ -33,8 +34,17 @@ class DrainStats:
     reads_deferred: int  # drains that left the events ring unread because the pending events reached their bound
     pending_events_max: int  # the most events ever waiting for the model at once
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> Drain:
+        """As the summary's `agent.drain`."""
+        return Drain(
+            interval_seconds=self.interval_seconds,
+            drains=self.drains,
+            gap_max_seconds=self.gap_max_seconds,
+            gap_p99_seconds=self.gap_p99_seconds,
+            folds_deferred=self.folds_deferred,
+            reads_deferred=self.reads_deferred,
+            pending_events_max=self.pending_events_max,
+        )
 
 
 class DrainGaps:

@@ -36,12 +36,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from memtrace.core.cpu import CpuStats
 from memtrace.core.errors import MemtraceError
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
@@ -49,10 +50,13 @@ from memtrace.core.nccl import Collective
 from memtrace.core.notices import Collectives
 from memtrace.core.procfiles import Candidate
 from memtrace.core.threads import thread
+from memtrace.export import schema
+from memtrace.export.host import collective_rows, host_section
 from memtrace.model.host import HostBook, SensorState
 from memtrace.sensors.nccl import is_nccl, mapped_nccl
 from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits, read_cgroups
 from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
+from memtrace.sources.procfs import boot_wall_ns
 
 if TYPE_CHECKING:  # started lazily: NVML and netlink are optional on a host
     from memtrace.sensors.nccl import NcclSensor
@@ -139,7 +143,8 @@ class HostSignals:
         self.book = HostBook()
         self.lock = threading.Lock()  # the book's
         self._processes = processes
-        self._pids: set[int] = set()
+        self._met: set[ProcessKey] = set()  # the processes the agent knew at the last sample
+        self._pids: set[int] = set()  # those traced here, by pid (the sensors' terms)
         self._pinned: set[int] = set()  # named at start: traced until the end
         self._sched: SchedSensor | None = None
         self._nccl: NcclSensor | None = None
@@ -153,7 +158,7 @@ class HostSignals:
         self._fast_hz = opts.fast_hz  # the rate it runs at now (QUIET_FAST_HZ while nothing is traced)
         self._fast_gpus = False  # it reads the GPUs
         self._ring_owner = ring_owner
-        self._nccl_since: dict[int, float] = {}  # pid -> when its libnccl was attached, if after it loaded
+        self._nccl_since: dict[ProcessKey, float] = {}  # when its libnccl was attached, if after it loaded
         self._nccl_scanned: set[int] = set()  # processes whose maps were looked at once
         self._nccl_users: set[int] = set()  # traced processes with an attached libnccl mapped
         # Processes that mapped an attached libnccl (nccl_mapped, another thread), each
@@ -161,7 +166,7 @@ class HostSignals:
         self._nccl_mapped: dict[int, int] = {}
         self._followed = follows_nccl
         self._nccl_lock = threading.Lock()  # _nccl's lifetime and _nccl_mapped, against nccl_mapped
-        self._quota_first: dict[int, dict[str, tuple[int, int]]] = {}
+        self._quota_first: dict[ProcessKey, dict[str, tuple[int, int]]] = {}  # cgroup -> its first reading
         self._count = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -171,7 +176,10 @@ class HostSignals:
         self._finished = False
         self._on_tick = on_tick
         self._last_tick = 0.0
-        self._keys: dict[int, ProcessKey] = {}  # the latest process of each pid sampled
+        self._keys: dict[int, ProcessKey] = {}  # the latest process of each pid the agent knows (_learn)
+        self._cpu_last: dict[int, CpuStats] = {}  # the CPU sensor's last reading of each pid (_cpu_of)
+        self._cpu_base: dict[int, CpuStats] = {}  # a reused pid: that reading when its process changed (_learn)
+        self._boot_wall_ns = boot_wall_ns()  # a process's start in the rows: this + its key's (as the model's)
 
     # ---- lifecycle ----
 
@@ -291,7 +299,7 @@ class HostSignals:
             # first CUDA call, not from the next sample (which may come after many).
             self._on_collectives(Collectives(np.zeros(0, NCCL_EVENT_DTYPE), 0, frozenset({key})))
         if not held:
-            self._nccl_since.setdefault(pid, time.time())
+            self._nccl_since.setdefault(key, time.time())
         log.info("pid %d mapped %s: attached%s", pid, lib.name, "" if held else " (it was not held)")
         return True
 
@@ -325,16 +333,22 @@ class HostSignals:
 
     # ---- sampling ----
 
-    def _track(self, pids: set[int]) -> None:
+    def _track(self, keys: set[ProcessKey]) -> None:
         """Trace the processes the agent knows now; forget those it forgot
         (an exited process, once pushed), the ones named at start excepted."""
-        gone = self._pids - pids - self._pinned
+        for key in sorted(self._met - keys):
+            if key.pid not in self._pinned:
+                with self.lock:
+                    self.book.forget(key)
+                self._quota_first.pop(key, None)
+                self._nccl_since.pop(key, None)
+        self._met = set(keys)
+        pids = {k.pid for k in keys} | self._pinned
+        gone = self._pids - pids
         for pid in sorted(gone):
             if self._sched is not None:
                 with contextlib.suppress(MemtraceError, OSError):
                     self._sched.remove_pid(pid)
-            with self.lock:
-                self.book.forget(pid)
         self._pids -= gone
         self._nccl_scanned -= gone
         new = pids - self._pids
@@ -346,6 +360,52 @@ class HostSignals:
                 with contextlib.suppress(MemtraceError, OSError):
                     self._nccl.trace_pid(pid)
         self._pids |= new
+
+    # ---- identity: until the sched and NCCL sensors report ProcessKeys themselves, then this goes ----
+
+    def _learn(self, keys: set[ProcessKey]) -> None:
+        """Each pid's latest process, as the agent knows it now: the process
+        a pid-keyed reading is of (_key_of). A pid read before the agent knew
+        its process (run's command before its first CUDA call) stood as
+        ProcessKey(pid, 0): its rows are that process's, renamed. A pid whose
+        process is a new one (the pid reused) keeps the CPU sensor counting
+        on from its earlier process's figures: those, as last read, are the
+        base its new process's readings are taken from (_cpu_of)."""
+        known = {k.pid: k for k in sorted(keys)}
+        for pid, new in sorted(known.items()):
+            old = self._keys.get(pid, ProcessKey(pid, 0))
+            if old == new:
+                continue
+            if old.start_ns:
+                if pid in self._cpu_last:
+                    self._cpu_base[pid] = self._cpu_last[pid]
+                continue
+            if pid not in self._pinned:  # only a pid named at start is read before the agent knows it
+                continue
+            with self.lock:
+                self.book.rename(old, new)
+            if old in self._quota_first:
+                self._quota_first.setdefault(new, self._quota_first.pop(old))
+            if old in self._nccl_since:
+                self._nccl_since.setdefault(new, self._nccl_since.pop(old))
+        for pid in self._cpu_base.keys() - known.keys():
+            del self._cpu_base[pid]
+        for pid in self._cpu_last.keys() - known.keys():
+            del self._cpu_last[pid]
+        self._keys = known
+
+    def _key_of(self, pid: int) -> ProcessKey:
+        """The process a sensor's reading of `pid` is of (see _learn)."""
+        return self._keys.get(pid, ProcessKey(pid, 0))
+
+    def _cpu_of(self, stats: dict[int, CpuStats]) -> dict[ProcessKey, CpuStats]:
+        """The CPU sensor's readings (cumulative, by pid), each its process's own."""
+        out = {}
+        for pid, st in stats.items():
+            self._cpu_last[pid] = st
+            base = self._cpu_base.get(pid)
+            out[self._key_of(pid)] = st if base is None else st.since(base)
+        return out
 
     def _pace_fast(self, fast: FastSampler, tracing: bool) -> None:
         """The fast sampler at --host-rate while a process is traced, at QUIET_FAST_HZ while none is."""
@@ -359,8 +419,8 @@ class HostSignals:
         """One reading of every sensor that is on, folded into the book."""
         self._count += 1
         keys = self._processes()
-        self._keys.update((k.pid, k) for k in sorted(keys))
-        self._track({k.pid for k in keys} | self._pinned)
+        self._learn(keys)
+        self._track(keys)
         pids = set(self._pids)
         if self._fast is not None:
             self._pace_fast(self._fast, bool(pids))
@@ -382,7 +442,7 @@ class HostSignals:
         if self._sched is not None:
             stats = self._sched.read()
             with self.lock:
-                self.book.set_cpu(stats)
+                self.book.set_cpu(self._cpu_of(stats))
         if self._sched is not None and (final or (self._count - 1) % self.opts.every(GAPS_S) == 0):
             gaps = self._sched.gaps()  # health counters: every 10 s is enough, and the last sample
             with self.lock:
@@ -396,7 +456,7 @@ class HostSignals:
                 hits = memory_limit_hits(pid, cgroups=text)
                 if hits is not None:
                     with self.lock:
-                        self.book.memory_limit_hits[pid] = hits
+                        self.book.memory_limit_hits[self._key_of(pid)] = hits
 
     def _sample_nccl(self, s: NcclSensor, pids: set[int], final: bool = False) -> None:
         before = len(s.attachments)
@@ -421,7 +481,7 @@ class HostSignals:
             fids = set(s.attachments)
             for pid in pids:
                 if any(c.fid in fids for c in mapped_nccl(pid)):
-                    self._nccl_since.setdefault(pid, now)
+                    self._nccl_since.setdefault(self._key_of(pid), now)
             log.info("attached to %d new NCCL file(s) while sampling", len(s.attachments) - before)
         if s.attachments:
             batches.append(s.poll())
@@ -447,9 +507,11 @@ class HostSignals:
         # With no collective and no process that has libnccl mapped, the model has nothing to
         # match a wait to: nothing is handed over (most hosts' every sample, at no cost).
         if self._on_collectives is not None and (len(events) or self._nccl_users):
-            users = frozenset(self._keys.get(pid, ProcessKey(pid, 0)) for pid in self._nccl_users)
+            users = frozenset(self._key_of(pid) for pid in self._nccl_users)
             self._on_collectives(Collectives(events, complete_until, users))
-        totals = {k: v for k, v in s.totals().items() if k[0] in self._pids} if s.attachments else {}
+        totals = {(self._key_of(pid), c): t for (pid, c), t in s.totals().items() if pid in self._pids}
+        if not s.attachments:
+            totals = {}
         with self.lock:
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
 
@@ -460,9 +522,10 @@ class HostSignals:
             if not limited:
                 continue
             q = limited[0]
-            first = self._quota_first.setdefault(pid, {}).setdefault(q.path, (q.throttled_ns, q.nr_throttled))
+            key = self._key_of(pid)
+            first = self._quota_first.setdefault(key, {}).setdefault(q.path, (q.throttled_ns, q.nr_throttled))
             with self.lock:
-                self.book.set_quota(pid, q.path, q.throttled_ns - first[0], q.nr_throttled - first[1])
+                self.book.set_quota(key, q.path, q.throttled_ns - first[0], q.nr_throttled - first[1])
 
     def _safe_sample(self, final: bool = False) -> None:
         """A sample whose failure is counted and logged once, never raised into the traced run."""
@@ -508,52 +571,46 @@ class HostSignals:
 
     # ---- views ----
 
-    def view(self, names: dict[int, str] | None = None) -> dict[str, Any]:
-        """The summary's `host` section."""
+    def view(self, names: Mapping[ProcessKey, str] | None = None) -> schema.Host:
+        """The summary's `host` section; `names`: each process's command name, as the CUDA model knows it."""
         cg = CgroupNames()
+        self._learn(self._processes())  # a pinned process the agent met after the last sample
         with self.lock:
             self.book.names.update(names or {})
             ids = {st.cgroup_id for st in self.book.cpu.values()}
             ids |= {p.cgroup_id for st in self.book.cpu.values() for p in st.preemptors}
-            doc = self.book.view({i: n for i in ids if i and (n := cg.path(i)) is not None}, self._pids)
-        doc["sample_interval_seconds"] = self.opts.interval_s
-        doc["sample_errors"] = self.sample_errors
-        doc["fast_sampler"] = self._fast_view()
-        return doc
-
-    def _fast_view(self) -> dict[str, Any]:
-        """The fast sampler: on (its rate, ticks, ticks skipped late, netlink errors, its own CPU) or off and why."""
-        out = self._fast_state.row()
-        w = self._fast_last
-        if self._fast_state.on and w is not None:
-            out.update(
-                rate_hz=self._fast_hz,
-                ticks=w.ticks,
-                late_ticks=w.late,
-                net_errors=w.net_errors,
-                interfaces_dropped=w.interfaces_dropped,
-                cpu_seconds=w.cpu_ns / 1e9,
+            return host_section(
+                self.book,
+                boot_wall_ns=self._boot_wall_ns,
+                cgroup_names={i: n for i in ids if i and (n := cg.path(i)) is not None},
+                pids=set(self._pids),
+                sample_interval_seconds=self.opts.interval_s,
+                sample_errors=self.sample_errors,
+                fast_sampler=self._fast_view(),
             )
+
+    def _fast_view(self) -> schema.FastSampler:
+        """The fast sampler: on (its rate, ticks, ticks skipped late, netlink errors, its own CPU) or off and why."""
+        st = self._fast_state
+        if not st.on:
+            return schema.FastSampler(state="off", reason=st.reason, fix=st.fix)
+        out = schema.FastSampler(state="on")
+        w = self._fast_last
+        if w is not None:
+            out["rate_hz"] = self._fast_hz
+            out["ticks"] = w.ticks
+            out["late_ticks"] = w.late
+            out["net_errors"] = w.net_errors
+            out["interfaces_dropped"] = w.interfaces_dropped
+            out["cpu_seconds"] = w.cpu_ns / 1e9
         return out
 
     def collectives_view(
-        self, waits: dict[tuple[int, Collective], tuple[int, int]] | None = None
-    ) -> list[dict[str, Any]]:
-        """The summary's `collectives`; with `waits` (the model's
-        collective_wait_totals), each row also says how long the process
-        waited for that collective's work afterwards."""
+        self, waits: Mapping[tuple[ProcessKey, Collective], tuple[int, int]]
+    ) -> list[schema.CollectiveRow]:
+        """The summary's `collectives`; `waits` (the model's
+        collective_wait_totals): how long each process waited for each
+        collective's work afterwards."""
+        self._learn(self._processes())  # as view()
         with self.lock:
-            rows = self.book.collectives_view()
-        for r in rows:
-            since = self._nccl_since.get(r["pid"])
-            r["counted_from"] = "start" if since is None else "attach"
-            if since is not None:
-                r["attached_time_unix_nano"] = int(since * 1e9)
-            if waits is not None:
-                n, ns = waits.get((r["pid"], _BY_LABEL[r["collective"]]), (0, 0))
-                r["waits_attributed"] = n
-                r["wait_seconds"] = ns / 1e9
-        return rows
-
-
-_BY_LABEL = {c.label: c for c in Collective}
+            return collective_rows(self.book, boot_wall_ns=self._boot_wall_ns, attached=self._nccl_since, waits=waits)

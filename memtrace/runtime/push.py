@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from typing import Any
+from typing import Any, cast
 
 from memtrace.analysis.diagnosis import Diagnosis
 from memtrace.export.callsites import call_sites
@@ -48,7 +48,9 @@ class Profiles:
         container and pod included, for the collector's k8sattributes)."""
         model = agent.model
         resources = {key.pid: resource_of(self.base, key, p) for key, p in model.processes.items()}
-        return self.builder.build(call_sites(model, agent.stack_frames()), resources)
+        # The builder reads the rows as plain mappings (it names them list[dict]).
+        sites = cast(list[dict[str, Any]], call_sites(model, agent.stack_frames()))
+        return self.builder.build(sites, resources)
 
     def send(self, batch: ProfileBatch) -> None:
         """On the export thread: a batch that arrived is the next one's base;
