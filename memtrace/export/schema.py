@@ -790,8 +790,12 @@ class Command(TypedDict):
 
     argv: NotRequired[Annotated[list[str], "the command, as given (not with --pid)"]]
     pid: NotRequired[Annotated[int, "--pid only: the process watched"]]
-    exit_code: Annotated[int | None, "the command's exit status (null with --pid)"]
+    exit_code: Annotated[int | None, "the command's exit status (null with --pid); 128 + N when signal N ended it"]
     wall_seconds: Annotated[float, "how long it ran, or was watched"]
+    signal: NotRequired[Annotated[str, "the signal that ended the command (SIGINT, SIGKILL, SIGSEGV, ...), if one did"]]
+    interrupted: NotRequired[
+        Annotated[bool, "true when ^C or SIGTERM reached memtrace while the command ran, and was passed on to it"]
+    ]
 
 
 class Summary(TypedDict):
