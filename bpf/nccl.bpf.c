@@ -23,14 +23,14 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "nccl.h"
+#define STAT_SLOTS NC_STAT_COUNT
+#include "common.bpf.h"
 #include "uargs.h"
-#include "maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile bool filter_pids = false; /* only processes in `traced` (and their children) */
 
-#define MAX_PROCESSES 10240
 #define MAX_THREADS 65536
 
 struct inflight {
@@ -75,13 +75,6 @@ struct {
 } lost SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NC_STAT_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 4 << 20);
 } events SEC(".maps");
@@ -94,24 +87,11 @@ struct {
 	__type(value, __u8);
 } traced SEC(".maps");
 
-static __always_inline void stat_inc(__u32 idx)
-{
-	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
-
-	if (v)
-		*v += 1;
-}
-
 static __always_inline bool is_traced(__u32 tgid)
 {
 	if (!filter_pids)
 		return true;
 	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
-}
-
-static __always_inline __u32 ck(__u64 cookie, __u32 shift)
-{
-	return (cookie >> shift) & NC_CK_NIBBLE;
 }
 
 /* Bytes per element of an ncclDataType_t; 0 for a value NCCL did not define. */

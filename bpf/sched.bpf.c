@@ -20,6 +20,8 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "sched.h"
+#define STAT_SLOTS SC_STAT_COUNT
+#include "common.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -74,13 +76,6 @@ struct {
 	__type(value, struct sc_preempt);
 } preempts SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, SC_STAT_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
-
 /* Never written: the zero values new entries start from (too big for the stack). */
 struct zeroes {
 	struct sc_proc proc;
@@ -93,19 +88,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct zeroes);
 } zero SEC(".maps");
-
-static __always_inline void stat_add(__u32 idx, __u64 n)
-{
-	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
-
-	if (v)
-		*v += n;
-}
-
-static __always_inline void stat_inc(__u32 idx)
-{
-	stat_add(idx, 1);
-}
 
 static __always_inline bool is_traced(__u32 tgid)
 {
