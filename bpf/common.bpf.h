@@ -64,4 +64,29 @@ static __always_inline __u64 current_start(void)
 	return bpf_get_current_task_btf()->group_leader->start_boottime;
 }
 
+/* When a task's process started (as current_start), from a BTF pointer
+ * (a tracepoint's task argument). */
+static __always_inline __u64 task_start(struct task_struct *task)
+{
+	return task->group_leader->start_boottime;
+}
+
+/* Is the process (tgid, start) the one traced under tgid? `traced` maps a
+ * tgid to the start of that process; 0: user space did not know it, and the
+ * first process BPF sees with that tgid takes the entry (its start is
+ * written in, once). A reused pid is then another process: not traced. */
+static __always_inline bool traced_as(void *traced, __u32 tgid, __u64 start)
+{
+	__u64 *want = bpf_map_lookup_elem(traced, &tgid), was;
+
+	if (!want)
+		return false;
+	if (*want == start)
+		return true;
+	if (*want)
+		return false;
+	was = __sync_val_compare_and_swap(want, 0, start);
+	return was == 0 || was == start;
+}
+
 #endif /* __MEMTRACE_COMMON_BPF_H */
