@@ -11,7 +11,8 @@
  * histograms, and on-CPU time. A switch-out counts as involuntary exactly
  * when the kernel counts it in nivcsw (preempted, or still TASK_RUNNING),
  * and then the task switched in is charged as the preemptor: its cgroup (v2)
- * and process, with the run-queue wait that followed.
+ * and process, with the run-queue wait that followed. A thread's exit
+ * settles what it ran too, as its last switch-out may never be delivered.
  *
  * A process is its tgid and its start (sched.h): a task is charged to the
  * process traced under its tgid only if its thread group leader started
@@ -339,26 +340,31 @@ static __always_inline void switch_out(struct task_struct *prev, __u64 start, st
 		put_thread(tid, &n);
 }
 
-static __always_inline void switch_in(struct task_struct *next, __u64 start, __u64 now)
+/* The thread is on a CPU now: switched in, or (at_exit) exiting. Its
+ * interval since its last event is settled; it runs from here. */
+static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 now, bool at_exit)
 {
-	__u32 tid = next->pid, tgid = next->tgid;
+	__u32 tid = task->pid, tgid = task->tgid;
 	struct sc_thread *t = thread_of(tid, tgid, start);
-	__u64 exec = next->se.sum_exec_runtime;
+	__u64 exec = task->se.sum_exec_runtime;
 	struct sc_thread n = { .ts = now, .exec = exec, .start = start, .tgid = tgid, .state = SC_T_RUNNING,
-			       .nvcsw = next->nvcsw, .nivcsw = next->nivcsw };
+			       .nvcsw = task->nvcsw, .nivcsw = task->nivcsw };
 	struct sc_missed m;
 	struct sc_proc *p;
 
 	if (!t) {
-		stat_inc(SC_STAT_UNTRACKED);
-		put_thread(tid, &n);
+		if (!at_exit) {
+			stat_inc(SC_STAT_UNTRACKED);
+			put_thread(tid, &n);
+		}
 		return;
 	}
 	p = proc_of(tgid, start);
 	if (p) {
-		/* It switched out (and maybe ran) since its last event, never traced (see switch_out). */
-		m = missed_switches(p, t, next, 0, 0);
-		count_gap(m, t->state == SC_T_RUNNING);
+		/* Switched in while running (a switch-out never traced), or running
+		 * at exit while switched out (a switch-in never traced): a gap. */
+		m = missed_switches(p, t, task, 0, 0);
+		count_gap(m, (t->state == SC_T_RUNNING) != at_exit);
 		settle(p, t, exec, now, m);
 	}
 	*t = n; /* its preemptor, if any, had its wait in settle */
@@ -376,7 +382,7 @@ int BPF_PROG(sc_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (out)
 		switch_out(prev, out, next, preempt, prev_state, now);
 	if (in)
-		switch_in(next, in, now);
+		on_cpu(next, in, now, false);
 	return 0;
 }
 
@@ -429,5 +435,19 @@ SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(sc_wakeup_new, struct task_struct *p)
 {
 	wakeup(p, true);
+	return 0;
+}
+
+/* A thread exits: what it ran is settled now, its runtime as of the kernel's
+ * last update (a tick behind at most). Its last switch-out, when delivered,
+ * adds the rest; were it not delivered (the tracepoint skips some switches),
+ * all the thread ran since its last event would be lost. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sc_exit, struct task_struct *task)
+{
+	__u64 start = traced_start(task);
+
+	if (start)
+		on_cpu(task, start, bpf_ktime_get_ns(), true);
 	return 0;
 }
