@@ -9,8 +9,11 @@
 CLANG ?= clang
 ARCHES := x86 arm64
 OUT ?= memtrace/bpf
-# One object per sensor and arch, each from bpf/<sensor>.bpf.c and its header bpf/<sensor>.h.
+# One object per sensor and arch, each from bpf/<sensor>.bpf.c and the headers it includes.
 SENSORS := memtrace sched nccl
+# Every object depends on every header: a change to one rebuilds each object
+# that includes it (and the few that do not, which costs seconds).
+HEADERS := $(wildcard bpf/*.h)
 
 # Stable flags so the same sources give the same bytes on any checkout path.
 BPF_CFLAGS := -O2 -g -target bpf -fno-ident -Wall -Werror \
@@ -23,7 +26,7 @@ OBJS := $(foreach s,$(SENSORS),$(foreach a,$(ARCHES),$(OUT)/$(s).$(a).bpf.o))
 all: $(OBJS)
 
 define sensor_rule
-$$(OUT)/$(1).%.bpf.o: bpf/$(1).bpf.c bpf/$(1).h bpf/uargs.h bpf/maps.bpf.h vmlinux/%/vmlinux.h
+$$(OUT)/$(1).%.bpf.o: bpf/$(1).bpf.c $$(HEADERS) vmlinux/%/vmlinux.h
 	@mkdir -p $$(OUT)
 	$$(CLANG) $$(BPF_CFLAGS) -D__TARGET_ARCH_$$* -I vmlinux/$$* -c $$< -o $$@
 	llvm-strip -g $$@

@@ -4,7 +4,7 @@
  *
  * This header is the single source of truth for the event layouts, the
  * cookie encoding and every enum crossing the kernel/user boundary.
- * memtrace/abi.py mirrors it; tests/test_abi.py compiles a C program against
+ * memtrace/core/abi.py mirrors it; tests/test_abi.py compiles a C program against
  * this file and fails if the two disagree.
  */
 #ifndef __MEMTRACE_H

@@ -23,14 +23,14 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "nccl.h"
+#define STAT_SLOTS NC_STAT_COUNT
+#include "common.bpf.h"
 #include "uargs.h"
-#include "maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile bool filter_pids = false; /* only processes in `traced` (and their children) */
 
-#define MAX_PROCESSES 10240
 #define MAX_THREADS 65536
 
 struct inflight {
@@ -75,43 +75,22 @@ struct {
 } lost SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NC_STAT_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 4 << 20);
 } events SEC(".maps");
 
-/* tgids traced when filter_pids is set; children join on fork. */
+/* The processes traced when filter_pids is set (nccl.h): tgid -> its
+ * start; children join on fork. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_PROCESSES);
 	__type(key, __u32);
-	__type(value, __u8);
+	__type(value, __u64);
 } traced SEC(".maps");
 
-static __always_inline void stat_inc(__u32 idx)
+static __always_inline bool is_traced(__u32 tgid, __u64 start)
 {
-	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
-
-	if (v)
-		*v += 1;
-}
-
-static __always_inline bool is_traced(__u32 tgid)
-{
-	if (!filter_pids)
-		return true;
-	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
-}
-
-static __always_inline __u32 ck(__u64 cookie, __u32 shift)
-{
-	return (cookie >> shift) & NC_CK_NIBBLE;
+	return !filter_pids || traced_as(&traced, tgid, start);
 }
 
 /* Bytes per element of an ncclDataType_t; 0 for a value NCCL did not define. */
@@ -155,7 +134,7 @@ int BPF_KPROBE(nc_enter)
 	struct args a = {};
 	__u64 size, now;
 
-	if (!is_traced(id >> 32))
+	if (!is_traced(id >> 32, current_start()))
 		return 0;
 	outer = bpf_map_lookup_elem(&inflight, &tid);
 	now = bpf_ktime_get_ns();
@@ -228,11 +207,12 @@ int BPF_KRETPROBE(nc_return)
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 tid = (__u32)id, coll = cookie & NC_CK_COLL_MASK;
 	__s32 ret = (__s32)PT_REGS_RC(ctx);
+	__u64 start = current_start();
 	struct nc_totals_key tk = {};
 	struct inflight *f;
 	struct nc_event *e;
 
-	if (!is_traced(id >> 32))
+	if (!is_traced(id >> 32, start))
 		return 0;
 	f = bpf_map_lookup_elem(&inflight, &tid);
 	if (!f) {
@@ -267,6 +247,7 @@ int BPF_KRETPROBE(nc_return)
 		e->bytes = f->bytes;
 		e->stream = f->stream;
 		e->comm = f->comm;
+		e->start_ns = start;
 		e->pid = id >> 32;
 		e->tid = tid;
 		e->ret = ret;
@@ -279,6 +260,7 @@ int BPF_KRETPROBE(nc_return)
 		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		stat_inc(NC_STAT_EVENTS);
 	} else {
+		tk.start_ns = start;
 		tk.pid = id >> 32;
 		tk.coll = coll;
 		count_lost(&tk, f, ret, now - f->ts_ns);
@@ -290,14 +272,13 @@ int BPF_KRETPROBE(nc_return)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(nc_fork, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 ptgid = BPF_CORE_READ(parent, tgid);
-	__u32 ctgid = BPF_CORE_READ(child, tgid);
-	__u8 one = 1;
+	__u32 ptgid = parent->tgid, ctgid = child->tgid;
+	__u64 cstart = task_start(child);
 
 	if (!filter_pids || ptgid == ctgid)
 		return 0;
-	if (bpf_map_lookup_elem(&traced, &ptgid))
-		bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY);
+	if (traced_as(&traced, ptgid, task_start(parent)))
+		bpf_map_update_elem(&traced, &ctgid, &cstart, BPF_ANY);
 	return 0;
 }
 

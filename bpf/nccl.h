@@ -85,6 +85,7 @@ struct nc_event {
 	__u64 bytes;       /* count x datatype size (0 with NC_F_BYTES_UNKNOWN) */
 	__u64 stream;      /* cudaStream_t */
 	__u64 comm;        /* ncclComm_t */
+	__u64 start_ns;    /* the process's start (struct nc_totals_key), taken at the call */
 	__u32 pid;
 	__u32 tid;
 	__s32 ret;         /* ncclResult_t */
@@ -96,7 +97,14 @@ struct nc_event {
 	__u8 pad;
 };
 
+/* A process is its tgid and its start (the thread group leader's
+ * start_boottime, CLOCK_BOOTTIME ns, as the CUDA sensor's struct
+ * mt_proc_key): pids are reused, start times are not. `traced` maps a tgid
+ * to the start of the process traced under it (__u64); user space may write
+ * 0 for a process whose start it does not know, and the first process seen
+ * with that tgid takes the entry. */
 struct nc_totals_key {
+	__u64 start_ns;
 	__u32 pid;
 	__u32 coll;
 };

@@ -11,7 +11,12 @@
  * histograms, and on-CPU time. A switch-out counts as involuntary exactly
  * when the kernel counts it in nivcsw (preempted, or still TASK_RUNNING),
  * and then the task switched in is charged as the preemptor: its cgroup (v2)
- * and process, with the run-queue wait that followed.
+ * and process, with the run-queue wait that followed. A thread's exit
+ * settles what it ran too, as its last switch-out may never be delivered.
+ *
+ * A process is its tgid and its start (sched.h): a task is charged to the
+ * process traced under its tgid only if its thread group leader started
+ * when that process did, so a reused pid is never taken for it.
  *
  * Every map is bounded; anything that does not fit is counted in `stats`.
  */
@@ -20,6 +25,8 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "sched.h"
+#define STAT_SLOTS SC_STAT_COUNT
+#include "common.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -33,17 +40,19 @@ struct sc_thread {
 	__u64 ts;
 	__u64 exec; /* the task's se.sum_exec_runtime when its state was last set (0 for a new task) */
 	__u64 preempt_cgroup; /* SC_T_PREEMPTED: who took the CPU */
+	__u64 start; /* its process's start: a state left by an exited thread whose tid is reused is not its */
 	__u32 tgid;
 	__u32 state; /* enum sc_tstate */
 	__u32 nvcsw; /* the task's own switch counts then (low 32 bits: their differences are what counts) */
 	__u32 nivcsw;
 };
 
+/* The processes traced (sched.h): tgid -> its start; 0 binds to the first seen. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 10240);
-	__type(key, __u32); /* tgid */
-	__type(value, __u8);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, __u64);
 } traced SEC(".maps");
 
 struct {
@@ -55,8 +64,8 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 10240);
-	__type(key, __u32); /* tgid */
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, struct sc_proc_key);
 	__type(value, struct sc_proc);
 } procs SEC(".maps");
 
@@ -74,13 +83,6 @@ struct {
 	__type(value, struct sc_preempt);
 } preempts SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, SC_STAT_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
-
 /* Never written: the zero values new entries start from (too big for the stack). */
 struct zeroes {
 	struct sc_proc proc;
@@ -94,32 +96,24 @@ struct {
 	__type(value, struct zeroes);
 } zero SEC(".maps");
 
-static __always_inline void stat_add(__u32 idx, __u64 n)
+/* The start of the task's process if it is traced, else 0. Untraced
+ * tasks (nearly all on a host) cost the bitmap's one array load. */
+static __always_inline __u64 traced_start(struct task_struct *task)
 {
-	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+	__u32 tgid = task->tgid, bit = tgid % SC_FILTER_BITS, word = bit / 64;
+	__u64 *w, start;
 
-	if (v)
-		*v += n;
-}
-
-static __always_inline void stat_inc(__u32 idx)
-{
-	stat_add(idx, 1);
-}
-
-static __always_inline bool is_traced(__u32 tgid)
-{
 	if (tgid == 0) /* the idle tasks */
-		return false;
-	__u32 bit = tgid % SC_FILTER_BITS, word = bit / 64;
-	__u64 *w;
-
-	if (!filter_pids)
-		return true;
-	w = bpf_map_lookup_elem(&traced_bits, &word);
-	if (!w || !(*w & (1ULL << (bit % 64))))
-		return false;
-	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+		return 0;
+	if (filter_pids) {
+		w = bpf_map_lookup_elem(&traced_bits, &word);
+		if (!w || !(*w & (1ULL << (bit % 64))))
+			return 0;
+	}
+	start = task_start(task);
+	if (filter_pids && !traced_as(&traced, tgid, start))
+		return 0;
+	return start;
 }
 
 static __always_inline __u32 log2_32(__u32 v)
@@ -134,36 +128,36 @@ static __always_inline __u32 log2_32(__u32 v)
 	return r;
 }
 
-/* floor(log2(us)) (0 for 0), capped to the last slot */
-static __always_inline __u32 log2_slot(__u64 us)
+/* floor(log2(us)) (0 for 0), capped to the last slot. 64-bit: a 32-bit index
+ * is zero-extended into a register copy whose bound older verifiers (6.1)
+ * lose, and they refuse the histogram's store. */
+static __always_inline __u64 log2_slot(__u64 us)
 {
 	__u32 hi = us >> 32;
-	__u32 slot = hi ? log2_32(hi) + 32 : log2_32((__u32)us);
+	__u64 slot = hi ? log2_32(hi) + 32 : log2_32((__u32)us);
 
 	return slot < SC_SLOTS ? slot : SC_SLOTS - 1;
 }
 
-static __always_inline struct sc_proc *proc_of(__u32 tgid)
+static __always_inline struct sc_proc *proc_of(__u32 tgid, __u64 start)
 {
-	struct sc_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+	struct sc_proc_key key = { .start_ns = start, .tgid = tgid };
 	struct zeroes *z;
+	struct sc_proc *p;
 	__u32 zk = 0;
 
-	if (p)
-		return p;
 	z = bpf_map_lookup_elem(&zero, &zk);
 	if (!z)
 		return NULL;
-	if (bpf_map_update_elem(&procs, &tgid, &z->proc, BPF_NOEXIST) && !bpf_map_lookup_elem(&procs, &tgid)) {
+	p = lookup_or_try_init(&procs, &key, &z->proc);
+	if (!p)
 		stat_inc(SC_STAT_PROCS_FULL);
-		return NULL;
-	}
-	return bpf_map_lookup_elem(&procs, &tgid);
+	return p;
 }
 
 static __always_inline void add_runq(struct sc_proc *p, __u64 ns)
 {
-	__u32 slot = log2_slot(ns / 1000);
+	__u64 slot = log2_slot(ns / 1000);
 
 	if (slot < SC_SLOTS)
 		__sync_fetch_and_add(&p->runq_hist[slot], 1);
@@ -172,11 +166,20 @@ static __always_inline void add_runq(struct sc_proc *p, __u64 ns)
 
 static __always_inline void add_offcpu(struct sc_proc *p, __u64 ns)
 {
-	__u32 slot = log2_slot(ns / 1000);
+	__u64 slot = log2_slot(ns / 1000);
 
 	if (slot < SC_SLOTS)
 		__sync_fetch_and_add(&p->offcpu_hist[slot], 1);
 	__sync_fetch_and_add(&p->offcpu_ns, ns);
+}
+
+/* The thread's state; NULL where the state is another process's, left by
+ * an exited thread whose tid this one now has (its exit not seen). */
+static __always_inline struct sc_thread *thread_of(__u32 tid, __u32 tgid, __u64 start)
+{
+	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
+
+	return t && t->tgid == tgid && t->start == start ? t : NULL;
 }
 
 static __always_inline void put_thread(__u32 tid, struct sc_thread *t)
@@ -185,25 +188,20 @@ static __always_inline void put_thread(__u32 tid, struct sc_thread *t)
 		stat_inc(SC_STAT_THREADS_FULL);
 }
 
-static __always_inline void charge_preemptor(__u32 tgid, struct task_struct *next, __u64 cgid)
+static __always_inline void charge_preemptor(__u32 tgid, __u64 start, struct task_struct *next, __u64 cgid)
 {
-	struct sc_preempt_key key = { .cgroup_id = cgid, .tgid = tgid };
-	struct sc_preempt *v = bpf_map_lookup_elem(&preempts, &key);
+	struct sc_preempt_key key = { .cgroup_id = cgid, .start_ns = start, .tgid = tgid };
+	struct sc_preempt *v;
 	struct zeroes *z;
 	__u32 zk = 0, kthread;
 
+	z = bpf_map_lookup_elem(&zero, &zk);
+	if (!z)
+		return;
+	v = lookup_or_try_init(&preempts, &key, &z->preempt);
 	if (!v) {
-		z = bpf_map_lookup_elem(&zero, &zk);
-		if (!z)
-			return;
-		if (bpf_map_update_elem(&preempts, &key, &z->preempt, BPF_NOEXIST) &&
-		    !bpf_map_lookup_elem(&preempts, &key)) {
-			stat_inc(SC_STAT_PREEMPT_FULL);
-			return;
-		}
-		v = bpf_map_lookup_elem(&preempts, &key);
-		if (!v)
-			return;
+		stat_inc(SC_STAT_PREEMPT_FULL);
+		return;
 	}
 	__sync_fetch_and_add(&v->count, 1);
 	/* The cgroup is named by a user process that preempted: kernel threads
@@ -258,10 +256,9 @@ static __always_inline void count_gap(struct sc_missed m, bool state_says)
  * its runs, in states never seen: blocked if one of those switches was
  * voluntary, else queued; the time joins the totals, not the histograms
  * (it is not one interval) nor a preemptor (never seen). */
-static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u32 tgid, __u64 exec, __u64 now,
-				   struct sc_missed m)
+static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u64 exec, __u64 now, struct sc_missed m)
 {
-	struct sc_preempt_key key = { .cgroup_id = t->preempt_cgroup, .tgid = tgid };
+	struct sc_preempt_key key = { .cgroup_id = t->preempt_cgroup, .start_ns = t->start, .tgid = t->tgid };
 	__u64 ran = exec > t->exec ? exec - t->exec : 0, wait;
 	struct sc_preempt *v;
 
@@ -288,14 +285,16 @@ static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u32
 	}
 }
 
-static __always_inline void switch_out(struct task_struct *prev, struct task_struct *next, bool preempt,
+static __always_inline void switch_out(struct task_struct *prev, __u64 start, struct task_struct *next, bool preempt,
 				       unsigned int prev_state, __u64 now)
 {
 	__u32 tid = prev->pid, tgid = prev->tgid;
-	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct sc_thread *t = thread_of(tid, tgid, start);
 	__u64 exec = prev->se.sum_exec_runtime;
-	struct sc_thread n = { .ts = now, .exec = exec, .tgid = tgid, .nvcsw = prev->nvcsw, .nivcsw = prev->nivcsw };
-	struct sc_proc *p = proc_of(tgid);
+	struct sc_thread n = {
+		.ts = now, .exec = exec, .start = start, .tgid = tgid, .nvcsw = prev->nvcsw, .nivcsw = prev->nivcsw
+	};
+	struct sc_proc *p = proc_of(tgid, start);
 	/* The kernel's own rule (__schedule): nivcsw unless it blocked (a dead task's last switch is voluntary). */
 	bool involuntary = !(prev_state & TASK_DEAD) && (preempt || prev_state == TASK_RUNNING);
 	struct sc_missed m;
@@ -314,7 +313,7 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 	if (t) {
 		m = missed_switches(p, t, prev, !involuntary, involuntary);
 		count_gap(m, t->state != SC_T_RUNNING);
-		settle(p, t, tgid, exec, now, m);
+		settle(p, t, exec, now, m);
 	}
 	/* prev is still current here */
 	p->cgroup_id = bpf_get_current_cgroup_id();
@@ -330,7 +329,7 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 		/* 0 for the idle task: nobody took the CPU (a throttled quota, or a migration) */
 		if (next->pid)
 			n.preempt_cgroup = BPF_CORE_READ(next, cgroups, dfl_cgrp, kn, id);
-		charge_preemptor(tgid, next, n.preempt_cgroup);
+		charge_preemptor(tgid, start, next, n.preempt_cgroup);
 	} else {
 		__sync_fetch_and_add(&p->nvcsw, 1);
 		n.state = SC_T_BLOCKED;
@@ -341,28 +340,32 @@ static __always_inline void switch_out(struct task_struct *prev, struct task_str
 		put_thread(tid, &n);
 }
 
-static __always_inline void switch_in(struct task_struct *next, __u64 now)
+/* The thread is on a CPU now: switched in, or (at_exit) exiting. Its
+ * interval since its last event is settled; it runs from here. */
+static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 now, bool at_exit)
 {
-	__u32 tid = next->pid, tgid = next->tgid;
-	struct sc_thread *t = bpf_map_lookup_elem(&threads, &tid);
-	__u64 exec = next->se.sum_exec_runtime;
-	struct sc_thread n = {
-		.ts = now, .exec = exec, .tgid = tgid, .state = SC_T_RUNNING, .nvcsw = next->nvcsw, .nivcsw = next->nivcsw
-	};
+	__u32 tid = task->pid, tgid = task->tgid;
+	struct sc_thread *t = thread_of(tid, tgid, start);
+	__u64 exec = task->se.sum_exec_runtime;
+	struct sc_thread n = { .ts = now, .exec = exec, .start = start, .tgid = tgid, .state = SC_T_RUNNING,
+			       .nvcsw = task->nvcsw, .nivcsw = task->nivcsw };
 	struct sc_missed m;
 	struct sc_proc *p;
 
 	if (!t) {
-		stat_inc(SC_STAT_UNTRACKED);
-		put_thread(tid, &n);
+		if (!at_exit) {
+			stat_inc(SC_STAT_UNTRACKED);
+			put_thread(tid, &n);
+		}
 		return;
 	}
-	p = proc_of(tgid);
+	p = proc_of(tgid, start);
 	if (p) {
-		/* It switched out (and maybe ran) since its last event, never traced (see switch_out). */
-		m = missed_switches(p, t, next, 0, 0);
-		count_gap(m, t->state == SC_T_RUNNING);
-		settle(p, t, tgid, exec, now, m);
+		/* Switched in while running (a switch-out never traced), or running
+		 * at exit while switched out (a switch-in never traced): a gap. */
+		m = missed_switches(p, t, task, 0, 0);
+		count_gap(m, (t->state == SC_T_RUNNING) != at_exit);
+		settle(p, t, exec, now, m);
 	}
 	*t = n; /* its preemptor, if any, had its wait in settle */
 }
@@ -371,16 +374,15 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(sc_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
 	/* BTF pointers: plain (CO-RE relocated) loads, no probe-read helper calls */
-	bool out = is_traced(prev->tgid), in = is_traced(next->tgid);
-	__u64 now;
+	__u64 out = traced_start(prev), in = traced_start(next), now;
 
 	if (!out && !in) /* the common case on a busy host: a few ns */
 		return 0;
 	now = bpf_ktime_get_ns();
 	if (out)
-		switch_out(prev, next, preempt, prev_state, now);
+		switch_out(prev, out, next, preempt, prev_state, now);
 	if (in)
-		switch_in(next, now);
+		on_cpu(next, in, now, false);
 	return 0;
 }
 
@@ -393,15 +395,15 @@ static __always_inline void wakeup(struct task_struct *p, bool fresh)
 	struct sc_missed m = {};
 	struct sc_thread *t;
 	struct sc_proc *proc;
-	__u64 now;
+	__u64 now, start = traced_start(p);
 
-	if (!is_traced(tgid))
+	if (!start)
 		return;
 	tid = p->pid;
 	now = bpf_ktime_get_ns();
-	t = fresh ? NULL : bpf_map_lookup_elem(&threads, &tid);
+	t = fresh ? NULL : thread_of(tid, tgid, start);
 	if (t) {
-		proc = proc_of(tgid);
+		proc = proc_of(tgid, start);
 		if (proc) /* switches since its last event, never traced */
 			m = missed_switches(proc, t, p, 0, 0);
 		/* A wakeup of a running or already queued thread (one still on its
@@ -411,15 +413,15 @@ static __always_inline void wakeup(struct task_struct *p, bool fresh)
 			return;
 		count_gap(m, n.exec > t->exec); /* it blocked, or ran, unseen */
 		if (proc)
-			settle(proc, t, tgid, n.exec, now, m);
-		n.ts = now;
-		n.tgid = tgid;
-		*t = n;
-		return;
+			settle(proc, t, n.exec, now, m);
 	}
 	n.ts = now;
+	n.start = start;
 	n.tgid = tgid;
-	put_thread(tid, &n);
+	if (t)
+		*t = n;
+	else
+		put_thread(tid, &n);
 }
 
 SEC("tp_btf/sched_wakeup")
@@ -433,5 +435,19 @@ SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(sc_wakeup_new, struct task_struct *p)
 {
 	wakeup(p, true);
+	return 0;
+}
+
+/* A thread exits: what it ran is settled now, its runtime as of the kernel's
+ * last update (a tick behind at most). Its last switch-out, when delivered,
+ * adds the rest; were it not delivered (the tracepoint skips some switches),
+ * all the thread ran since its last event would be lost. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sc_exit, struct task_struct *task)
+{
+	__u64 start = traced_start(task);
+
+	if (start)
+		on_cpu(task, start, bpf_ktime_get_ns(), true);
 	return 0;
 }

@@ -19,7 +19,19 @@
 #define SC_FILTER_BITS 65536
 #define SC_FILTER_WORDS (SC_FILTER_BITS / 64)
 
-/* Per traced process (key: tgid). */
+/* A process: its tgid and its start (the thread group leader's
+ * start_boottime, CLOCK_BOOTTIME ns, as the CUDA sensor's struct
+ * mt_proc_key): pids are reused, start times are not. `traced` maps a tgid
+ * to the start of the process traced under it (__u64); user space may write
+ * 0 for a process whose start it does not know, and the first process seen
+ * with that tgid takes the entry. */
+struct sc_proc_key {
+	__u64 start_ns;
+	__u32 tgid;
+	__u32 pad;
+};
+
+/* Per traced process (key: struct sc_proc_key). */
 struct sc_proc {
 	__u64 runq_hist[SC_SLOTS];   /* run-queue latency: wakeup or preemption to switch-in */
 	__u64 offcpu_hist[SC_SLOTS]; /* off-CPU: switch-out while blocked to wakeup */
@@ -31,11 +43,12 @@ struct sc_proc {
 	__u64 cgroup_id;             /* the process's own cgroup (v2), last seen */
 };
 
-/* Who took the CPU from a traced process: key (traced tgid, cgroup of the
+/* Who took the CPU from a traced process: key (traced process, cgroup of the
  * task switched in when a traced thread was preempted; 0 when that task is the
  * CPU's idle task, as when the thread's own CPU quota throttled it). */
 struct sc_preempt_key {
 	__u64 cgroup_id;
+	__u64 start_ns; /* the traced process's (struct sc_proc_key) */
 	__u32 tgid;
 	__u32 pad;
 };

@@ -48,6 +48,9 @@ def parse(log: str) -> dict[str, dict]:
         line = raw[at:].strip()
         if line.startswith("MT-KERNEL "):
             runs["kernel"] = {"release": line.split(maxsplit=1)[1]}
+        elif line.startswith("MT-LOAD "):
+            _, path, err = line.split()
+            runs.setdefault("loads", {})[Path(path).stem.split(".")[0]] = {"err": int(err)}
         elif line.startswith("MT-RUN "):
             cur = runs[line.split()[1]] = {"truth": [], "totals": {}, "stats": {}, "events": None, "exit": None}
         elif cur is None:
@@ -125,3 +128,6 @@ def test_shipped_object_counts_exactly_on_a_real_kernel(arch: str, tmp_path: Pat
     wrong = runs["wrong"]
     passed = wrong["exit"] == 0 and wrong["truth"] and wrong["totals"] == truth_totals(wrong["truth"])
     assert not passed, "a wrong-arch object counted exactly"
+
+    # The other sensors' objects load there too, their tracepoints attached.
+    assert runs.get("loads") == {"sched": {"err": 0}, "nccl": {"err": 0}}, log[-3000:]

@@ -7,15 +7,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import FIXTURES
 
+from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import F_GROUPED, Collective, Stat
 from memtrace.sensors.nccl import NcclSensor
+from memtrace.sources.procfs import process_start_ticks, start_ticks_of
 
 pytestmark = pytest.mark.bpf
 
@@ -67,7 +71,7 @@ def run_workload(
 
 
 def observed(s: NcclSensor, pid: int) -> dict[Collective, tuple[int, int, int, int]]:
-    return {c: (t.calls, t.bytes, t.errors, t.bytes_unknown) for (p, c), t in s.totals().items() if p == pid}
+    return {c: (t.calls, t.bytes, t.errors, t.bytes_unknown) for (k, c), t in s.totals().items() if k.pid == pid}
 
 
 def expected(truth: dict[str, Any]) -> dict[Collective, tuple[int, int, int, int]]:
@@ -142,7 +146,8 @@ def test_scan_finds_libnccl_in_a_running_process_and_traces_only_it(fakecuda: Pa
     try:
         for p in (traced, other):
             assert p.stdout is not None and p.stdout.readline() == "ready\n"
-        s.start(pids=[traced.pid])
+        ticks = process_start_ticks(traced.pid)
+        s.start([ProcessKey(traced.pid, 0)])  # its start not known: the first process seen with its pid
         assert s.scan([traced.pid]) == 1
         assert s.scan([traced.pid, other.pid]) == 0  # one inode, attached once
         batches = []
@@ -162,6 +167,11 @@ def test_scan_finds_libnccl_in_a_running_process_and_traces_only_it(fakecuda: Pa
         assert observed(s, traced.pid) == expected(lines[traced.pid])
         assert observed(s, other.pid) == {}  # not in the pid filter
         assert not any((b["pid"] == other.pid).any() for b in batches)
+        # Every call of the traced process carries its start, as the kernel has it.
+        ev = np.concatenate(batches)
+        (start,) = set(ev["start_ns"].tolist())
+        assert start_ticks_of(ProcessKey(traced.pid, start)) == ticks
+        assert {k for k, _ in s.totals()} == {ProcessKey(traced.pid, start)}
     finally:
         for p in (traced, other):
             p.kill()
@@ -197,4 +207,59 @@ def test_calls_the_ring_cannot_take_are_counted_in_the_kernel(fakecuda: Path, tm
         assert s.stats()[Stat.DROPPED] > 0
         assert observed(s, doc["pid"]) == expected(doc)
     finally:
+        s.close()
+
+
+def test_a_pid_reused_by_a_new_process_is_another_process(fakecuda: Path, tmp_path: Path) -> None:
+    """Two runs of the workload one after the other under one pid (forced,
+    tests/fixtures/reuse_pid.py): two processes, each with its own calls,
+    exactly, not one pid's sum."""
+    s = NcclSensor()
+    s.start()  # every process: the pid filter plays no part
+    try:
+        s.attach(libnccl(fakecuda))
+        truth, pids = tmp_path / "truth.jsonl", tmp_path / "pids.json"
+        cmd = [str(fakecuda / "nccl_workload"), libnccl(fakecuda)]
+        subprocess.run(
+            [sys.executable, str(FIXTURES / "reuse_pid.py"), str(pids), "--", *cmd, "20", "--", *cmd, "30"],
+            env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
+            check=True,
+        )
+        events = s.poll()
+        first, second = json.loads(pids.read_text())["pids"]
+        assert first == second, "the second run did not get the first one's pid"
+        lines = [json.loads(line) for line in truth.read_text().splitlines()]
+        starts = sorted({k.start_ns for k, _ in s.totals() if k.pid == first})
+        assert len(starts) == 2, "one pid, two processes"
+        for start, line in zip(starts, lines, strict=True):
+            key = ProcessKey(first, start)
+            got = {c: (t.calls, t.bytes, t.errors, t.bytes_unknown) for (k, c), t in s.totals().items() if k == key}
+            assert got == expected(line)
+            assert len(events[(events["pid"] == first) & (events["start_ns"] == start)]) == sum(
+                r["calls"] for r in line["collectives"]
+            )
+    finally:
+        s.close()
+
+
+def test_a_traced_key_is_that_process_only(fakecuda: Path, tmp_path: Path) -> None:
+    """trace(key) traces the process that started then: a process holding the
+    pid with another start (as one reusing it would) is not traced."""
+    env = dict(os.environ, WORKLOAD_TRUTH=str(tmp_path / "truth.jsonl"), NCCL_HANDSHAKE="1")
+    cmd = [str(fakecuda / "nccl_workload"), libnccl(fakecuda), "10"]
+    p = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    s = NcclSensor()
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        s.start([ProcessKey(p.pid, 1)])  # its pid, another process's start
+        s.attach(libnccl(fakecuda))
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.close()
+        assert p.wait() == 0
+        assert len(s.poll()) == 0
+        assert s.totals() == {}
+    finally:
+        p.kill()
+        p.wait()
         s.close()

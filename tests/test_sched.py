@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, limited_cgroup, remove_cgroup
 
+from memtrace.core.ids import ProcessKey
 from memtrace.sensors.sched import CpuStats, SchedSensor, SchedStat
 from memtrace.sensors.sched.abi import PreemptKey
 from memtrace.sensors.sched.sensor import PROGRAMS
 from memtrace.sources.cgroup import CgroupNames, cgroup2_root, cgroup_id, cpu_quotas
+from memtrace.sources.procfs import process_start_ticks, start_ticks_of
 
 pytestmark = pytest.mark.bpf
 
@@ -34,17 +37,28 @@ def workload_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Workload:
-    """A fixture workload: waits for go, runs, prints its truth, stops itself."""
+    """A fixture workload: waits for go, runs, prints its truth, stops itself.
+    With `pid`, it runs as that process id (free again): a reused pid."""
 
-    def __init__(self, argv: list[str], cgroup_procs: Path | None = None, comm: str = "sched_workload") -> None:
+    def __init__(
+        self, argv: list[str], cgroup_procs: Path | None = None, comm: str = "sched_workload", pid: int | None = None
+    ) -> None:
         prefix = f"echo $$ > {cgroup_procs} && " if cgroup_procs else ""
-        self.p = subprocess.Popen(
-            ["sh", "-c", prefix + 'exec "$@"', "sh", "taskset", "-c", CPU, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        for _ in range(500):
+            if pid is not None:  # as tests/fixtures/reuse_pid.py forces it
+                Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+            self.p = subprocess.Popen(
+                ["sh", "-c", prefix + 'exec "$@"', "sh", "taskset", "-c", CPU, *argv],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            if pid is None or self.p.pid == pid:
+                break
+            self.kill()  # another process took the pid first
+            time.sleep(0.01)
+        assert pid is None or self.p.pid == pid, f"pid {pid} was never free again"
         self.pid = self.p.pid
         favour(self.pid)
         # Wait until it has exec'd into the workload and blocks reading stdin.
@@ -78,6 +92,19 @@ class Workload:
         if self.p.poll() is None:
             self.p.kill()
         self.p.wait()
+
+
+def traced(sensor: SchedSensor, pid: int) -> ProcessKey:
+    """Trace the process that has `pid` now (its start not known here: BPF takes it at its first switch)."""
+    key = ProcessKey(pid, 0)
+    sensor.add(key)
+    return key
+
+
+def stats_of(sensor: SchedSensor, pid: int) -> CpuStats:
+    """The one process measured under `pid`."""
+    (st,) = [st for key, st in sensor.read().items() if key.pid == pid]
+    return st
 
 
 def favour(pid: int) -> None:
@@ -152,12 +179,12 @@ def test_a_competing_spinner_shows_as_run_queue_wait_charged_to_its_cgroup(
     w = Workload([str(workload_bin), "spin", "3"])
     hog = None
     try:
-        sensor.add_pid(w.pid)
+        traced(sensor, w.pid)
         k0 = ctxt_switches(w.pid)
         w.go()
-        a0 = sensor.read()[w.pid] if w.pid in sensor.read() else None
+        a0 = stats_of(sensor, w.pid) if any(k.pid == w.pid for k in sensor.read()) else None
         time.sleep(1.0)
-        a1 = sensor.read()[w.pid]
+        a1 = stats_of(sensor, w.pid)
         hog = subprocess.Popen(
             ["sh", "-c", f"echo $$ > {hog_cgroup}/cgroup.procs && exec taskset -c {CPU} {workload_bin} hog"],
             start_new_session=True,
@@ -166,13 +193,13 @@ def test_a_competing_spinner_shows_as_run_queue_wait_charged_to_its_cgroup(
         while not (hog_cgroup / "cgroup.procs").read_text().strip():
             time.sleep(0.001)
         hog_pid = hog.pid
-        b0, kb0 = sensor.read()[w.pid], ctxt_switches(w.pid)
+        b0, kb0 = stats_of(sensor, w.pid), ctxt_switches(w.pid)
         time.sleep(1.0)
-        b1, kb1 = sensor.read()[w.pid], ctxt_switches(w.pid)
+        b1, kb1 = stats_of(sensor, w.pid), ctxt_switches(w.pid)
         hog.kill()
         hog.wait()
         truth = w.result()
-        final, k1 = sensor.read()[w.pid], ctxt_switches(w.pid)
+        final, k1 = stats_of(sensor, w.pid), ctxt_switches(w.pid)
     finally:
         if hog is not None and hog.poll() is None:
             hog.kill()
@@ -225,11 +252,11 @@ def test_a_cpu_quota_squeeze_is_told_apart_from_another_cgroup(
 ) -> None:
     w = Workload([str(workload_bin), "spin", "1.5"], cgroup_procs=quota_cgroup / "cgroup.procs")
     try:
-        sensor.add_pid(w.pid)
+        traced(sensor, w.pid)
         q0 = cpu_quotas(w.pid)
         w.go()
         truth = w.result()
-        st = sensor.read()[w.pid]
+        st = stats_of(sensor, w.pid)
         q1 = cpu_quotas(w.pid)
     finally:
         w.kill()
@@ -250,20 +277,23 @@ def test_a_cpu_quota_squeeze_is_told_apart_from_another_cgroup(
 def test_off_cpu_and_on_cpu_time_match_the_truth(sensor: SchedSensor, workload_bin: Path) -> None:
     w = Workload([str(workload_bin), "sleep", "200", "5", "300"])
     try:
-        sensor.add_pid(w.pid)
+        traced(sensor, w.pid)
         k0, e0, t0 = ctxt_switches(w.pid), sum_exec_ns(w.pid), cpu_ticks(w.pid)
         go_ns = time.monotonic_ns()
         w.go()
         truth = w.result()
         end_ns = time.monotonic_ns()
         everything = sensor.read()
-        st = everything[w.pid]
+        st = stats_of(sensor, w.pid)
         k1, e1, t1 = ctxt_switches(w.pid), sum_exec_ns(w.pid), cpu_ticks(w.pid)
+        start_ticks = process_start_ticks(w.pid)
     finally:
         w.kill()
     report = {"st": st, "truth": truth, "exec": e1 - e0, "ticks": t1 - t0, "stats": sensor.stats()}
     print(report)
-    assert set(everything) == {w.pid}, "only traced processes are measured"
+    assert [k.pid for k in everything] == [w.pid], "only traced processes are measured"
+    # The process as the kernel knows it: its start, in /proc/PID/stat's ticks.
+    assert start_ticks_of(st.key) == start_ticks, report
     # 200 sleeps of 5 ms: exactly 200 off-CPU intervals, in the [4096, 8192) us
     # slot but for a few that began late (a thread preempted inside nanosleep
     # before it blocked waits in the run queue first, and sleeps less after)
@@ -304,7 +334,7 @@ def test_switches_the_tracepoint_never_delivered_leave_cpu_time_exact_and_are_co
     and while it sleeps and wakes."""
     w = Workload([str(workload_bin), "sleep", "300", "2", "50"])
     try:
-        sensor.add_pid(w.pid)
+        traced(sensor, w.pid)
         e0, k0 = sum_exec_ns(w.pid), ctxt_switches(w.pid)
         w.go()
         time.sleep(detach_s)  # within its 50 ms spin, or past it among its sleeps
@@ -314,7 +344,7 @@ def test_switches_the_tracepoint_never_delivered_leave_cpu_time_exact_and_are_co
         assert sensor.obj is not None
         sensor.links[i] = sensor.obj.attach("sc_switch")
         truth = w.result()
-        st = sensor.read()[w.pid]
+        st = stats_of(sensor, w.pid)
         e1, k1 = sum_exec_ns(w.pid), ctxt_switches(w.pid)
         gaps = sensor.gaps()
     finally:
@@ -361,15 +391,15 @@ def test_new_threads_are_on_cpu_from_their_first_slice(sensor: SchedSensor) -> N
         while True:  # traced while it blocks at its read of stdin, one thread, its runtime standing still
             e0 = sum_exec_ns(w.pid)  # exact only while it is off CPU (a running task's lags a tick)
             if "pipe_read" in Path(f"/proc/{w.pid}/wchan").read_text():
-                sensor.add_pid(w.pid)
+                key = traced(sensor, w.pid)
                 if sum_exec_ns(w.pid) == e0 and "pipe_read" in Path(f"/proc/{w.pid}/wchan").read_text():
                     break
-                sensor.remove_pid(w.pid)  # it ran meanwhile: again
+                sensor.remove(key)  # it ran meanwhile: again
             assert time.monotonic() < deadline, "the workload did not start"
             time.sleep(0.01)
         w.go()
         truth = w.result()
-        st = sensor.read()[w.pid]
+        st = stats_of(sensor, w.pid)
     finally:
         w.kill()
     report = {"st": st, "truth": truth, "e0": e0}
@@ -397,7 +427,7 @@ def test_maps_stay_bounded_and_drops_are_counted(workload_bin: Path) -> None:
     assert stats[SchedStat.SWITCHES] > 0
 
 
-def test_remove_pid_forgets_the_process(sensor: SchedSensor, workload_bin: Path) -> None:
+def test_remove_forgets_the_process(sensor: SchedSensor, workload_bin: Path) -> None:
     w = Workload([str(workload_bin), "spin", "0.3"])
     # So that it is preempted: an equal competitor on its CPU, favoured as the
     # workload is (a nice-0 hog against a favoured workload got about 1% of
@@ -409,14 +439,14 @@ def test_remove_pid_forgets_the_process(sensor: SchedSensor, workload_bin: Path)
         assert time.monotonic() < deadline, "the hog did not start"
         time.sleep(0.01)
     try:
-        sensor.add_pid(w.pid)
+        key = traced(sensor, w.pid)
         w.go()
         w.result()
-        assert isinstance(sensor.read().get(w.pid), CpuStats)
+        assert isinstance(stats_of(sensor, w.pid), CpuStats)
         keys = sensor.maps["preempts"].keys(PreemptKey)
         assert any(k.tgid == w.pid for k in keys)  # type: ignore[attr-defined]
-        sensor.remove_pid(w.pid)
-        assert w.pid not in sensor.read()
+        sensor.remove(key)
+        assert sensor.read() == {}
         assert sensor.map_entries()["traced"] == 0
         keys = sensor.maps["preempts"].keys(PreemptKey)
         assert all(k.tgid != w.pid for k in keys)  # type: ignore[attr-defined]
@@ -434,10 +464,133 @@ def test_the_filter_bitmap_keeps_a_bit_while_any_traced_pid_needs_it(sensor: Sch
         assert sensor.maps["traced_bits"].lookup(ctypes.c_uint32(pid % 65536 // 64), word)
         return bool(word.value >> (pid % 64) & 1)
 
-    a, b = 4242, 4242 + 65536  # same bit
-    sensor.add_pid(a)
-    sensor.add_pid(b)
-    sensor.remove_pid(a)
-    assert bit_set(b)
-    sensor.remove_pid(b)
-    assert not bit_set(b)
+    a, b = ProcessKey(4242, 1), ProcessKey(4242 + 65536, 1)  # same bit
+    sensor.add(a)
+    sensor.add(b)
+    sensor.remove(a)
+    assert bit_set(b.pid)
+    sensor.remove(b)
+    assert not bit_set(b.pid)
+
+
+def test_a_reused_pid_is_not_the_traced_process(sensor: SchedSensor, workload_bin: Path) -> None:
+    """The process traced ends; another gets its pid and runs: nothing of it
+    is charged to the traced one, whose figures stay as they were."""
+    w = Workload([str(workload_bin), "spin", "0.05"])
+    try:
+        traced(sensor, w.pid)
+        w.go()
+        w.result()
+        (key,) = sensor.read()
+        assert key.pid == w.pid and start_ticks_of(key) == process_start_ticks(w.pid)
+    finally:
+        w.kill()
+    before = sensor.read()
+    again = Workload([str(workload_bin), "spin", "0.2"], pid=key.pid)
+    try:
+        again.go()
+        truth = again.result()
+        after = sensor.read()
+    finally:
+        again.kill()
+    assert after == before, {"truth": truth, "before": before, "after": after}
+
+
+REUSE_SPIN = """
+import json, sys, time
+t = time.process_time()
+while time.process_time() - t < float(sys.argv[1]):
+    pass
+print(json.dumps({"cpu_ns": time.process_time_ns()}), flush=True)
+"""
+
+
+def test_two_processes_under_one_pid_are_measured_apart(tmp_path: Path) -> None:
+    """Every process traced (no filter), two runs one after the other under
+    one pid (forced, tests/fixtures/reuse_pid.py): two rows, each at least
+    its own CPU time and short of the other's, not one pid's sum."""
+    pids = tmp_path / "pids.json"
+    spin = [sys.executable, "-c", REUSE_SPIN]
+    with SchedSensor(filter_pids=False) as s:
+        s.start()
+        out = subprocess.run(
+            [sys.executable, str(FIXTURES / "reuse_pid.py"), str(pids), "--", *spin, "0.05", "--", *spin, "0.3"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        rows = {k: st for k, st in s.read().items() if k.pid == json.loads(pids.read_text())["pids"][0]}
+    first, second = json.loads(pids.read_text())["pids"]
+    assert first == second, "the second run did not get the first one's pid"
+    truth = [json.loads(line)["cpu_ns"] for line in out.splitlines()]
+    report = {"rows": rows, "truth": truth}
+    assert len(rows) == 2, report
+    (_, a), (_, b) = sorted(rows.items())  # in start order
+    assert a.oncpu_ns >= truth[0] and b.oncpu_ns >= truth[1], report
+    assert a.oncpu_ns < truth[1], report
+
+
+def test_cpu_to_the_exit_is_counted_when_the_last_switch_is_never_delivered(
+    sensor: SchedSensor, workload_bin: Path
+) -> None:
+    """The kernel's sched_switch tracepoint does not always deliver a thread's
+    switches (seen on a VM, to perf as well), its last one among them. Made
+    here by detaching the switch program while the workload spins to its
+    exit: the CPU it ran since its last seen switch is still its process's
+    (the program before charged it only at that last switch: 0 of its 0.3 s)."""
+    w = Workload([str(workload_bin), "exit", "0.3"])
+    try:
+        traced(sensor, w.pid)
+        w.go()
+        time.sleep(0.1)  # within its spin
+        i = PROGRAMS.index("sc_switch")
+        sensor.links[i].destroy()
+        assert w.p.stdout is not None
+        truth = json.loads(w.p.stdout.readline())
+        assert w.p.wait() == 0
+        st = stats_of(sensor, w.pid)
+    finally:
+        w.kill()
+    report = {"st": st, "truth": truth}
+    assert st.oncpu_ns >= truth["cpu_ns"] - truth["cpu_ns_at_go"], report
+
+
+COMMAND = """
+import json, sys, time
+c0 = time.process_time_ns()
+for _ in range(100):
+    time.sleep(0.01)
+t = time.process_time_ns()
+while time.process_time_ns() - t < 200_000_000:
+    pass
+print(json.dumps({"cpu_ns_at_start": c0, "cpu_ns": time.process_time_ns()}), flush=True)
+"""
+
+
+def test_a_command_s_cpu_is_counted_to_its_exit(sensor: SchedSensor) -> None:
+    """`memtrace run`'s case (tests/test_host_signals.py), the sensor alone: a
+    command traced from before its first instruction (held at a gate) sleeps
+    a hundred times, spins 200 ms and exits; read as soon as it is reaped,
+    its on-CPU time holds all the CPU its script measured from its first line."""
+    p = subprocess.Popen(
+        ["sh", "-c", 'read _ && exec "$0" -c "$1"', sys.executable, COMMAND],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "pipe_read" not in Path(f"/proc/{p.pid}/wchan").read_text():  # at its gate
+            assert time.monotonic() < deadline, "the command did not start"
+            time.sleep(0.01)
+        traced(sensor, p.pid)
+        out, _ = p.communicate("go\n", timeout=60)
+        st = stats_of(sensor, p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    truth = json.loads(out)
+    report = {"st": st, "truth": truth, "gaps": sensor.gaps()}
+    assert p.returncode == 0, report
+    assert st.oncpu_ns >= truth["cpu_ns"] - truth["cpu_ns_at_start"], report
+    assert st.oncpu_ns >= 200_000_000, report

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memtrace.core.ids import ProcessKey
+
 
 def slot_bounds_us(slot: int) -> tuple[int, int]:
     """[low, high) in microseconds of a histogram slot (the last one is open)."""
@@ -45,6 +47,7 @@ class CpuStats:
     """Where one traced process's threads spent their time since tracing began."""
 
     pid: int
+    start_ns: int  # the process's start (ProcessKey): a reused pid is another process
     runq_hist: tuple[int, ...]  # run-queue latency, log2 slots of microseconds
     offcpu_hist: tuple[int, ...]  # blocked time, log2 slots of microseconds
     runq_ns: int
@@ -54,6 +57,10 @@ class CpuStats:
     involuntary: int
     cgroup_id: int  # the process's own cgroup (v2), as last seen at a switch
     preemptors: tuple[Preemptor, ...] = field(default=())
+
+    @property
+    def key(self) -> ProcessKey:
+        return ProcessKey(self.pid, self.start_ns)
 
     def runq_quantile_us(self, q: float) -> float | None:
         return quantile_us(self.runq_hist, q)
@@ -73,6 +80,7 @@ class CpuStats:
                 pre.append(Preemptor(p.cgroup_id, count, wait, p.last_pid, p.last_comm))
         return CpuStats(
             pid=self.pid,
+            start_ns=self.start_ns,
             runq_hist=tuple(a - b for a, b in zip(self.runq_hist, before.runq_hist, strict=True)),
             offcpu_hist=tuple(a - b for a, b in zip(self.offcpu_hist, before.offcpu_hist, strict=True)),
             runq_ns=self.runq_ns - before.runq_ns,

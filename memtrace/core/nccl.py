@@ -110,7 +110,9 @@ STAT_COUNT = 6
 
 
 class TotalsKey(ctypes.Structure):
-    _fields_ = [("pid", ctypes.c_uint32), ("coll", ctypes.c_uint32)]
+    """struct nc_totals_key: a process (pid and start) and a collective."""
+
+    _fields_ = [("start_ns", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("coll", ctypes.c_uint32)]
 
 
 class Totals(ctypes.Structure):
@@ -123,7 +125,7 @@ class Totals(ctypes.Structure):
     ]
 
 
-# struct nc_event, decoded in batches (72 bytes).
+# struct nc_event, decoded in batches (80 bytes).
 EVENT_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"),
@@ -132,6 +134,7 @@ EVENT_DTYPE = np.dtype(
         ("bytes", "<u8"),
         ("stream", "<u8"),
         ("comm", "<u8"),
+        ("start_ns", "<u8"),  # the process's start (ProcessKey), taken in BPF at the call
         ("pid", "<u4"),
         ("tid", "<u4"),
         ("ret", "<i4"),

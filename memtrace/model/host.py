@@ -374,17 +374,12 @@ class HostBook:
     # ---- what the diagnosis and the exports read ----
 
     def cpu_of(self, key: ProcessKey) -> CpuStats | None:
-        """A process's CPU readings: its own, or those kept under its pid
-        alone (taken before its start was known, and not renamed since)."""
-        own = self.cpu.get(key)
-        return own if own is not None else self.cpu.get(ProcessKey(key.pid, 0))
+        """A process's CPU readings."""
+        return self.cpu.get(key)
 
     def collectives_of(self, key: ProcessKey) -> list[tuple[Collective, CallTotals]]:
-        """A process's collectives, by collective: its own, or as cpu_of, those kept under its pid alone."""
-        rows = sorted(((c, t) for (who, c), t in self.collectives.items() if who == key), key=lambda ct: ct[0])
-        if rows or not key.start_ns:
-            return rows
-        return self.collectives_of(ProcessKey(key.pid, 0))
+        """A process's collectives, by collective."""
+        return sorted(((c, t) for (who, c), t in self.collectives.items() if who == key), key=lambda ct: ct[0])
 
     def latest_interfaces(self) -> list[InterfaceSample]:
         """The last sample of each interface, cumulative counters."""

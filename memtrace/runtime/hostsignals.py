@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from memtrace.core.cpu import CpuStats
 from memtrace.core.errors import MemtraceError
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
@@ -144,7 +143,10 @@ class HostSignals:
         self.lock = threading.Lock()  # the book's
         self._processes = processes
         self._met: set[ProcessKey] = set()  # the processes the agent knew at the last sample
-        self._pids: set[int] = set()  # those traced here, by pid (the sensors' terms)
+        # The process traced here under each pid: the agent's latest of that pid, or for a
+        # pid named at start before the agent knows it, ProcessKey(pid, 0) (the sensors
+        # bind that to the first process they see with the pid: run's command).
+        self._tracked: dict[int, ProcessKey] = {}
         self._pinned: set[int] = set()  # named at start: traced until the end
         self._sched: SchedSensor | None = None
         self._nccl: NcclSensor | None = None
@@ -176,9 +178,6 @@ class HostSignals:
         self._finished = False
         self._on_tick = on_tick
         self._last_tick = 0.0
-        self._keys: dict[int, ProcessKey] = {}  # the latest process of each pid the agent knows (_learn)
-        self._cpu_last: dict[int, CpuStats] = {}  # the CPU sensor's last reading of each pid (_cpu_of)
-        self._cpu_base: dict[int, CpuStats] = {}  # a reused pid: that reading when its process changed (_learn)
         self._boot_wall_ns = boot_wall_ns()  # a process's start in the rows: this + its key's (as the model's)
 
     # ---- lifecycle ----
@@ -194,16 +193,17 @@ class HostSignals:
         o = self.opts
         if o.fast_hz > 0 and (o.gpu or o.network):
             self._start_fast()
+        keys = [ProcessKey(pid, 0) for pid in sorted(first)]
         if o.cpu:
-            self._start("cpu", self._start_sched, first)
+            self._start("cpu", self._start_sched, keys)
         if o.nccl:
-            self._start("nccl", self._start_nccl, first)
+            self._start("nccl", self._start_nccl, keys)
         if o.gpu:
-            self._start("gpu", self._start_nvml, first)
+            self._start("gpu", self._start_nvml, keys)
         if o.network:
-            self._start("network", self._start_net, first)
-        self._pids = set(first)
+            self._start("network", self._start_net, keys)
         self._pinned = set(first)
+        self._tracked = {pid: ProcessKey(pid, 0) for pid in sorted(first)}
         if self._fast is not None:
             try:
                 if self._net is None and not self._fast_gpus:
@@ -237,9 +237,9 @@ class HostSignals:
             self._fast.close()
             self._fast = None
 
-    def _start(self, name: str, fn: Callable[[set[int]], None], pids: set[int]) -> None:
+    def _start(self, name: str, fn: Callable[[list[ProcessKey]], None], keys: list[ProcessKey]) -> None:
         try:
-            fn(pids)
+            fn(keys)
         except (MemtraceError, OSError) as e:
             state = _off(e)
             log.info("%s signals are off: %s", name, state.reason)
@@ -247,21 +247,21 @@ class HostSignals:
             return
         self.book.set_sensor(name, SensorState(True))
 
-    def _start_sched(self, pids: set[int]) -> None:
+    def _start_sched(self, keys: list[ProcessKey]) -> None:
         from memtrace.sensors.sched import SchedSensor
 
         s = SchedSensor()
-        s.start(sorted(pids))
+        s.start(keys)
         self._sched = s
 
-    def _start_nccl(self, pids: set[int]) -> None:
+    def _start_nccl(self, keys: list[ProcessKey]) -> None:
         from memtrace.sensors.nccl import NcclSensor
 
         s = NcclSensor()
-        s.start(sorted(pids))
+        s.start(keys)
         self._nccl = s
 
-    def _start_nvml(self, _pids: set[int]) -> None:
+    def _start_nvml(self, _keys: list[ProcessKey]) -> None:
         from memtrace.sources.nvml import NvmlSource
 
         src = NvmlSource.connect(self.opts.every(self.opts.gpu_detail_s))
@@ -274,7 +274,7 @@ class HostSignals:
             except OSError as e:
                 log.info("GPU utilisation and clock events are read at each sample, not by the fast sampler: %s", e)
 
-    def _start_net(self, _pids: set[int]) -> None:
+    def _start_net(self, _keys: list[ProcessKey]) -> None:
         from memtrace.sources.netdev import NetdevSource
 
         self._net = NetdevSource(link_every=self.opts.every(self.opts.link_s), fast=self._fast)
@@ -292,7 +292,7 @@ class HostSignals:
                 return False
             if self._nccl.attach(lib.path, lib.name) is None:
                 return False
-            self._nccl.trace_pid(pid)
+            self._nccl.trace(key)
             self._nccl_mapped[pid] = 0
         if self._on_collectives is not None:
             # Said now, before the process runs on: its waits are kept from its
@@ -334,8 +334,11 @@ class HostSignals:
     # ---- sampling ----
 
     def _track(self, keys: set[ProcessKey]) -> None:
-        """Trace the processes the agent knows now; forget those it forgot
-        (an exited process, once pushed), the ones named at start excepted."""
+        """Trace the processes the agent knows now, one per pid (its latest), and
+        those named at start; forget the rows of those it forgot (an exited
+        process, once pushed), the ones named at start excepted. A pid named
+        at start stands as ProcessKey(pid, 0) until the agent knows its
+        process: its rows kept under that key move to the process's own."""
         for key in sorted(self._met - keys):
             if key.pid not in self._pinned:
                 with self.lock:
@@ -343,69 +346,52 @@ class HostSignals:
                 self._quota_first.pop(key, None)
                 self._nccl_since.pop(key, None)
         self._met = set(keys)
-        pids = {k.pid for k in keys} | self._pinned
-        gone = self._pids - pids
-        for pid in sorted(gone):
+        want = {k.pid: k for k in sorted(keys)}  # sorted by (pid, start): each pid's latest process wins
+        for pid in sorted(self._pinned - want.keys()):
+            want[pid] = self._tracked.get(pid, ProcessKey(pid, 0))
+        for pid, key in sorted(self._tracked.items()):
+            new = want.get(pid)
+            if new is None:
+                if self._sched is not None:
+                    with contextlib.suppress(MemtraceError, OSError):
+                        self._sched.remove(key)
+                self._nccl_scanned.discard(pid)
+            elif new != key and not key.start_ns:
+                self._placed(key, new)
+        for pid, key in sorted(want.items()):
+            if self._tracked.get(pid) == key:
+                continue
             if self._sched is not None:
                 with contextlib.suppress(MemtraceError, OSError):
-                    self._sched.remove_pid(pid)
-        self._pids -= gone
-        self._nccl_scanned -= gone
-        new = pids - self._pids
-        for pid in sorted(new):
-            if self._sched is not None:
-                with contextlib.suppress(MemtraceError, OSError):
-                    self._sched.add_pid(pid)
+                    self._sched.add(key)
             if self._nccl is not None:
                 with contextlib.suppress(MemtraceError, OSError):
-                    self._nccl.trace_pid(pid)
-        self._pids |= new
+                    self._nccl.trace(key)
+        self._tracked = want
 
-    # ---- identity: until the sched and NCCL sensors report ProcessKeys themselves, then this goes ----
+    def _placed(self, old: ProcessKey, new: ProcessKey) -> None:
+        """A pid named at start is now a process the agent knows: what was kept
+        under its placeholder key is that process's."""
+        with self.lock:
+            self.book.rename(old, new)
+        if old in self._quota_first:
+            self._quota_first.setdefault(new, self._quota_first.pop(old))
+        if old in self._nccl_since:
+            self._nccl_since.setdefault(new, self._nccl_since.pop(old))
 
-    def _learn(self, keys: set[ProcessKey]) -> None:
-        """Each pid's latest process, as the agent knows it now: the process
-        a pid-keyed reading is of (_key_of). A pid read before the agent knew
-        its process (run's command before its first CUDA call) stood as
-        ProcessKey(pid, 0): its rows are that process's, renamed. A pid whose
-        process is a new one (the pid reused) keeps the CPU sensor counting
-        on from its earlier process's figures: those, as last read, are the
-        base its new process's readings are taken from (_cpu_of)."""
-        known = {k.pid: k for k in sorted(keys)}
-        for pid, new in sorted(known.items()):
-            old = self._keys.get(pid, ProcessKey(pid, 0))
-            if old == new:
-                continue
-            if old.start_ns:
-                if pid in self._cpu_last:
-                    self._cpu_base[pid] = self._cpu_last[pid]
-                continue
-            if pid not in self._pinned:  # only a pid named at start is read before the agent knows it
-                continue
-            with self.lock:
-                self.book.rename(old, new)
-            if old in self._quota_first:
-                self._quota_first.setdefault(new, self._quota_first.pop(old))
-            if old in self._nccl_since:
-                self._nccl_since.setdefault(new, self._nccl_since.pop(old))
-        for pid in self._cpu_base.keys() - known.keys():
-            del self._cpu_base[pid]
-        for pid in self._cpu_last.keys() - known.keys():
-            del self._cpu_last[pid]
-        self._keys = known
+    def _settle_pinned(self) -> None:
+        """A pid named at start whose process the agent met after the last
+        sample: what its placeholder holds is that process's (for a view)."""
+        known = {k.pid: k for k in sorted(self._processes())}
+        for pid in sorted(self._pinned):
+            key, new = self._tracked.get(pid), known.get(pid)
+            if key is not None and not key.start_ns and new is not None:
+                self._placed(key, new)
+                self._tracked[pid] = new
 
     def _key_of(self, pid: int) -> ProcessKey:
-        """The process a sensor's reading of `pid` is of (see _learn)."""
-        return self._keys.get(pid, ProcessKey(pid, 0))
-
-    def _cpu_of(self, stats: dict[int, CpuStats]) -> dict[ProcessKey, CpuStats]:
-        """The CPU sensor's readings (cumulative, by pid), each its process's own."""
-        out = {}
-        for pid, st in stats.items():
-            self._cpu_last[pid] = st
-            base = self._cpu_base.get(pid)
-            out[self._key_of(pid)] = st if base is None else st.since(base)
-        return out
+        """The process traced under `pid` (a reading by pid: /proc, cgroups, a maps scan)."""
+        return self._tracked.get(pid, ProcessKey(pid, 0))
 
     def _pace_fast(self, fast: FastSampler, tracing: bool) -> None:
         """The fast sampler at --host-rate while a process is traced, at QUIET_FAST_HZ while none is."""
@@ -418,10 +404,8 @@ class HostSignals:
     def sample(self, final: bool = False) -> None:
         """One reading of every sensor that is on, folded into the book."""
         self._count += 1
-        keys = self._processes()
-        self._learn(keys)
-        self._track(keys)
-        pids = set(self._pids)
+        self._track(self._processes())
+        pids = set(self._tracked)
         if self._fast is not None:
             self._pace_fast(self._fast, bool(pids))
         if self._nccl is not None:
@@ -442,7 +426,7 @@ class HostSignals:
         if self._sched is not None:
             stats = self._sched.read()
             with self.lock:
-                self.book.set_cpu(self._cpu_of(stats))
+                self.book.set_cpu(stats)
         if self._sched is not None and (final or (self._count - 1) % self.opts.every(GAPS_S) == 0):
             gaps = self._sched.gaps()  # health counters: every 10 s is enough, and the last sample
             with self.lock:
@@ -503,20 +487,20 @@ class HostSignals:
         if len(events):
             events = events[np.isin(events["pid"], list(pids))]
             self._nccl_users.update(np.unique(events["pid"]).tolist())
-        self._nccl_users &= self._pids
+        self._nccl_users &= pids
         # With no collective and no process that has libnccl mapped, the model has nothing to
         # match a wait to: nothing is handed over (most hosts' every sample, at no cost).
         if self._on_collectives is not None and (len(events) or self._nccl_users):
             users = frozenset(self._key_of(pid) for pid in self._nccl_users)
             self._on_collectives(Collectives(events, complete_until, users))
-        totals = {(self._key_of(pid), c): t for (pid, c), t in s.totals().items() if pid in self._pids}
+        totals = {k: t for k, t in s.totals().items() if k[0].pid in pids}
         if not s.attachments:
             totals = {}
         with self.lock:
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
 
-    def _sample_quotas(self, stats: dict[int, Any], cgroups: dict[int, str]) -> None:
-        for pid in stats:
+    def _sample_quotas(self, stats: dict[ProcessKey, Any], cgroups: dict[int, str]) -> None:
+        for pid in sorted({k.pid for k in stats}):
             qs = cpu_quotas(pid, cgroups=cgroups.get(pid))
             limited = [q for q in qs if q.quota_us is not None] or qs[:1]
             if not limited:
@@ -574,7 +558,7 @@ class HostSignals:
     def view(self, names: Mapping[ProcessKey, str] | None = None) -> schema.Host:
         """The summary's `host` section; `names`: each process's command name, as the CUDA model knows it."""
         cg = CgroupNames()
-        self._learn(self._processes())  # a pinned process the agent met after the last sample
+        self._settle_pinned()
         with self.lock:
             self.book.names.update(names or {})
             ids = {st.cgroup_id for st in self.book.cpu.values()}
@@ -583,7 +567,7 @@ class HostSignals:
                 self.book,
                 boot_wall_ns=self._boot_wall_ns,
                 cgroup_names={i: n for i in ids if i and (n := cg.path(i)) is not None},
-                pids=set(self._pids),
+                pids=set(self._tracked),
                 sample_interval_seconds=self.opts.interval_s,
                 sample_errors=self.sample_errors,
                 fast_sampler=self._fast_view(),
@@ -611,6 +595,6 @@ class HostSignals:
         """The summary's `collectives`; `waits` (the model's
         collective_wait_totals): how long each process waited for each
         collective's work afterwards."""
-        self._learn(self._processes())  # as view()
+        self._settle_pinned()
         with self.lock:
             return collective_rows(self.book, boot_wall_ns=self._boot_wall_ns, attached=self._nccl_since, waits=waits)

@@ -38,6 +38,7 @@ $cc -O2 -Wall -fno-ipa-icf -fno-inline -static -DFAKE_DIRECT -I "$fx" -o "$r/wor
 $cc -O2 -static -I "$repo/bpf" -o "$r/harness" "$here/harness.c" $libs 2>/dev/null
 cp "$repo/memtrace/bpf/memtrace.$arch.bpf.o" "$r/right.bpf.o"
 cp "$repo/memtrace/bpf/memtrace.$other.bpf.o" "$r/wrong.bpf.o"
+for s in sched nccl; do cp "$repo/memtrace/bpf/$s.$arch.bpf.o" "$r/$s.bpf.o"; done
 PYTHONPATH=$repo "${PYTHON:-$repo/.venv/bin/python}" "$here/plan.py" "$r/workload" /workload > "$r/plan"
 cat > "$r/init" <<'INIT'
 #!/bin/sh
@@ -51,6 +52,7 @@ for obj in right wrong; do
   /harness /$obj.bpf.o /plan /workload -n 600 -t 2 -f -s 7
   echo "MT-RUN-END $obj"
 done
+for s in sched nccl; do /harness --load /$s.bpf.o; done
 echo MT-END
 poweroff -f
 INIT

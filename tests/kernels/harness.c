@@ -3,6 +3,8 @@
  * counted.
  *
  *   harness OBJECT PLAN WORKLOAD [ARGS...]
+ *   harness --load OBJECT        another sensor's object: load it, attach its
+ *                                tracepoint programs, print "MT-LOAD OBJECT err"
  *
  * PLAN holds one probe a line, "PATH OFFSET COOKIE RETURN", written on the
  * host by memtrace.bpfsource.probe_plan (the agent's own symbol table and
@@ -98,8 +100,29 @@ static void die(const char *what)
 	exit(2);
 }
 
+/* Does this kernel's verifier take the object, and its tracepoints attach? 0, or -errno. */
+static int load_only(const char *path)
+{
+	struct bpf_object *obj = bpf_object__open_file(path, NULL);
+	struct bpf_program *prog;
+
+	if (!obj)
+		return -errno;
+	set_rodata(obj, "filter_pids", 1);
+	if (bpf_object__load(obj))
+		return -errno;
+	bpf_object__for_each_program(prog, obj)
+		if (strncmp(bpf_program__section_name(prog), "tp_btf/", 7) == 0 && !bpf_program__attach(prog))
+			return -errno;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 3 && strcmp(argv[1], "--load") == 0) {
+		printf("MT-LOAD %s %d\n", argv[2], load_only(argv[2]));
+		return 0;
+	}
 	if (argc < 4) {
 		fprintf(stderr, "usage: harness OBJECT PLAN WORKLOAD [ARGS...]\n");
 		return 2;

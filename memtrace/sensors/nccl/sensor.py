@@ -27,6 +27,7 @@ from memtrace.bpf.host import bpf_arch, check_kernel
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map, destroy_together, uprobe_multi_supported
 from memtrace.bpf.ringbuf import EventRing
 from memtrace.core.errors import AttachError
+from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import (
     EVENT_DTYPE,
     F_BYTES_UNKNOWN,
@@ -66,20 +67,20 @@ class NcclSensor:
         self.ring: EventRing | None = None
         self._maps: dict[str, Map] = {}
         self._links: list[Link] = []
-        self._seen: dict[tuple[int, Collective], CallTotals] = {}
+        self._seen: dict[tuple[ProcessKey, Collective], CallTotals] = {}
         self._attach_lock = threading.RLock()  # attach() and scan(): one file once, from any thread
         self.multi = False  # multi-uprobe links (one per program and file), not one per symbol
 
     # ---- lifecycle ----
 
-    def start(self, pids: Iterable[int] | None = None) -> None:
-        """Load the programs. With `pids`, only those processes (and the
+    def start(self, keys: Iterable[ProcessKey] | None = None) -> None:
+        """Load the programs. With `keys`, only those processes (and the
         children they fork from now on) are traced; else every process."""
         check_kernel()
         obj = BpfObject(object_path(), Libbpf.get())
         self.obj = obj
         try:
-            obj.set_rodata({"filter_pids": pids is not None})
+            obj.set_rodata({"filter_pids": keys is not None})
             obj.set_max_entries("events", self.ring_bytes)
             # One link per program and library where the kernel has multi-uprobes (as the CUDA sensor).
             self.multi = uprobe_multi_supported()
@@ -88,8 +89,8 @@ class NcclSensor:
                     obj.load_for_uprobe_multi(prog)
             obj.load()
             self._maps = {n: obj.map(n) for n in ("lost", "stats", "traced", "inflight", "group_depth")}
-            for p in pids or ():
-                self.trace_pid(p)
+            for key in keys or ():
+                self.trace(key)
             for prog in ("nc_fork", "nc_exit"):
                 self._links.append(obj.attach(prog))
             self.ring = EventRing(obj.map("events").fd, self.ring_bytes, EVENT_DTYPE)
@@ -118,8 +119,11 @@ class NcclSensor:
 
     # ---- processes and libraries ----
 
-    def trace_pid(self, pid: int) -> None:
-        self._maps["traced"].update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
+    def trace(self, key: ProcessKey) -> None:
+        """Trace a process, and the children it forks from now on. A key whose
+        start_ns is 0 (not known) traces the first process BPF sees calling
+        NCCL with that pid; a reused pid is then another process, not traced."""
+        self._maps["traced"].update(ctypes.c_uint32(key.pid), ctypes.c_uint64(key.start_ns))
 
     def attach(self, path: str, name: str | None = None) -> NcclAttachment | None:
         """Probe the NCCL symbols a file defines, once per inode (every process
@@ -180,8 +184,9 @@ class NcclSensor:
         return batch
 
     def _count(self, batch: np.ndarray) -> None:
-        keys = (batch["pid"].astype(np.uint64) << np.uint64(8)) | batch["coll"].astype(np.uint64)
-        uniq, inv = np.unique(keys, return_inverse=True)
+        who = (batch["pid"].astype(np.uint64) << np.uint64(8)) | batch["coll"].astype(np.uint64)
+        uniq, inv = np.unique(np.stack([batch["start_ns"], who], axis=1), axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
         ok = batch["ret"] == 0
         unknown = (batch["flags"] & F_BYTES_UNKNOWN) != 0
         calls = np.bincount(inv, minlength=len(uniq))
@@ -189,8 +194,8 @@ class NcclSensor:
         errors = np.bincount(inv, weights=(~ok).astype(np.float64), minlength=len(uniq))
         unk = np.bincount(inv, weights=unknown.astype(np.float64), minlength=len(uniq))
         dur = np.bincount(inv, weights=batch["duration_ns"].astype(np.float64), minlength=len(uniq))
-        for i, k in enumerate(uniq.tolist()):
-            t = self._seen.setdefault((k >> 8, Collective(k & 0xFF)), CallTotals())
+        for i, (start, k) in enumerate(uniq.tolist()):
+            t = self._seen.setdefault((ProcessKey(k >> 8, start), Collective(k & 0xFF)), CallTotals())
             t.calls += int(calls[i])
             t.bytes += int(nbytes[i])
             t.errors += int(errors[i])
@@ -199,20 +204,20 @@ class NcclSensor:
 
     # ---- maps ----
 
-    def lost(self) -> dict[tuple[int, Collective], Totals]:
+    def lost(self) -> dict[tuple[ProcessKey, Collective], Totals]:
         """Calls the ring could not take, counted by the kernel."""
         m = self._maps["lost"]
-        out: dict[tuple[int, Collective], Totals] = {}
+        out: dict[tuple[ProcessKey, Collective], Totals] = {}
         for k in m.keys(TotalsKey):
             assert isinstance(k, TotalsKey)
             v = Totals()
             if m.lookup(k, v) and k.coll in Collective._value2member_map_:
-                out[(int(k.pid), Collective(k.coll))] = v
+                out[(ProcessKey(int(k.pid), int(k.start_ns)), Collective(k.coll))] = v
         return out
 
-    def totals(self) -> dict[tuple[int, Collective], CallTotals]:
-        """Per (pid, collective): every call polled so far plus those the ring
-        could not take (exact even when the ring overflowed)."""
+    def totals(self) -> dict[tuple[ProcessKey, Collective], CallTotals]:
+        """Per (process, collective): every call polled so far plus those the
+        ring could not take (exact even when the ring overflowed)."""
         out = {k: CallTotals(t.calls, t.bytes, t.errors, t.bytes_unknown, t.duration_ns) for k, t in self._seen.items()}
         for k, v in self.lost().items():
             t = out.setdefault(k, CallTotals())

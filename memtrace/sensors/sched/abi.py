@@ -11,6 +11,12 @@ FILTER_BITS = 65536
 FILTER_WORDS = FILTER_BITS // 64
 
 
+class ProcKey(ctypes.Structure):
+    """struct sc_proc_key: a process, its tgid and its start (the key of `procs`)."""
+
+    _fields_ = [("start_ns", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
 class Proc(ctypes.Structure):
     _fields_ = [
         ("runq_hist", ctypes.c_uint64 * SLOTS),
@@ -25,7 +31,12 @@ class Proc(ctypes.Structure):
 
 
 class PreemptKey(ctypes.Structure):
-    _fields_ = [("cgroup_id", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+    _fields_ = [
+        ("cgroup_id", ctypes.c_uint64),
+        ("start_ns", ctypes.c_uint64),
+        ("tgid", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
 
 
 class Preempt(ctypes.Structure):

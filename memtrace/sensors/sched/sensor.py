@@ -1,23 +1,25 @@
 """Load the CPU sensor (bpf/sched.bpf.c), choose the processes it traces, and
 read what it measured as typed per-process results.
 
-The runtime calls ``start(pids)`` once, ``add_pid``/``remove_pid`` as traced
-processes come and go (the same processes the CUDA sensor traces), ``read()``
-on its sampling timer and ``close()`` at the end.
+The runtime calls ``start(keys)`` once, ``add``/``remove`` as traced
+processes come and go (the same processes the CUDA sensor traces, each a
+ProcessKey), ``read()`` on its sampling timer and ``close()`` at the end.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
 from memtrace.bpf.host import bpf_arch, check_kernel
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, Map, destroy_together
 from memtrace.core.cpu import CpuStats, Preemptor, quantile_us, slot_bounds_us
-from memtrace.sensors.sched.abi import FILTER_BITS, SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, SchedStat
+from memtrace.core.ids import ProcessKey
+from memtrace.sensors.sched.abi import FILTER_BITS, SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, ProcKey, SchedStat
 
-PROGRAMS = ("sc_switch", "sc_wakeup", "sc_wakeup_new")
+PROGRAMS = ("sc_switch", "sc_wakeup", "sc_wakeup_new", "sc_exit")
 
 __all__ = ["PROGRAMS", "CpuStats", "Preemptor", "SchedSensor", "object_path", "quantile_us", "slot_bounds_us"]
 
@@ -26,13 +28,18 @@ def object_path(arch: str | None = None) -> Path:
     return Path(str(resources.files("memtrace") / "bpf" / f"sched.{arch or bpf_arch()}.bpf.o"))
 
 
-def _u32(key: ctypes._CData) -> int:
-    assert isinstance(key, ctypes.c_uint32)
-    return int(key.value)
+def _key(k: ctypes._CData) -> ProcessKey:
+    assert isinstance(k, ProcKey)
+    return ProcessKey(int(k.tgid), int(k.start_ns))
 
 
 class SchedSensor:
-    """The sched tracepoint programs, loaded and attached, with their maps."""
+    """The sched tracepoint programs, loaded and attached, with their maps.
+
+    A process is a ProcessKey: BPF charges a task to the process traced under
+    its tgid only if its process started then, so a reused pid is not taken
+    for it. A key whose start_ns is 0 (not known) traces the first process
+    BPF sees with that pid, and read() gives that process's start."""
 
     def __init__(
         self,
@@ -50,10 +57,10 @@ class SchedSensor:
         self.obj: BpfObject | None = None
         self.links: list[Link] = []
         self.maps: dict[str, Map] = {}
-        self.traced: set[int] = set()
+        self.traced: dict[int, ProcessKey] = {}  # pid -> the process traced under it, as added
 
-    def start(self, pids: list[int] | tuple[int, ...] = ()) -> None:
-        """Load and attach; trace `pids` (and whatever add_pid adds later)."""
+    def start(self, keys: Iterable[ProcessKey] = ()) -> None:
+        """Load and attach; trace `keys` (and whatever add() adds later)."""
         check_kernel()
         obj = BpfObject(self.path)
         self.obj = obj
@@ -64,8 +71,8 @@ class SchedSensor:
             obj.load()
             names = ("traced", "traced_bits", "procs", "threads", "preempts", "stats")
             self.maps = {n: obj.map(n) for n in names}
-            for pid in pids:
-                self.add_pid(pid)
+            for key in keys:
+                self.add(key)
             for prog in PROGRAMS:
                 self.links.append(obj.attach(prog))
         except BaseException:
@@ -80,37 +87,49 @@ class SchedSensor:
         mask = 1 << (bit % 64)
         bits.update(key, ctypes.c_uint64(word.value | mask if on else word.value & ~mask))
 
-    def add_pid(self, pid: int) -> None:
-        """Trace a process (all its threads) from now on."""
-        self.maps["traced"].update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
-        self._set_bit(pid, True)  # after the hash: a set bit only sends BPF to look there
-        self.traced.add(pid)
+    def add(self, key: ProcessKey) -> None:
+        """Trace a process (all its threads) from now on; it replaces any other traced under its pid."""
+        self.maps["traced"].update(ctypes.c_uint32(key.pid), ctypes.c_uint64(key.start_ns))
+        self._set_bit(key.pid, True)  # after the hash: a set bit only sends BPF to look there
+        self.traced[key.pid] = key
 
-    def remove_pid(self, pid: int) -> None:
-        """Stop tracing a process and forget what was measured (read it first)."""
-        self.traced.discard(pid)
-        self.maps["traced"].delete(ctypes.c_uint32(pid))
-        if not any(p % FILTER_BITS == pid % FILTER_BITS for p in self.traced):
-            self._set_bit(pid, False)
-        self.maps["procs"].delete(ctypes.c_uint32(pid))
+    def _start_of(self, pid: int) -> int | None:
+        """The start BPF holds for the process traced under `pid` (0: none seen yet); None: none traced."""
+        v = ctypes.c_uint64()
+        return int(v.value) if self.maps["traced"].lookup(ctypes.c_uint32(pid), v) else None
+
+    def remove(self, key: ProcessKey) -> None:
+        """Stop tracing a process and forget what was measured of it (read it first).
+        Another process traced under the same pid stays traced."""
+        added, held = self.traced.get(key.pid), self._start_of(key.pid)
+        starts = {key.start_ns}
+        if added is not None and (added == key or held == key.start_ns):
+            if held:
+                starts.add(held)  # the start BPF bound a key of start 0 to
+            del self.traced[key.pid]
+            self.maps["traced"].delete(ctypes.c_uint32(key.pid))
+            if not any(p % FILTER_BITS == key.pid % FILTER_BITS for p in self.traced):
+                self._set_bit(key.pid, False)
+        for start in starts:
+            self.maps["procs"].delete(ProcKey(start_ns=start, tgid=key.pid))
         pre = self.maps["preempts"]
         for k in list(pre.keys(PreemptKey)):
             assert isinstance(k, PreemptKey)
-            if k.tgid == pid:
+            if k.tgid == key.pid and k.start_ns in starts:
                 pre.delete(k)
 
-    def pids(self) -> list[int]:
+    def keys(self) -> list[ProcessKey]:
         """The processes with measurements."""
-        return [_u32(k) for k in self.maps["procs"].keys(ctypes.c_uint32)]
+        return [_key(k) for k in self.maps["procs"].keys(ProcKey)]
 
-    def _preemptors(self) -> dict[int, list[Preemptor]]:
-        out: dict[int, list[Preemptor]] = {}
+    def _preemptors(self) -> dict[ProcessKey, list[Preemptor]]:
+        out: dict[ProcessKey, list[Preemptor]] = {}
         pre = self.maps["preempts"]
         v = Preempt()
         for k in list(pre.keys(PreemptKey)):
             assert isinstance(k, PreemptKey)
             if pre.lookup(k, v):
-                out.setdefault(k.tgid, []).append(
+                out.setdefault(ProcessKey(k.tgid, k.start_ns), []).append(
                     Preemptor(
                         cgroup_id=k.cgroup_id,
                         count=v.count,
@@ -121,18 +140,19 @@ class SchedSensor:
                 )
         return out
 
-    def read(self) -> dict[int, CpuStats]:
+    def read(self) -> dict[ProcessKey, CpuStats]:
         """Everything measured so far, per traced process (cumulative)."""
         pre = self._preemptors()
         procs = self.maps["procs"]
-        out: dict[int, CpuStats] = {}
+        out: dict[ProcessKey, CpuStats] = {}
         v = Proc()
-        for k in list(procs.keys(ctypes.c_uint32)):
-            pid = _u32(k)
+        for k in list(procs.keys(ProcKey)):
+            key = _key(k)
             if not procs.lookup(k, v):
                 continue
-            out[pid] = CpuStats(
-                pid=pid,
+            out[key] = CpuStats(
+                pid=key.pid,
+                start_ns=key.start_ns,
                 runq_hist=tuple(v.runq_hist),
                 offcpu_hist=tuple(v.offcpu_hist),
                 runq_ns=v.runq_ns,
@@ -141,7 +161,7 @@ class SchedSensor:
                 voluntary=v.nvcsw,
                 involuntary=v.nivcsw,
                 cgroup_id=v.cgroup_id,
-                preemptors=tuple(sorted(pre.get(pid, []), key=lambda p: -p.count)),
+                preemptors=tuple(sorted(pre.get(key, []), key=lambda p: -p.count)),
             )
         return out
 
@@ -168,7 +188,7 @@ class SchedSensor:
         """How many entries each bounded map holds now (for health and tests)."""
         types: dict[str, type[ctypes._CData]] = {
             "traced": ctypes.c_uint32,
-            "procs": ctypes.c_uint32,
+            "procs": ProcKey,
             "threads": ctypes.c_uint32,
             "preempts": PreemptKey,
         }
