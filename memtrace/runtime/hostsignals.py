@@ -48,6 +48,7 @@ from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
 from memtrace.core.nccl import Collective
 from memtrace.core.notices import Collectives
 from memtrace.core.procfiles import Candidate
+from memtrace.core.sensor import Sensor
 from memtrace.core.threads import thread
 from memtrace.export import schema
 from memtrace.export.host import collective_rows, host_section
@@ -319,7 +320,8 @@ class HostSignals:
             nccl, self._nccl = self._nccl, None
         if self._fast is not None and self._ring_owner is not None:
             self._ring_owner.unguard_ring()  # its drains keep their own schedule once the sampler stops
-        for s in (self._sched, nccl, self._fast, self._nvml, self._net):
+        sensors: list[Sensor[object] | None] = [self._sched, nccl, self._fast, self._nvml, self._net]
+        for s in sensors:
             if s is not None:
                 with contextlib.suppress(MemtraceError, OSError):
                     s.close()

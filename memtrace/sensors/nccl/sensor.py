@@ -60,6 +60,8 @@ class NcclAttachment:
 
 
 class NcclSensor:
+    name = "nccl"
+
     def __init__(self, ring_bytes: int = DEFAULT_RING_BYTES) -> None:
         self.ring_bytes = ring_bytes
         self.attachments: dict[FileId, NcclAttachment] = {}

@@ -41,6 +41,8 @@ class SchedSensor:
     for it. A key whose start_ns is 0 (not known) traces the first process
     BPF sees with that pid, and read() gives that process's start."""
 
+    name = "cpu"
+
     def __init__(
         self,
         *,
@@ -139,6 +141,10 @@ class SchedSensor:
                     )
                 )
         return out
+
+    def poll(self) -> dict[ProcessKey, CpuStats]:
+        """What it measured so far (core.sensor.Sensor): read()."""
+        return self.read()
 
     def read(self) -> dict[ProcessKey, CpuStats]:
         """Everything measured so far, per traced process (cumulative)."""
