@@ -65,6 +65,7 @@ from memtrace.core.ids import ProcessKey
 from memtrace.core.notices import Collectives, Events, Exited, Notice, ProcessMet
 from memtrace.core.overhead import TrapCosts
 from memtrace.core.procfiles import Candidate
+from memtrace.core.sensor import Sensor
 from memtrace.core.stacks import Stack
 from memtrace.core.threads import thread
 from memtrace.export.schema import StackCounts
@@ -301,7 +302,8 @@ class Agent:
         try:
             self.cuda.start()
         except BaseException:
-            self.cuda.close()
+            cuda: Sensor[int] = self.cuda  # a sensor like the host's (core/sensor.py)
+        cuda.close()
             raise
         if self._measure_overhead and self.cuda.obj is not None:
             self.calibration = Calibration(self.cuda.obj, self._calibrated)
