@@ -302,8 +302,7 @@ class Agent:
         try:
             self.cuda.start()
         except BaseException:
-            cuda: Sensor[int] = self.cuda  # a sensor like the host's (core/sensor.py)
-        cuda.close()
+            self.cuda.close()
             raise
         if self._measure_overhead and self.cuda.obj is not None:
             self.calibration = Calibration(self.cuda.obj, self._calibrated)
@@ -643,7 +642,8 @@ class Agent:
         if self.calibration is not None:
             self.calibration.close()  # its probes use the BPF object
             self.calibration = None
-        self.cuda.close()
+        cuda: Sensor[int] = self.cuda  # a sensor like the host's (core/sensor.py)
+        cuda.close()
         if self.stacks is not None:
             self.stacks.close()
         if self._wake >= 0:
