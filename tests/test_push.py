@@ -467,3 +467,33 @@ def test_a_delivered_export_is_let_go_not_held_until_the_next(fakecuda: Path, tm
     finally:
         stop.set()
         vm.stop()
+
+
+def test_the_catalogs_prometheus_names_are_the_backends(tmp_path: Path) -> None:
+    """A rich build (every metric of the catalog, test_otlp.rich_build)
+    pushed to VictoriaMetrics: the names it shows are exactly those the
+    catalog, and so docs/metrics.md, the rules and the dashboard, give."""
+    import urllib.request
+
+    from test_otlp import rich_build
+
+    from memtrace.export.catalog import METRICS, prometheus_series
+    from memtrace.export.config import resolve
+    from memtrace.export.transport import MetricsExporter
+
+    vm = VictoriaMetrics(tmp_path)
+    try:
+        _, batch = rich_build()
+        exporter = MetricsExporter(resolve({}, endpoint=vm.otlp))
+        assert exporter.export(batch.data)[0]
+        exporter.shutdown()
+        want = {n for m in METRICS for n in prometheus_series(m)}
+
+        def names() -> set[str]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{vm.port}/api/v1/label/__name__/values", timeout=10) as r:
+                return set(json.load(r)["data"])
+
+        got = wait_for(names, want, timeout=30)
+        assert got == want, (sorted(got - want), sorted(want - got))
+    finally:
+        vm.stop()

@@ -11,8 +11,9 @@ from typing import Any
 
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
-from memtrace.export.otlp import Batch, Exporter, MetricsBuilder, resource_of
+from memtrace.export.otlp import Batch, MetricsBuilder, resource_of
 from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, ProfilesSender
+from memtrace.export.transport import MetricsExporter
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.diagnose import LiveDiagnosis
 from memtrace.runtime.hostsignals import HostSignals
@@ -74,7 +75,7 @@ def push_forever(
     agent: Agent,
     cfg: PushConfig,
     stop: threading.Event,
-    exporter: Exporter | None = None,
+    exporter: MetricsExporter | None = None,
     final_timeout: float = 5.0,
     max_unsent_exited: int = MAX_UNSENT_EXITED,
     builder: MetricsBuilder | None = None,
@@ -93,7 +94,7 @@ def push_forever(
     most `max_unsent_exited` of them are kept (memory stays bounded), and
     the oldest beyond that are dropped, counted and logged."""
     builder = builder or MetricsBuilder(cfg, host_attributes())
-    exporter = exporter or Exporter(cfg)
+    exporter = exporter or MetricsExporter(cfg)
     profiles = Profiles(cfg) if agent.stacks is not None else None
     pending_profiles: list[ProfileBatch] = []  # built with the metrics batch in flight
     pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")
