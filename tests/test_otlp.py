@@ -809,19 +809,108 @@ def test_a_log_collector_that_refuses_is_said_once_with_its_reason(caplog: pytes
     """The events' transport names the refusal as the metrics' does (status,
     reason, the body's first line), once, not at every batch."""
     from memtrace.analysis.diagnosis import Diagnosis
-    from memtrace.export.events import DiagnosisEvents
+    from memtrace.export.events import Events
 
     def diagnosis(cause: str) -> Diagnosis:
         return Diagnosis(cause, TRAIN, "train", "steps 2x slower", 2.0, 10**18, 10**18, {}, "fix it")
 
     srv = _Answers(404, b"no logs here\nsecond line\n", "text/plain")
     try:
-        events = DiagnosisEvents(resolve({}, endpoint=f"http://127.0.0.1:{srv.port}"), {"service.name": "memtrace"})
-        events.emit(diagnosis("straggler"))
+        events = Events(resolve({}, endpoint=f"http://127.0.0.1:{srv.port}"), {"service.name": "memtrace"})
+        events.diagnosis(diagnosis("straggler"))
         events.provider.force_flush()
-        events.emit(diagnosis("gpu_throttling"))
+        events.diagnosis(diagnosis("gpu_throttling"))
         events.shutdown()
     finally:
         srv.close()
     said = [r.getMessage() for r in caplog.records if "events to" in r.getMessage()]
     assert said == [f"events to http://127.0.0.1:{srv.port}/v1/logs not sent: HTTP 404 Not Found: no logs here"]
+
+
+# ---- findings: their number in a bounded metric, their text in events ----
+
+
+def _finding(value: float, summary: str, fix: str = "pin it", key: ProcessKey = TRAIN):  # type: ignore[no-untyped-def]
+    from memtrace.analysis.findings import Finding
+
+    return Finding("pageable_h2d", key, "train", value, summary, fix, {"h2d_bytes": 1}, 10**18)
+
+
+def test_a_finding_is_said_when_it_appears_and_again_only_when_its_text_changes_materially() -> None:
+    from memtrace.export.events import FindingNotes
+
+    notes = FindingNotes(max_records=4)
+
+    def due(*found) -> list[float]:  # type: ignore[no-untyped-def]
+        return [f.value for f in notes.due(found)]
+
+    text = "{:.0%} of H2D bytes ({} of 256.0 MiB) came from pageable memory at {} GB/s"
+    assert due(_finding(0.30, text.format(0.30, "76.8 MiB", "1.2"))) == [0.30]  # it appears
+    # New figures, same words, a number that has not doubled: nothing new to say.
+    assert due(_finding(0.45, text.format(0.45, "115.2 MiB", "1.4"))) == []
+    assert due(_finding(0.59, text.format(0.59, "1.1 GiB", "9.9"))) == []  # units are figures too
+    # Doubled since the last record (0.30): said again, and 0.60 is the new reference.
+    assert due(_finding(0.60, text.format(0.60, "1.2 GiB", "1.0"))) == [0.60]
+    assert due(_finding(0.31, text.format(0.31, "1.2 GiB", "1.0"))) == []  # not yet halved
+    assert due(_finding(0.30, text.format(0.30, "1.2 GiB", "1.0"))) == [0.30]  # halved
+    # Other words or another fix: said again.
+    assert due(_finding(0.30, text.format(0.30, "1.2 GiB", "1.0") + "; pinned copies reach 5.0 GB/s")) == [0.30]
+    # Bounded: four records for this finding of this process, whatever comes next.
+    assert due(_finding(0.30, "something else entirely", fix="another fix")) == []
+    # Another process has its own; a process forgotten starts again.
+    other = ProcessKey(8, 1)
+    assert due(_finding(0.30, "x", key=other)) == [0.30]
+    notes.forget([TRAIN])
+    assert due(_finding(0.30, "x"), _finding(0.30, "x", key=other)) == [0.30]
+    assert set(notes.notes) == {(TRAIN, "pageable_h2d"), (other, "pageable_h2d")}
+
+
+def test_what_is_remembered_of_findings_is_bounded() -> None:
+    from memtrace.export.events import FindingNotes
+
+    notes = FindingNotes(max_noted=3)
+    for pid in range(10):
+        assert len(notes.due([_finding(0.5, "s", key=ProcessKey(pid, 1))])) == 1
+    assert [k[0].pid for k in notes.notes] == [7, 8, 9]  # the newest three
+
+
+def test_a_builds_findings_carry_their_text_and_its_metric_only_their_code() -> None:
+    """The finding gauge's only attribute is the code: the summary (live
+    figures) and the fix would make a new series at every change."""
+    _, batch = rich_build()
+    points = [p for x, _ in emitted(batch)["memtrace.finding"] for p in x.data.data_points]
+    assert sorted(p.attributes["finding"] for p in points) == ["overhead_budget_exceeded", "pageable_h2d"]
+    assert all(set(p.attributes) == {"finding"} for p in points)
+    assert sorted(f.code for f in batch.findings) == ["overhead_budget_exceeded", "pageable_h2d"]
+    assert all(f.summary and f.fix for f in batch.findings)
+
+
+def test_finding_events_reach_an_otlp_collector_once_per_material_change() -> None:
+    """Through the real SDK log exporter to an OTLP/HTTP receiver: the
+    finding's record (its summary, code, value, fix, process and evidence)
+    when it appears, none for pushes that only move its figures."""
+    from backends import OtlpLogSink
+
+    from memtrace.export.events import Events
+
+    sink = OtlpLogSink()
+    try:
+        events = Events(resolve({}, endpoint=sink.endpoint), {"service.name": "memtrace", "host.name": "h"})
+        first = _finding(0.30, "30% of H2D bytes (76.8 MiB of 256.0 MiB) came from pageable memory")
+        events.findings([first])
+        events.findings([_finding(0.35, "35% of H2D bytes (89.6 MiB of 256.0 MiB) came from pageable memory")])
+        events.shutdown()  # flushes
+    finally:
+        sink.stop()
+    (r,) = sink.records
+    assert r["event_name"] == "memtrace.finding" and r["severity"] == "INFO" and r["body"] == first.summary
+    assert r["resource"] == {"service.name": "memtrace", "host.name": "h"}
+    assert r["attributes"] == {
+        "memtrace.finding": "pageable_h2d",
+        "memtrace.value": 0.30,
+        "memtrace.fix": "pin it",
+        "process.pid": 7,
+        "process.creation.time": "2001-09-09T01:46:40.000000000Z",
+        "process.executable.name": "train",
+        "memtrace.evidence.h2d_bytes": 1,
+    }

@@ -469,6 +469,63 @@ def test_a_delivered_export_is_let_go_not_held_until_the_next(fakecuda: Path, tm
         vm.stop()
 
 
+def test_a_finding_whose_figures_change_is_one_series_in_the_backend(tmp_path: Path) -> None:
+    """memtrace_finding_ratio carries the finding's code, not its summary:
+    three pushes whose summaries differ (more bytes copied from pageable
+    memory, at another bandwidth) make one series in VictoriaMetrics, not
+    three (one per wording), and its value follows the finding."""
+    from test_otlp import _rows
+
+    from memtrace.core.abi import Direction
+    from memtrace.export.config import resolve
+    from memtrace.export.otlp import MetricsBuilder
+    from memtrace.export.transport import MetricsExporter
+    from memtrace.model import Model
+    from memtrace.sources.procfs import read_process
+
+    pid = os.getpid()
+    vm = VictoriaMetrics(tmp_path)
+    try:
+        cfg = resolve({}, endpoint=vm.otlp)
+        builder, exporter = MetricsBuilder(cfg, {"host.name": "t"}), MetricsExporter(cfg)
+        m = Model(identify=read_process)
+        m.complete_after_ns = None  # untracked host memory is pageable
+        pinned = 0x7F00_0000_0000
+        m.add_events(_rows(pid, [{"api": 66, "dst": pinned, "bytes": 1 << 30}]))  # cuMemHostAlloc
+        summaries, values = [], []
+        for k in range(3):
+            copy = {"api": 22, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000 * (k + 1)}
+            from_pinned = {**copy, "src": pinned, "duration_ns": 1_000_000}
+            m.add_events(_rows(pid, [{**copy, "src": 0x1000}] * (k + 2) + [from_pinned]))
+            batch = builder.build(m, {}, 1)
+            (f,) = [f for f in batch.findings if f.code == "pageable_h2d" and f.key.pid == pid]
+            summaries.append(f.summary)
+            values.append(f.value)
+            assert exporter.export(batch.data)[0]
+            batch.commit()
+        exporter.shutdown()
+        assert len(set(summaries)) == 3, summaries  # the text changed at every push
+        sel = f'memtrace_finding_ratio{{process_pid="{pid}",finding="pageable_h2d"}}'
+
+        def latest() -> float | None:
+            r = vm.query(sel)
+            return round(float(r[0]["value"][1]), 6) if r else None
+
+        assert wait_for(latest, round(values[-1], 6), timeout=30) == round(values[-1], 6)
+        series = vm.query(f"last_over_time({sel}[1h])")
+        assert len(series) == 1, [s["metric"] for s in series]
+        (resource,) = [
+            rm.resource.attributes
+            for rm in batch.data.resource_metrics
+            if rm.resource.attributes.get("process.pid") == pid
+        ]
+        # Its labels: the code, and the process's resource (who and where), nothing else.
+        assert set(series[0]["metric"]) == {"__name__", "finding"} | {k.replace(".", "_") for k in resource}
+        assert "summary" not in series[0]["metric"] and "fix" not in series[0]["metric"]
+    finally:
+        vm.stop()
+
+
 def test_the_catalogs_prometheus_names_are_the_backends(tmp_path: Path) -> None:
     """A rich build (every metric of the catalog, test_otlp.rich_build)
     pushed to VictoriaMetrics: the names it shows are exactly those the

@@ -122,9 +122,7 @@ ESTIMATED = Attribute(
     "true where the overhead budget sampled the process's launch probes: partly extrapolated, a series of its own",
 )
 CALIBRATED = Attribute("calibrated", "true when the trap cost was measured on this host, false when it is a default")
-FINDING = Attribute("finding", 'the finding\'s code (README, "Findings")')
-SUMMARY = Attribute("summary", "the evidence, in words")
-FIX = Attribute("fix", "what to do about it")
+FINDING = Attribute("finding", 'the finding\'s code (README, "Findings"); its summary and fix are in its event')
 CAUSE = Attribute("cause", ", ".join(CAUSES) + ' (README, "Diagnoses")')
 CONTEXT_SWITCH_TYPE = Attribute(
     "process.context_switch_type",
@@ -261,9 +259,9 @@ FINDING_VALUE = _m(
     "memtrace.finding",
     _G,
     "1",
-    "A finding about the process: its headline number, with summary and fix",
+    "A finding about the process: its headline number (its summary and fix: the memtrace.finding event)",
     Signal.analysis,
-    attributes=(FINDING, SUMMARY, FIX),
+    attributes=(FINDING,),
 )
 DIAGNOSES = _m(
     "memtrace.diagnoses",
@@ -613,7 +611,22 @@ DIAGNOSIS_EVENT = EventSpec(
         _EVIDENCE,
     ),
 )
-EVENTS = (DIAGNOSIS_EVENT,)
+FINDING_EVENT = EventSpec(
+    "memtrace.finding",
+    "INFO",
+    "the summary: the evidence in words, with its figures",
+    "when a finding first appears in a process, and again when its text changes materially "
+    "(its words or its fix change, its figures aside, or its headline number doubles or halves since its "
+    "last record), a bounded number of times per finding and process (export/events.py, FindingNotes)",
+    (
+        Attribute("memtrace.finding", "the finding's code, as memtrace.finding's `finding` attribute names it"),
+        Attribute("memtrace.value", "its headline number, as memtrace.finding's value"),
+        Attribute("memtrace.fix", "what to do about it"),
+        *_PROCESS_OF_EVENT,
+        _EVIDENCE,
+    ),
+)
+EVENTS = (DIAGNOSIS_EVENT, FINDING_EVENT)
 
 
 # ---- profiles (`push --stacks`) ----
@@ -739,7 +752,8 @@ def reference() -> str:
         "## Events",
         "",
         "OTLP log records with an event name, on the agent's resource, sent to the collector's logs",
-        "pipeline beside the metrics (OTLP/HTTP: `/v1/logs`).",
+        "pipeline beside the metrics (OTLP/HTTP: `/v1/logs`). Text with live figures goes here, never",
+        "into a metric's attributes: every change of a figure would make a new series.",
         "",
     ]
     for e in EVENTS:

@@ -133,6 +133,8 @@ class Batch:
     commit_processes: Callable[[set[ProcessKey]], None]
     # The process of each resource, in order (the agent's own resource, last, has none).
     keys: list[ProcessKey] = field(default_factory=list)
+    # The findings of every process, as computed for this export (their text: export/events.py).
+    findings: list[Finding] = field(default_factory=list)
 
     def processes_in(self, resources: int) -> set[ProcessKey]:
         """The processes of the first `resources` resources of this export."""
@@ -401,8 +403,9 @@ class MetricsBuilder:
         `host`: the host signals' readings (per-process CPU and collectives,
         the GPUs), taken under their lock by the caller."""
         now = now_ns or time.time_ns()
+        findings = compute_findings(model, self.thresholds, now)
         found: dict[ProcessKey, list[Finding]] = {}
-        for f in compute_findings(model, self.thresholds, now):
+        for f in findings:
             found.setdefault(f.key, []).append(f)
 
         new_base = _Base(
@@ -490,7 +493,9 @@ class MetricsBuilder:
                 if cost.share is not None:
                     gauge(cat.OVERHEAD, {"calibrated": cost.cost.calibrated}, cost.share)
             for f in found.get(key, []):
-                gauge(cat.FINDING_VALUE, {"finding": f.code, "summary": f.summary, "fix": f.fix}, f.value)
+                # The code alone: the summary holds live figures (a new series at every change); the
+                # text goes out as the finding's event (export/events.py).
+                gauge(cat.FINDING_VALUE, {"finding": f.code}, f.value)
             steps = model.step_trackers.get(key)
             st_steps = steps.stats() if steps is not None else None
             if st_steps is not None:
@@ -569,4 +574,5 @@ class MetricsBuilder:
             rollback=rollback,
             commit_processes=commit_processes,
             keys=keys,
+            findings=findings,
         )

@@ -11,6 +11,7 @@ from typing import Any
 
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
+from memtrace.export.events import Events
 from memtrace.export.otlp import Batch, MetricsBuilder, resource_of
 from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, ProfilesSender
 from memtrace.export.transport import MetricsExporter
@@ -82,6 +83,7 @@ def push_forever(
     drain_interval: float = DRAIN_INTERVAL_S,
     host: HostSignals | None = None,
     diagnosis: LiveDiagnosis | None = None,
+    events: Events | None = None,
 ) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
@@ -95,6 +97,8 @@ def push_forever(
     the oldest beyond that are dropped, counted and logged."""
     builder = builder or MetricsBuilder(cfg, host_attributes())
     exporter = exporter or MetricsExporter(cfg)
+    own_events = events is None  # findings' text goes out as events (export/events.py)
+    events = events or Events(cfg, {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()})
     profiles = Profiles(cfg) if agent.stacks is not None else None
     pending_profiles: list[ProfileBatch] = []  # built with the metrics batch in flight
     pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")
@@ -153,8 +157,11 @@ def push_forever(
                 batch.commit_processes(done)
                 for key in set(batch.exited) & done:
                     agent.forget(key)
+                events.forget(set(batch.exited) & done)
             elif ok:
                 batch.commit()
+                events.findings(batch.findings)
+                events.forget(batch.exited)
                 for key in batch.exited:  # sent a final time: drop the series
                     agent.forget(key)
                 if profiles is not None:
@@ -239,6 +246,8 @@ def push_forever(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         exporter.shutdown()
+        if own_events:
+            events.shutdown()
 
 
 def push_with_host_signals(
@@ -247,20 +256,19 @@ def push_with_host_signals(
     """push_forever with the host signals sampled beside it and the live
     diagnosis on them: its counts go out with each push (memtrace.diagnoses),
     and each diagnosis as an OTLP event (a log record) to the same collector."""
-    from memtrace.export.events import DiagnosisEvents
     from memtrace.runtime.diagnose import LiveDiagnosis
     from memtrace.runtime.hostsignals import HostOptions
 
     resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
     with HostSignals(HostOptions(interval_s=host_interval, fast_hz=host_rate), agent.pids) as signals:
-        events = DiagnosisEvents(cfg, resource)
-        diagnosis = LiveDiagnosis(agent, signals, on_diagnosis=lambda d: events.emit(d, d.start_ns))
+        events = Events(cfg, resource)
+        diagnosis = LiveDiagnosis(agent, signals, on_diagnosis=lambda d: events.diagnosis(d, d.start_ns))
         signals.on_tick = diagnosis.tick
         signals.follow(agent)
         signals.tick_s = max(host_interval, 0.5)
         signals.start()
         try:
             with signals.sampling():
-                return push_forever(agent, cfg, stop, host=signals, diagnosis=diagnosis)
+                return push_forever(agent, cfg, stop, host=signals, diagnosis=diagnosis, events=events)
         finally:
             events.shutdown()
