@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from backends import Collector, VictoriaMetrics, free_port
+from backends import Collector, VictoriaMetrics, free_port, wait_port
 from conftest import REPO, memtrace_cmd, truth_totals
 from test_nvml import HEALTHY, gpu, script
 
@@ -554,3 +554,56 @@ def test_the_catalogs_prometheus_names_are_the_backends(tmp_path: Path) -> None:
         assert got == want, (sorted(got - want), sorted(want - got))
     finally:
         vm.stop()
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_events_and_profiles_reach_the_real_collector_over_either_protocol(protocol: str, tmp_path: Path) -> None:
+    """The events' and the profiles' transport (export/transport.py) to the
+    real collector (deploy/otelcol/agent.yaml), over OTLP/HTTP and over gRPC
+    alike, and on from it to receivers here: a finding's record, and a call
+    site's samples."""
+    import yaml
+    from backends import Collector, OtlpLogSink, OtlpProfileSink
+    from test_otlp import _finding
+
+    from memtrace.export.config import resolve
+    from memtrace.export.events import Events
+    from memtrace.export.otlp_profiles import ProfilesBuilder, ProfilesSender
+
+    # The agent config as shipped, its own telemetry off (its default port, 8888, may be taken on this host).
+    config = yaml.safe_load((REPO / "deploy" / "otelcol" / "agent.yaml").read_text())
+    config["service"]["telemetry"] = {"metrics": {"level": "none"}}
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(config))
+    logs, profiles = OtlpLogSink(), OtlpProfileSink()
+    col = Collector(
+        tmp_path,
+        tmp_path / "agent.yaml",
+        {
+            "MEMTRACE_EXPORT_ENDPOINT": logs.endpoint,
+            "MEMTRACE_LOGS_ENDPOINT": logs.endpoint,
+            "MEMTRACE_PROFILES_ENDPOINT": profiles.endpoint,
+        },
+    )
+    try:
+        wait_port(col.grpc_port)
+        port = col.http_port if protocol == "http/protobuf" else col.grpc_port
+        cfg = resolve({}, endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=5)
+        events = Events(cfg, {"service.name": "memtrace"})
+        events.findings([_finding(0.30, "30% of H2D bytes came from pageable memory")])
+        events.shutdown()
+        frames = [{"function": "upload", "file": "/app/train.py", "line": 42}]
+        site = {"pid": 7, "kind": "copy", "api": "cudaMemcpy", "direction": "h2d", "calls": 3, "bytes": 12288}
+        site["frames"] = frames
+        batch = ProfilesBuilder({"host.name": "h"}).build([site], {7: {"process.pid": 7}})
+        assert batch.request is not None
+        assert ProfilesSender(cfg).send(batch.request) == ""
+
+        def arrived() -> tuple[list, list]:
+            return [r["body"] for r in logs.records], [(s["type"], s["value"]) for s in profiles.samples]
+
+        want = (["30% of H2D bytes came from pageable memory"], [("copies", 3), ("copy_bytes", 12288)])
+        assert wait_for(arrived, want, timeout=30) == want, col.log_path.read_text()[-3000:]
+    finally:
+        col.stop()
+        logs.stop()
+        profiles.stop()
