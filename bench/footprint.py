@@ -88,7 +88,7 @@ def export(builder: object, agent: object) -> tuple[int, int, float]:
     was still held (before 2026-11-26 the push loop held it until the next)."""
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
-    from memtrace.export.otlp import REQUEST_POINTS, split_by_resource
+    from memtrace.export.transport import REQUEST_POINTS, split_by_resource
     from memtrace.runtime.memory import give_back_free_memory, no_cyclic_gc
 
     with no_cyclic_gc():

@@ -115,3 +115,31 @@ def test_any_environment_gives_a_config_or_a_clear_error(env: dict, endpoint: st
         return
     assert c.endpoint.startswith(("http://", "https://"))
     assert all(k and v is not None for k, v in c.headers.items())
+
+
+def test_each_signal_has_its_url_beside_the_metrics_or_its_own() -> None:
+    """Events (logs) and profiles go where the metrics go, each at its own
+    path (OTLP/HTTP) or to the same target (gRPC); a signal's own variable
+    is taken verbatim, as OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is; with the
+    metrics' own URL alone, the others go beside it."""
+    from memtrace.export.config import OtlpSignal
+
+    def urls(env: dict[str, str], **kw: str) -> tuple[str, str, str]:
+        c = resolve(env, **kw)
+        return c.url(OtlpSignal.metrics), c.url(OtlpSignal.logs), c.url(OtlpSignal.profiles)
+
+    base = "http://c:4318"
+    paths = (f"{base}/v1/metrics", f"{base}/v1/logs", f"{base}/v1development/profiles")
+    assert urls({"OTEL_EXPORTER_OTLP_ENDPOINT": base}) == paths
+    assert urls({}, endpoint=f"{base}/v1/metrics/") == paths  # the metrics' path names the collector above it
+    own = {"OTEL_EXPORTER_OTLP_ENDPOINT": base, "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://logs:9428/insert/otlp"}
+    assert urls(own) == (paths[0], "http://logs:9428/insert/otlp", paths[2])
+    assert urls(own, endpoint=base) == paths  # the flag names the collector for every signal
+    assert urls({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://vm:8428/opentelemetry/v1/metrics"}) == (
+        "http://vm:8428/opentelemetry/v1/metrics",
+        "http://vm:8428/opentelemetry/v1/logs",
+        "http://vm:8428/opentelemetry/v1development/profiles",
+    )
+    assert urls({}, endpoint="http://c:4317", protocol="grpc") == ("http://c:4317",) * 3
+    with pytest.raises(BadOption, match="not an http"):  # a signal's own URL is checked as the metrics' is
+        resolve({"OTEL_EXPORTER_OTLP_ENDPOINT": base, "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT": "profiles:4040"})

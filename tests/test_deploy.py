@@ -103,41 +103,9 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
     titles = [p["title"] for p in d["panels"]]
     for want in ("bandwidth by direction", "p50 / p95 / p99", "heatmap", "summary", "host memory", "Findings"):
         assert any(want in t for t in titles), want
-    exported = {
-        "gpu_memcpy_bytes_total",
-        "gpu_memcpy_calls_total",
-        "gpu_memcpy_errors_total",
-        "gpu_memcpy_duration_seconds_bucket",
-        "gpu_memcpy_size_bytes_bucket",
-        "memtrace_agent_events_total",
-        "memtrace_agent_dropped_events_total",
-        "memtrace_agent_export_failures_total",
-        "memtrace_agent_processes",
-        "memtrace_agent_libraries",
-        "memtrace_agent_unsent_processes_total",
-        "gpu_memory_in_use_bytes",
-        "gpu_sync_wait_time_seconds_total",
-        "gpu_launches_total",
-        "memtrace_finding_ratio",
-        "memtrace_gpu_lost_ratio",
-        "memtrace_gpu_throttled_ratio",
-        "memtrace_gpu_pcie_link_width",
-        "memtrace_gpu_pcie_link_max_width",
-        "hw_gpu_utilization_ratio",
-        "hw_power_watts",
-        "hw_gpu_memory_usage_bytes",
-        "hw_gpu_io_bytes_total",
-        "memtrace_process_run_queue_time_seconds_total",
-        "memtrace_process_on_cpu_time_seconds_total",
-        "memtrace_process_off_cpu_time_seconds_total",
-        "memtrace_step_gpu_idle_share_ratio",
-        "memtrace_step_duration_seconds_sum",
-        "memtrace_step_duration_seconds_count",
-        "system_network_io_bytes_total",
-        "memtrace_qdisc_drops_total",
-        "memtrace_qdisc_overlimits_total",
-        "memtrace_overhead_ratio",
-    }
+    from memtrace.export.catalog import METRICS, prometheus_series
+
+    exported = {n for m in METRICS for n in prometheus_series(m)}  # what memtrace pushes, by its backend name
     import re
 
     # Rows by failure mode, each holding its panels.
@@ -171,3 +139,54 @@ def test_image_installs_the_locked_dependencies_with_hashes() -> None:
     docker = (DEPLOY / "kubernetes" / "Dockerfile").read_text()
     assert "COPY deploy/requirements.lock" in docker
     assert "--require-hashes -r" in docker and "--no-deps" in docker
+
+
+def _labels_read(expr: str) -> set[str]:
+    """The label names a PromQL expression (or an alert's template) reads."""
+    import re
+
+    grouped = re.findall(r"\b(?:by|on|ignoring|without|group_left|group_right)\s*\(([^)]*)\)", expr)
+    names = {n.strip() for g in grouped for n in g.split(",") if n.strip()}
+    for selector in re.findall(r"\{([^{}]*)\}", expr):
+        names.update(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", selector))
+    names.update(re.findall(r"\$labels\.(\w+)", expr))
+    names.update(re.findall(r"label_values\(\s*\w+\s*,\s*(\w+)\s*\)", expr))
+    return names
+
+
+def test_the_dashboard_and_the_rules_read_only_labels_that_are_there() -> None:
+    """Every label a dashboard query or a rule reads is one memtrace puts on
+    its series (export/catalog.py: the metrics' attributes and the
+    resources'), one the gateway collector adds (its k8sattributes
+    extraction) or one the backend makes (a histogram's vmrange and le): not
+    a finding's summary or fix, which are events (a label with live figures
+    makes a new series at every change)."""
+    from memtrace.export.catalog import AGENT_RESOURCE, METRICS, PROCESS_RESOURCE
+
+    def prom(name: str) -> str:
+        return name.replace(".", "_")
+
+    there = {prom(a.name) for m in METRICS for a in m.attributes}
+    there |= {prom(a.name) for a in (*PROCESS_RESOURCE, *AGENT_RESOURCE)}
+    (proc,) = [v for k, v in yaml.safe_load((DEPLOY / "otelcol" / "gateway.yaml").read_text())["processors"].items()
+               if k.startswith("k8sattributes")]  # fmt: skip
+    there |= {prom(n) for n in proc["extract"]["metadata"]} | {lb["tag_name"] for lb in proc["extract"]["labels"]}
+    there |= {
+        "vmrange",
+        "le",
+        "__name__",
+        "deployment_environment",
+    }  # the backend's; an OTEL_RESOURCE_ATTRIBUTES example
+    assert "summary" not in there and "fix" not in there
+
+    d = json.loads((DEPLOY / "grafana" / "memtrace.json").read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in d["templating"]["list"] if "definition" in v]
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "memtrace-rules.yaml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            exprs.append(rule["expr"])
+            exprs += list(rule.get("annotations", {}).values())
+    for expr in exprs:
+        assert _labels_read(expr) <= there, (expr, _labels_read(expr) - there)
+    assert {"finding", "k8s_pod_name", "network_io_direction", "gpu_index"} <= set().union(*map(_labels_read, exprs))

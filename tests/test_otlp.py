@@ -135,7 +135,7 @@ def test_explicit_buckets_are_exact() -> None:
 def test_a_cumulative_export_is_split_by_process_and_loses_no_point() -> None:
     # 40 processes: requests of at most REQUEST_POINTS-ish points, each
     # process whole in one of them, every point in exactly one request.
-    from memtrace.export.otlp import split_by_resource
+    from memtrace.export.transport import split_by_resource
 
     m = Model(identify=read_process)
     b = np.zeros(40 * 3, dtype=EVENT_DTYPE)
@@ -202,7 +202,7 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
 
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    from memtrace.export import otlp
+    from memtrace.export import transport
 
     got: list[set[int]] = []
 
@@ -232,8 +232,8 @@ def test_an_export_in_requests_says_how_much_arrived(monkeypatch) -> None:  # ty
         m.add_events(e)
         cfg = resolve({}, endpoint=f"http://127.0.0.1:{srv.server_port}", protocol="http/protobuf", timeout=5)
         batch = MetricsBuilder(cfg, {}).build(m, {}, 0)
-        monkeypatch.setattr(otlp, "REQUEST_POINTS", 1)  # one process a request
-        ok, why, delivered = otlp.Exporter(cfg).export(batch.data)
+        monkeypatch.setattr(transport, "REQUEST_POINTS", 1)  # one process a request
+        ok, why, delivered = transport.MetricsExporter(cfg).export(batch.data)
         assert not ok and why
         assert delivered == 1 and len(got) == 2  # the first arrived, the second was refused, no third was tried
         assert {k.pid for k in batch.processes_in(delivered)} == got[0] and len(got[0]) == 1
@@ -273,11 +273,11 @@ class _Answers:
 
 
 def _push_once(endpoint: str) -> tuple[bool, str, int]:
-    from memtrace.export.otlp import Exporter
+    from memtrace.export.transport import MetricsExporter
 
     cfg = resolve({}, endpoint=endpoint, protocol="http/protobuf", timeout=5)
     data = MetricsBuilder(cfg, {}).build(Model(identify=read_process), {}, 0).data
-    exporter = Exporter(cfg)
+    exporter = MetricsExporter(cfg)
     try:
         return exporter.export(data)
     finally:
@@ -621,3 +621,298 @@ def test_profiles_carry_deltas_since_the_last_push_that_arrived() -> None:
     locs = [d.location_table[i] for i in d.stack_table[stack].location_indices]
     names = [d.string_table[d.function_table[loc.lines[0].function_index].name_strindex] for loc in locs]
     assert names == ["cudaMemcpy", "upload"] and locs[1].lines[0].line == 42 and locs[0].address == 4096
+
+
+# ---- the catalog (memtrace/export/catalog.py) against what the builder emits ----
+
+
+def _rows(pid: int, spec: list[dict]) -> np.ndarray:
+    b = np.zeros(len(spec), dtype=EVENT_DTYPE)
+    for i, r in enumerate(spec):
+        b[i]["pid"] = b[i]["tid"] = pid
+        for k, v in r.items():
+            b[i][k] = v
+    return b
+
+
+def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
+    """A build with every kind of series: a stepping process that copies from
+    pageable and pinned memory (a finding), allocates, frees and fails, and
+    was diagnosed; a second whose launches the budget sampled, with its
+    probes over budget (a finding); a third that waited for an all_reduce
+    and called NCCL; the CPU sensor's readings; a GPU whose driver counts
+    PCIe bytes; an interface with a speed and a tbf queue. Returns the
+    builder and the batch."""
+    from test_steps import events as step_events
+    from test_steps import loop
+
+    from memtrace.core.cpu import CpuStats
+    from memtrace.core.gpu import GpuSample
+    from memtrace.core.nccl import EVENT_DTYPE as NCCL_DTYPE
+    from memtrace.core.nccl import CallTotals, Collective
+    from memtrace.core.netdev import InterfaceSample, Netns, NetSnapshot, QdiscSample
+    from memtrace.core.overhead import TrapCost
+    from memtrace.model.host import HostBook
+
+    a, b, c = PID, os.getppid(), 10**7 + 5
+    m = Model(identify=read_process)
+    m.complete_after_ns = None  # untracked host memory is pageable
+    m.add_events(step_events(loop(40), pid=a))
+    pinned = 0x7F00_0000_0000
+    copy = {"api": 22, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000}
+    alloc, free = {"api": 60, "bytes": 4096}, {"api": 61}
+    m.add_events(
+        _rows(
+            a,
+            [{"api": 66, "dst": pinned, "bytes": GIB}, *[{**copy, "src": 0x1000}] * 3, {**copy, "src": pinned}]
+            + [{**copy, "src": 0x1000, "ret": 700}, {**alloc, "dst": 0x5000_0000}, {**free, "dst": 0x5000_0000}]
+            + [{**free, "dst": 0x6000_0000}, {**alloc, "ret": 2}, {**alloc, "dst": 0x5100_0000}],
+        )
+    )
+    m.add_events(_rows(b, [{"api": 22, "direction": Direction.D2D, "bytes": 4096, "duration_ns": 1000}]))
+    ka = next(k for k in m.processes if k.pid == a)
+    kb = next(k for k in m.processes if k.pid == b)
+    m.trap_cost = TrapCost(2e-6, 4e-6)
+    m.set_traps(ka, 20)
+    m.set_launches(ka, {100: 1000})
+    m.set_traps(kb, 20)
+    m.set_launches(kb, {100: 50_000}, traps=1_200, duty=0.02)
+    m.process_exited(kb, cpu_ns=150_000_000)
+    # The third process: a wait on the all_reduce's stream (as in the collectives test above).
+    ev = _rows(c, [{"api": API, "ts_ns": 100, "duration_ns": 10}])
+    m.add_events(ev)
+    m.add_collectives(np.zeros(0, NCCL_DTYPE), 0, frozenset({c}))
+    m.add_events(_rows(c, [{"api": 80, "stream": 0xA0, "ts_ns": 2_000, "duration_ns": 777_000}]))
+    nc = np.zeros(1, NCCL_DTYPE)
+    nc["pid"] = nc["tid"] = c
+    nc["coll"], nc["stream"], nc["ts_ns"], nc["duration_ns"] = Collective.ALLREDUCE, 0xA0, 1_000, 500
+    m.add_collectives(nc, 1_999, frozenset({c}))
+    m.add_collectives(np.zeros(0, NCCL_DTYPE), 10_000, frozenset({c}))
+
+    host = HostBook()
+    host.set_cpu({a: CpuStats(a, (), (), 10, 20, 30, 4, 5, 0)})
+    host.set_collectives({(c, Collective.ALLREDUCE): CallTotals(calls=3, bytes=4096, duration_ns=1000)}, [])
+
+    def gpu(t: int, tx: int, rx: int) -> GpuSample:
+        return GpuSample(
+            index=0, uuid="GPU-a", name="G", bus_id="", time_ns=t * 10**9, pcie_tx_bytes=tx, pcie_rx_bytes=rx,
+            pcie_replay_count=7, link_generation=5, link_width=16, max_link_generation=5, max_link_width=16,
+            sm_utilization_percent=97, memory_used_bytes=20 * GIB, memory_total_bytes=80 * GIB,
+            temperature_celsius=64, power_milliwatts=412345, clock_event_mask=0,
+        )  # fmt: skip
+
+    def net(t: int, k: int) -> NetSnapshot:
+        i = InterfaceSample(7, 3, "eth0", "up", 10**10, 1000 * k, 2000 * k, 10 * k, 20 * k, k, k, k, k)
+        q = QdiscSample(7, 3, "eth0", "tbf", 0x10000, 0xFFFFFFFF, 500 * k, 5 * k, k, 2 * k, 0, 100, 1)
+        return NetSnapshot(t * 10**9, (Netns(7, (a,), True),), (i,), (q,))
+
+    host.add_gpus([gpu(1, 10**12, 0)])
+    host.add_gpus([gpu(2, 10**12 + GIB, 100)])
+    host.add_net(net(1, 1))
+    host.add_net(net(2, 3))
+    builder = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1", **(cfg_kw or {})), {"host.name": "h"})
+    batch = builder.build(m, {}, 2, host=host, drain_gap_s=0.01, diagnoses={ka: {"straggler": 1}})
+    return builder, batch
+
+
+def emitted(batch) -> dict[str, list]:  # type: ignore[no-untyped-def]
+    """Each metric of a batch by name: (the metric, whether on a process's resource) per resource."""
+    out: dict[str, list] = {}
+    for rm in batch.data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for x in sm.metrics:
+                out.setdefault(x.name, []).append((x, "process.pid" in rm.resource.attributes))
+    return out
+
+
+@pytest.mark.parametrize("histogram", ["exponential", "explicit"])
+def test_a_rich_build_emits_exactly_the_catalogs_metrics_kinds_units_and_attributes(histogram: str) -> None:
+    from opentelemetry.sdk.metrics.export import ExponentialHistogram, Gauge, Histogram, Sum
+
+    from memtrace.export.catalog import BY_NAME, METRICS, Kind, On
+
+    _, batch = rich_build({"histogram": histogram})
+    got = emitted(batch)
+    assert set(got) == set(BY_NAME), set(got) ^ set(BY_NAME)  # every metric the catalog has, and no other
+    assert len(BY_NAME) == len(METRICS)  # no name twice
+    data = {Kind.sum: (Sum,), Kind.gauge: (Gauge,), Kind.histogram: (Histogram, ExponentialHistogram)}
+    for name, metrics in got.items():
+        spec = BY_NAME[name]
+        seen: set[str] = set()
+        for x, on_process in metrics:
+            assert (x.unit, x.description) == (spec.unit, spec.description), name
+            assert isinstance(x.data, data[spec.kind]), name
+            assert on_process == (spec.on == On.process), name
+            for p in x.data.data_points:
+                assert set(p.attributes) <= spec.attribute_names, (name, set(p.attributes) - spec.attribute_names)
+                seen.update(p.attributes)
+        assert seen == spec.attribute_names, (name, spec.attribute_names - seen)  # each one emitted somewhere
+
+
+def test_the_catalogs_semantic_conventions_are_opentelemetrys() -> None:
+    """Where the reference says a metric follows an OpenTelemetry semantic
+    convention, the installed conventions have that metric with that unit
+    and the same instrument, or the reference says what differs; attributes
+    marked as conventions are conventions' attribute names."""
+    import importlib
+    import pkgutil
+
+    import opentelemetry.semconv._incubating.attributes as attrs_pkg
+    import opentelemetry.semconv._incubating.metrics as metrics_pkg
+
+    from memtrace.export.catalog import METRICS, PROCESS_RESOURCE, Kind
+
+    class Recorder:  # a Meter that only notes what was asked of it
+        def __getattr__(self, method: str):  # type: ignore[no-untyped-def]
+            return lambda **kw: (method.removeprefix("create_"), kw["unit"])
+
+    conventions: dict[str, tuple[str, str]] = {}
+    names: set[str] = set()
+    for pkg in (metrics_pkg, attrs_pkg):
+        for info in pkgutil.iter_modules(pkg.__path__):
+            mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            for const, value in vars(mod).items():
+                if not (const.isupper() and isinstance(value, str)):
+                    continue
+                names.add(value)
+                make = getattr(mod, f"create_{const.lower()}", None)
+                if make is not None:
+                    try:
+                        conventions[value] = make(Recorder())
+                    except TypeError:  # an observable instrument: it wants its callbacks too
+                        conventions[value] = make(Recorder(), [])
+    instrument = {
+        Kind.sum: {"counter", "observable_counter"},
+        Kind.gauge: {"gauge", "observable_gauge"},
+        Kind.histogram: {"histogram"},
+    }
+    marked = [m for m in METRICS if m.semconv is not None]
+    assert len(marked) >= 9
+    for m in marked:
+        assert m.name in conventions, m.name
+        kind, unit = conventions[m.name]
+        assert unit == m.unit, m.name
+        assert kind in instrument[m.kind] or m.semconv.differs, (m.name, kind)
+    for m in METRICS:
+        if m.semconv is None:
+            assert m.name not in conventions or m.name.startswith("memtrace."), m.name
+        for a in m.attributes:
+            assert a.semconv == (a.name in names), a.name
+    assert all(a.name in names for a in PROCESS_RESOURCE)
+
+
+# ---- events: the logs transport says why they did not arrive ----
+
+
+TRAIN = ProcessKey(7, 1)
+
+
+def test_a_log_collector_that_refuses_is_said_once_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    """The events' transport names the refusal as the metrics' does (status,
+    reason, the body's first line), once, not at every batch."""
+    from memtrace.analysis.diagnosis import Diagnosis
+    from memtrace.export.events import Events
+
+    def diagnosis(cause: str) -> Diagnosis:
+        return Diagnosis(cause, TRAIN, "train", "steps 2x slower", 2.0, 10**18, 10**18, {}, "fix it")
+
+    srv = _Answers(404, b"no logs here\nsecond line\n", "text/plain")
+    try:
+        events = Events(resolve({}, endpoint=f"http://127.0.0.1:{srv.port}"), {"service.name": "memtrace"})
+        events.diagnosis(diagnosis("straggler"))
+        events.provider.force_flush()
+        events.diagnosis(diagnosis("gpu_throttling"))
+        events.shutdown()
+    finally:
+        srv.close()
+    said = [r.getMessage() for r in caplog.records if "events to" in r.getMessage()]
+    assert said == [f"events to http://127.0.0.1:{srv.port}/v1/logs not sent: HTTP 404 Not Found: no logs here"]
+
+
+# ---- findings: their number in a bounded metric, their text in events ----
+
+
+def _finding(value: float, summary: str, fix: str = "pin it", key: ProcessKey = TRAIN):  # type: ignore[no-untyped-def]
+    from memtrace.analysis.findings import Finding
+
+    return Finding("pageable_h2d", key, "train", value, summary, fix, {"h2d_bytes": 1}, 10**18)
+
+
+def test_a_finding_is_said_when_it_appears_and_again_only_when_its_text_changes_materially() -> None:
+    from memtrace.export.events import FindingNotes
+
+    notes = FindingNotes(max_records=4)
+
+    def due(*found) -> list[float]:  # type: ignore[no-untyped-def]
+        return [f.value for f in notes.due(found)]
+
+    text = "{:.0%} of H2D bytes ({} of 256.0 MiB) came from pageable memory at {} GB/s"
+    assert due(_finding(0.30, text.format(0.30, "76.8 MiB", "1.2"))) == [0.30]  # it appears
+    # New figures, same words, a number that has not doubled: nothing new to say.
+    assert due(_finding(0.45, text.format(0.45, "115.2 MiB", "1.4"))) == []
+    assert due(_finding(0.59, text.format(0.59, "1.1 GiB", "9.9"))) == []  # units are figures too
+    # Doubled since the last record (0.30): said again, and 0.60 is the new reference.
+    assert due(_finding(0.60, text.format(0.60, "1.2 GiB", "1.0"))) == [0.60]
+    assert due(_finding(0.31, text.format(0.31, "1.2 GiB", "1.0"))) == []  # not yet halved
+    assert due(_finding(0.30, text.format(0.30, "1.2 GiB", "1.0"))) == [0.30]  # halved
+    # Other words or another fix: said again.
+    assert due(_finding(0.30, text.format(0.30, "1.2 GiB", "1.0") + "; pinned copies reach 5.0 GB/s")) == [0.30]
+    # Bounded: four records for this finding of this process, whatever comes next.
+    assert due(_finding(0.30, "something else entirely", fix="another fix")) == []
+    # Another process has its own; a process forgotten starts again.
+    other = ProcessKey(8, 1)
+    assert due(_finding(0.30, "x", key=other)) == [0.30]
+    notes.forget([TRAIN])
+    assert due(_finding(0.30, "x"), _finding(0.30, "x", key=other)) == [0.30]
+    assert set(notes.notes) == {(TRAIN, "pageable_h2d"), (other, "pageable_h2d")}
+
+
+def test_what_is_remembered_of_findings_is_bounded() -> None:
+    from memtrace.export.events import FindingNotes
+
+    notes = FindingNotes(max_noted=3)
+    for pid in range(10):
+        assert len(notes.due([_finding(0.5, "s", key=ProcessKey(pid, 1))])) == 1
+    assert [k[0].pid for k in notes.notes] == [7, 8, 9]  # the newest three
+
+
+def test_a_builds_findings_carry_their_text_and_its_metric_only_their_code() -> None:
+    """The finding gauge's only attribute is the code: the summary (live
+    figures) and the fix would make a new series at every change."""
+    _, batch = rich_build()
+    points = [p for x, _ in emitted(batch)["memtrace.finding"] for p in x.data.data_points]
+    assert sorted(p.attributes["finding"] for p in points) == ["overhead_budget_exceeded", "pageable_h2d"]
+    assert all(set(p.attributes) == {"finding"} for p in points)
+    assert sorted(f.code for f in batch.findings) == ["overhead_budget_exceeded", "pageable_h2d"]
+    assert all(f.summary and f.fix for f in batch.findings)
+
+
+def test_finding_events_reach_an_otlp_collector_once_per_material_change() -> None:
+    """Through the real SDK log exporter to an OTLP/HTTP receiver: the
+    finding's record (its summary, code, value, fix, process and evidence)
+    when it appears, none for pushes that only move its figures."""
+    from backends import OtlpLogSink
+
+    from memtrace.export.events import Events
+
+    sink = OtlpLogSink()
+    try:
+        events = Events(resolve({}, endpoint=sink.endpoint), {"service.name": "memtrace", "host.name": "h"})
+        first = _finding(0.30, "30% of H2D bytes (76.8 MiB of 256.0 MiB) came from pageable memory")
+        events.findings([first])
+        events.findings([_finding(0.35, "35% of H2D bytes (89.6 MiB of 256.0 MiB) came from pageable memory")])
+        events.shutdown()  # flushes
+    finally:
+        sink.stop()
+    (r,) = sink.records
+    assert r["event_name"] == "memtrace.finding" and r["severity"] == "INFO" and r["body"] == first.summary
+    assert r["resource"] == {"service.name": "memtrace", "host.name": "h"}
+    assert r["attributes"] == {
+        "memtrace.finding": "pageable_h2d",
+        "memtrace.value": 0.30,
+        "memtrace.fix": "pin it",
+        "process.pid": 7,
+        "process.creation.time": "2001-09-09T01:46:40.000000000Z",
+        "process.executable.name": "train",
+        "memtrace.evidence.h2d_bytes": 1,
+    }

@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from backends import Collector, VictoriaMetrics, free_port
+from backends import Collector, VictoriaMetrics, free_port, wait_port
 from conftest import REPO, memtrace_cmd, truth_totals
 from test_nvml import HEALTHY, gpu, script
 
@@ -466,3 +466,143 @@ def test_a_delivered_export_is_let_go_not_held_until_the_next(fakecuda: Path, tm
     finally:
         stop.set()
         vm.stop()
+
+
+def test_a_finding_whose_figures_change_is_one_series_in_the_backend(tmp_path: Path) -> None:
+    """memtrace_finding_ratio carries the finding's code, not its summary:
+    three pushes whose summaries differ (more bytes copied from pageable
+    memory, at another bandwidth) make one series in VictoriaMetrics, not
+    three (one per wording), and its value follows the finding."""
+    from test_otlp import _rows
+
+    from memtrace.core.abi import Direction
+    from memtrace.export.config import resolve
+    from memtrace.export.otlp import MetricsBuilder
+    from memtrace.export.transport import MetricsExporter
+    from memtrace.model import Model
+    from memtrace.sources.procfs import read_process
+
+    pid = os.getpid()
+    vm = VictoriaMetrics(tmp_path)
+    try:
+        cfg = resolve({}, endpoint=vm.otlp)
+        builder, exporter = MetricsBuilder(cfg, {"host.name": "t"}), MetricsExporter(cfg)
+        m = Model(identify=read_process)
+        m.complete_after_ns = None  # untracked host memory is pageable
+        pinned = 0x7F00_0000_0000
+        m.add_events(_rows(pid, [{"api": 66, "dst": pinned, "bytes": 1 << 30}]))  # cuMemHostAlloc
+        summaries, values = [], []
+        for k in range(3):
+            copy = {"api": 22, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000 * (k + 1)}
+            from_pinned = {**copy, "src": pinned, "duration_ns": 1_000_000}
+            m.add_events(_rows(pid, [{**copy, "src": 0x1000}] * (k + 2) + [from_pinned]))
+            batch = builder.build(m, {}, 1)
+            (f,) = [f for f in batch.findings if f.code == "pageable_h2d" and f.key.pid == pid]
+            summaries.append(f.summary)
+            values.append(f.value)
+            assert exporter.export(batch.data)[0]
+            batch.commit()
+        exporter.shutdown()
+        assert len(set(summaries)) == 3, summaries  # the text changed at every push
+        sel = f'memtrace_finding_ratio{{process_pid="{pid}",finding="pageable_h2d"}}'
+
+        def latest() -> float | None:
+            r = vm.query(sel)
+            return round(float(r[0]["value"][1]), 6) if r else None
+
+        assert wait_for(latest, round(values[-1], 6), timeout=30) == round(values[-1], 6)
+        series = vm.query(f"last_over_time({sel}[1h])")
+        assert len(series) == 1, [s["metric"] for s in series]
+        (resource,) = [
+            rm.resource.attributes
+            for rm in batch.data.resource_metrics
+            if rm.resource.attributes.get("process.pid") == pid
+        ]
+        # Its labels: the code, and the process's resource (who and where), nothing else.
+        assert set(series[0]["metric"]) == {"__name__", "finding"} | {k.replace(".", "_") for k in resource}
+        assert "summary" not in series[0]["metric"] and "fix" not in series[0]["metric"]
+    finally:
+        vm.stop()
+
+
+def test_the_catalogs_prometheus_names_are_the_backends(tmp_path: Path) -> None:
+    """A rich build (every metric of the catalog, test_otlp.rich_build)
+    pushed to VictoriaMetrics: the names it shows are exactly those the
+    catalog, and so docs/metrics.md, the rules and the dashboard, give."""
+    import urllib.request
+
+    from test_otlp import rich_build
+
+    from memtrace.export.catalog import METRICS, prometheus_series
+    from memtrace.export.config import resolve
+    from memtrace.export.transport import MetricsExporter
+
+    vm = VictoriaMetrics(tmp_path)
+    try:
+        _, batch = rich_build()
+        exporter = MetricsExporter(resolve({}, endpoint=vm.otlp))
+        assert exporter.export(batch.data)[0]
+        exporter.shutdown()
+        want = {n for m in METRICS for n in prometheus_series(m)}
+
+        def names() -> set[str]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{vm.port}/api/v1/label/__name__/values", timeout=10) as r:
+                return set(json.load(r)["data"])
+
+        got = wait_for(names, want, timeout=30)
+        assert got == want, (sorted(got - want), sorted(want - got))
+    finally:
+        vm.stop()
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_events_and_profiles_reach_the_real_collector_over_either_protocol(protocol: str, tmp_path: Path) -> None:
+    """The events' and the profiles' transport (export/transport.py) to the
+    real collector (deploy/otelcol/agent.yaml), over OTLP/HTTP and over gRPC
+    alike, and on from it to receivers here: a finding's record, and a call
+    site's samples."""
+    import yaml
+    from backends import Collector, OtlpLogSink, OtlpProfileSink
+    from test_otlp import _finding
+
+    from memtrace.export.config import resolve
+    from memtrace.export.events import Events
+    from memtrace.export.otlp_profiles import ProfilesBuilder, ProfilesSender
+
+    # The agent config as shipped, its own telemetry off (its default port, 8888, may be taken on this host).
+    config = yaml.safe_load((REPO / "deploy" / "otelcol" / "agent.yaml").read_text())
+    config["service"]["telemetry"] = {"metrics": {"level": "none"}}
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(config))
+    logs, profiles = OtlpLogSink(), OtlpProfileSink()
+    col = Collector(
+        tmp_path,
+        tmp_path / "agent.yaml",
+        {
+            "MEMTRACE_EXPORT_ENDPOINT": logs.endpoint,
+            "MEMTRACE_LOGS_ENDPOINT": logs.endpoint,
+            "MEMTRACE_PROFILES_ENDPOINT": profiles.endpoint,
+        },
+    )
+    try:
+        wait_port(col.grpc_port)
+        port = col.http_port if protocol == "http/protobuf" else col.grpc_port
+        cfg = resolve({}, endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=5)
+        events = Events(cfg, {"service.name": "memtrace"})
+        events.findings([_finding(0.30, "30% of H2D bytes came from pageable memory")])
+        events.shutdown()
+        frames = [{"function": "upload", "file": "/app/train.py", "line": 42}]
+        site = {"pid": 7, "kind": "copy", "api": "cudaMemcpy", "direction": "h2d", "calls": 3, "bytes": 12288}
+        site["frames"] = frames
+        batch = ProfilesBuilder({"host.name": "h"}).build([site], {7: {"process.pid": 7}})
+        assert batch.request is not None
+        assert ProfilesSender(cfg).send(batch.request) == ""
+
+        def arrived() -> tuple[list, list]:
+            return [r["body"] for r in logs.records], [(s["type"], s["value"]) for s in profiles.samples]
+
+        want = (["30% of H2D bytes came from pageable memory"], [("copies", 3), ("copy_bytes", 12288)])
+        assert wait_for(arrived, want, timeout=30) == want, col.log_path.read_text()[-3000:]
+    finally:
+        col.stop()
+        logs.stop()
+        profiles.stop()

@@ -104,6 +104,18 @@ class Margins:
 
 MARGINS = Margins()
 
+# The causes a diagnosis names (besides `unknown`): the vocabulary of its
+# `cause` field and the `cause` attribute memtrace.diagnoses carries.
+CAUSES = (
+    "cpu_interference",
+    "nic_contention",
+    "pcie_contention",
+    "gpu_throttling",
+    "host_memory_pressure",
+    "input_starvation",
+    "straggler",
+)
+
 FIXES = {
     "cpu_interference": "give the job CPUs of its own (Kubernetes: Guaranteed QoS with the static CPU "
     "manager; elsewhere taskset/cpusets), or move the noisy neighbour; if its own CPU quota throttles it, "

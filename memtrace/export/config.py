@@ -28,8 +28,17 @@ class HistogramKind(str, enum.Enum):
     explicit = "explicit"
 
 
-DEFAULT_HTTP = "http://localhost:4318"
-DEFAULT_GRPC = "http://localhost:4317"
+class OtlpSignal(str, enum.Enum):
+    """What memtrace sends: metrics, events (log records) and profiles (`--stacks`)."""
+
+    metrics = "metrics"
+    logs = "logs"
+    profiles = "profiles"
+
+    @property
+    def path(self) -> str:
+        """Its path under an OTLP/HTTP collector's URL (gRPC tells them apart by service)."""
+        return {"metrics": "/v1/metrics", "logs": "/v1/logs", "profiles": "/v1development/profiles"}[self.value]
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,11 @@ class PushConfig:
     histogram: HistogramKind = HistogramKind.exponential
     resource_attributes: dict[str, str] = field(default_factory=dict)
     overhead_budget: float | None = DEFAULT_BUDGET  # a share of each process's CPU time; None: no budget
+    # Each signal's URL (OTLP/HTTP) or target (gRPC); the metrics' is `endpoint`.
+    endpoints: dict[OtlpSignal, str] = field(default_factory=dict)
+
+    def url(self, signal: OtlpSignal) -> str:
+        return self.endpoints.get(signal, self.endpoint)
 
     def redacted(self) -> str:
         """A description safe for logs: header names, never their values."""
@@ -80,7 +94,10 @@ def _safe(s: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in s)[:80]
 
 
-def _endpoint(url: str, protocol: Protocol, signal_specific: bool) -> str:
+def _endpoint(url: str, protocol: Protocol, signal_specific: bool, signal: OtlpSignal = OtlpSignal.metrics) -> str:
+    """A signal's URL: a signal-specific one as given, else the collector's
+    (OTLP/HTTP: with the signal's path; a collector URL that ends in the
+    metrics path names the collector above it)."""
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise BadOption(
@@ -92,10 +109,8 @@ def _endpoint(url: str, protocol: Protocol, signal_specific: bool) -> str:
     except ValueError:
         raise BadOption(f"endpoint '{_safe(url)}' has a bad port", "use host:port with a number") from None
     if protocol == Protocol.http and not signal_specific:
-        # The generic endpoint names the collector; metrics go to /v1/metrics.
         path = u.path.rstrip("/")
-        if not path.endswith("/v1/metrics"):
-            path += "/v1/metrics"
+        path = path.removesuffix(OtlpSignal.metrics.path) + signal.path
         return urllib.parse.urlunsplit((u.scheme, u.netloc, path, u.query, ""))
     return url
 
@@ -161,16 +176,25 @@ def resolve(
     except ValueError:
         raise BadOption(f"protocol '{_safe(proto_s)}' is not supported", "use http/protobuf or grpc") from None
 
-    # Only OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is taken verbatim (the spec's
-    # rule); --endpoint, like OTEL_EXPORTER_OTLP_ENDPOINT, names the collector.
-    signal_specific = endpoint is None and bool(env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "").strip())
-    url = endpoint or var("ENDPOINT")
-    if url is None:
-        raise BadOption(
-            "no collector endpoint",
-            "give --endpoint http://COLLECTOR:4318 or set OTEL_EXPORTER_OTLP_ENDPOINT",
-        )
-    url = _endpoint(url, proto, signal_specific)
+    # A signal's own variable (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, ..._LOGS_,
+    # ..._PROFILES_) is taken verbatim (the spec's rule); --endpoint, like
+    # OTEL_EXPORTER_OTLP_ENDPOINT, names the collector, each signal at its path.
+    collector = endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    endpoints: dict[OtlpSignal, str] = {}
+    for sig in OtlpSignal:
+        own = "" if endpoint else env.get(f"OTEL_EXPORTER_OTLP_{sig.name.upper()}_ENDPOINT", "").strip()
+        if own:
+            endpoints[sig] = _endpoint(own, proto, True, sig)
+        elif collector:
+            endpoints[sig] = _endpoint(collector, proto, False, sig)
+        elif sig == OtlpSignal.metrics:
+            raise BadOption(
+                "no collector endpoint",
+                "give --endpoint http://COLLECTOR:4318 or set OTEL_EXPORTER_OTLP_ENDPOINT",
+            )
+        else:  # only the metrics' own URL: the others beside it
+            endpoints[sig] = _endpoint(endpoints[OtlpSignal.metrics], proto, False, sig)
+    url = endpoints[OtlpSignal.metrics]
 
     hdr_text = headers if headers is not None else (var("HEADERS") or "")
     if hdr_text.startswith("@"):
@@ -228,4 +252,5 @@ def resolve(
         temporality=temp,
         histogram=hist,
         resource_attributes=parse_kv_list(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES"),
+        endpoints=endpoints,
     )

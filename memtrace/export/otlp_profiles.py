@@ -22,9 +22,7 @@ next: nothing is counted twice or lost.
 
 from __future__ import annotations
 
-import gzip
 import json
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,24 +33,21 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from memtrace.export.config import Protocol, PushConfig
-
-log = logging.getLogger("memtrace")
+from memtrace.export import catalog as cat
+from memtrace.export.catalog import SampleType
+from memtrace.export.config import OtlpSignal, PushConfig
+from memtrace.export.transport import Transport
 
 DELTA_TYPES = {
-    "copy": (("copies", "count"), ("copy_bytes", "bytes")),
-    "alloc": (("allocations", "count"), ("allocated_bytes", "bytes")),
+    "copy": (cat.PROFILE_COPIES, cat.PROFILE_COPY_BYTES),
+    "alloc": (cat.PROFILE_ALLOCATIONS, cat.PROFILE_ALLOCATED_BYTES),
 }
-IN_USE = ("in_use_bytes", "bytes")
-ATTRIBUTES = (("api", "memtrace.api"), ("direction", "memtrace.direction"), ("host_memory", "memtrace.host_memory"))
-
-
-def profiles_endpoint(cfg: PushConfig) -> str:
-    """The profiles URL beside the metrics URL (OTLP/HTTP: .../v1/metrics -> .../v1development/profiles)."""
-    base = cfg.endpoint.rstrip("/")
-    if base.endswith("/v1/metrics"):
-        base = base[: -len("/v1/metrics")]
-    return base + "/v1development/profiles"
+IN_USE = cat.PROFILE_IN_USE
+ATTRIBUTES = (
+    ("api", cat.PROFILE_API.name),
+    ("direction", cat.PROFILE_DIRECTION.name),
+    ("host_memory", cat.PROFILE_HOST_MEMORY.name),
+)
 
 
 def _any(v: Any) -> AnyValue:
@@ -180,7 +175,7 @@ class ProfilesBuilder:
         now = time.time_ns()
         d = _Dictionary()
         sent = dict(self._sent)
-        per_pid: dict[int, dict[tuple[str, str], list[pb.Sample]]] = {}
+        per_pid: dict[int, dict[SampleType, list[pb.Sample]]] = {}
         count = 0
         for site in sites:
             key = _site_key(site)
@@ -209,7 +204,7 @@ class ProfilesBuilder:
                 instant = t == IN_USE
                 profiles.append(
                     pb.Profile(
-                        sample_type=pb.ValueType(type_strindex=d.s(t[0]), unit_strindex=d.s(t[1])),
+                        sample_type=pb.ValueType(type_strindex=d.s(t.name), unit_strindex=d.s(t.unit)),
                         samples=samples,
                         time_unix_nano=now if instant else self._since_ns,
                         duration_nano=0 if instant else now - self._since_ns,
@@ -245,51 +240,22 @@ class ProfilesBuilder:
 
 
 class ProfilesSender:
-    """POSTs (OTLP/HTTP) or calls (OTLP/gRPC) the profiles service; failures are a reason string."""
+    """Sends each push's profiles over the transport: a POST (OTLP/HTTP) or a
+    call of the profiles service (OTLP/gRPC); failures are a reason string."""
 
     def __init__(self, cfg: PushConfig) -> None:
-        self.cfg = cfg
-        self._session: Any = None
+        self.transport = Transport(cfg, OtlpSignal.profiles)
+        self.url = self.transport.where
         self._stub: Any = None
-        if cfg.protocol == Protocol.http:
-            import requests
-
-            self._session = requests.Session()
-            self.url = profiles_endpoint(cfg)
-        else:
-            import grpc
+        if not self.transport.http:
             from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc import (
                 ProfilesServiceStub,
             )
 
-            from memtrace.export.otlp import grpc_credentials, grpc_insecure
-
-            target = cfg.endpoint.split("://", 1)[-1].rstrip("/")
-            if grpc_insecure(cfg):
-                channel = grpc.insecure_channel(target)
-            else:
-                channel = grpc.secure_channel(target, grpc_credentials(cfg))
-            self._stub = ProfilesServiceStub(channel)  # type: ignore[no-untyped-call]
-            self.url = target
+            self._stub = ProfilesServiceStub(self.transport.channel())  # type: ignore[no-untyped-call]
 
     def send(self, req: ExportProfilesServiceRequest) -> str:
         """'' when it arrived, else why not."""
-        cfg = self.cfg
-        body = req.SerializeToString()
-        try:
-            if self._session is not None:
-                headers = {"Content-Type": "application/x-protobuf", **cfg.headers}
-                if cfg.compression:
-                    body = gzip.compress(body)
-                    headers["Content-Encoding"] = "gzip"
-                cert = (cfg.client_certificate, cfg.client_key) if cfg.client_certificate and cfg.client_key else None
-                resp = self._session.post(
-                    self.url, data=body, headers=headers, timeout=cfg.timeout, verify=cfg.certificate or True, cert=cert
-                )
-                if resp.status_code >= 300:
-                    return f"HTTP {resp.status_code} {resp.reason or ''}".strip()
-                return ""
-            self._stub.Export(req, metadata=list(cfg.headers.items()), timeout=cfg.timeout)
-            return ""
-        except Exception as e:  # noqa: BLE001 - a failed push is a reason, retried with the next
-            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if self._stub is None:
+            return self.transport.post(req.SerializeToString())
+        return self.transport.call(self._stub.Export, req)

@@ -12,9 +12,10 @@ from typing import Any, cast
 from memtrace.analysis.diagnosis import Diagnosis
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
-from memtrace.export.events import DiagnosisEvents
-from memtrace.export.otlp import Batch, Exporter, MetricsBuilder, resource_of
+from memtrace.export.events import Events
+from memtrace.export.otlp import Batch, MetricsBuilder, resource_of
 from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, ProfilesSender
+from memtrace.export.transport import MetricsExporter
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
 from memtrace.runtime.memory import freeze_long_lived, give_back_free_memory, no_cyclic_gc
 from memtrace.runtime.pipeline import Pipeline, PipelineOptions
@@ -83,34 +84,33 @@ def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event, recorder
     until `stop`. With a flight `recorder`, each diagnosis's event names
     the file it writes (memtrace.timeline.file). Returns the number of failed pushes."""
     resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
-    events = DiagnosisEvents(cfg, resource) if opts.host is not None and opts.diagnose else None
+    events = Events(cfg, resource)  # the diagnoses, and the findings' text
 
     def diagnosed(d: Diagnosis) -> None:
-        assert events is not None
         path = recorder.file_of(d) if recorder is not None else None
-        events.emit(d, d.start_ns, {"memtrace.timeline.file": path} if path else None)
+        events.diagnosis(d, d.start_ns, {"memtrace.timeline.file": path} if path else None)
 
     try:
-        with Pipeline(opts, on_diagnosis=diagnosed if events else None, recorder=recorder) as pipe:
+        with Pipeline(opts, on_diagnosis=diagnosed, recorder=recorder) as pipe:
             try:
-                return push_forever(pipe, cfg, stop)
+                return push_forever(pipe, cfg, stop, events=events)
             finally:
                 if recorder is not None:
                     recorder.close(RECORDER_CLOSE_S)  # while the agent can still be read
     finally:
-        if events is not None:
-            events.shutdown()
+        events.shutdown()
 
 
 def push_forever(
     pipe: Pipeline,
     cfg: PushConfig,
     stop: threading.Event,
-    exporter: Exporter | None = None,
+    exporter: MetricsExporter | None = None,
     final_timeout: float = 5.0,
     max_unsent_exited: int = MAX_UNSENT_EXITED,
     builder: MetricsBuilder | None = None,
     drain_interval: float = DRAIN_INTERVAL_S,
+    events: Events | None = None,
 ) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
@@ -126,7 +126,9 @@ def push_forever(
     the oldest beyond that are dropped, counted and logged."""
     agent, host, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
     builder = builder or MetricsBuilder(cfg, host_attributes())
-    exporter = exporter or Exporter(cfg)
+    exporter = exporter or MetricsExporter(cfg)
+    own_events = events is None  # findings' text goes out as events (export/events.py)
+    events = events or Events(cfg, {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()})
     profiles = Profiles(cfg) if agent.stacks is not None else None
     pending_profiles: list[ProfileBatch] = []  # built with the metrics batch in flight
     pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")
@@ -185,8 +187,11 @@ def push_forever(
                 batch.commit_processes(done)
                 for key in set(batch.exited) & done:
                     agent.forget(key)
+                events.forget(set(batch.exited) & done)
             elif ok:
                 batch.commit()
+                events.findings(batch.findings)
+                events.forget(batch.exited)
                 for key in batch.exited:  # sent a final time: drop the series
                     agent.forget(key)
                 if profiles is not None:
@@ -271,3 +276,5 @@ def push_forever(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         exporter.shutdown()
+        if own_events:
+            events.shutdown()
