@@ -36,7 +36,7 @@ def nccl_events(*rows: tuple[int, ...]) -> np.ndarray:
     """rows: (coll, ts, dur, stream, ret, flags, depth, tid, bytes)."""
     ev = np.zeros(len(rows), EVENT_DTYPE)
     for i, (coll, ts, dur, stream, ret, flags, depth, tid, nbytes) in enumerate(rows):
-        ev[i] = (ts, dur, nbytes, nbytes, stream, 1, 7, tid, ret, -1, depth, coll, 7, flags, 0)
+        ev[i] = (ts, dur, nbytes, nbytes, stream, 1, 0, 7, tid, ret, -1, depth, coll, 7, flags, 0)
     return ev
 
 

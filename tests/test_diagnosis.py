@@ -496,7 +496,7 @@ def test_the_live_diagnosis_keeps_no_state_of_the_processes_gone() -> None:
             ev[i]["pid"], ev[i]["tid"], ev[i]["start_ns"] = key.pid, key.pid, key.start_ns
             ev[i]["api"], ev[i]["bytes"], ev[i]["duration_ns"], ev[i]["ts_ns"] = 22, 4096, 1000, n * 10**6 + i
             hist = (n,) + (0,) * 25
-            book.set_cpu({key: CpuStats(key.pid, hist, hist, n, n, n, n, n, 1)})
+            book.set_cpu({key: CpuStats(key.pid, key.start_ns, hist, hist, n, n, n, n, n, 1)})
             book.set_quota(key, "/job", n, n)
             book.memory_limit_hits[key] = n
         book.set_collectives({(k, Collective.ALLREDUCE): CallTotals(n, n, 0, 0, n) for k in keys}, [])

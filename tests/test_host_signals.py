@@ -488,13 +488,14 @@ def test_the_fast_sampler_slows_down_while_no_process_is_traced() -> None:
 
 def test_a_process_read_before_the_agent_met_it_keeps_one_cpu_row() -> None:
     """`run` traces its command from its first instruction, before the CUDA
-    model meets it at its first CUDA call: its CPU row, under its pid alone
-    until then (start 0: not known), is the same row once its start is
-    known, with the start the CUDA rows give it, never a second row."""
+    model meets it at its first CUDA call: the CPU sensor, asked for its pid
+    alone, reads its start itself (BPF, at the task), so its row has the
+    process's start from the first reading, and stays that one row once the
+    CUDA model names the process."""
     import time
 
     from memtrace.runtime.hostsignals import HostOptions, HostSignals
-    from memtrace.sources.procfs import boot_wall_ns
+    from memtrace.sources.procfs import boot_wall_ns, start_ticks_of
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
     met: set[ProcessKey] = set()
@@ -506,8 +507,10 @@ def test_a_process_read_before_the_agent_met_it_keeps_one_cpu_row() -> None:
             if hs.view()["cpu"]:
                 break
             time.sleep(0.01)
-        assert [(r["pid"], r["start_time_unix_nano"]) for r in hs.view()["cpu"]] == [(sleeper.pid, 0)]
-        key = ProcessKey(sleeper.pid, 123_000_000_000)  # as the CUDA model names it
+        ((pid, start),) = [(r["pid"], r["start_time_unix_nano"]) for r in hs.view()["cpu"]]
+        key = ProcessKey(sleeper.pid, start - boot_wall_ns())  # as the CUDA model names it (BPF's start too)
+        ticks = int(open(f"/proc/{sleeper.pid}/stat").read().rsplit(")", 1)[1].split()[19])
+        assert pid == sleeper.pid and start_ticks_of(key) == ticks  # the process's own start, to /proc's tick
         met.add(key)
         hs.sample()
         rows = hs.view()["cpu"]

@@ -90,8 +90,10 @@ def test_the_host_rows_keep_two_processes_with_one_pid_apart() -> None:
     boot = 1_700_000_000 * 10**9
     hist = (0,) * 26
     book = HostBook()
-    book.set_cpu({OLD: CpuStats(PID, hist, hist, 1, 2, 3 * 10**9, 4, 5, 11)}, {OLD: "trainer"})
-    book.set_cpu({NEW: CpuStats(PID, hist, hist, 1, 2, 5 * 10**8, 6, 7, 12)}, {NEW: "server"})  # the pid's next
+    book.set_cpu({OLD: CpuStats(PID, OLD.start_ns, hist, hist, 1, 2, 3 * 10**9, 4, 5, 11)}, {OLD: "trainer"})
+    book.set_cpu(
+        {NEW: CpuStats(PID, NEW.start_ns, hist, hist, 1, 2, 5 * 10**8, 6, 7, 12)}, {NEW: "server"}
+    )  # the pid's next
     ar = Collective.ALLREDUCE
     book.set_collectives({(OLD, ar): CallTotals(3, 30, 0, 0, 10), (NEW, ar): CallTotals(5, 50, 0, 0, 10)}, [])
     rows = cpu_rows(book, {}, boot)

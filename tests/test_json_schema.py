@@ -116,7 +116,7 @@ def test_a_summary_of_every_section_holds_to_the_schema() -> None:
     book.set_sensor("gpu", SensorState(False, "no NVIDIA driver here", "install one"))
     hist = (1, 2, 3) + (0,) * 23
     preemptors = (Preemptor(0, 2, 7, 0, ""), Preemptor(98, 1, 3, 8, "gz"))
-    book.set_cpu({key: CpuStats(key.pid, hist, hist, 10, 20, 30, 4, 5, 99, preemptors)})
+    book.set_cpu({key: CpuStats(key.pid, key.start_ns, hist, hist, 10, 20, 30, 4, 5, 99, preemptors)})
     book.set_quota(key, "/job", 5_000_000, 3)
     sample = dict(index=0, uuid="GPU-a", name="G", bus_id="b", pcie_tx_bytes=10, pcie_rx_bytes=20)
     sample |= dict(link_generation=5, link_width=8, max_link_generation=5, max_link_width=16, temperature_celsius=60)

@@ -681,17 +681,18 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     # The third process: a wait on the all_reduce's stream (as in the collectives test above).
     ev = _rows(c, [{"api": API, "ts_ns": 100, "duration_ns": 10}])
     m.add_events(ev)
-    m.add_collectives(np.zeros(0, NCCL_DTYPE), 0, frozenset({c}))
+    m.add_collectives(np.zeros(0, NCCL_DTYPE), 0, frozenset({ProcessKey(c, 0)}))
     m.add_events(_rows(c, [{"api": 80, "stream": 0xA0, "ts_ns": 2_000, "duration_ns": 777_000}]))
     nc = np.zeros(1, NCCL_DTYPE)
     nc["pid"] = nc["tid"] = c
     nc["coll"], nc["stream"], nc["ts_ns"], nc["duration_ns"] = Collective.ALLREDUCE, 0xA0, 1_000, 500
-    m.add_collectives(nc, 1_999, frozenset({c}))
-    m.add_collectives(np.zeros(0, NCCL_DTYPE), 10_000, frozenset({c}))
+    m.add_collectives(nc, 1_999, frozenset({ProcessKey(c, 0)}))
+    m.add_collectives(np.zeros(0, NCCL_DTYPE), 10_000, frozenset({ProcessKey(c, 0)}))
 
     host = HostBook()
-    host.set_cpu({a: CpuStats(a, (), (), 10, 20, 30, 4, 5, 0)})
-    host.set_collectives({(c, Collective.ALLREDUCE): CallTotals(calls=3, bytes=4096, duration_ns=1000)}, [])
+    host.set_cpu({ka: CpuStats(a, ka.start_ns, (), (), 10, 20, 30, 4, 5, 0)})
+    kc = next(k for k in m.processes if k.pid == c)
+    host.set_collectives({(kc, Collective.ALLREDUCE): CallTotals(calls=3, bytes=4096, duration_ns=1000)}, [])
 
     def gpu(t: int, tx: int, rx: int) -> GpuSample:
         return GpuSample(

@@ -428,7 +428,7 @@ def test_no_listening_socket_while_running_a_command(fakecuda: Path, tmp_path: P
         p.wait(timeout=30)
 
 
-# The reads of the Python frame walk (memtrace.bpf.c: py_word, take_python,
+# The reads of the Python frame walk (bpf/pystack.bpf.h: py_word, take_python,
 # py_str, keep_code): each by name, so that a new read fails the test below.
 PYTHON_READS = {
     ("&v", "sizeof(v)", "(void *)(base + off))"),
@@ -451,7 +451,8 @@ def test_bpf_reads_only_arguments_and_descriptors() -> None:
     address at a call's entry (for its stack), or the interpreter's own
     state (for Python frames): never the memory being copied."""
     bpf = Path(__file__).parent.parent / "bpf"
-    text = "\n".join((bpf / f).read_text() for f in ("memtrace.bpf.c", "uargs.h"))
+    # The CUDA sensor's program and every header it includes (one per concern).
+    text = "\n".join(f.read_text() for f in sorted([bpf / "memtrace.bpf.c", *bpf.glob("*.h")]))
     reads = re.findall(r"bpf_probe_read_user\(([^;]*)\);?", text)
     assert reads
     for r in reads:

@@ -95,12 +95,13 @@ class Reading:
 
 
 def book_cpu(book: HostBook) -> dict[int, Any]:
-    """pid -> its CpuStats (cumulative: runq_ns, oncpu_ns, offcpu_ns)."""
-    return dict(book.cpu)
+    """pid -> its process's CpuStats (cumulative: runq_ns, oncpu_ns, offcpu_ns):
+    a timeline's tracks are by pid; of a reused pid, its latest process."""
+    return {key.pid: st for key, st in sorted(book.cpu.items())}
 
 
 def book_memory_limit_hits(book: HostBook) -> dict[int, int]:
-    return dict(book.memory_limit_hits)
+    return {key.pid: hits for key, hits in sorted(book.memory_limit_hits.items())}
 
 
 def book_readings(book: HostBook) -> list[Reading]:
