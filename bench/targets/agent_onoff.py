@@ -1,11 +1,11 @@
 """One job's steps with the host-wide agent on and off, in turns (issue 18:
 a job at most 1% slower under memtrace with the default budget).
 
-    sudo .venv/bin/python bench/agent_onoff.py [--seconds 150] [--period 10]
-    sudo python3 bench/agent_onoff.py --times T.json -- CMD...   (a job of your own)
+    sudo .venv/bin/python bench/targets/agent_onoff.py [--seconds 150] [--period 10]
+    sudo python3 bench/targets/agent_onoff.py --times T.json -- CMD...   (a job of your own)
 
-A/B runs of separate processes differ by more than 1% on these machines
-(on the H100 of 2026-11-27, runs of one arm moved 10-45%), so the A/B is
+A/B runs of separate processes differ by more than the 1% sought
+(docs/perf/notes.md), so the A/B is
 made inside one process: the job runs throughout, and `memtrace push` (the
 DaemonSet's agent, default budget, host sampling, diagnosis; pushing to a
 closed loopback port, every push refused and counted) is started and
@@ -19,8 +19,9 @@ Default job: tests/fixtures/trainjob.c through the test CUDA libraries, a
 step of 3 ms CPU (2 loading, 1 after the wait), four 64 KiB copies and
 three 300 us kernels, pinned to CPU 1; the agent to CPU 0 (this VM has
 two). Twice: through the libraries as the tests build them (-O2: their
-launch and copy entries are single-stepped, ~10 us a trap here), and
-through the same built push-first (as every CUDA entry point is: ~1 us).
+launch and copy entries are single-stepped, the dear kind of trap), and
+through the same built push-first (as every CUDA entry point is: emulated,
+the cheap kind; bench/experiments/entry_cost.py).
 --job launch: tests/fixtures/launchloop.c instead, 20 us of CPU work a
 launch, a step of 100 launches and a 64-byte copy: the budget's case. A job of your own writes its
 step end times to --times as JSON: "step_end_unix_nano" (CLOCK_REALTIME,
@@ -30,7 +31,6 @@ as examples/torch_steady.py does) or "step_end_ns" (CLOCK_MONOTONIC).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import signal
@@ -41,34 +41,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, build_fixtures
-
-
-def build(tmp: Path) -> Path:
-    fx = tmp / "fx"
-    build_fixtures(fx)
-    return fx
-
-
-def work_iterations(fx: Path, ms: float) -> int:
-    """trainjob's CPU work iterations for `ms` here (the diagnosis benchmark's calibration)."""
-    name = "diagnose_run"
-    mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "diagnose" / "run.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # its dataclasses look themselves up there
-        spec.loader.exec_module(mod)
-    return int(ms * 1e6 / mod.ns_per_iter(fx))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import Record, Spread, Target
 
 
 def median_or_none(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def turns_of(a: argparse.Namespace, job_argv: list[str], env: dict[str, str], times: Path) -> int:
-    """Run the job with the agent on and off in turns; print what its steps did."""
+def turns_of(a: argparse.Namespace, job_argv: list[str], env: dict[str, str], times: Path) -> list[float] | None:
+    """Run the job with the agent on and off in turns; print what its steps did.
+    Each on turn's median step over the off turns' beside it (None: the job failed)."""
     clock = time.time_ns if not times.name.endswith(".jsonl") else time.monotonic_ns
     agent_argv = [sys.executable, "-m", "memtrace", "push", "--endpoint", "http://127.0.0.1:9", "--interval", "5"]
     log = open(a.agent_log, "ab") if a.agent_log else subprocess.DEVNULL  # noqa: SIM115 - kept for the run
@@ -91,7 +75,7 @@ def turns_of(a: argparse.Namespace, job_argv: list[str], env: dict[str, str], ti
     rc = job.wait()
     if rc != 0:
         print(f"the job failed (exit {rc})")
-        return 1
+        return None
     doc = json.loads(times.read_text().splitlines()[-1])
     ends = sorted(doc.get("step_end_unix_nano") or doc["step_end_ns"])
     steps = [(e, (e - s) / 1e6) for s, e in zip(ends, ends[1:], strict=False)]
@@ -114,7 +98,7 @@ def turns_of(a: argparse.Namespace, job_argv: list[str], env: dict[str, str], ti
         print(f"  turn {i + 1}: on {on:.3f} ms, off beside it {off:.3f} ms, ratio {on / off:.4f}")
     if not ratios:
         print("no turn had steps on and off: give --seconds more time")
-        return 1
+        return None
     all_on = [ms for lo, hi in turns for ms in within(lo, hi)]
     all_off = [ms for o in offs for ms in o]
     print(
@@ -122,7 +106,7 @@ def turns_of(a: argparse.Namespace, job_argv: list[str], env: dict[str, str], ti
         f"all steps: on {statistics.median(all_on):.3f} ms (n={len(all_on)}), off {statistics.median(all_off):.3f} ms "
         f"(n={len(all_off)}), ratio {statistics.median(all_on) / statistics.median(all_off):.4f}"
     )
-    return 0
+    return ratios
 
 
 def main() -> int:
@@ -141,27 +125,44 @@ def main() -> int:
         job_argv = job_argv[1:]
     if bool(job_argv) != bool(a.times):
         ap.error("a job of your own needs --times, and --times a job")
+    harness.need_root("agent_onoff", "memtrace push loads BPF programs")
+    rec = Record()
+    print(f"machine: {harness.describe()}")
     if job_argv:
         print(f"job: {' '.join(job_argv)}")
-        return turns_of(a, job_argv, dict(os.environ), a.times)
+        rc = record(rec, "a job of your own", turns_of(a, job_argv, dict(os.environ), a.times))
+        if rec.figures:
+            rec.write()
+        return rc
     tmp = Path(tempfile.mkdtemp(prefix="onoff-"))
-    fx = build(tmp)
+    fx = harness.build_fixtures(tmp / "fx")
     rc = 0
     for libs in ("as-built", "pushfirst") if a.libs == "both" else (a.libs,):
         times = tmp / f"{libs}.jsonl"
         env = dict(os.environ, WORKLOAD_TRUTH=str(times))
         libdir = fx / ("pushfirst" if libs == "pushfirst" else "lib")
         if a.job == "train":
-            iters = ["-L", str(work_iterations(fx, 2.0)), "-w", str(work_iterations(fx, 1.0))]
+            iters = ["-L", str(harness.work_iterations(fx, 2.0)), "-w", str(harness.work_iterations(fx, 1.0))]
             job = [str(fx / "trainjob"), "-t", str(a.seconds), "-c", "4", "-b", "65536", "-k", "300", *iters]
             env["LD_LIBRARY_PATH"] = str(libdir)  # before trainjob's RUNPATH
         else:  # 20 us of work a launch, a step of 100 launches and a copy, for --seconds
             job = [str(fx / "launchloop"), str(libdir / "libcuda.so.1"), str(int(a.seconds / 20e-6))]
-            job += [str(work_iterations(fx, 0.02)), "100"]
+            job += [str(harness.work_iterations(fx, 0.02)), "100"]
         what = "entries a push, as CUDA's" if libs == "pushfirst" else "launch and copy entries single-stepped"
         print(f"job: {Path(job[0]).name} {' '.join(job[2:])}, test libraries {libs} ({what})")
-        rc |= turns_of(a, job, env, times)
+        rc |= record(rec, f"{a.job} job, test libraries {libs}", turns_of(a, job, env, times))
+    if rec.figures:
+        rec.write()
     return rc
+
+
+def record(rec: Record, what: str, ratios: list[float] | None) -> int:
+    """The job's turns as a figure (the median of the turns' ratios); 1 where there are none."""
+    if ratios is None:
+        return 1
+    r = Spread.of(ratios)
+    rec.add(f"job's step with memtrace push on against off, {what}", r.median, "x", ".4f", Target("<=", 1.01), r)
+    return 0
 
 
 if __name__ == "__main__":

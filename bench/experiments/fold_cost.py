@@ -3,9 +3,9 @@ against another commit's, on the same recorded batches (issue 16: the agent
 at most 1% of a core; the fold is most of its host thread's work).
 
     git worktree add /tmp/old COMMIT
-    sudo .venv/bin/python bench/fold_cost.py [--old /tmp/old] [--rounds R]
+    sudo .venv/bin/python bench/experiments/fold_cost.py [--old /tmp/old] [--rounds R]
 
-First `memtrace run` traces the training-like job bench/agent_ab.py runs
+First `memtrace run` traces the training-like job bench/experiments/agent_ab.py runs
 (tests/fixtures/trainjob.c: real CPU work per step, four 4 MiB copies,
 three kernels) and every batch it folds is recorded (Model.add_events
 wrapped). Then each tree replays those batches into a fresh Model of its
@@ -32,7 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, build_fixtures, idle_pcie_link, need_root, old_checkout, training_job
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import REPO, Record, Spread
 
 RECORD = """
 import atexit, pickle, sys
@@ -68,7 +70,7 @@ print(json.dumps({"cold_us": median_us(sleep), "warm_us": median_us(0)}))
 
 def record(fx: Path, tmp: Path, seconds: float) -> Path:
     out = tmp / "batches.pkl"
-    job = training_job(fx, seconds)
+    job = harness.training_job(fx, seconds)
     cmd = [sys.executable, "-c", RECORD, str(out), "run", "-o", str(tmp / "summary.json"), "--format", "json", "--"]
     env = dict(os.environ, PYTHONPATH=str(REPO), WORKLOAD_TRUTH="/dev/null", FAKE_PCIE=str(tmp / "pcie"))
     subprocess.run([*cmd, *job], env=env, cwd=REPO, stdout=subprocess.DEVNULL, check=True)
@@ -76,9 +78,7 @@ def record(fx: Path, tmp: Path, seconds: float) -> Path:
 
 
 def replay(tree: Path, batches: Path, sleep: float) -> dict[str, float]:
-    cmd = [sys.executable, "-c", REPLAY, str(batches), str(sleep)]
-    if (os.cpu_count() or 1) > 1:
-        cmd = ["taskset", "-c", "0", *cmd]
+    cmd = harness.pinned([sys.executable, "-c", REPLAY, str(batches), str(sleep)], 0)
     done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(tree)), cwd=tree, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"fold_cost: the replay in {tree} failed (an older event layout?):\n{done.stderr[-2000:]}")
@@ -92,29 +92,41 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="the recorded job's run")
     ap.add_argument("--sleep", type=float, default=0.05, help="seconds before each cold fold")
     a = ap.parse_args()
-    need_root("fold_cost")
-    trees = {"new": REPO}
-    if a.old is not None:
-        trees = {"old": old_checkout("fold_cost", a.old), "new": REPO}
+    harness.need_root("fold_cost")
+    rec = Record()
+    trees = harness.trees("fold_cost", a.old)
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-fold-cost-"))
-    fx = build_fixtures(tmp / "fx", quiet=True)
-    idle_pcie_link(tmp / "pcie")
+    fx = harness.build_fixtures(tmp / "fx", quiet=True)
+    harness.idle_pcie_link(tmp / "pcie")
     batches = record(fx, tmp, a.seconds)
     sizes = [len(b) for b in pickle.loads(batches.read_bytes())]
+    print(f"machine: {harness.describe()}")
     print(f"{len(sizes)} batches recorded, {statistics.median(sizes):.0f} events each (median); sleep {a.sleep:g} s")
     got: dict[str, dict[str, list[float]]] = {arm: {"cold_us": [], "warm_us": []} for arm in trees}
-    for r in range(a.rounds):
-        for arm, tree in trees.items():
-            d = replay(tree, batches, a.sleep)
-            for k in ("cold_us", "warm_us"):
-                got[arm][k].append(d[k])
-            print(f"round {r + 1} {arm}: cold {d['cold_us']:.0f} us, warm {d['warm_us']:.0f} us a fold", flush=True)
-    med = {arm: {k: statistics.median(v) for k, v in d.items()} for arm, d in got.items()}
+    for r, arm in harness.alternating(list(trees), a.rounds):
+        d = replay(trees[arm], batches, a.sleep)
+        for k in ("cold_us", "warm_us"):
+            got[arm][k].append(d[k])
+        print(f"round {r + 1} {arm}: cold {d['cold_us']:.0f} us, warm {d['warm_us']:.0f} us a fold", flush=True)
+    med = {arm: {k: Spread.of(v) for k, v in d.items()} for arm, d in got.items()}
     for arm, m in med.items():
-        print(f"{arm}: cold {m['cold_us']:.0f} us, warm {m['warm_us']:.0f} us a fold (medians of {a.rounds} rounds)")
-    if "old" in med:
-        cold, warm = (med["new"][k] / med["old"][k] for k in ("cold_us", "warm_us"))
-        print(f"SUMMARY | a fold, new/old | cold {cold:.2f}, warm {warm:.2f} | - | -")
+        print(
+            f"{arm}: cold {m['cold_us'].median:.0f} us, warm {m['warm_us'].median:.0f} us a fold "
+            f"(medians of {a.rounds} rounds)"
+        )
+    for k, what in (("cold_us", "after a sleep"), ("warm_us", "back to back")):
+        rec.add(f"a fold {what}", med["new"][k].median, "us of CPU", ".0f", spread=med["new"][k])
+        if "old" in med:
+            ratio = Spread.of(harness.ratios(got["new"][k], got["old"][k]))
+            rec.add(
+                f"a fold {what}, this tree over --old",
+                med["new"][k].median / med["old"][k].median,
+                "x",
+                ".2f",
+                spread=ratio,
+                note=str(a.old),
+            )
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Agent throughput (issue 6, target 2): events per second per core.
 
-    sudo .venv/bin/python bench/agent_throughput.py [--events N] [--rounds R]
+    sudo .venv/bin/python bench/targets/agent_throughput.py [--events N] [--rounds R]
 
 Side by side in one run:
   decode+aggregate  the model's batch path alone (np.frombuffer + histograms),
@@ -19,71 +19,81 @@ Each figure is printed as a ratio to the 1M events/s target.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np
-from common import REPO, build_fixtures
+
+from bench import harness
+from bench.harness import REPO, Record, Spread, Target
 
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-
-from memtrace.core import apis  # noqa: E402
-from memtrace.core.abi import EVENT_DTYPE, Direction, DirSrc, Family, Layer  # noqa: E402
-from memtrace.model import Model  # noqa: E402
+from memtrace.core import apis
+from memtrace.core.abi import Stat
+from memtrace.model import Model
 
 TARGET = 1_000_000
 
 
-def trace_events(name: str) -> np.ndarray:
+@dataclass(frozen=True)
+class Arm:
+    """A model to time, and the modules of its package that lay out its events."""
+
+    model: type
+    apis: ModuleType
+    abi: ModuleType
+
+
+def trace_events(name: str, arm: Arm) -> np.ndarray:
     """The events memtrace receives for one recorded trace: its depth-0 copies,
     memory calls and waits, with their pointers, sizes and durations, and the
-    addresses the allocations returned (recovered as the replay test does)."""
+    addresses the allocations returned (recovered as the replay test does);
+    laid out and numbered as `arm`'s package does."""
     import traces
 
-    syms = {**apis.apis_for(Layer.RUNTIME), **apis.apis_for(Layer.DRIVER)}
+    abi = arm.abi
+    syms = {**arm.apis.apis_for(abi.Layer.RUNTIME), **arm.apis.apis_for(abi.Layer.DRIVER)}
     recs = list(traces.records(name))
     addrs = traces.returned_addresses(recs)
     rows = []
     for i, r in enumerate(recs):
         api = syms.get(r["sym"])
-        if api is None or r["depth"] != 0 or api.family == Family.LAUNCH:
+        if api is None or r["depth"] != 0 or api.family == abi.Family.LAUNCH:
             continue
         a = r["args"]
         d, dst, src, nbytes = 0, 0, 0, a[api.bytes_arg - 1] if api.bytes_arg else 0
-        if api.family == Family.COPY:
-            d = api.dirval if api.dirsrc == DirSrc.FIXED else min(a[api.dirval - 1] & 0xFFFFFFFF, Direction.UNKNOWN)
+        if api.family == abi.Family.COPY:
+            d = (
+                api.dirval
+                if api.dirsrc == abi.DirSrc.FIXED
+                else min(a[api.dirval - 1] & 0xFFFFFFFF, abi.Direction.UNKNOWN)
+            )
             dst, src = a[api.dst_arg - 1], a[api.src_arg - 1]
-        elif api.family == Family.MEM:
+        elif api.family == abi.Family.MEM:
             dst = addrs.get(i, 0) if api.out_arg else a[api.dst_arg - 1]
         dur = r["t_exit_ns"] - r["t_enter_ns"]
         rows.append((r["pid"], r["tid"], api.id, d, nbytes, dur, dst, src, r["ret"] & 0x7FFFFFFF))
-    ev = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    ev = np.zeros(len(rows), dtype=abi.EVENT_DTYPE)
     arr = np.array(rows, dtype=np.uint64)
     for j, f in enumerate(("pid", "tid", "api", "direction", "bytes", "duration_ns", "dst", "src", "ret")):
         ev[f] = arr[:, j]
     return ev
 
 
-def trace_mix() -> np.ndarray:
-    import traces
-
-    return np.concatenate([trace_events(name) for name in traces.ALL])
-
-
-def bench_model(n: int, batch: int = 4096, mix: np.ndarray | None = None, model: type = Model) -> float:
-    mix = trace_mix() if mix is None else mix
+def bench_model(n: int, mix: np.ndarray, model: type, batch: int = 4096) -> float:
     raw = np.resize(mix, n).tobytes()
-    step = batch * EVENT_DTYPE.itemsize
+    step = batch * mix.dtype.itemsize
     m = model()
     t0 = time.thread_time()
     for off in range(0, len(raw), step):
-        m.add_events(np.frombuffer(raw[off : off + step], dtype=EVENT_DTYPE))
+        m.add_events(np.frombuffer(raw[off : off + step], dtype=mix.dtype))
     cpu = time.thread_time() - t0
     assert m.events == n
     return n / cpu
@@ -92,8 +102,8 @@ def bench_model(n: int, batch: int = 4096, mix: np.ndarray | None = None, model:
 BEFORE = "627609b"  # the model before the memory-call fast path
 
 
-def before_model() -> type | None:
-    """The Model class of git BEFORE, imported from a copy of its package."""
+def before_model() -> Arm | None:
+    """The model of git BEFORE, imported from a copy of its package, with its event layout."""
     import importlib
 
     pkg = Path(tempfile.mkdtemp(prefix="memtrace-before-")) / "memtrace_before"
@@ -114,28 +124,25 @@ def before_model() -> type | None:
         print(f"(no 'before' figures: {e})")
         return None
     sys.path.insert(0, str(pkg.parent))
-    return importlib.import_module("memtrace_before.model").Model
+    mods = [importlib.import_module(f"memtrace_before.{m}") for m in ("model", "apis", "abi")]
+    return Arm(mods[0].Model, mods[1], mods[2])
 
 
-def median_rates(
-    n: int, mix: np.ndarray, models: dict[str, type], rounds: int
-) -> dict[str, tuple[float, float, float]]:
-    """(median, min, max) events/s of each model, rounds alternating between them."""
-    runs: dict[str, list[float]] = {k: [] for k in models}
-    for _ in range(rounds):
-        for k, cls in models.items():
-            runs[k].append(bench_model(n, mix=mix, model=cls))
-    return {k: (float(np.median(v)), min(v), max(v)) for k, v in runs.items()}
+def median_rates(n: int, name: str, arms: dict[str, Arm], rounds: int) -> dict[str, Spread]:
+    """Events/s of each arm's model on the trace `name` (or all four), rounds alternating between them."""
+    import traces
+
+    names = traces.ALL if name == "all four traces" else (name,)
+    mixes = {k: np.concatenate([trace_events(t, arm) for t in names]) for k, arm in arms.items()}
+    runs: dict[str, list[float]] = {k: [] for k in arms}
+    for _, k in harness.alternating(list(arms), rounds):
+        runs[k].append(bench_model(n, mixes[k], arms[k].model))
+    return {k: Spread.of(v) for k, v in runs.items()}
 
 
-def bench_ring(calls: int) -> tuple[float, int, int]:
-    from memtrace.runtime.agent import Agent
-    from memtrace.sensors.cuda.source import Options
-
-    build = Path(tempfile.mkdtemp(prefix="memtrace-bench-"))
-    build_fixtures(build, quiet=True)
-    workload = [str(build / "workload_driver"), "-t", "4", "-e", "-a", "3", "-z"]
-    with Agent(Options()) as agent:
+def bench_ring(fx: Path, calls: int) -> tuple[float, int, int]:
+    workload = [str(fx / "workload_driver"), "-t", "4", "-e", "-a", "3", "-z"]
+    with harness.cuda_agent() as agent:
         agent.source.scan()
         # A first short run makes the agent attach to the test libcuda; the
         # timed run below measures draining and aggregating, not attaching.
@@ -163,8 +170,6 @@ def bench_ring(calls: int) -> tuple[float, int, int]:
         done.set()
         t.join()
         stats = agent.stats()
-        from memtrace.core.abi import Stat
-
         events = agent.model.events - events0
         assert events == per_thread * 4, (events, per_thread * 4)  # every call of the timed run, none lost
         return events / cpu[0], events, stats[Stat.DROPPED]
@@ -175,48 +180,52 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000, help="events per model run (all four traces)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200_000)
+    ap.add_argument("--ring-runs", type=int, default=3, help="runs of the ring end to end")
     a = ap.parse_args()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}, "
-        f"python {platform.python_version()}; {a.rounds} rounds alternating, medians (min-max)"
-    )
     import traces
 
-    models: dict[str, type] = {"after": Model}
+    if traces.TRACES is None:
+        sys.exit("agent_throughput: the recorded traces are not found: set MEMTRACE_TRACES to shared/traces")
+    rec = Record()
+    print(f"machine: {harness.describe()}; {a.rounds} rounds alternating, medians (min-max)")
+    import memtrace.core.abi as abi
+
+    models = {"after": Arm(Model, apis, abi)}
     old = before_model()
     if old is not None:
-        models = {"before": old, "after": Model}
-    mixes = {name: trace_events(name) for name in traces.ALL}
-    mixes["all four traces"] = trace_mix()
+        models = {"before": old, **models}
     print(f"  {'event mix':22} " + "".join(f"{k + ' ev/s':>30}" for k in models) + "   after/target")
-    m = 0.0
-    for name, mix in mixes.items():
-        rates = median_rates(a.events // (1 if name == "all four traces" else 4), mix, models, a.rounds)
-        cells = "".join(f"{med:>12,.0f} ({lo / 1e6:.2f}-{hi / 1e6:.2f}M)" for med, lo, hi in rates.values())
-        m = rates["after"][0]
-        print(f"  {name:22} {cells}   {m / TARGET:5.2f}x")
+    for name in (*traces.ALL, "all four traces"):
+        rates = median_rates(a.events // (1 if name == "all four traces" else 4), name, models, a.rounds)
+        cells = "".join(f"{r.median:>12,.0f} ({r.range('.2f', 1e-6)}M)" for r in rates.values())
+        m = rates["after"]
+        print(f"  {name:22} {cells}   {m.median / TARGET:5.2f}x")
     if "before" in models:
-        print(f"decode+aggregate before -> after (all four traces): {rates['before'][0]:,.0f} -> {m:,.0f} events/s")
-    print(f"decode+aggregate  {m:12,.0f} events/s per core   {m / TARGET:5.2f}x the 1M/s target (all four traces)")
-    rings = [bench_ring(a.calls) for _ in range(3)]
-    r = float(np.median([x[0] for x in rings]))
+        print(
+            f"decode+aggregate before -> after (all four traces): {rates['before'].median:,.0f} -> "
+            f"{m.median:,.0f} events/s"
+        )
+    print(
+        f"decode+aggregate  {m.median:12,.0f} events/s per core   {m.median / TARGET:5.2f}x the 1M/s target "
+        "(all four traces)"
+    )
+    fx = harness.build_fixtures(Path(tempfile.mkdtemp(prefix="memtrace-bench-")), quiet=True)
+    rings = [bench_ring(fx, a.calls) for _ in range(a.ring_runs)]
+    r = Spread.of(x[0] for x in rings)
     n, dropped = sum(x[1] for x in rings), sum(x[2] for x in rings)
     print(
-        f"ring end to end   {r:12,.0f} events/s per core   {r / TARGET:5.2f}x the 1M/s target "
-        f"(median of 3 runs, {min(x[0] for x in rings) / 1e6:.2f}-{max(x[0] for x in rings) / 1e6:.2f}M; "
-        f"{n:,} events through real uprobes, {dropped} dropped)"
+        f"ring end to end   {r.median:12,.0f} events/s per core   {r.median / TARGET:5.2f}x the 1M/s target "
+        f"(median of {r.n} runs, {r.range('.2f', 1e-6)}M; {n:,} events through real uprobes, {dropped} dropped)"
     )
-    print(f"ratio ring / model: {r / m:.3f}")
-    print(
-        f"SUMMARY | agent throughput, all four traces' event mix | {m:,.0f} events/s per core | >= 1M | "
-        f"{'met' if m >= TARGET else 'not met'}"
+    print(f"ratio ring / model: {r.median / m.median:.3f}")
+    rec.add(
+        "agent throughput, all four traces' event mix", m.median, "events/s per core", ",.0f", Target(">=", TARGET), m
     )
     # The issue's rate target is the batch path above; at the ring, what it asks
     # is that nothing is dropped at the highest rate the traced processes make.
-    print(
-        f"SUMMARY | ring end to end at the workload's top rate, real uprobes | {dropped} dropped "
-        f"({r:,.0f} events/s per drain-thread CPU second) | 0 dropped | {'met' if dropped == 0 else 'not met'}"
-    )
+    rec.add("ring end to end at the workload's top rate, dropped", dropped, "events", ".0f", Target("==", 0))
+    rec.add("ring end to end, events per drain-thread CPU second", r.median, "events/s", ",.0f", spread=r)
+    rec.write()
 
 
 if __name__ == "__main__":

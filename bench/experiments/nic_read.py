@@ -2,7 +2,7 @@
 host, against the timer wake alone (issue 16: the agent at most 1% of a
 core with 100 Hz host sampling; issue 15: the sampler at most 0.5%).
 
-    .venv/bin/python bench/nic_read.py [--seconds 8] [--rounds 3]
+    .venv/bin/python bench/experiments/nic_read.py [--seconds 8] [--rounds 3]
 
 bench/src/nicread.c, pinned to one CPU, ticks at 100 Hz on an absolute
 timer, as the C sampler does, and per tick does one of: nothing; one
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import Record, Spread
 
 
 def main() -> None:
@@ -33,11 +34,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8, help="per variant per round")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    exe = Path(tempfile.mkdtemp(prefix="memtrace-nicread-")) / "nicread"
-    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(REPO / "bench" / "src" / "nicread.c")], check=True)
-    cpu = str((os.cpu_count() or 1) - 1)
+    rec = Record()
+    exe = harness.build_c("nicread.c", Path(tempfile.mkdtemp(prefix="memtrace-nicread-")) / "nicread", ["-Wall"])
+    # The variants alternate inside the C program, round by round.
     out = subprocess.run(
-        ["taskset", "-c", cpu, str(exe), str(a.seconds), str(a.rounds)], capture_output=True, text=True, check=True
+        harness.pinned([str(exe), str(a.seconds), str(a.rounds)], harness.LAST_CPU),
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     share: dict[str, list[float]] = {}
     tick: dict[str, list[float]] = {}
@@ -47,14 +51,14 @@ def main() -> None:
         tick.setdefault(name, []).append(float(us))
         print(f"round {r} {name:14} {float(pct):.3f}% of a core, {float(us):.1f} us a tick", flush=True)
     links = len(os.listdir("/sys/class/net"))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; {links} interfaces here")
-    wake = statistics.median(share["wake alone"])
+    print(f"machine: {harness.describe()}; {links} interfaces here")
+    wake = Spread.of(share["wake alone"]).median
     for name in share:
-        s, t = statistics.median(share[name]), statistics.median(tick[name])
-        extra = "" if name == "wake alone" else f"  (the read alone {s - wake:.3f}%)"
-        print(f"{name:14} {s:.3f}% of a core, {t:.1f} us a tick{extra}")
-    best = min(statistics.median(share[n]) for n in share if n != "wake alone")
-    print(f"SUMMARY | 100 Hz NIC reads, the wake and the cheapest read | {best:.2f}% of one core | - | -")
+        s, t = Spread.of(share[name]), Spread.of(tick[name])
+        extra = "" if name == "wake alone" else f"  (the read alone {s.median - wake:.3f}%)"
+        print(f"{name:14} {s.median:.3f}% of a core ({s.range()}), {t.median:.1f} us a tick{extra}")
+        rec.add(f"100 Hz tick in C, {name}", s.median, "% of a core", ".3f", spread=s)
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Agent CPU for host sampling at 100 Hz: NICs over netlink and GPUs over NVML (issue 15; target <= 0.5% of a core).
 
-    sudo .venv/bin/python bench/host_sampling.py [--seconds S] [--gpus N] [--rate HZ] [--rounds N]
+    sudo .venv/bin/python bench/targets/host_sampling.py [--seconds S] [--gpus N] [--rate HZ] [--rounds N]
 
 Sets up what a GPU node with a pod looks like to the sources: two network
 namespaces joined by a veth pair with a tbf qdisc, one idle process in each
@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,9 +37,9 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from common import REPO, need_root
-
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import REPO, Record, Spread, Target
 
 GPU_FIELDS = dict(
     name="Fake H100 80GB HBM3",
@@ -196,8 +194,10 @@ def child(a: argparse.Namespace) -> None:
     ab: dict[str, list[float]] = {"python": [], "shipped": []}
     py_nv = NvmlSource.connect(detail_every=int(a.rate))
     with NetdevSource(qdisc_every=10, link_every=100) as py_net:
-        for _ in range(a.rounds):
-            ab["python"].append(measure(a.seconds, a.rate, lambda: (py_net.sample(pids), py_nv.sample()))[0])
+        for _, arm in harness.alternating(list(ab), a.rounds):
+            if arm == "python":
+                ab["python"].append(measure(a.seconds, a.rate, lambda: (py_net.sample(pids), py_nv.sample()))[0])
+                continue
             fast = FastSampler(a.rate, mask)
             nv = NvmlSource.connect(detail_every=10)
             with NetdevSource(qdisc_every=1, link_every=10, fast=fast) as net:
@@ -229,17 +229,14 @@ def main() -> None:
     if a.child:
         child(a)
         return
-    need_root("host_sampling", "the benchmark makes network namespaces")
+    harness.need_root("host_sampling", "the benchmark makes network namespaces")
+    rec = Record()
     tag = uuid.uuid4().hex[:6]
     ns_a, ns_b, va, vb = f"hsa{tag}", f"hsb{tag}", f"hva{tag}", f"hvb{tag}"
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            subprocess.run(
-                ["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={tmp}", f"{tmp}/nvml/libnvidia-ml.so.1"],
-                check=True,
-                capture_output=True,
-            )
+            harness.build_fixtures(Path(tmp), f"{tmp}/nvml/libnvidia-ml.so.1", quiet=True)
             script = Path(tmp) / "nvml.script"
             script.write_text(nvml_script(a.gpus))
             for ns in (ns_a, ns_b):
@@ -284,10 +281,7 @@ def main() -> None:
     rows = out["rows"]
     by = {name: v for name, v in rows}
     idle, idle10 = by["idle loop (the timer alone)"][0], by["idle loop at 10 Hz"][0]
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}, "
-        f"python {platform.python_version()}; {a.rate:.0f} Hz for {a.seconds:.0f} s per row"
-    )
+    print(f"machine: {harness.describe()}; {a.rate:.0f} Hz for {a.seconds:g} s per row")
     print(f"{out['interfaces']} interfaces in 3 network namespaces (one tbf); {out['gpus']} GPUs on the test NVML")
     print(f"{'configuration':<64} {'CPU % core':>10} {'net of idle':>11} {'us/sample':>10}")
     for name, (pct, us, n) in rows:
@@ -298,27 +292,29 @@ def main() -> None:
     ten = by["both at 10 Hz: all but names and GPU details every sample"][0] - idle10
     for label, f in out["fast"].items():
         print(f"  the C thread alone, {label}: {f['c_thread_us_per_tick']:.1f} us of CPU per tick ({f['ticks']} ticks)")
-    py, sh_ = out["ab"]["python"], out["ab"]["shipped"]
-    ratios = [b / p for p, b in zip(py, sh_, strict=True)]
-    shipped = statistics.median(sh_)
-    verdict = "met" if shipped <= 0.5 else "not met"
+    py, shipped = Spread.of(out["ab"]["python"]), Spread.of(out["ab"]["shipped"])
+    ratio = Spread.of(harness.ratios(out["ab"]["shipped"], out["ab"]["python"]))
     print(f"Python alone, both at {a.rate:.0f} Hz, tiered, net of its timer: {both:.2f}% of one core")
     print(f"Python alone, both at 10 Hz, net of the 10 Hz timer: {ten:.2f}% of one core")
     print(
-        f"side by side, {len(py)} rounds alternating, whole process: Python at {a.rate:.0f} Hz "
-        f"{statistics.median(py):.2f}% ({min(py):.2f}-{max(py):.2f}), shipped {shipped:.2f}% "
-        f"({min(sh_):.2f}-{max(sh_):.2f}); shipped/Python {statistics.median(ratios):.2f} "
-        f"({min(ratios):.2f}-{max(ratios):.2f})"
+        f"side by side, {py.n} rounds alternating, whole process: Python at {a.rate:.0f} Hz "
+        f"{py.median:.2f}% ({py.range('.2f')}), shipped {shipped.median:.2f}% ({shipped.range('.2f')}); "
+        f"shipped/Python {ratio.median:.2f} ({ratio.range('.2f')})"
     )
-    print(
-        f"shipped (C thread at {a.rate:.0f} Hz, Python at 10 Hz), whole process: {shipped:.2f}% of one core "
-        f"(target <= 0.5%: {verdict})"
+    what = f"{out['gpus']} test GPUs, {out['interfaces']} interfaces"
+    rec.add(
+        f"host sampling at {a.rate:.0f} Hz ({what}), whole process",
+        shipped.median,
+        "% of a core",
+        ".2f",
+        Target("<=", 0.5),
+        shipped,
+        note="C thread at the rate, Python at 10 Hz",
     )
-    print(
-        f"SUMMARY | host sampling at {a.rate:.0f} Hz ({out['gpus']} test GPUs, {out['interfaces']} interfaces) "
-        f"| {shipped:.2f}% of a core, whole process; {statistics.median(ratios):.2f}x Python's at {a.rate:.0f} Hz "
-        f"side by side | <= 0.5% | {verdict}"
+    rec.add(
+        f"host sampling at {a.rate:.0f} Hz, shipped against Python at the rate", ratio.median, "x", ".2f", spread=ratio
     )
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """How long `memtrace run` takes once its command has exited (issue 14: well
 under a second), with and without the host signals, side by side in one run.
 
-    sudo .venv/bin/python bench/exit_time.py [--rounds R]
+    sudo .venv/bin/python bench/targets/exit_time.py [--rounds R]
 
 Each round runs `memtrace run -- sh -c 'workload; date +%s.%N > T'` (a short
 copy workload through the test CUDA libraries; the shell writes the time it
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, build_fixtures, need_root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import REPO, Record, Spread, Target
 
 
 def one(fx: Path, tmp: Path, host: bool) -> tuple[float, float, float]:
@@ -52,31 +52,42 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    need_root("exit_time")
+    harness.need_root("exit_time")
+    rec = Record()
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-exit-"))
-    fx = tmp / "fx"
-    build_fixtures(fx)
-    print(f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}; {a.rounds} rounds")
+    fx = harness.build_fixtures(tmp / "fx")
+    print(f"machine: {harness.describe()}; {a.rounds} rounds")
     arms = {"host signals": True, "--no-host": False}
     res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in arms}
-    for r in range(a.rounds):
-        for name in arms if r % 2 == 0 else reversed(list(arms)):
-            res[name].append(one(fx, tmp, arms[name]))
-            run_s, summ, ex = res[name][-1]
-            print(
-                f"round {r + 1}  {name:12s} start to command's end {run_s * 1000:6.0f} ms;"
-                f" after it: summary {summ * 1000:5.0f} ms, memtrace gone {ex * 1000:5.0f} ms",
-                flush=True,
-            )
+    for r, name in harness.alternating(list(arms), a.rounds, "reverse"):
+        res[name].append(one(fx, tmp, arms[name]))
+        run_s, summ, ex = res[name][-1]
+        print(
+            f"round {r + 1}  {name:12s} start to command's end {run_s * 1000:6.0f} ms;"
+            f" after it: summary {summ * 1000:5.0f} ms, memtrace gone {ex * 1000:5.0f} ms",
+            flush=True,
+        )
+    gone: dict[str, Spread] = {}
     for name, rows in res.items():
-        summ = statistics.median(r[1] for r in rows)
-        ex = statistics.median(r[2] for r in rows)
-        print(f"median  {name:12s} summary {summ * 1000:5.0f} ms, memtrace gone {ex * 1000:5.0f} ms after the command")
-    worst = max(statistics.median(r[2] for r in rows) for rows in res.values())
-    print(
-        f"SUMMARY | memtrace run gone after its command exits (median, worse arm) | {worst * 1000:.0f} ms | "
-        f"well under 1 s | " + ("met" if worst < 0.5 else "not met")
+        summ = Spread.of(r[1] * 1000 for r in rows)
+        gone[name] = Spread.of(r[2] * 1000 for r in rows)
+        print(
+            f"median  {name:12s} summary {summ.median:5.0f} ms, memtrace gone {gone[name].median:5.0f} ms "
+            "after the command"
+        )
+        rec.add(f"memtrace run's summary after its command exits, {name}", summ.median, "ms", ".0f", spread=summ)
+    worst = max(gone, key=lambda k: gone[k].median)
+    # "Well under a second".
+    rec.add(
+        "memtrace run gone after its command exits (median, worse arm)",
+        gone[worst].median,
+        "ms",
+        ".0f",
+        Target("<", 500),
+        gone[worst],
+        note=worst,
     )
+    rec.write()
 
 
 if __name__ == "__main__":

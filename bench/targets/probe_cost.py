@@ -1,6 +1,6 @@
 """Traced-process overhead per intercepted call (issue 6, target 1).
 
-    sudo .venv/bin/python bench/probe_cost.py [--calls N] [--rounds R]
+    sudo .venv/bin/python bench/targets/probe_cost.py [--calls N] [--rounds R]
 
 A process pinned to one CPU calls three libcuda entry points of the test
 library in tight loops (bench/src/callloop.c): a copy (cuMemcpyHtoDAsync_v2),
@@ -27,28 +27,23 @@ round and then its median over the rounds, since this VM's speed drifts.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
-from common import REPO, build_fixtures, need_root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import numpy as np
 
-sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-
-from memtrace.bpf.host import bpf_arch  # noqa: E402
-from memtrace.bpf.libbpf import BpfObject, Libbpf, uprobe_multi_supported  # noqa: E402
-from memtrace.bpf.ringbuf import EventRing  # noqa: E402
-from memtrace.core.abi import EVENT_DTYPE, Layer, Stat  # noqa: E402
-from memtrace.sensors.cuda.source import probe_plan  # noqa: E402
+from bench import harness
+from bench.harness import REPO, Record, Spread, Target
+from memtrace.bpf.libbpf import BpfObject, Libbpf, uprobe_multi_supported
+from memtrace.bpf.ringbuf import EventRing
+from memtrace.core.abi import EVENT_DTYPE, Layer, Stat
+from memtrace.sensors.cuda.source import probe_plan
 
 # struct mt_event of the previous hot path: today's without the two pointers, the process start and the
 # call stack's id, all added since (48 bytes)
@@ -60,18 +55,14 @@ BEFORE = "ae32709"  # the last commit with the previous hot path
 KINDS = ("copy", "launch", "sync")
 LOOP_CPU = 1  # where bench/src/callloop.c pins itself
 SYMS = {"copy": "cuMemcpyHtoDAsync_v2", "launch": "cuLaunchKernel", "sync": "cuStreamSynchronize"}
+TARGET = Target("<=", 1.15)
 
 
 def build(tmp: Path) -> tuple[Path, Path, Path, Path | None]:
     """The test libraries, the call loop, the bare object and the 'before' object."""
-    fx = tmp / "fx"
-    build_fixtures(fx)
-    loop = tmp / "callloop"
-    subprocess.run(["cc", "-O2", "-o", str(loop), str(REPO / "bench" / "src" / "callloop.c"), "-ldl"], check=True)
-    arch = bpf_arch()
-    cflags = ["clang", "-O2", "-g", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", "-I", str(REPO / "vmlinux" / arch)]
-    bare = tmp / "bare.bpf.o"
-    subprocess.run([*cflags, "-c", str(REPO / "bench" / "src" / "bare.bpf.c"), "-o", str(bare)], check=True)
+    fx = harness.build_fixtures(tmp / "fx")
+    loop = harness.build_c("callloop.c", tmp / "callloop", libs=["-ldl"])
+    bare = harness.build_bpf(REPO / "bench" / "src" / "bare.bpf.c", tmp / "bare.bpf.o")
     before = None
     old = tmp / "before"
     old.mkdir()
@@ -81,8 +72,7 @@ def build(tmp: Path) -> tuple[Path, Path, Path, Path | None]:
                 ["git", "-C", str(REPO), "show", f"{BEFORE}:bpf/{f}"], check=True, capture_output=True
             ).stdout
             (old / f).write_bytes(src)
-        before = tmp / "before.bpf.o"
-        subprocess.run([*cflags, "-I", str(old), "-c", str(old / "memtrace.bpf.c"), "-o", str(before)], check=True)
+        before = harness.build_bpf(old / "memtrace.bpf.c", tmp / "before.bpf.o", old)
     except subprocess.CalledProcessError as e:
         print(f"(no 'before' figures: {e})")
         before = None
@@ -146,43 +136,13 @@ def detach(obj, links) -> None:  # type: ignore[no-untyped-def]
     obj.close()
 
 
-def drained(drain):  # type: ignore[no-untyped-def]
-    """Run a measurement while a thread drains the ring every 5 ms, as the
-    agent does: a ring left full would send every call down the lost path.
-    The drain runs on another CPU than the pinned loop: what is measured is
-    the cost each call pays in the traced process (the agent's own CPU is
-    footprint.py's figure), so the agent's thread must not take the loop's
-    CPU from it."""
-
-    class Drainer:
-        def __enter__(self):  # type: ignore[no-untyped-def]
-            self.stop = threading.Event()
-            self.t = threading.Thread(target=self.run)
-            self.t.start()
-            return self
-
-        def run(self) -> None:
-            others = os.sched_getaffinity(0) - {LOOP_CPU}
-            if others:
-                os.sched_setaffinity(0, others)  # this thread only
-            while not self.stop.is_set():
-                drain()
-                time.sleep(0.005)
-            drain()
-
-        def __exit__(self, *exc: object) -> None:
-            self.stop.set()
-            self.t.join()
-
-    return Drainer()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    need_root("probe_cost")
+    harness.need_root("probe_cost")
+    rec = Record()
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-probe-cost-"))
     lib, loop_bin, bare, before = build(tmp)
     plan = offsets(lib)
@@ -190,84 +150,77 @@ def main() -> None:
     # copy's cookie, so they cost what probing them like copies cost.
     old_cookie = plan["copy"][1] & ((1 << 37) - 1)
     before_cookies = {k: old_cookie for k in KINDS}
-
-    import memtrace.sensors.cuda.source as bpfsource
-    from memtrace.runtime.agent import Agent
-    from memtrace.sensors.cuda.source import Options
-
-    bpfsource.DETACH_IN_BACKGROUND = False  # each round starts with no probe left behind
-
     multi = uprobe_multi_supported()  # memtrace attaches multi-uprobe links here
     floor = "bare-multi" if multi else "bare"
     loop = Loop(loop_bin, lib, a.calls)
-    results: dict[str, dict[str, list[float]]] = {}
 
-    def record(setup: str, r: dict[str, float]) -> None:
-        for k, v in r.items():
-            results.setdefault(setup, {}).setdefault(k, []).append(v)
+    def probed(obj_links: tuple[BpfObject, list]) -> dict[str, float]:  # type: ignore[type-arg]
+        obj, links = obj_links
+        r = loop.run()
+        detach(obj, links)
+        return r
 
+    def old_hot_path() -> dict[str, float]:
+        assert before is not None
+        obj, links = attach_plain(before, "mt_copy_enter", "mt_copy_return", lib, plan, True, before_cookies)
+        ring = EventRing(obj.map("events").fd, 16 << 20, OLD_EVENT)
+        # Drained every 5 ms, as the agent does (a full ring sends every call down the lost path), on
+        # another CPU than the loop's: what is measured is the cost each call pays in the traced process.
+        with harness.polling(ring.read, 0.005, away_from=LOOP_CPU):
+            r = loop.run()
+        ring.close()
+        detach(obj, links)
+        return r
+
+    def shipped() -> dict[str, float]:
+        with harness.cuda_agent(detach_in_background=False) as agent:
+            agent.source.scan([loop.p.pid])
+            with harness.draining(agent, away_from=LOOP_CPU):
+                r = loop.run()
+            assert agent.stats()[Stat.DROPPED] == 0
+        return r
+
+    setups: dict[str, Callable[[], dict[str, float]]] = {
+        "untraced": loop.run,
+        "bare": lambda: probed(attach_plain(bare, "bare_enter", "bare_return", lib, plan, launch_return=False)),
+        "bare-pair": lambda: probed(attach_plain(bare, "bare_enter", "bare_return", lib, plan, launch_return=True)),
+    }
+    if multi:
+        setups["bare-multi"] = lambda: probed(attach_multi(bare, lib, plan))
+    if before:
+        setups["before"] = old_hot_path
+    setups["memtrace"] = shipped
+    results: dict[str, dict[str, list[float]]] = {s: {k: [] for k in KINDS} for s in setups}
     try:
-        for _ in range(a.rounds):
-            record("untraced", loop.run())
-            obj, links = attach_plain(bare, "bare_enter", "bare_return", lib, plan, launch_return=False)
-            record("bare", loop.run())
-            detach(obj, links)
-            obj, links = attach_plain(bare, "bare_enter", "bare_return", lib, plan, launch_return=True)
-            record("bare-pair", loop.run())
-            detach(obj, links)
-            if multi:
-                obj, links = attach_multi(bare, lib, plan)
-                record("bare-multi", loop.run())
-                detach(obj, links)
-            if before:
-                obj, links = attach_plain(before, "mt_copy_enter", "mt_copy_return", lib, plan, True, before_cookies)
-                ring = EventRing(obj.map("events").fd, 16 << 20, OLD_EVENT)
-                with drained(ring.read):
-                    record("before", loop.run())
-                ring.close()
-                detach(obj, links)
-            with Agent(Options()) as agent:
-                agent.source.scan([loop.p.pid])
-                with drained(agent.poll):
-                    r = loop.run()
-                assert agent.stats()[Stat.DROPPED] == 0
-            record("memtrace", r)
+        for _, setup in harness.alternating(list(setups), a.rounds):
+            for k, v in setups[setup]().items():
+                results[setup][k].append(v)
     finally:
         loop.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
     med = {s: {k: statistics.median(v) for k, v in d.items()} for s, d in results.items()}
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; "
-        f"{a.calls:,} calls per kind per round, {a.rounds} rounds, medians"
-    )
+    print(f"machine: {harness.describe()}; {a.calls:,} calls per kind per round, {a.rounds} rounds, medians")
     print(f"{'':10}" + "".join(f"{k + ' ns/call':>18}" for k in KINDS))
     for s in med:
         print(f"{s:10}" + "".join(f"{med[s][k]:18.1f}" for k in KINDS))
     print(f"cost over untraced (ns/call) and memtrace / {floor} (the floor as memtrace attaches here):")
-    summary: list[str] = []
     for k in KINDS:
         base = med["untraced"][k]
         over = {s: med[s][k] - base for s in med if s != "untraced"}
         line = "  ".join(f"{s} +{v:.0f}" for s, v in over.items())
-        # The ratio within each round (memtrace and the floor measured minutes
-        # apart at most), then its median: this VM's speed drifts between rounds.
-        per_round = [m / b for m, b in zip(results["memtrace"][k], results[floor][k], strict=True)]
-        ratio = statistics.median(per_round)
+        ratio = Spread.of(harness.ratios(results["memtrace"][k], results[floor][k]))
         print(
-            f"  {k:7} {line}   memtrace/{floor} = {ratio:.3f} (median of the rounds' ratios, "
-            f"{min(per_round):.3f}-{max(per_round):.3f})  (target <= 1.15)"
+            f"  {k:7} {line}   memtrace/{floor} = {ratio.median:.3f} (median of the rounds' ratios, "
+            f"{ratio.range()})  (target {TARGET})"
         )
-        summary.append(
-            f"SUMMARY | probe cost, {k} ({SYMS[k]}) | memtrace/{floor} {ratio:.3f} | <= 1.15 | "
-            f"{'met' if ratio <= 1.15 else 'not met'}"
-        )
+        rec.add(f"probe cost, {k} ({SYMS[k]})", ratio.median, f"x {floor}", ".3f", TARGET, ratio)
     if "before" in med:
         print(
             "before -> after (ns/call): "
             + ", ".join(f"{k} {med['before'][k]:.0f} -> {med['memtrace'][k]:.0f}" for k in KINDS)
         )
-    print("\n".join(summary))
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """What a wake costs: the same small piece of the agent's work, hot and after
 a sleep (issue 16: the agent at most 1% of a core).
 
-    .venv/bin/python bench/wake_cost.py [--rounds N] [--calls N] [--netlink]
+    .venv/bin/python bench/experiments/wake_cost.py [--rounds N] [--calls N] [--netlink]
 
 The agent's threads wake on timers (a drain every 5-40 ms, the host sample
 every 0.1 s, the C sampler every 10 ms) and do a little work each time: a
-drain of a trickling job reads a few dozen records. On the 2-vCPU VM that
-work measured 200-300 us of CPU inside the agent, against about 10 us in a
-loop. This benchmark measures that gap side by side, in one run, alternating
+drain of a trickling job reads a few dozen records, and that work costs far
+more inside the agent than in a loop (docs/perf/notes.md). This benchmark
+measures that gap side by side, in one run, alternating
 rounds: the records-read step of a drain (the numpy operations
 memtrace/bpf/ringbuf.py's EventRing.read makes on 27 records, on an array
 here, not a BPF map) run back to back, then after sleeps of 1, 5, 40 and 100
@@ -26,15 +26,19 @@ fuller wakes are what lower it there.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import socket
 import statistics
 import struct
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np
+
+from bench import harness
+from bench.harness import Record, Spread
 
 RECORD = 80  # an events-ring record: 8 bytes of header, 72 of event
 BUSY, DISCARD, HDR, SIZE = 1 << 31, 1 << 30, 8, 72
@@ -95,6 +99,7 @@ def main() -> None:
         help="the step is the C sampler's: one RTM_GETSTATS dump of this namespace's interfaces",
     )
     a = ap.parse_args()
+    rec = Record()
     raw = np.zeros((27, RECORD), np.uint8)
     raw[:, :4] = np.frombuffer(np.uint32(SIZE).tobytes(), np.uint8)
     step: Callable[[], object] = lambda: read_step(raw)  # noqa: E731
@@ -105,13 +110,13 @@ def main() -> None:
     sleeps = [0.0, 0.001, 0.005, 0.04, 0.1]
     work: dict[float, list[float]] = {s: [] for s in sleeps}
     wake: dict[float, list[float]] = {s: [] for s in sleeps}
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; {a.calls} calls each")
-    for r in range(a.rounds):
-        for s in sleeps:
-            w, k = measure(s, a.calls, step)
-            work[s].append(w)
-            wake[s].append(k)
-        print(f"round {r + 1}: " + ", ".join(f"{s * 1e3:g} ms {work[s][-1]:.1f} us" for s in sleeps), flush=True)
+    print(f"machine: {harness.describe()}; {a.calls} calls each")
+    for r, s in harness.alternating(sleeps, a.rounds):
+        w, k = measure(s, a.calls, step)
+        work[s].append(w)
+        wake[s].append(k)
+        if s == sleeps[-1]:
+            print(f"round {r + 1}: " + ", ".join(f"{s * 1e3:g} ms {work[s][-1]:.1f} us" for s in sleeps), flush=True)
     hot = statistics.median(work[0.0])
     print(f"{'sleep before':>14} {'the step (us CPU)':>19} {'x back to back':>15} {'the wake itself (us CPU)':>25}")
     for s in sleeps:
@@ -119,11 +124,11 @@ def main() -> None:
         label = "back to back" if s == 0 else f"{s * 1e3:g} ms"
         k = f"{statistics.median(wake[s]):.1f}" if s else "-"
         print(f"{label:>14} {w:>19.1f} {w / hot:>15.1f} {k:>25}")
-    cold = statistics.median(work[0.04])
-    print(
-        f"SUMMARY | {what} after a 40 ms sleep against back to back | "
-        f"{cold:.0f} us against {hot:.0f} us of CPU ({cold / hot:.0f}x) | - | -"
-    )
+    cold = Spread.of(work[0.04])
+    rec.add(f"{what}, back to back", hot, "us of CPU", ".0f", spread=Spread.of(work[0.0]))
+    rec.add(f"{what}, after a 40 ms sleep", cold.median, "us of CPU", ".0f", spread=cold)
+    rec.add(f"{what}, after a 40 ms sleep against back to back", cold.median / hot, "x", ".0f")
+    rec.write()
 
 
 if __name__ == "__main__":

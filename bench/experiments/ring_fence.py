@@ -1,6 +1,6 @@
 """What the ring reader's memory barriers cost (issue 14, arm64 ordering).
 
-    .venv/bin/python bench/ring_fence.py [--records N] [--rounds R]
+    .venv/bin/python bench/experiments/ring_fence.py [--records N] [--rounds R]
 
 The reader (memtrace/bpf/ringbuf.py) puts a full barrier (a lock taken and
 released twice) between loading the producer position, the record headers
@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import statistics
+import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np
 
+from bench import harness
+from bench.harness import Spread
 from memtrace.bpf import ringbuf
 from memtrace.core.abi import EVENT_DTYPE
 
@@ -58,21 +62,22 @@ def one_read(fd: int, size: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=4096)
-    ap.add_argument("--rounds", type=int, default=401)
+    ap.add_argument("--rounds", type=int, default=200, help="reads each way, alternating")
     a = ap.parse_args()
     fd, size = make_ring(a.records)
     fence = ringbuf._fence
-    with_, without = [], []
-    for i in range(a.rounds):
-        ringbuf._fence = fence if i % 2 else (lambda: None)
-        (with_ if i % 2 else without).append(one_read(fd, size))
+    reads: dict[str, list[float]] = {"without": [], "with": []}
+    for _, arm in harness.alternating(list(reads), a.rounds):
+        ringbuf._fence = fence if arm == "with" else (lambda: None)
+        reads[arm].append(one_read(fd, size))
     ringbuf._fence = fence
     t = time.perf_counter_ns()
     for _ in range(10000):
         fence()
     per_fence = (time.perf_counter_ns() - t) / 1e4 / 1e3
-    w, wo = statistics.median(with_), statistics.median(without)
-    print(f"batch of {a.records} records, median of {len(with_)} reads each way")
+    w, wo = Spread.of(reads["with"]).median, Spread.of(reads["without"]).median
+    print(f"machine: {harness.describe()}")
+    print(f"batch of {a.records} records, median of {len(reads['with'])} reads each way")
     print(f"  with barriers    {w:8.1f} us  ({w * 1e3 / a.records:.1f} ns/record)")
     print(f"  without          {wo:8.1f} us  ({wo * 1e3 / a.records:.1f} ns/record)")
     print(f"  one barrier      {per_fence:8.3f} us; the reader takes 3 per batch")

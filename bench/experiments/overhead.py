@@ -1,6 +1,6 @@
 """What memtrace costs a CPU-bound launch loop, against what it says it costs (issue 18).
 
-    sudo .venv/bin/python bench/overhead.py [--rounds R] [--launches N] [--work W] [--copy-every C]
+    sudo .venv/bin/python bench/experiments/overhead.py [--rounds R] [--launches N] [--work W] [--copy-every C]
 
 The worst case for probes: a loop through the test libcuda that makes N
 cuLaunchKernel calls, each followed by W iterations of CPU work, and a
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -32,7 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, build_fixtures, loop_seconds, need_root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import REPO, Record, Spread, Target
 
 
 def main() -> None:
@@ -42,50 +42,45 @@ def main() -> None:
     ap.add_argument("--work", type=int, default=2000, help="CPU work iterations after each launch")
     ap.add_argument("--copy-every", type=int, default=100)
     a = ap.parse_args()
-    need_root("overhead")
+    harness.need_root("overhead")
+    rec = Record()
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-overhead-"))
-    fx = tmp / "fx"
-    build_fixtures(fx)
+    fx = harness.build_fixtures(tmp / "fx")
     memtrace = [sys.executable, "-m", "memtrace"]
     untraced: list[float] = []
     traced: list[float] = []
     estimates: list[dict[str, float]] = []
-    print(
-        f"launch loop: {a.launches:,} launches, {a.work} work iterations each, a copy every {a.copy_every}; "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}"
-    )
-    for r in range(a.rounds):
-        order = ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced")
-        for mode in order:
-            lib = tmp / f"round{r}-{mode}" / "libcuda.so.1"  # memtrace knows the library by its name
-            lib.parent.mkdir()
-            shutil.copy(fx / "lib" / "libcuda.so.1", lib)
-            argv = [str(fx / "launchloop"), str(lib), str(a.launches), str(a.work), str(a.copy_every)]
-            if mode == "untraced":
-                out = subprocess.run(argv, capture_output=True, text=True, check=True)
-                untraced.append(loop_seconds(out.stdout))
-                print(f"  round {r + 1} untraced {untraced[-1]:.3f} s")
-                continue
-            summary = tmp / "summary.json"
-            out = subprocess.run(
-                [*memtrace, "run", "--no-host", "--format", "json", "-o", str(summary), "--", *argv],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=REPO,
-            )
-            traced.append(loop_seconds(out.stdout))
-            rows = json.loads(summary.read_text())["overhead"]
-            if len(rows) != 1:
-                sys.exit(f"overhead: expected the loop's overhead in the summary, got {rows}: {out.stderr[-2000:]}")
-            (row,) = rows
-            estimates.append(row)
-            print(
-                f"  round {r + 1} traced   {traced[-1]:.3f} s  traps {row['traps']:,}  "
-                f"memtrace says {row['estimated_seconds']:.3f} s ({row['share_of_cpu']:.1%} of "
-                f"{row['cpu_seconds']:.3f} s CPU), {row['trap_seconds'] * 1e6:.2f} us a trap"
-                f"{'' if row['calibrated'] else ' (not calibrated)'}"
-            )
+    print(f"machine: {harness.describe()}")
+    print(f"launch loop: {a.launches:,} launches, {a.work} work iterations each, a copy every {a.copy_every}")
+    for r, mode in harness.alternating(("untraced", "traced"), a.rounds, "reverse"):
+        # memtrace knows the library by its name
+        lib = harness.fresh_copy(fx / "lib" / "libcuda.so.1", tmp / f"round{r}-{mode}")
+        argv = [str(fx / "launchloop"), str(lib), str(a.launches), str(a.work), str(a.copy_every)]
+        if mode == "untraced":
+            out = subprocess.run(argv, capture_output=True, text=True, check=True)
+            untraced.append(harness.loop_seconds(out.stdout))
+            print(f"  round {r + 1} untraced {untraced[-1]:.3f} s")
+            continue
+        summary = tmp / "summary.json"
+        out = subprocess.run(
+            [*memtrace, "run", "--no-host", "--format", "json", "-o", str(summary), "--", *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        )
+        traced.append(harness.loop_seconds(out.stdout))
+        rows = json.loads(summary.read_text())["overhead"]
+        if len(rows) != 1:
+            sys.exit(f"overhead: expected the loop's overhead in the summary, got {rows}: {out.stderr[-2000:]}")
+        (row,) = rows
+        estimates.append(row)
+        print(
+            f"  round {r + 1} traced   {traced[-1]:.3f} s  traps {row['traps']:,}  "
+            f"memtrace says {row['estimated_seconds']:.3f} s ({row['share_of_cpu']:.1%} of "
+            f"{row['cpu_seconds']:.3f} s CPU), {row['trap_seconds'] * 1e6:.2f} us a trap"
+            f"{'' if row['calibrated'] else ' (not calibrated)'}"
+        )
     u, t = statistics.median(untraced), statistics.median(traced)
     est = statistics.median(e["estimated_seconds"] for e in estimates)
     cpu = statistics.median(e["cpu_seconds"] for e in estimates)
@@ -100,10 +95,17 @@ def main() -> None:
         else f"the probes added nothing measurable; memtrace said {est:.3f} s ({est / cpu:.1%})"
     )
     if added > 0:
-        print(f"SUMMARY | memtrace's own cost estimate on a launch loop | estimate/measured {est / added:.2f} | - | -")
-    met = "met" if t / u <= 1.01 else "not met"
-    print(f"SUMMARY | launch loop traced/untraced (no budget enforced) | {t / u:.3f} | <= 1.01 | {met}")
+        rec.add("memtrace's own cost estimate on a launch loop, estimate/measured", est / added, "x", ".2f")
+    rec.add(
+        "launch loop traced/untraced (no budget enforced)",
+        t / u,
+        "x",
+        ".3f",
+        Target("<=", 1.01),
+        Spread.of(harness.ratios(traced, untraced)),
+    )
     shutil.rmtree(tmp, ignore_errors=True)
+    rec.write()
 
 
 if __name__ == "__main__":

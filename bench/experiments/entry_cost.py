@@ -1,7 +1,7 @@
 """What a uprobe trap costs by the instruction it replaced (issue 18: the
 overhead memtrace publishes and budgets is traps x the calibrated cost).
 
-    sudo .venv/bin/python bench/entry_cost.py [--calls N] [--rounds R]
+    sudo .venv/bin/python bench/experiments/entry_cost.py [--calls N] [--rounds R]
 
 x86-64 only. Five functions of one small library differ only in their first
 instruction: a push of a register (how every libcuda and libcudart entry
@@ -19,20 +19,19 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from memtrace.bpf.host import object_path  # noqa: E402
-from memtrace.bpf.libbpf import BpfObject  # noqa: E402
-from memtrace.core.overhead import entry_kind  # noqa: E402
-from memtrace.runtime.overhead import _cpu_per_call, calibrate, file_offset, release  # noqa: E402
-from memtrace.sensors.cuda.elf import code_at  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import Spread
+from memtrace.bpf.host import object_path
+from memtrace.bpf.libbpf import BpfObject
+from memtrace.core.overhead import entry_kind
+from memtrace.runtime.overhead import _cpu_per_call, calibrate, file_offset, release
+from memtrace.sensors.cuda.elf import code_at
 
 FUNCTIONS = {
     "push": "push %rbp\n mov %rsp,%rbp\n mov %rdi,%rax\n pop %rbp\n ret",
@@ -76,18 +75,20 @@ def main() -> int:
             path, off = file_offset(addr)
             fns[name] = (fn, path, off)
         cost: dict[str, list[float]] = {n: [] for n in FUNCTIONS}
-        for _ in range(a.rounds):
-            for name, (fn, path, off) in fns.items():
-                _cpu_per_call(fn, a.calls)
-                bare = _cpu_per_call(fn, a.calls)
-                link = obj.attach_uprobe("mt_calibrate", path, off, 0, False, pid=os.getpid())
-                probed = _cpu_per_call(fn, a.calls)
-                link.destroy()
-                cost[name].append(probed - bare)
-        print(f"{os.uname().release}, {a.rounds} rounds of {a.calls} calls, CPU time per call, probed less unprobed")
-        push = statistics.median(cost["push"])
+        for _, name in harness.alternating(list(fns), a.rounds):
+            fn, path, off = fns[name]
+            _cpu_per_call(fn, a.calls)
+            bare = _cpu_per_call(fn, a.calls)
+            link = obj.attach_uprobe("mt_calibrate", path, off, 0, False, pid=os.getpid())
+            probed = _cpu_per_call(fn, a.calls)
+            link.destroy()
+            cost[name].append(probed - bare)
+        print(
+            f"machine: {harness.describe()}; {a.rounds} rounds of {a.calls} calls, CPU per call, probed less unprobed"
+        )
+        push = Spread.of(cost["push"]).median
         for name, (_fn, path, off) in fns.items():
-            c = statistics.median(cost[name])
+            c = Spread.of(cost[name]).median
             with open(path, "rb") as f:
                 kind = entry_kind(code_at(f, off, 2), "x86_64").value
             print(f"  {name:8} {c * 1e6:6.2f} us a trap  {c / push:5.1f}x the push   memtrace counts it {kind}")

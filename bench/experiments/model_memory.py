@@ -1,6 +1,6 @@
 """The model's own memory at 1000 processes, without BPF or an export (issue 13).
 
-    .venv/bin/python bench/model_memory.py [--processes 1000] [--batches 20]
+    .venv/bin/python bench/experiments/model_memory.py [--processes 1000] [--batches 20]
 
 Folds synthetic copy events into a Model as the agent's fold thread does:
 each process makes 50 synchronous copies per batch through three copy APIs
@@ -8,7 +8,7 @@ and four sizes (the footprint bench's mix), at random times, so no thread
 ever settles into steps (the step search's worst case: it keeps its pending
 events and every candidate symbol's last waits). Prints the resident memory
 after the imports and after the fold, and the top allocation sites (with
---trace; tracemalloc inflates the resident figure). bench/footprint.py
+--trace; tracemalloc inflates the resident figure). bench/targets/footprint.py
 measures the whole agent, real uprobes and exports included; this one
 isolates the model, whose figure moves little with machine load.
 """
@@ -21,10 +21,8 @@ import sys
 import tracemalloc
 from pathlib import Path
 
-from footprint import rss_mb  # this directory's: the same reading of the agent's resident memory
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.harness import rss_mb  # the footprint target's reading of the agent's resident memory
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Agent footprint at 1, 10, 100 and 1000 traced processes (issue 6, target 3).
 
-    sudo .venv/bin/python bench/footprint.py [--seconds S] [--counts 1,10,100,1000] [--soak N]
+    sudo .venv/bin/python bench/targets/footprint.py [--seconds S] [--counts 1,10,100,1000] [--soak N]
 
 For each count, that many processes of the test workload run side by side,
 each making 50 copies a second through real uprobes (three copy APIs, a few
@@ -18,8 +18,8 @@ first at the process's priority, then at the niceness the agent gives it
 mostly waits for a CPU.
 
 Memory must stay under 150 MB at 1000 processes, grow no faster than
-linearly in processes, and not at all in events. 1000 processes make about
-50k events/s here, so a live run fills each series' histograms only so far;
+linearly in processes, and not at all in events. At 50 copies a second a
+process, a live run fills each series' histograms only so far;
 the soak then folds N more events (default 20M) into the same series of
 the same agent, with copy durations spread over a lognormal of sigma 1 (the
 widest real spread: the recorded traces' copies span about 6 powers of two),
@@ -30,38 +30,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, build_fixtures, need_root
-
-sys.path.insert(0, str(REPO))
-
-
-def _proc_mb(path: str, field: str) -> float:
-    """A `Field:  N kB` line of a /proc file of this process, in MB."""
-    for line in Path(path).read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def rss_mb() -> float:
-    return _proc_mb("/proc/self/status", "VmRSS")
-
-
-def pss_mb() -> float:
-    """The proportional set size: each page once, however many times it is
-    mapped. libbpf maps a ring buffer's data pages twice, one after the
-    other (a record that wraps reads as one), so RSS counts the 16 MiB
-    event ring twice; the kernel allocated it once, and a cgroup's memory
-    (a pod's limit) charges it once."""
-    return _proc_mb("/proc/self/smaps_rollup", "Pss")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import Record, Target, pss_mb, rss_mb
 
 
 def rss_parts() -> str:
@@ -135,7 +112,7 @@ def drain_gap_drain_thread(agent: object, builder: object, window: float) -> flo
     return agent.drain_stats().gap_max_seconds  # type: ignore[attr-defined,no-any-return]
 
 
-def soak(agent: object, builder: object, total: int) -> None:
+def soak(agent: object, builder: object, total: int, rec: Record) -> None:
     """Fold `total` more events into the series the live run made, exporting
     every million: the memory must not move."""
     import numpy as np
@@ -170,12 +147,19 @@ def soak(agent: object, builder: object, total: int) -> None:
     print(f"soak: RSS {trail}; {len(model.copies):,} series; {rate:,.0f} events/s folded, exports included")
     # Histograms widen until each reaches its bucket bound; from the soak's
     # middle on, every series is there: what follows must not grow.
+    if len(marks) < 2:
+        return
     mid = marks[len(marks) // 2]
     grow = marks[-1][1] - mid[1]
-    print(
-        f"SUMMARY | resident memory as events grow ({len(model.copies):,} series) | "
-        f"{mid[1]:.1f} MB at {mid[0] / 1e6:.0f}M events, {marks[-1][1]:.1f} MB at {marks[-1][0] / 1e6:.0f}M "
-        f"({grow:+.1f} MB) | flat | {'met' if grow < 1 else 'not met'}"
+    what = f"{mid[1]:.1f} MB at {mid[0] / 1e6:.0f}M events, {marks[-1][1]:.1f} MB at {marks[-1][0] / 1e6:.0f}M"
+    print(f"soak: {what} ({grow:+.1f} MB)")
+    rec.add(
+        f"resident memory growth over the soak's second half ({len(model.copies):,} series)",
+        grow,
+        "MB",
+        "+.1f",
+        Target("<", 1),
+        note=what,
     )
 
 
@@ -186,15 +170,14 @@ def main() -> None:
     ap.add_argument("--soak", type=int, default=20_000_000, help="events folded into the last count's series")
     ap.add_argument("--gap-window", type=float, default=2.0, help="seconds each drain-gap phase runs, export included")
     a = ap.parse_args()
-    need_root("footprint")
+    harness.need_root("footprint")
+    rec = Record()
     from memtrace.export.config import resolve
     from memtrace.export.otlp import MetricsBuilder
-    from memtrace.runtime.agent import DRAIN_NICE, Agent
-    from memtrace.sensors.cuda.source import Options
+    from memtrace.runtime.agent import DRAIN_NICE
 
-    fx = Path(tempfile.mkdtemp(prefix="memtrace-footprint-"))
-    build_fixtures(fx)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}")
+    fx = harness.build_fixtures(Path(tempfile.mkdtemp(prefix="memtrace-footprint-")))
+    print(f"machine: {harness.describe()}")
     print(
         f"{'processes':>10} {'events/s':>10} {'CPU/10k ev/s':>13} {'RSS MB':>8} {'export ms':>10} {'series':>7}"
         f" {'drain gap ms (1 thread / drain thread / at nice -10)':>52}"
@@ -203,7 +186,7 @@ def main() -> None:
     for n in [int(x) for x in a.counts.split(",")]:
         # Still copying through the drain-gap phases (exports included) that follow the measurement.
         calls = int((a.seconds + 3 * a.gap_window + 12) * 50) + 50
-        with Agent(Options()) as agent:
+        with harness.cuda_agent() as agent:
             agent.source.scan()
             procs = [
                 subprocess.Popen(
@@ -249,7 +232,7 @@ def main() -> None:
             )
             print(f"{'':>10} resident (RSS / PSS): {rss_parts()}; PSS in all {pss_mb():.1f} MB")
             if n == int(a.counts.split(",")[-1]) and a.soak:
-                soak(agent, builder, a.soak)
+                soak(agent, builder, a.soak, rec)
             last = (n, rss_mb(), pss_mb(), per10k, gap_before, gap_after)  # the agent as shipped: at DRAIN_NICE
             for p in procs:
                 p.kill()
@@ -261,16 +244,17 @@ def main() -> None:
         print(f"{'':>10} cyclic garbage the freezes kept from the collector: {gc.collect()} objects")
     print(f"(RSS of this process before the first agent: {base_rss:.1f} MB; CPU is the whole process, drain included)")
     n, rss, pss, per10k, gap_before, gap_after = last
-    print(
-        f"SUMMARY | memory at {n} processes | PSS {pss:.1f} MB (RSS {rss:.1f} MB: the event ring's pages twice) | "
-        f"< 150 MB | {'met' if pss < 150 else 'not met'}"
+    rec.add(f"memory at {n} processes, PSS", pss, "MB", ".1f", Target("<", 150))
+    rec.add(f"memory at {n} processes, RSS", rss, "MB", ".1f", note="RSS counts the event ring's pages twice")
+    rec.add(f"agent CPU at {n} processes", per10k, "CPU-s per 10k events/s", ".3f")
+    # Late by at most two drain periods.
+    rec.add(
+        f"worst drain gap at {n} processes, an export built meanwhile", gap_after * 1e3, "ms", ".1f", Target("<=", 15)
     )
-    print(f"SUMMARY | agent CPU at {n} processes | {per10k:.3f} CPU-s per 10k events/s | - | -")
-    print(
-        f"SUMMARY | worst drain gap at {n} processes, an export built meanwhile | "
-        f"{gap_before * 1e3:,.1f} ms before (cc9270d, one thread), {gap_after * 1e3:,.1f} ms after (drain thread) | "
-        f"late by at most 2 drain periods (<= 15 ms) | {'met' if gap_after <= 0.015 else 'not met'}"
+    rec.add(
+        f"worst drain gap at {n} processes, drains and exports on one thread (cc9270d)", gap_before * 1e3, "ms", ".1f"
     )
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ job at random times, against healthy runs; a confusion matrix, precision
 and recall per cause, detection and naming latency, false diagnoses per
 hour of healthy running, and the agent's CPU.
 
-    sudo .venv/bin/python bench/diagnose/run.py [--trials-per-fault N] [--seconds S] [--seed N] [--faults A,B]
+    sudo .venv/bin/python bench/targets/diagnose.py [--trials-per-fault N] [--seconds S] [--seed N] [--faults A,B]
 
 With MEMTRACE_BENCH_LOGS=DIR, each trial's agent runs with -v and its log
 (every window's step time and baseline, per process) is kept in DIR.
@@ -72,7 +72,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import signal
 import statistics
@@ -84,14 +83,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from bench.harness import REPO, CpuWindow, Reading, Record, Target
+
 sys.path.insert(0, str(REPO / "tests"))
-
-from cgroups import make_limited  # noqa: E402
-from test_nvml import HEALTHY, gpu, script  # noqa: E402
-
-from memtrace.sources.procfs import thread_cpu_seconds as thread_seconds  # noqa: E402
+from cgroups import make_limited
+from test_nvml import HEALTHY, gpu, script
 
 EXPECTED = {
     "cpu_hog": "cpu_interference",
@@ -118,30 +116,11 @@ KERNEL_US = 3000  # 9 ms of GPU
 _shape: list[str] = []
 
 
-_ns_per_iter: list[float] = []
-
-
-def ns_per_iter(fc: Path) -> float:
-    """What one iteration of trainjob's CPU work takes on this machine (timed once)."""
-    if not _ns_per_iter:
-        iters = 10_000_000
-        truth = fc / "calibrate.jsonl"
-        env = dict(os.environ, WORKLOAD_TRUTH=str(truth))
-        argv = ["taskset", "-c", CPU, str(fc / "trainjob"), "-t", "1", "-c", "0", "-k", "0", "-w", "0"]
-        subprocess.run([*argv, "-L", str(iters)], env=env, check=True)
-        ends = json.loads(truth.read_text().splitlines()[0])["step_end_ns"]
-        truth.unlink()
-        _ns_per_iter.append(statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False)) / iters)
-        print(f"job: {_ns_per_iter[0]:.3f} ns per work iteration here", flush=True)
-    return _ns_per_iter[0]
-
-
 def job_shape(fc: Path) -> list[str]:
     """trainjob's flags for the step above."""
     if not _shape:
-        n = ns_per_iter(fc)
         _shape.extend(
-            ["-L", str(int(LOAD_MS * 1e6 / n)), "-w", str(int(HOST_MS * 1e6 / n))]
+            ["-L", str(harness.work_iterations(fc, LOAD_MS)), "-w", str(harness.work_iterations(fc, HOST_MS))]
             + ["-k", str(KERNEL_US), "-c", str(COPIES), "-b", str(COPY_BYTES)]
         )
         print(f"job: trainjob {' '.join(_shape)}", flush=True)
@@ -158,8 +137,8 @@ SLOW_LOADER = 4  # the slowed rank's loading, times its own
 
 
 def rank_shape(fc: Path) -> list[str]:
-    n = ns_per_iter(fc)
-    return ["-L", str(int(RANK_LOAD_MS * 1e6 / n)), "-w", str(int(RANK_HOST_MS * 1e6 / n))] + [
+    load, host = harness.work_iterations(fc, RANK_LOAD_MS), harness.work_iterations(fc, RANK_HOST_MS)
+    return ["-L", str(load), "-w", str(host)] + [
         "-k",
         str(RANK_KERNEL_US),
         "-c",
@@ -184,13 +163,13 @@ def pid_with_env(name: str, value: str) -> int | None:
     return None
 
 
-CPU = str((os.cpu_count() or 1) - 1)
+CPU = str(harness.LAST_CPU)
 LOGS = Path(os.environ["MEMTRACE_BENCH_LOGS"]) if os.environ.get("MEMTRACE_BENCH_LOGS") else None  # agents' stderr
 # The agent has loaded its programs, attached and calibrated this long after
-# the job first ran (its start-up ends about 0.3 s after it lets the job go;
-# from the agent's own start it took 1.7 s on one instance, over 2.5 s on
-# another). Its steady CPU is read from then until this long before the job
-# ends: after that come the summary and the report, `run`'s last work.
+# the job first ran (its start-up ends soon after it lets the job go, and
+# from its own start takes seconds: docs/perf/notes.md). Its steady CPU is
+# read from then until this long before the job ends: after that come the
+# summary and the report, `run`'s last work.
 SETTLED_S = 1.0
 ENDING_S = 0.5
 
@@ -352,19 +331,11 @@ class NetPair:
             subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
-def cpu_seconds(pid: int) -> float | None:
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def job_started(agent: subprocess.Popen[bytes], deadline: float) -> float:
     """When a trainjob process under the agent first ran (used CPU time)."""
     while time.monotonic() < deadline and agent.poll() is None:
         pid = job_pid()
-        if pid is not None and (cpu_seconds(pid) or 0) > 0:
+        if pid is not None and (harness.process_cpu_seconds(pid) or 0) > 0:
             return time.monotonic()
         time.sleep(0.01)
     return time.monotonic()
@@ -443,17 +414,17 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     last_cpu = [0.0]
     settled: list[tuple[float, float]] = []  # (time, CPU) once started, and last
     settle_at = [float("inf"), float("inf")]  # SETTLED_S after the job first ran, ENDING_S before it ends
-    threads: list[dict[int, tuple[str, float]]] = []  # each thread's CPU once started, and last
+    threads: list[Reading] = []  # each thread's CPU once started, and last
 
     def watch() -> None:
         while agent.poll() is None:
-            c = cpu_seconds(agent.pid)
+            c = harness.process_cpu_seconds(agent.pid)
             if c is not None:
                 last_cpu[0] = c
                 if settle_at[0] <= time.monotonic() <= settle_at[1]:
                     settled[1:] = [(time.monotonic(), c)]
-                    # Threads that ended since keep their last reading.
-                    threads[1:] = [{**(threads[1] if len(threads) > 1 else {}), **thread_seconds(agent.pid)}]
+                    now = Reading.of(agent.pid)
+                    threads[1:] = [now.keeping(threads[1]) if len(threads) > 1 else now]  # ended threads kept
                     if len(settled) == 1:
                         settled.append(settled[0])
                         threads.append(threads[0])
@@ -522,8 +493,7 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     if len(settled) == 2 and settled[1][0] > settled[0][0]:
         t.steady_cpu_s = settled[1][1] - settled[0][1]
         t.steady_wall_s = settled[1][0] - settled[0][0]
-        for tid, (name, secs) in threads[1].items():
-            t.steady_threads[name] = t.steady_threads.get(name, 0.0) + secs - threads[0].get(tid, (name, 0.0))[1]
+        t.steady_threads = CpuWindow.between(threads[0], threads[1]).by_name
     doc = json.loads(out.read_text())
     fast = (doc.get("host") or {}).get("fast_sampler") or {}
     t.fast_hz = fast.get("rate_hz") if fast.get("state") == "on" else None
@@ -589,15 +559,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--faults", default=",".join(EXPECTED))
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("run as root: memtrace loads BPF programs")
+    harness.need_root("diagnose")
+    rec = Record()
     rnd = random.Random(args.seed)
     faults = [f for f in args.faults.split(",") for _ in range(args.trials_per_fault)]
     rnd.shuffle(faults)
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:  # a disk: memory_pressure reads from it
         tmp = Path(d)
         fc = tmp / "fc"
-        subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "fixtures"), f"OUT={fc}"], check=True)
+        harness.build_fixtures(fc)
         trials = []
         for i, fault in enumerate(faults):
             t = trial(fault, fc, fc / "nvml", tmp, args.seconds, rnd)
@@ -612,10 +582,11 @@ def main() -> None:
                 ),
                 flush=True,
             )
-    report(trials, args)
+    report(trials, args, rec)
+    rec.write()
 
 
-def report(trials: list[Trial], args: argparse.Namespace) -> None:
+def report(trials: list[Trial], args: argparse.Namespace, rec: Record) -> None:
     causes = sorted({EXPECTED[t.fault] for t in trials} - {"none"})
     cols = [*causes, *sorted({t.predicted for t in trials} - set(causes) - {"none"}), "none"]
     rows = [*causes, "none"]
@@ -623,10 +594,7 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
     for t in trials:
         m[EXPECTED[t.fault]][t.predicted if t.predicted in cols else "none"] += 1
     print()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; "
-        f"{len(trials)} trials of {args.seconds:g} s, seed {args.seed}"
-    )
+    print(f"machine: {harness.describe()}; {len(trials)} trials of {args.seconds:g} s, seed {args.seed}")
     w = max(len(c) for c in cols) + 2
     print("confusion matrix (rows: injected, columns: diagnosed)")
     print(" " * 20 + "".join(f"{c[: w - 1]:>{w}}" for c in cols))
@@ -635,19 +603,28 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
     print()
     correct = sum(m[r][r] for r in rows)
     print(f"accuracy: {correct}/{len(trials)} = {correct / len(trials):.0%}")
+    what = f"{len(trials)} trials, seed {args.seed}"
+    rec.add("diagnosis accuracy", 100 * correct / len(trials), "%", ".0f", Target(">=", 95), note=what)
+    recalls = []
     for c in causes:
         tp = m[c][c]
         fp = sum(m[r][c] for r in rows if r != c)
         fn = sum(v for k, v in m[c].items() if k != c)
         prec = tp / (tp + fp) if tp + fp else float("nan")
-        rec = tp / (tp + fn) if tp + fn else float("nan")
-        print(f"  {c:20s} precision {prec:.2f}  recall {rec:.2f}")
+        recall = tp / (tp + fn) if tp + fn else float("nan")
+        print(f"  {c:20s} precision {prec:.2f}  recall {recall:.2f}")
+        recalls.append((recall, c))
+    if recalls:
+        lowest, cause = min(recalls)
+        rec.add("diagnosis, lowest recall of a cause", lowest, "", ".2f", Target(">=", 0.9), note=cause)
     det = sorted(t.detect_s for t in trials if t.detect_s is not None and t.predicted == EXPECTED[t.fault])
     name = sorted(t.name_s for t in trials if t.name_s is not None and t.predicted == EXPECTED[t.fault])
     if det:
         p95 = det[min(len(det) - 1, int(0.95 * len(det)))]
         print(f"detection after onset: p50 {statistics.median(det):.2f} s, p95 {p95:.2f} s")
         print(f"cause named after detection: p50 {statistics.median(name):.2f} s, max {max(name):.2f} s")
+        rec.add("diagnosis, detection after the fault's onset, p95", p95, "s", ".2f", Target("<=", 2))
+        rec.add("diagnosis, cause named after detection, max", max(name), "s", ".2f", Target("<=", 1))
     healthy = [t for t in trials if t.fault == "none"]
     spreads = [t.spread for t in healthy if t.spread is not None]
     if spreads:
@@ -663,6 +640,15 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
             f"false diagnoses: {false} in all trials; {false_healthy} in {healthy_s / 60:.1f} min of healthy runs "
             f"({false_healthy / (healthy_s / 3600):.1f} per hour)"
         )
+        rec.add(
+            "false diagnoses per hour of healthy runs",
+            false_healthy / (healthy_s / 3600),
+            "per hour",
+            ".1f",
+            Target("<=", 1),
+            note=f"{false_healthy} in {healthy_s / 60:.1f} min",
+        )
+    rec.add("false diagnoses in all trials", false, "", ".0f")
     cpu = sum(t.agent_cpu_s for t in trials) / sum(t.wall_s for t in trials)
     wall = sum(t.steady_wall_s for t in trials)
     steady = sum(t.steady_cpu_s for t in trials) / wall if wall else float("nan")
@@ -678,6 +664,15 @@ def report(trials: list[Trial], args: argparse.Namespace) -> None:
         f"while the job ran (from {SETTLED_S:g} s after it started to {ENDING_S:g} s before it ended); {cpu:.1%} "
         "over whole trials, start-up (BPF load, attach, calibration) and the summary included"
     )
+    if wall:
+        rec.add(
+            "memtrace run's agent CPU while the job ran",
+            steady * 100,
+            "% of a core",
+            ".1f",
+            Target("<=", 1),
+            note=sampling,
+        )
     if wall:
         per: dict[str, float] = {}
         for t in trials:

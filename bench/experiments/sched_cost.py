@@ -1,6 +1,6 @@
 """Cost of the CPU sensor's sched probes per context switch (issue 15).
 
-    sudo .venv/bin/python bench/sched_cost.py [--trips N] [--rounds R]
+    sudo .venv/bin/python bench/experiments/sched_cost.py [--trips N] [--rounds R]
 
 Two processes pinned to one CPU ping-pong a byte over pipes
 (bench/src/pingpong.c): each round trip is two context switches and two
@@ -28,28 +28,24 @@ import argparse
 import ctypes
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from memtrace.bpf.libbpf import Libbpf  # noqa: E402
-from memtrace.sensors.sched import SchedSensor  # noqa: E402
-from memtrace.sensors.sched.sensor import PROGRAMS  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import harness
+from memtrace.bpf.libbpf import Libbpf
+from memtrace.sensors.sched import SchedSensor
+from memtrace.sensors.sched.sensor import PROGRAMS
 
 MODES = ("unloaded", "other", "traced")
-CPU = 1 if (os.cpu_count() or 1) > 1 else 0
+CPU = 1 if harness.CPUS > 1 else 0
 
 
 def build(tmp: Path) -> Path:
-    out = tmp / "pingpong"
-    subprocess.run(["cc", "-O2", "-Wall", "-o", str(out), str(REPO / "bench" / "src" / "pingpong.c")], check=True)
-    return out
+    return harness.build_c("pingpong.c", tmp / "pingpong", ["-Wall"])
 
 
 def prog_stats() -> dict[str, tuple[int, int]]:
@@ -110,27 +106,26 @@ def main() -> None:
     ap.add_argument("--trips", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    harness.need_root("sched_cost")
     with tempfile.TemporaryDirectory() as d:
         binary = build(Path(d))
         one_run(binary, a.trips // 10, "traced")  # warm up (and check the sensor sees the switches)
         res: dict[str, list[float]] = {m: [] for m in MODES}
-        for r in range(a.rounds):
-            order = MODES[r % 3 :] + MODES[: r % 3]
-            for m in order:
-                res[m].append(one_run(binary, a.trips, m))
+        for _, m in harness.alternating(MODES, a.rounds, "rotate"):
+            res[m].append(one_run(binary, a.trips, m))
         measured: dict[str, dict[str, tuple[int, int]]] = {}
         for m in MODES[1:]:
             measured[m] = {}
             one_run(binary, a.trips, m, measured[m])
     med = {m: statistics.median(v) for m, v in res.items()}
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, kernel {platform.release()}; "
+        f"machine: {harness.describe()}; "
         f"{a.trips:,} round trips (2 switches each) per run, both processes on CPU {CPU}, "
         f"{a.rounds} rounds alternating, medians"
     )
     print(f"{'':10} {'ns/round trip':>14} {'ratio':>8} {'ns/switch added':>16}   ratio range over rounds")
     for m in MODES:
-        ratios = [x / u for x, u in zip(res[m], res["unloaded"], strict=True)]
+        ratios = harness.ratios(res[m], res["unloaded"])
         added = [(x - u) / 2 for x, u in zip(res[m], res["unloaded"], strict=True)]
         rng = f"{min(ratios):.3f}-{max(ratios):.3f}" if m != "unloaded" else ""
         print(f"{m:10} {med[m]:14.1f} {statistics.median(ratios):8.3f} {statistics.median(added):16.1f}   {rng}")
