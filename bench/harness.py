@@ -300,8 +300,20 @@ class Spread:
 
 def ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
     """Each round's ratio (num over den, measured minutes apart at most): its
-    median is steadier than the ratio of medians where the machine drifts."""
-    return [a / b for a, b in zip(num, den, strict=True)]
+    median is steadier than the ratio of medians where the machine drifts.
+    A round whose denominator measured nothing is left out."""
+    return [a / b for a, b in zip(num, den, strict=True) if b]
+
+
+def ratio_spread(num: Sequence[float], den: Sequence[float]) -> Spread | None:
+    """The spread of the rounds' ratios (None where no round has one)."""
+    r = ratios(num, den)
+    return Spread.of(r) if r else None
+
+
+def over(a: float, b: float) -> float:
+    """a / b; NaN where b measured nothing (a window too short for a CPU clock tick)."""
+    return a / b if b else math.nan
 
 
 # ---- CPU ----
@@ -600,7 +612,11 @@ class Record:
         target: Target | None = None,
         spread: Spread | None = None,
         note: str = "",
-    ) -> Figure:
+    ) -> Figure | None:
+        """The figure, added; None, and said, where nothing was measured (NaN)."""
+        if math.isnan(value):
+            print(f"  {name}: not measured (not recorded)")
+            return None
         f = Figure(name, float(value), unit, fmt, target, spread, note)
         self.figures.append(f)
         return f

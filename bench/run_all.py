@@ -74,8 +74,8 @@ TARGETS = (
         ("--libs", "pushfirst", "--rounds", "1", "--launches", "20000", "--steps", "20"),
     ),
     Bench("agent_cpu", "agent_cpu.py", quick=("--rounds", "1", "--seconds", "0.5")),
-    Bench("agent_cpu_host", "agent_cpu.py", ("--host",), ("--host", "--rounds", "1", "--seconds", "0.5")),
-    Bench("idle_agent", "idle_agent.py", quick=("--rounds", "1", "--seconds", "1", "--settle", "2"), takes_old=True),
+    Bench("agent_cpu_host", "agent_cpu.py", ("--host",), ("--host", "--rounds", "1", "--seconds", "2")),
+    Bench("idle_agent", "idle_agent.py", quick=("--rounds", "1", "--seconds", "3", "--settle", "2"), takes_old=True),
     Bench("stack_cost", "stack_cost.py", quick=("--rounds", "1", "--calls", "2000")),
     Bench("host_sampling", "host_sampling.py", quick=("--seconds", "0.2", "--rounds", "1")),
     Bench(

@@ -12,6 +12,7 @@ value is never asserted, only that it was measured and recorded.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -169,3 +170,12 @@ def test_a_record_holds_its_figures_against_their_targets(tmp_path: Path, monkey
     assert harness.check_record(broken) == ["figure 'a rate': met is True, but 900000.0 >= 1000000.0 says otherwise"]
     assert harness.check_record({**doc, "machine": {}})
     assert harness.check_record({**doc, "figures": []}) == ["no figures"]
+
+
+def test_a_window_that_measured_nothing_gives_no_ratio_and_no_figure() -> None:
+    assert harness.ratios([1.0, 2.0], [0.0, 4.0]) == [0.5]
+    assert harness.ratio_spread([1.0], [0.0]) is None
+    assert harness.over(1.0, 4.0) == 0.25 and math.isnan(harness.over(1.0, 0.0))
+    rec = Record("example")
+    assert rec.add("a ratio", harness.over(1.0, 0.0), "x") is None
+    assert rec.figures == []

@@ -74,7 +74,8 @@ def main() -> None:
         shares[arm].append(w.share)
         print(f"round {r + 1} {arm}: {w.share:.2%} over {w.wall_s:.2f} s ({w.busiest()})", flush=True)
     new, old_ = Spread.of(x * 100 for x in shares["new"]), Spread.of(x * 100 for x in shares["old"])
-    print(f"median: {new.median:.2f}% against {old_.median:.2f}% of one core (ratio {new.median / old_.median:.2f})")
+    ratio = harness.over(new.median, old_.median)
+    print(f"median: {new.median:.2f}% against {old_.median:.2f}% of one core (ratio {ratio:.2f})")
     rec.add("memtrace run's CPU beside a training-like job", new.median, "% of a core", ".2f", Target("<=", 1), new)
     rec.add(
         "memtrace run's CPU beside a training-like job, the --old tree",
@@ -86,10 +87,10 @@ def main() -> None:
     )
     rec.add(
         "memtrace run's CPU, this tree over --old",
-        new.median / old_.median,
+        ratio,
         "x",
         ".2f",
-        spread=Spread.of(harness.ratios(shares["new"], shares["old"])),
+        spread=harness.ratio_spread(shares["new"], shares["old"]),
     )
     rec.write()
 

@@ -136,8 +136,9 @@ def schedules(seconds: float, rounds: int, rec: Record) -> None:
     old, mid, new, nump = (med[k].median for k in arms)
     print(
         f"median: every drain {old:.2%}, 20 ms/0.1 s {mid:.2%}, quiet ring {new:.2%}, numpy reader {nump:.2%} "
-        f"of one core; ratio {new / old:.2f} to every drain, {new / mid:.2f} to 20 ms/0.1 s, "
-        f"{new / nump:.2f} to the numpy reader" + ("" if c_reader is not None else " (no C reader here: both numpy)")
+        f"of one core; ratio {harness.over(new, old):.2f} to every drain, {harness.over(new, mid):.2f} to "
+        f"20 ms/0.1 s, {harness.over(new, nump):.2f} to the numpy reader"
+        + ("" if c_reader is not None else " (no C reader here: both numpy)")
     )
     for k in arms:
         rec.add(
@@ -149,10 +150,10 @@ def schedules(seconds: float, rounds: int, rec: Record) -> None:
         )
     rec.add(
         "agent's drain and fold threads, quiet ring against every drain",
-        new / old,
+        harness.over(new, old),
         "x",
         ".2f",
-        spread=Spread.of(harness.ratios(results["quiet ring"], results["every drain"])),
+        spread=harness.ratio_spread(results["quiet ring"], results["every drain"]),
     )
 
 
@@ -234,10 +235,10 @@ def host_arms(seconds: float, rounds: int, rec: Record) -> None:
     )
     rec.add(
         "agent CPU with host sampling and diagnosis, guarded against timers",
-        guarded / timers,
+        harness.over(guarded, timers),
         "x",
         ".2f",
-        spread=Spread.of(harness.ratios(share["guarded"], share["timers"])),
+        spread=harness.ratio_spread(share["guarded"], share["timers"]),
     )
 
 

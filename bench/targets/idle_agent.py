@@ -104,14 +104,15 @@ def main() -> None:
     rec.add("memtrace push with nothing to trace", new.median, "% of a core", ".2f", spread=new)
     if "old" in shares:
         old = Spread.of(x * 100 for x in shares["old"])
-        print(f"median: {new.median:.2f}% against {old.median:.2f}% of one core (ratio {new.median / old.median:.2f})")
+        ratio = harness.over(new.median, old.median)
+        print(f"median: {new.median:.2f}% against {old.median:.2f}% of one core (ratio {ratio:.2f})")
         rec.add("memtrace push with nothing to trace, the --old tree", old.median, "% of a core", ".2f", spread=old)
         rec.add(
             "memtrace push with nothing to trace, this tree over --old",
-            new.median / old.median,
+            ratio,
             "x",
             ".2f",
-            spread=Spread.of(harness.ratios(shares["new"], shares["old"])),
+            spread=harness.ratio_spread(shares["new"], shares["old"]),
             note=str(a.old),
         )
     rec.write()
