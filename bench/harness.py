@@ -601,6 +601,7 @@ class Record:
     def __init__(self, target: str | None = None) -> None:
         self.target = target or Path(sys.argv[0]).stem
         self.started = time.time()
+        self.commit, self.dirty = checkout()  # the code that runs: read at the start
         self.figures: list[Figure] = []
 
     def add(
@@ -622,7 +623,6 @@ class Record:
         return f
 
     def to_json(self) -> dict[str, Any]:
-        commit, dirty = checkout()
         when = datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc)
         return {
             "schema": SCHEMA,
@@ -634,8 +634,8 @@ class Record:
             "machine": machine(),
             "kernel": platform.release(),
             "python": platform.python_version(),
-            "commit": commit,
-            "dirty": dirty,
+            "commit": self.commit,
+            "dirty": self.dirty,
             "figures": [f.to_json() for f in self.figures],
         }
 
@@ -670,7 +670,7 @@ def figure_lines(doc: dict[str, Any], width: int = 80) -> list[str]:
     """A record's figures, a line each where it fits in `width`, else two."""
     lines = []
     for f in doc["figures"]:
-        value = f"{f['shown']} {f['unit']}"
+        value = f"{f['shown']} {f['unit']}".strip()
         held = "" if not f.get("target") else f"  {target_text(f)}: {verdict(f)}"
         one = f"  {f['name']}: {value}{held}"
         lines += [one] if len(one) <= width else [f"  {f['name']}:", f"      {value}{held}"]

@@ -129,7 +129,8 @@ def markdown(rows: list[tuple[str, Path | None, dict[str, Any] | None, str]]) ->
             continue
         for f in doc["figures"]:
             out.append(
-                f"| {f['name']} | {f['shown']} {f['unit']} | {harness.target_text(f)} | {harness.verdict(f)} "
+                f"| {f['name']} | {f['shown']} {f['unit']}".strip()
+                + f" | {harness.target_text(f)} | {harness.verdict(f)} "
                 f"| {doc['when'][:10]} | `{doc['command']}` | [record](../docs/perf/records/{path.name}) |"
             )
     return out
