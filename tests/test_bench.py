@@ -1,4 +1,5 @@
-"""The benchmarks run, and the targets write their records.
+"""The benchmarks run, the targets record, and bench/RESULTS.md says only
+what their committed records hold.
 
 Benchmarks are run by hand, not in CI, so one that breaks (probe_cost.py
 stopped at import once an event field was added, unseen for days) would
@@ -27,6 +28,7 @@ from bench import harness, run_all
 from bench.harness import CpuWindow, Reading, Record, Spread, Target
 
 RESULTS = REPO / "bench" / "RESULTS.md"
+RECORDS = REPO / "docs" / "perf" / "records"
 SCRIPTS = [
     *sorted((REPO / "bench" / "targets").glob("*.py")),
     *sorted((REPO / "bench" / "experiments").glob("*.py")),
@@ -105,8 +107,77 @@ def test_run_all_prints_the_records_it_made_and_leaves_results_alone(tmp_path: P
         env=_env(tmp_path),
         check=True,
     ).stdout
-    rows = [line for line in table.splitlines() if line.startswith("| ")]
-    assert rows and all(line.endswith(f"[record](../docs/perf/records/{record.name}) |") for line in rows)
+    rows = results_rows(table)
+    assert rows and all(r["record"] == f"../docs/perf/records/{record.name}" for r in rows)
+
+
+# ---- bench/RESULTS.md against the committed records ----
+
+COLUMNS = ("figure", "measured", "target", "met", "date", "command", "record")
+
+
+def results_rows(text: str) -> list[dict[str, str]]:
+    """The rows of RESULTS.md's figures table (and of run_all.py --table --markdown)."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != len(COLUMNS) or not line.startswith("|") or cells[0] in ("figure", "---"):
+            continue
+        row = dict(zip(COLUMNS, cells, strict=True))
+        link = re.fullmatch(r"\[record\]\(([^)]+)\)", row["record"])
+        command = re.fullmatch(r"`([^`]+)`", row["command"])
+        row["record"] = link.group(1) if link else row["record"]
+        row["command"] = command.group(1) if command else row["command"]
+        rows.append(row)
+    return rows
+
+
+def drift(row: dict[str, str], base: Path = RESULTS.parent) -> list[str]:
+    """Where a RESULTS.md row says other than the record it cites."""
+    path = (base / row["record"]).resolve()
+    if not path.is_file() or path.parent != RECORDS.resolve():
+        return [f"{row['figure']}: cites {row['record']}, not a record in docs/perf/records"]
+    doc = harness.load_record(path)
+    problems = [f"{path.name}: {p}" for p in harness.check_record(doc)]
+    if doc.get("smoke"):
+        problems.append(f"{path.name}: a smoke record (run_all.py --quick), not a figure")
+    figs = [f for f in doc.get("figures", []) if f.get("name") == row["figure"]]
+    if len(figs) != 1:
+        return [*problems, f"{path.name} has no figure named {row['figure']!r}"]
+    f = figs[0]
+    said = {
+        "measured": f"{f['shown']} {f['unit']}".strip(),
+        "target": harness.target_text(f),
+        "met": harness.verdict(f),
+        "date": doc["when"][:10],
+        "command": doc["command"],
+    }
+    problems += [f"{row['figure']}: {k} is {row[k]!r}, the record says {v!r}" for k, v in said.items() if row[k] != v]
+    return problems
+
+
+def test_every_figure_in_results_is_its_committed_record() -> None:
+    rows = results_rows(RESULTS.read_text())
+    assert rows, "no figures table in bench/RESULTS.md"
+    assert [p for row in rows for p in drift(row)] == []
+
+
+def test_a_results_row_that_drifts_from_its_record_is_caught() -> None:
+    row = results_rows(RESULTS.read_text())[0]
+    assert drift(row) == []
+    changed = {"measured": "0.001 x", "target": "<= 99", "met": "met?", "date": "2000-01-01", "command": "bench/x.py"}
+    for column, other in changed.items():
+        assert drift({**row, column: other}), column
+    assert drift({**row, "figure": "a figure nobody measured"})
+    assert drift({**row, "record": "../bench/out/elsewhere.json"})
+
+
+def test_every_committed_record_is_valid_and_cited() -> None:
+    cited = {Path(r["record"]).name for r in results_rows(RESULTS.read_text())}
+    committed = {p.name: harness.load_record(p) for p in RECORDS.glob("*.json")}
+    assert committed
+    assert {name: harness.check_record(doc) for name, doc in committed.items()} == dict.fromkeys(committed, [])
+    assert sorted(committed) == sorted(cited)
 
 
 # ---- the harness ----
