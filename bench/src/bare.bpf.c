@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /* The floor of the technique: programs that only return, attached the way
- * memtrace attaches its own (bench/probe_cost.py). */
+ * memtrace attaches its own (bench/targets/probe_cost.py). */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>

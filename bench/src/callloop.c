@@ -1,4 +1,4 @@
-/* The traced side of bench/probe_cost.py: calls three libcuda entry points
+/* The traced side of bench/targets/probe_cost.py: calls three libcuda entry points
  * in a tight loop, one kind at a time, and prints nanoseconds per call.
  *
  *   callloop LIBCUDA N

@@ -1,6 +1,6 @@
 """Calls the test CUDA runtime through ctypes from DEPTH Python frames
 down, in a loop, and prints the ns per call (the Python twin of
-stackloop.c, for bench/stack_cost.py --python).
+stackloop.c, for bench/targets/stack_cost.py --python).
 
     python stackloop.py copy|alloc CALLS DEPTH [THREADS]
 

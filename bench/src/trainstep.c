@@ -1,4 +1,4 @@
-/* A stand-in for a training step, for bench/step_time.py on a machine
+/* A stand-in for a training step, for bench/targets/step_time.py on a machine
  * without a GPU: the CUDA calls of one step of the recorded PyTorch loop,
  * made through the test libcuda, with a simulated GPU behind them.
  *

@@ -158,25 +158,6 @@ def driver_mapped(key: ProcessKey, proc: Path = Path("/proc")) -> list[tuple[int
     return driver_ranges(text) if is_running(key, proc) else []
 
 
-def thread_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[str, float]]:
-    """Each thread of a process: its name and its user and system CPU
-    seconds so far (memtrace names its own threads: memtrace-drain, ...).
-    Empty if the process is gone; a thread that ends meanwhile is left out."""
-    out: dict[int, tuple[str, float]] = {}
-    try:
-        tids = os.listdir(proc / str(pid) / "task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            stat = (proc / str(pid) / "task" / tid / "stat").read_text()
-            name, f = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-            out[int(tid)] = (name, (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
 class CpuReader:
     """Processes' CPU time read again and again (the overhead budget weighs
     each launching process twice a second): each process's /proc/PID/stat

@@ -19,6 +19,7 @@ rm -rf "$work"
 mkdir -p "$raw" "$out"
 exec > >(tee -a "$out/log.txt") 2>&1
 export PYTHONUNBUFFERED=1
+export MEMTRACE_BENCH_OUT=$raw/records # the benchmarks' records come back with the raw files
 log() { echo "== $(date +%T) $*"; }
 pack() { tar czf "$out/raw.tar.gz" -C "$work" raw; }
 
@@ -165,12 +166,12 @@ for stage in $stages; do
       ;;
     onoff)
       # The A/B inside one process: `memtrace push` started and stopped in
-      # 10 s turns beside a steady loop and a launch-bound one (bench/agent_onoff.py).
+      # 10 s turns beside a steady loop and a launch-bound one (bench/targets/agent_onoff.py).
       for job in steady launch; do
         if [ $job = steady ]; then cmd="examples/torch_steady.py 120 $raw/onoff_$job.times.json"
         else cmd="examples/launch_loop.py --seconds 120 --times $raw/onoff_$job.times.json"; fi
         # shellcheck disable=SC2086
-        PYTHONPATH=$site:$repo timeout 200 python3 bench/agent_onoff.py --seconds 120 --period 10 --job-cpu 15 --agent-cpu 0 \
+        PYTHONPATH=$site:$repo timeout 200 python3 bench/targets/agent_onoff.py --seconds 120 --period 10 --job-cpu 15 --agent-cpu 0 \
           --times "$raw/onoff_$job.times.json" --agent-log "$raw/onoff_$job.agent.err" -- env -u PYTHONPATH python3 $cmd \
           >"$raw/onoff_$job.txt" 2>&1
         log "onoff $job: $(tail -3 "$raw/onoff_$job.txt" | tr '\n' ' ' | cut -c1-400)"
@@ -233,7 +234,7 @@ rt = glob.glob("/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/li
 first(rt, {"cudaMemcpyAsync", "cudaStreamSynchronize", "cudaLaunchKernel"})
 PY
       (command -v make && command -v cc) >>"$raw/entry_bytes.txt" 2>&1
-      PYTHONPATH=$site:$repo timeout 120 python3 bench/overhead.py --rounds 3 --launches 100000 >"$raw/overhead_bench.txt" 2>&1
+      PYTHONPATH=$site:$repo timeout 120 python3 bench/experiments/overhead.py --rounds 3 --launches 100000 >"$raw/overhead_bench.txt" 2>&1
       log "trapcost: $(cat "$raw/entry_bytes.txt" | tr '\n' ' ' | cut -c1-400) $(tail -4 "$raw/overhead_bench.txt" | tr '\n' ' ')"
       ;;
     *) log "unknown stage $stage" ;;
