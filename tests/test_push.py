@@ -142,8 +142,10 @@ def test_workload_to_collector_to_victoriametrics_exactly(
         # pageable host memory, device memory, waits, launches, a finding;
         # and a stepping loop for the bottleneck and straggler panels.
         subprocess.run([str(fakecuda / "memwork_driver"), "-r", "40"], env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+        # Started as torchrun starts a rank: its job and rank reach the backend as labels.
         loop = [str(fakecuda / "steploop"), "-n", "300", "-k", "2000", "-w", "1000"]
-        subprocess.run(loop, env={"WORKLOAD_TRUTH": "/dev/null"}, check=True)
+        rank = {"TORCHELASTIC_RUN_ID": "job-e2e", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}
+        subprocess.run(loop, env={"WORKLOAD_TRUTH": "/dev/null", **rank}, check=True)
         time.sleep(2.5)
         assert listening_sockets(push.pid) == [], "memtrace push must not listen"
         rc, took, err = stop_push(push)
@@ -167,6 +169,16 @@ def test_workload_to_collector_to_victoriametrics_exactly(
         assert m["k8s_node_name"] == "node-a" and m["host_name"] and m["deployment_environment"] == "test"
         assert {s["metric"]["mode"] for s in series} == {"sync", "async"}
         assert {s["metric"]["layer"] for s in series} == {"runtime", "driver"}
+        assert not any("memtrace_job_id" in s["metric"] for s in series)  # no launcher started these
+        (stepper,) = vm.query('memtrace_step_duration_seconds_count{memtrace_job_id="job-e2e"}')
+        job = {k: v for k, v in stepper["metric"].items() if k.startswith("memtrace_job_")}
+        assert job == {
+            "memtrace_job_id": "job-e2e",
+            "memtrace_job_launcher": "torchelastic",
+            "memtrace_job_rank": "2",
+            "memtrace_job_world_size": "4",
+            "memtrace_job_local_rank": "0",
+        }
         health = vm.query("memtrace_agent_events_total")
         assert health and int(float(health[0]["value"][1])) >= sum(v[0] for v in want.values())
     finally:
@@ -587,7 +599,8 @@ def test_events_and_profiles_reach_the_real_collector_over_either_protocol(proto
         wait_port(col.grpc_port)
         port = col.http_port if protocol == "http/protobuf" else col.grpc_port
         cfg = resolve({}, endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=5)
-        events = Events(cfg, {"service.name": "memtrace"})
+        job = {"memtrace.job.id": "job-7", "memtrace.job.rank": 3}
+        events = Events(cfg, {"service.name": "memtrace"}, lambda key: job)
         events.findings([_finding(0.30, "30% of H2D bytes came from pageable memory")])
         events.shutdown()
         frames = [{"function": "upload", "file": "/app/train.py", "line": 42}]
@@ -602,6 +615,8 @@ def test_events_and_profiles_reach_the_real_collector_over_either_protocol(proto
 
         want = (["30% of H2D bytes came from pageable memory"], [("copies", 3), ("copy_bytes", 12288)])
         assert wait_for(arrived, want, timeout=30) == want, col.log_path.read_text()[-3000:]
+        said = logs.records[0]["attributes"]  # the process's job and rank, as its metrics carry them
+        assert (said["memtrace.job.id"], said["memtrace.job.rank"]) == ("job-7", 3)
     finally:
         col.stop()
         logs.stop()

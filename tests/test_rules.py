@@ -18,12 +18,23 @@ RULES = REPO / "deploy" / "prometheus" / "memtrace-rules.yaml"
 TESTS = REPO / "tests" / "rules" / "memtrace-rules.test.yaml"
 
 
-def rule_metrics() -> set[str]:
-    """The metric names the rules read (recording rules' own names left out)."""
+def _exprs() -> str:
     text = RULES.read_text()
     exprs = " ".join(re.findall(r"expr: >?\n?((?:.*\n)*?)\s+(?:for|labels|- record|- alert):", text))
-    exprs += " ".join(re.findall(r"expr: (.+)", text))
-    return set(re.findall(r"\b((?:memtrace|hw)_[a-z0-9_]+)\b", exprs))
+    return exprs + " ".join(re.findall(r"expr: (.+)", text))
+
+
+def rule_labels() -> set[str]:
+    """The labels the rules group, join or match on (`by (...)`, `on (...)`, `{name!=""}`)."""
+    exprs = _exprs()
+    lists = re.findall(r"\b(?:by|on|ignoring)\s*\(([^)]*)\)", exprs)
+    names = {n.strip() for group in lists for n in group.split(",") if n.strip()}
+    return names | set(re.findall(r"[{,]\s*([a-z_][a-z0-9_]*)\s*(?:=|!=|=~|!~)", exprs))
+
+
+def rule_metrics() -> set[str]:
+    """The metric names the rules read (recording rules' own names and labels left out)."""
+    return set(re.findall(r"\b((?:memtrace|hw)_[a-z0-9_]+)\b", _exprs())) - rule_labels()
 
 
 def test_rules_pass_promtools_checker() -> None:
@@ -46,6 +57,21 @@ def test_the_rules_read_the_metrics_memtrace_pushes() -> None:
     assert {"memtrace_step_duration_seconds_sum", "memtrace_gpu_pcie_link_width", "memtrace_finding_ratio"} <= names
     pushed = {n for m in METRICS for n in prometheus_series(m)}
     assert names <= pushed, names - pushed
+
+
+def test_the_rules_group_by_labels_memtrace_sends_and_never_by_executable() -> None:
+    """Peers are the ranks of one job (memtrace.job.id, read from the
+    launcher), never the processes of one executable (every PyTorch rank is
+    `python`); every label a rule groups or matches on is an attribute the
+    catalog says memtrace sends, by a Prometheus backend's name for it."""
+    from memtrace.export.catalog import METRICS, PROCESS_RESOURCE
+
+    labels = rule_labels()
+    peers = re.findall(r"\b(?:quantile by|count by|on)\s*\(([^)]*)\)", _exprs())
+    assert peers and all("memtrace_job_id" in p and "process_executable_name" not in p for p in peers), peers
+    sent = {a.name for a in PROCESS_RESOURCE} | {a.name for m in METRICS for a in m.attributes}
+    sent_as = {re.sub(r"[^a-zA-Z0-9_]", "_", n) for n in sent}
+    assert labels - {"__name__"} <= sent_as, labels - sent_as
 
 
 def test_the_metric_reference_is_the_one_the_catalog_makes() -> None:

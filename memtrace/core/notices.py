@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memtrace.core.ids import ProcessKey
+from memtrace.core.ids import ProcessInfo, ProcessKey
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,18 +30,24 @@ class Events:
 
 @dataclass(frozen=True)
 class ProcessMet:
-    """A process's first traced call, as BPF saw it: its command name and cgroup."""
+    """A process's first traced call, as BPF saw it: its command name and
+    cgroup; and what the host said of it then, while it was surely alive
+    (its executable, container, job: None when not read)."""
 
     key: ProcessKey
     comm: str
     cgroup_id: int
+    info: ProcessInfo | None = None
 
 
 @dataclass(frozen=True)
 class Held:
-    """The process was stopped at its new CUDA library until the probes were in: nothing was missed."""
+    """The process was stopped at its new CUDA library until the probes
+    were in: nothing was missed. `info`: what the host said of it while it
+    was stopped (None: not read)."""
 
     key: ProcessKey
+    info: ProcessInfo | None = None
 
 
 @dataclass(frozen=True)

@@ -558,6 +558,23 @@ PROCESS_RESOURCE = (
     ),
     Attribute("container.id", "from the process's cgroup", semconv=True),
     Attribute("k8s.pod.uid", "from the process's cgroup", semconv=True),
+    Attribute(
+        "memtrace.job.id",
+        "the job it belongs to, the same in every rank on every host, from its launcher's variables: "
+        "TORCHELASTIC_RUN_ID, else SLURM_JOB_ID.SLURM_STEP_ID, else MASTER_ADDR:MASTER_PORT (a loopback "
+        "address prefixed with the host's name); absent when no launcher started it",
+    ),
+    Attribute(
+        "memtrace.job.launcher",
+        "whose variables said so: `torchelastic`, `slurm`, `rendezvous` (MASTER_ADDR), or where only a rank "
+        "was given `torch`, `openmpi`, `mpich`, `kubernetes-indexed-job`",
+    ),
+    Attribute(
+        "memtrace.job.rank",
+        "its rank: RANK, else OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX",
+    ),
+    Attribute("memtrace.job.world_size", "the job's ranks: WORLD_SIZE or its launcher's equivalent"),
+    Attribute("memtrace.job.local_rank", "its rank on its host: LOCAL_RANK or its launcher's equivalent"),
     Attribute("host.name", "the host's name", semconv=True),
     Attribute("k8s.node.name", "from NODE_NAME (the DaemonSet sets it)", semconv=True),
     Attribute("service.name", "memtrace", semconv=True),

@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,7 +170,15 @@ class Events:
     """The events' OTLP log exporter, batched, shut down (flushed) with the agent.
     `resource`: the agent's resource (each record names its process)."""
 
-    def __init__(self, cfg: PushConfig, resource: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: PushConfig,
+        resource: dict[str, Any],
+        identity: Callable[[ProcessKey], Mapping[str, Any]] | None = None,
+    ) -> None:
+        """`identity`: a process's job attributes (memtrace.job.*), added to
+        each record of it, so that a fleet's logs name the job and rank as
+        its metrics do."""
         from opentelemetry.sdk._logs import LoggerProvider
         from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
         from opentelemetry.sdk.resources import Resource
@@ -191,6 +199,7 @@ class Events:
         self.logger = self.provider.get_logger("memtrace")
         self.notes = FindingNotes()
         self.sent = 0
+        self._identity = identity
 
     def _emit(self, event: cat.EventSpec, time_ns: int, body: str, attrs: dict[str, Any]) -> None:
         from opentelemetry._logs import LogRecord, SeverityNumber
@@ -210,13 +219,17 @@ class Events:
 
     def diagnosis(self, d: Diagnosis, start_ns: int = 0, extra: dict[str, Any] | None = None) -> None:
         """`extra`: more attributes (the flight recorder's file, memtrace.timeline.file)."""
-        self._emit(cat.DIAGNOSIS_EVENT, d.detected_ns, d.symptom, {**attributes(d, start_ns), **(extra or {})})
+        attrs = {**attributes(d, start_ns), **self._job(d.key), **(extra or {})}
+        self._emit(cat.DIAGNOSIS_EVENT, d.detected_ns, d.symptom, attrs)
+
+    def _job(self, key: ProcessKey) -> Mapping[str, Any]:
+        return self._identity(key) if self._identity is not None else {}
 
     def findings(self, found: Iterable[Finding]) -> None:
         """A push's findings (all of them): records for those due one."""
         now = time.time_ns()
         for f in self.notes.due(found):
-            self._emit(cat.FINDING_EVENT, now, f.summary, finding_attributes(f))
+            self._emit(cat.FINDING_EVENT, now, f.summary, {**finding_attributes(f), **self._job(f.key)})
 
     def forget(self, keys: Iterable[ProcessKey]) -> None:
         """Processes gone and sent a final time."""

@@ -120,6 +120,7 @@ def summary(
     cmd: _Command = {"command": command} if command else {}
     return schema.Summary(
         schema=SCHEMA_VERSION,
+        processes=processes(model),
         memcpy=copies,
         totals=totals,
         device_memory=device_memory(model),
@@ -135,6 +136,46 @@ def summary(
         agent=agent,
         **cmd,
     )
+
+
+JOB_PREFIX = "memtrace.job."
+
+
+def job(attributes: dict[str, str | int]) -> schema.Job | None:
+    """A process's job and rank from its resource attributes (sources/procfs.job_identity)."""
+    j = {k[len(JOB_PREFIX) :]: v for k, v in attributes.items() if k.startswith(JOB_PREFIX)}
+    if "launcher" not in j:
+        return None
+    out = schema.Job(launcher=str(j["launcher"]))
+    if "id" in j:
+        out["id"] = str(j["id"])
+    rank, size, local = j.get("rank"), j.get("world_size"), j.get("local_rank")
+    if isinstance(rank, int):
+        out["rank"] = rank
+    if isinstance(size, int):
+        out["world_size"] = size
+    if isinstance(local, int):
+        out["local_rank"] = local
+    return out
+
+
+def processes(model: Model) -> list[schema.ProcessRow]:
+    out = []
+    for key, p in sorted(model.processes.items()):
+        cid, pod = p.attributes.get("container.id"), p.attributes.get("k8s.pod.uid")
+        out.append(
+            schema.ProcessRow(
+                pid=key.pid,
+                start_time_unix_nano=p.start_ns,
+                process=p.name,
+                executable=p.exe,
+                container_id=str(cid) if cid is not None else None,
+                pod_uid=str(pod) if pod is not None else None,
+                job=job(p.attributes),
+                exited=p.exited,
+            )
+        )
+    return out
 
 
 def _who(model: Model, key: ProcessKey) -> tuple[int, str]:

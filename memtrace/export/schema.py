@@ -798,10 +798,44 @@ class Command(TypedDict):
     ]
 
 
+class Job(TypedDict):
+    """The job a process belongs to and its rank in it, read once from the
+    environment its launcher gave it (torchrun, Slurm, MPI, a rendezvous
+    address, a Kubernetes Indexed Job): no change to the job. docs/metrics.md
+    says which variable gives each field."""
+
+    id: NotRequired[Annotated[str, "the job, the same in every rank on every host (absent: only a rank was given)"]]
+    launcher: Annotated[
+        str,
+        "whose variables said so: `torchelastic`, `slurm`, `rendezvous` (MASTER_ADDR), or where only a rank "
+        "was given `torch`, `openmpi`, `mpich`, `kubernetes-indexed-job`",
+    ]
+    rank: NotRequired[Annotated[int, "its rank"]]
+    world_size: NotRequired[Annotated[int, "the job's ranks"]]
+    local_rank: NotRequired[Annotated[int, "its rank on its host"]]
+
+
+class ProcessRow(TypedDict):
+    """One row per process memtrace met: who it is, where it runs, and,
+    where a launcher said so, its job and rank."""
+
+    pid: Annotated[int, _PID]
+    start_time_unix_nano: Annotated[int, _START]
+    process: Annotated[str, _PROCESS]
+    executable: Annotated[str, "its executable's path, read when memtrace met it (empty: gone first)"]
+    container_id: Annotated[str | None, "from its cgroup (null: not in a container)"]
+    pod_uid: Annotated[str | None, "its Kubernetes pod, from its cgroup (null: none)"]
+    job: Annotated[Job | None, "its job and rank (null: no launcher's variables)"]
+    exited: Annotated[bool, "it has exited"]
+
+
 class Summary(TypedDict):
     """The document `memtrace run --format json` writes."""
 
     schema: Annotated[int, "the schema version (1): later versions add fields and never rename these"]
+    processes: Annotated[
+        list[ProcessRow], "every process memtrace met: its identity, and its job where a launcher said"
+    ]
     memcpy: Annotated[list[CopyRow], "one row per (process, api, direction, host_memory)"]
     totals: Annotated[dict[str, DirectionTotals], "every process's copies, by direction"]
     device_memory: Annotated[list[DeviceMemoryRow], "per process: device allocations and pinned host memory"]

@@ -120,10 +120,10 @@ class Model:
         self._by_pid: dict[int, ProcessKey] = {}  # the latest process of each pid
         self.trap_cost: TrapCost | None = None  # what a probe's trap costs on this host, once measured
 
-    def _process(self, key: ProcessKey) -> Process:
+    def _process(self, key: ProcessKey, info: ProcessInfo | None = None) -> Process:
         p = self.processes.get(key)
         if p is None:
-            info = self.identify(key)
+            info = info if info is not None and info.exe else self.identify(key)
             p = Process(
                 key,
                 name=info.name,
@@ -165,9 +165,9 @@ class Model:
                 batches = []
             match n:
                 case ProcessMet():
-                    self.introduce(n.key, n.comm, n.cgroup_id)
+                    self.introduce(n.key, n.comm, n.cgroup_id, n.info)
                 case Held():
-                    self.mark_complete(n.key)  # held before its CUDA library ran: nothing was missed
+                    self.mark_complete(n.key, n.info)  # held before its CUDA library ran: nothing was missed
                 case Missed():
                     self.mark_incomplete(n.key)
                 case LaunchesMissed():
@@ -179,16 +179,29 @@ class Model:
         if batches:
             self.add_events(batches[0] if len(batches) == 1 else np.concatenate(batches))
 
-    def introduce(self, key: ProcessKey, name: str, cgroup_id: int) -> None:
-        """Who a process is, as BPF saw it at its first event: this name wins over the host's."""
-        p = self._process(key)
+    def introduce(self, key: ProcessKey, name: str, cgroup_id: int, info: ProcessInfo | None = None) -> None:
+        """Who a process is, as BPF saw it at its first event: this name wins
+        over the host's. `info`: what the host said of it then; it fills in a
+        process the model met first by its events and could not read (gone)."""
+        p = self._learn(key, info)
         if name:
             p.name = name
         p.cgroup_id = cgroup_id
 
-    def mark_complete(self, key: ProcessKey) -> None:
-        """The process was held before its CUDA library ran: nothing was missed."""
-        self._process(key).complete = True
+    def mark_complete(self, key: ProcessKey, info: ProcessInfo | None = None) -> None:
+        """The process was held before its CUDA library ran: nothing was
+        missed. `info`: what the host said of it while it was held."""
+        self._learn(key, info).complete = True
+
+    def _learn(self, key: ProcessKey, info: ProcessInfo | None) -> Process:
+        """The process, met with what the host said of it (`info`, read while
+        it was surely alive), or filled in with it if the model met it first
+        by its events, when it could no longer be read."""
+        p = self._process(key, info)
+        if info is not None and not p.exe and info.exe:
+            p.exe, p.ppid = info.exe, info.ppid or p.ppid
+            p.attributes = {**info.attributes, **p.attributes}
+        return p
 
     # Every process's state, merged (for tests and whole-model views).
     @property

@@ -197,6 +197,7 @@ class Agent:
                 # calls: its Python frames are taken from then on.
                 process_seen=self._learn_stacks if opts.stacks else None,
                 other_library=other_library,
+                identify=read_process,
             ),
         )
         if opts.stacks:
@@ -621,6 +622,13 @@ class Agent:
             python_thread_reads=st.get(Stat.PY_THREAD_READS, 0),
             python_unsupported=dict(self.stacks.unsupported),
         )
+
+    def job_of(self, key: ProcessKey) -> dict[str, str | int]:
+        """A process's job and rank (memtrace.job.*, read from its launcher's
+        variables when memtrace met it); empty if none or not met. Lock-free:
+        a process's attributes are set once, before it enters the model."""
+        p = self.model.processes.get(key)
+        return {k: v for k, v in p.attributes.items() if k.startswith("memtrace.job.")} if p else {}
 
     def processes(self) -> set[ProcessKey]:
         """The processes the model has met (for the host signals; no lock:

@@ -10,6 +10,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, cast
 
 from memtrace.analysis.diagnosis import Diagnosis
+from memtrace.core.ids import ProcessKey
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.events import Events
@@ -84,7 +85,12 @@ def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event, recorder
     until `stop`. With a flight `recorder`, each diagnosis's event names
     the file it writes (memtrace.timeline.file). Returns the number of failed pushes."""
     resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
-    events = Events(cfg, resource)  # the diagnoses, and the findings' text
+    pipes: list[Pipeline] = []  # the one below, for the events' job lookup
+
+    def job_of(key: ProcessKey) -> dict[str, str | int]:
+        return pipes[0].agent.job_of(key) if pipes else {}
+
+    events = Events(cfg, resource, job_of)  # the diagnoses, and the findings' text
 
     def diagnosed(d: Diagnosis) -> None:
         path = recorder.file_of(d) if recorder is not None else None
@@ -92,6 +98,7 @@ def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event, recorder
 
     try:
         with Pipeline(opts, on_diagnosis=diagnosed, recorder=recorder) as pipe:
+            pipes.append(pipe)
             try:
                 return push_forever(pipe, cfg, stop, events=events)
             finally:
@@ -128,7 +135,9 @@ def push_forever(
     builder = builder or MetricsBuilder(cfg, host_attributes())
     exporter = exporter or MetricsExporter(cfg)
     own_events = events is None  # findings' text goes out as events (export/events.py)
-    events = events or Events(cfg, {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()})
+    events = events or Events(
+        cfg, {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}, agent.job_of
+    )
     profiles = Profiles(cfg) if agent.stacks is not None else None
     pending_profiles: list[ProfileBatch] = []  # built with the metrics batch in flight
     pool = ThreadPoolExecutor(1, thread_name_prefix="memtrace-export")

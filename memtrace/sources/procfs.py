@@ -59,7 +59,88 @@ def process_attributes(pid: int, name: str = "", exe: str = "", proc: Path = Pat
         attrs.update(from_cgroup((proc / str(pid) / "cgroup").read_text()))
     except OSError:
         pass
+    try:
+        attrs.update(job_identity(environ((proc / str(pid) / "environ").read_bytes())))
+    except OSError:
+        pass
     return attrs
+
+
+# ---- a process's job, from what its launcher put in its environment ----
+
+# Where a rank's number, the ranks' count and the rank on its host come
+# from, by launcher, in the order one is believed over another: torchrun
+# (torchelastic) and MPI set their own beside Slurm's when run under srun.
+_RANKS = (
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torch"),  # torchrun, torch.distributed's env:// rendezvous
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "openmpi"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "mpich"),  # MPICH, Intel MPI
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm"),  # srun
+    ("JOB_COMPLETION_INDEX", "", "", "kubernetes-indexed-job"),  # a Kubernetes Indexed Job's pod
+)
+_LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0")
+
+
+def environ(raw: bytes) -> dict[str, str]:
+    """/proc/PID/environ's text: the environment the process was started
+    with (what its launcher gave it), not what it set since."""
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name:
+            out[name.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def _number(env: dict[str, str], name: str) -> int | None:
+    """A variable's value as a rank or a count (None: unset, or not one)."""
+    value = env.get(name, "").strip() if name else ""
+    if not value.isdigit() or len(value) > 9:
+        return None
+    return int(value)
+
+
+def job_identity(env: dict[str, str], host: str = "") -> dict[str, str | int]:
+    """Which job a process belongs to and which rank it is, from its
+    launcher's variables, with no change to the job: `memtrace.job.id`
+    (the launcher's name for the run, the same in every rank on every host),
+    `memtrace.job.launcher` (whose variables said so), `memtrace.job.rank`,
+    `memtrace.job.world_size`, `memtrace.job.local_rank`. Empty for a process
+    no launcher started. The job's id, by precedence: torchelastic's run id
+    (TORCHELASTIC_RUN_ID; not its default `none`), Slurm's job and step
+    (SLURM_JOB_ID, SLURM_STEP_ID), the rendezvous address
+    (MASTER_ADDR:MASTER_PORT; a loopback address is one host's alone, so
+    the host's name is added). A Kubernetes Indexed Job's pod gives its
+    index as its rank; the job itself comes from the collector's
+    k8sattributes processor, by the pod."""
+    out: dict[str, str | int] = {}
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    slurm = env.get("SLURM_JOB_ID", "").strip()
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if run_id and run_id != "none":
+        out["memtrace.job.launcher"], out["memtrace.job.id"] = "torchelastic", clean(run_id)
+    elif slurm:
+        step = env.get("SLURM_STEP_ID", "").strip()
+        out["memtrace.job.launcher"] = "slurm"
+        out["memtrace.job.id"] = clean(f"{slurm}.{step}" if step else slurm)
+    elif addr and port:
+        where = f"{addr}:{port}"
+        if addr.startswith(_LOOPBACK):
+            where = f"{host or socket.gethostname()}/{where}"
+        out["memtrace.job.launcher"], out["memtrace.job.id"] = "rendezvous", clean(where)
+    for rank_var, size_var, local_var, launcher in _RANKS:
+        rank = _number(env, rank_var)
+        if rank is None:
+            continue
+        out["memtrace.job.rank"] = rank
+        size, local = _number(env, size_var), _number(env, local_var)
+        if size is not None and size > rank:
+            out["memtrace.job.world_size"] = size
+        if local is not None:
+            out["memtrace.job.local_rank"] = local
+        out.setdefault("memtrace.job.launcher", launcher)
+        break
+    return out
 
 
 def _stat_fields(pid: int, proc: Path) -> list[str]:

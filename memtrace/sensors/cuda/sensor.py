@@ -34,7 +34,7 @@ from memtrace.core.abi import (
     Layer,
 )
 from memtrace.core.errors import AttachError, MemtraceError
-from memtrace.core.ids import ProcessKey
+from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.core.notices import Events, Exited, Held, LaunchesMissed, Missed, Notice, ProcessMet
 from memtrace.core.overhead import EntryKind
 from memtrace.core.procfiles import Candidate, FileId, alive, executable, pids
@@ -75,12 +75,16 @@ class Hooks:
     process is stopped at a CUDA library, or makes its first traced call;
     `other_library` for another sensor's library a process was stopped
     for (libnccl, with Options.hold_nccl): (process, the file, held?) -> True
-    once that sensor has it."""
+    once that sensor has it. `identify`: what the host says of a process
+    (sources/procfs.read_process), read while it is held at its CUDA
+    library and again at its first traced call: a process that exits
+    before the fold still has its executable, container and job."""
 
     notices: Callable[[list[Notice]], None] = _nothing
     library_attached: Callable[[Attachment], None] | None = None
     process_seen: Callable[[ProcessKey], None] | None = None
     other_library: Callable[[ProcessKey, Candidate, bool], bool] | None = None
+    identify: Callable[[ProcessKey], ProcessInfo] | None = None
 
 
 class CudaSensor:
@@ -391,7 +395,7 @@ class CudaSensor:
             self._notice(Exited(key, ev.cpu_ns))
             return
         if ev.type == CtlType.PROC:
-            self._notice(ProcessMet(key, ev.comm.decode(errors="replace"), ev.cgroup_id))
+            self._notice(ProcessMet(key, ev.comm.decode(errors="replace"), ev.cgroup_id, self._identify(key)))
             if self.hooks.process_seen is not None:
                 self.hooks.process_seen(key)
             if self.launch_links is not None and self.launch_links.adopt(ev.pid):
@@ -417,8 +421,8 @@ class CudaSensor:
             log.warning("pid %d: %s", ev.pid, e)
         finally:
             if held:
-                if cuda:
-                    self._notice(Held(key))  # nothing of it ran before its probes
+                if cuda:  # nothing of it ran before its probes; it is surely there to be read
+                    self._notice(Held(key, self._identify(key)))
                 rel = release(self.maps[HELD_MAP], ev.host_pid, self.opts.hold_limit_s)
                 if rel.expired and alive(ev.pid):
                     self.holds_expired += 1
@@ -436,6 +440,9 @@ class CudaSensor:
             elif cuda:
                 self.not_held += 1
                 self._notice(Missed(key))
+
+    def _identify(self, key: ProcessKey) -> ProcessInfo | None:
+        return self.hooks.identify(key) if self.hooks.identify is not None else None
 
     def _exe_known(self, pid: int) -> bool:
         exe = executable(pid)
