@@ -297,6 +297,35 @@ def test_a_library_replaced_on_disk_is_listed_once(fakecuda: Path, tmp_path: Pat
 
 
 @pytest.mark.bpf
+def test_a_run_through_the_test_libraries_is_labelled_simulated(fakecuda: Path, tmp_path: Path) -> None:
+    """The test libraries export memtrace_simulated_cuda: the JSON and the
+    table say the figures are not a GPU's; a real CUDA library's run says nothing."""
+    from rich.console import Console
+
+    from memtrace.export.report import print_table
+
+    out = tmp_path / "summary.json"
+    p = memtrace("run", "-f", "json", "-o", str(out), "--", str(fakecuda / "workload"), "-n", "20")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["simulated"] is True
+    assert doc["agent"]["libraries"] and all(l["simulated"] for l in doc["agent"]["libraries"])
+
+    def table() -> str:
+        text = io.StringIO()
+        print_table(doc, Console(file=text, width=80))
+        return text.getvalue()
+
+    said = table()
+    assert said.splitlines()[1].startswith("simulated: the CUDA library traced is memtrace's test library"), said
+    assert "not a GPU's" in " ".join(said.split())
+    doc["simulated"] = False
+    for l in doc["agent"]["libraries"]:
+        l["simulated"] = False
+    assert "simulated" not in table()
+
+
+@pytest.mark.bpf
 def test_q_quits_top_on_a_terminal() -> None:
     import pty
     import select

@@ -43,6 +43,8 @@ class Library(Protocol):
     def symbols(self) -> dict[str, int]: ...
     @property
     def link_count(self) -> int: ...
+    @property
+    def simulated(self) -> bool: ...
 
 
 class _Stacks(TypedDict, total=False):
@@ -106,7 +108,12 @@ def summary(
         collective_waits_dropped=sum(a.dropped for a in model.collective_waits.values()),
         libraries=[
             schema.LibraryRow(
-                path=a.name, layer=a.layer.label, probes=len(a.symbols), links=a.link_count, symbols=sorted(a.symbols)
+                path=a.name,
+                layer=a.layer.label,
+                probes=len(a.symbols),
+                links=a.link_count,
+                symbols=sorted(a.symbols),
+                simulated=a.simulated,
             )
             for a in libraries
         ],
@@ -120,6 +127,9 @@ def summary(
     cmd: _Command = {"command": command} if command else {}
     return schema.Summary(
         schema=SCHEMA_VERSION,
+        # Traced through memtrace's test CUDA library: the calls and bytes are
+        # the workload's, the durations (so GB/s) are not a GPU's.
+        simulated=any(a.simulated for a in libraries),
         memcpy=copies,
         totals=totals,
         device_memory=device_memory(model),
@@ -472,6 +482,12 @@ def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) 
             console.print(f"exit code {cmd['exit_code']}, {human_seconds(cmd['wall_seconds'])}", highlight=False)
         return
     console.print("[bold]memtrace: CUDA memory copies[/bold]")
+    if doc.get("simulated"):
+        say(
+            console,
+            "[bold yellow]simulated[/bold yellow]: the CUDA library traced is memtrace's test library, not "
+            "CUDA's: the calls and bytes are the workload's, the times, GB/s and findings are not a GPU's.",
+        )
     per: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in doc["memcpy"]:
         per[r["pid"]].append(r)

@@ -724,6 +724,7 @@ class LibraryRow(TypedDict):
         int, "kernel links: one per program with multi-uprobes (Linux 6.6+), else one per probe and program"
     ]
     symbols: Annotated[list[str], "the symbols probed"]
+    simulated: Annotated[bool, "memtrace's own test CUDA library (tests/fixtures), not CUDA's"]
 
 
 class Drain(TypedDict):
@@ -802,6 +803,11 @@ class Summary(TypedDict):
     """The document `memtrace run --format json` writes."""
 
     schema: Annotated[int, "the schema version (1): later versions add fields and never rename these"]
+    simulated: Annotated[
+        bool,
+        "a library traced is memtrace's own test CUDA library (`agent.libraries[].simulated`): the calls and "
+        "bytes are the workload's, the durations and bandwidths are not a GPU's",
+    ]
     memcpy: Annotated[list[CopyRow], "one row per (process, api, direction, host_memory)"]
     totals: Annotated[dict[str, DirectionTotals], "every process's copies, by direction"]
     device_memory: Annotated[list[DeviceMemoryRow], "per process: device allocations and pinned host memory"]
