@@ -364,13 +364,50 @@ def test_q_quits_top_on_a_terminal() -> None:
         os.close(fd)
 
 
+def test_the_pageable_share_of_a_process_attached_to_is_unknown_never_0() -> None:
+    """Attached to a running process (top, profile --pid), a pointer never
+    seen allocated is of unknown kind: top's pageable column and the table's
+    host memory say unknown, or a bound, where they said 0%."""
+    from rich.console import Console
+    from test_findings import COPY, events
+
+    from memtrace.core.abi import Direction
+    from memtrace.export.report import print_table, summary
+    from memtrace.export.top import TopView
+    from memtrace.model import Model
+
+    driver = 0x7E00_0000_0000
+    copy = {"api": COPY, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000}
+    unknown, pinned = [{**copy, "src": 0x1000}] * 3, [{**copy, "src": driver + 4096}]
+
+    def said(m: Model) -> tuple[str, str]:
+        (t,) = TopView(1.0).render(m, 1.0).renderables[:1]
+        (cell,) = t.columns[TopView.COLUMNS.index("pageable")].cells
+        text = io.StringIO()
+        print_table(summary(m, {}, []), Console(file=text, width=200))
+        (row,) = [r for r in text.getvalue().splitlines() if r.split()[:1] == ["h2d"]]
+        return cell, " ".join(row.split()[5:-1])  # h2d, calls, bytes, "192.0 MiB", then it
+
+    attached = Model(complete_after_ns=0, driver_mapped=lambda key: [(driver, driver + (64 << 20))])
+    attached.add_events(events(unknown))
+    assert said(attached) == ("unknown", "unknown")
+    attached.add_events(events(pinned))
+    assert said(attached) == ("≤75% h2d", "≤75% pageable")
+    whole = Model(complete_after_ns=None)  # traced from its start: untracked memory is pageable
+    whole.add_events(events([{"api": 66, "dst": driver, "bytes": 64 << 20}]))  # cuMemHostAlloc: pinned
+    whole.add_events(events(unknown + pinned))
+    assert said(whole) == ("75% h2d", "75% pageable")
+
+
 @pytest.mark.bpf
 def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
     pid, out = top_over_a_released_workload(fakecuda, 80)
     rows = [l for l in out.splitlines() if l.split()[:2] == [str(pid), "workload"]]
     assert rows, out
     row = rows[-1]
-    assert "B/s" in row and "h2d" in row, row
+    # It ran before top attached, copying from a static buffer memtrace never
+    # saw allocated: its pageable share is unknown, never 0%.
+    assert "B/s" in row and " unknown " in row and "% h2d" not in row, row
     assert "…" not in out
     assert max(len(l) for l in out.splitlines()) <= 80, out
 

@@ -26,6 +26,7 @@ from memtrace.core.units import human_bytes, human_seconds
 from memtrace.export import schema
 from memtrace.export.callsites import name_the_lines, print_call_sites
 from memtrace.export.schema import SCHEMA_VERSION
+from memtrace.export.text import pageable_share
 from memtrace.model import Model, describe
 from memtrace.model.steps import StepStats
 
@@ -440,10 +441,8 @@ def _host_split(rows: list[dict[str, Any]]) -> str:
     total = sum(by.values())
     if not total:
         return "mixed"
-    share = by.get("pageable", 0) / total
-    # Never round a mix to 0% or 100%: that would read as one kind.
-    pct = "<1%" if 0 < share < 0.01 else ">99%" if 0.99 < share < 1 else f"{share:.0%}"
-    return f"{pct} pageable"
+    # Bytes of an unknown kind make it a bound, never 0% (processes attached to while running).
+    return f"{pageable_share(by.get('pageable', 0), by.get('unknown', 0), total)} pageable"
 
 
 def _libraries(libs: list[dict[str, Any]]) -> str:
