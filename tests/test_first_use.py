@@ -399,6 +399,43 @@ def test_the_pageable_share_of_a_process_attached_to_is_unknown_never_0() -> Non
     assert said(whole) == ("75% h2d", "75% pageable")
 
 
+@pytest.mark.parametrize("cpu_s", [0.05, 1.0])
+def test_over_budget_says_what_it_costs_and_why_a_finding_is_missing(cpu_s: float) -> None:
+    """The overhead line says whose CPU the share is of (the process's, spent
+    in memtrace's traps), and an over-budget process with no finding says
+    why (under 0.1 s of CPU): the table agrees with the JSON's findings."""
+    from rich.console import Console
+    from test_json_schema import _events
+
+    from memtrace.core.ids import ProcessKey
+    from memtrace.core.overhead import TrapCost
+    from memtrace.export.report import print_table, summary
+    from memtrace.model import Model
+
+    key = ProcessKey(4242, 5_000_000_000)
+    m = Model()
+    m.add_events(_events([(key, 22, 4096, 0)]))
+    m.introduce(key, "trainer", 11)
+    m.set_traps(key, 40_000)  # 40 ms at 2 us a pair
+    m.trap_cost = TrapCost(1e-6, 2e-6, kind="emulated")
+    m.process_exited(key, int(cpu_s * 1e9))
+    doc = summary(m, {}, [])
+    (o,) = doc["overhead"]
+    assert o["over_budget"]
+    text = io.StringIO()
+    print_table(doc, Console(file=text, width=400))
+    (line,) = [l for l in text.getvalue().splitlines() if l.startswith("overhead: ")]
+    share = 0.04 / cpu_s
+    assert f"4242 trainer: memtrace's probes took about {share:.1%} of its CPU time (40,000 traps" in line, line
+    assert "over the 1.0% budget" in line, line
+    found = [f for f in doc["findings"] if f["code"] == "overhead_budget_exceeded"]
+    if cpu_s < 0.1:
+        assert not found
+        assert line.endswith("no finding: it used 0.05 s of CPU, a finding waits for 0.1 s"), line
+    else:
+        assert found and "no finding" not in line, line
+
+
 @pytest.mark.bpf
 def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
     pid, out = top_over_a_released_workload(fakecuda, 80)

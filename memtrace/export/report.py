@@ -552,18 +552,15 @@ def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) 
     say(console, f"[bold]agent[/bold]: {line}", highlight=False)
     rows = doc.get("overhead") or []
     for o in rows[:3]:
-        share = "?" if o["share_of_cpu"] is None else f"{o['share_of_cpu']:.1%}"
-        over = " [yellow]over budget[/yellow]" if o["over_budget"] else ""
-        say(
-            console,
-            f"[bold]overhead[/bold]: {o['pid']} {o['process']}: {share} of its CPU{over} "
-            f"({o['traps']:,} traps, ~{human_seconds(o['estimated_seconds'])} at "
-            f"{o['trap_seconds'] * 1e6:.1f} us a trap{'' if o['calibrated'] else ', not calibrated'}"
-            f"{', capped at its CPU time' if o.get('bounded') else ''})",
-            highlight=False,
-        )
+        say(console, _overhead_line(o, doc.get("findings") or []), highlight=False)
     if len(rows) > 3:
         say(console, f"[bold]overhead[/bold]: {len(rows) - 3} more processes: --format json", highlight=False)
+    if doc.get("simulated") and any("stepped" in o["trap_entry_kind"] for o in rows[:3]):
+        say(
+            console,
+            "[dim]the test library's entries are single-stepped: a trap there costs about ten times one at "
+            "CUDA's entries[/dim]",
+        )
     if a.get("batch_truncated_calls"):
         say(
             console,
@@ -589,6 +586,31 @@ def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) 
             f"[yellow]{a['dropped']:,} events were dropped (ring full): totals stay exact, "
             "duration percentiles cover the rest. Raise --ring-size.[/yellow]",
         )
+
+
+def _overhead_line(o: Mapping[str, Any], findings: Sequence[Mapping[str, Any]]) -> str:
+    """What memtrace's probes cost one process: the share of the process's own
+    CPU time spent in their traps, and the budget; where it is over the budget
+    with no finding, why (the finding waits for DEFAULT.overhead_min_cpu_s of CPU)."""
+    share = "an unknown share" if o["share_of_cpu"] is None else f"about {o['share_of_cpu']:.1%}"
+    how = f"{o['traps']:,} traps at {o['trap_seconds'] * 1e6:.1f} us, ~{human_seconds(o['estimated_seconds'])}"
+    if not o["calibrated"]:
+        how += ", not calibrated"
+    if o.get("bounded"):
+        how += ", capped at its CPU time"
+    line = f"[bold]overhead[/bold]: {o['pid']} {o['process']}: memtrace's probes took {share} of its CPU time ({how})"
+    if o["over_budget"]:
+        line += f"; [yellow]over the {o['budget']:.1%} budget[/yellow]"
+        found = any(
+            f["code"] == "overhead_budget_exceeded"
+            and f["pid"] == o["pid"]
+            and f["start_time_unix_nano"] == o["start_time_unix_nano"]
+            for f in findings
+        )
+        least = DEFAULT.overhead_min_cpu_s
+        if not found and (o["cpu_seconds"] or 0.0) < least:
+            line += f", no finding: it used {o['cpu_seconds'] or 0.0:.2g} s of CPU, a finding waits for {least:g} s"
+    return line
 
 
 def print_sections(doc: Mapping[str, Any], console: Console) -> None:
