@@ -436,6 +436,48 @@ def test_over_budget_says_what_it_costs_and_why_a_finding_is_missing(cpu_s: floa
         assert found and "no finding" not in line, line
 
 
+@pytest.mark.parametrize("agent", [True, False])
+def test_the_root_cgroup_and_memtrace_s_own_threads_are_named_as_such(agent: bool) -> None:
+    """Once, "preempted most by / (memtrace-ctl)" said neither that / is the
+    root cgroup nor that memtrace-ctl is memtrace: the JSON marks memtrace's
+    own preemptions (by its pid), the table names both."""
+    from rich.console import Console
+
+    from memtrace.core.cpu import CpuStats, Preemptor
+    from memtrace.core.ids import ProcessKey
+    from memtrace.export import schema
+    from memtrace.export.host import host_section
+    from memtrace.export.report import print_host
+    from memtrace.model.host import HostBook, SensorState
+
+    key = ProcessKey(4242, 5_000_000_000)
+    hist = (1, 2, 3) + (0,) * 23
+    me = os.getpid() if agent else os.getpid() + 1
+    preemptors = (Preemptor(7, 9, 3, me, "memtrace-ctl"), Preemptor(8, 1, 3, 99, "gz"))
+    book = HostBook()
+    book.set_sensor("cpu", SensorState(True))
+    book.set_cpu({key: CpuStats(key.pid, key.start_ns, hist, hist, 10, 20, 30, 4, 5, 8, preemptors)})
+    fast = schema.FastSampler(
+        state="on", rate_hz=100.0, ticks=5, late_ticks=0, net_errors=0, interfaces_dropped=0, cpu_seconds=0.01
+    )
+    host = host_section(
+        book,
+        boot_wall_ns=0,
+        cgroup_names={7: "/", 8: "/job"},
+        pids=None,
+        sample_interval_seconds=0.1,
+        sample_errors=0,
+        fast_sampler=fast,
+        agent_pid=os.getpid(),
+    )
+    assert [p["memtrace"] for p in host["cpu"][0]["preempted_by"]] == [agent, False]
+    text = io.StringIO()
+    print_host({"host": host}, Console(file=text, width=400))
+    (line,) = [l for l in text.getvalue().splitlines() if l.startswith("cpu pid 4242")]
+    last = "memtrace's own threads" if agent else "memtrace-ctl"
+    assert line.endswith(f"; preempted most by the root cgroup ({last})"), line
+
+
 @pytest.mark.bpf
 def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
     pid, out = top_over_a_released_workload(fakecuda, 80)

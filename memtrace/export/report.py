@@ -671,6 +671,15 @@ def _pct(v: float | None) -> str:
     return "?" if v is None else f"{v:.0%}"
 
 
+def _preemptor(p: Mapping[str, Any]) -> str:
+    """A preemptor's cgroup, the root one named as such, and its last process:
+    memtrace's own threads said to be memtrace's."""
+    cgroup = p["cgroup"]
+    who = "the root cgroup" if cgroup == "/" else cgroup or f"cgroup {p['cgroup_id']}"
+    last = "memtrace's own threads" if p.get("memtrace") else p["last_process"]
+    return f"{who} ({last})" if last else who
+
+
 def print_host(doc: Mapping[str, Any], console: Console) -> None:
     """The host signals in a few lines: CPU waits, collectives, GPUs, busy links, sensors that were off."""
     host = doc.get("host")
@@ -694,8 +703,7 @@ def print_host(doc: Mapping[str, Any], console: Console) -> None:
         )
         top = [p for p in r["preempted_by"] if p["switches"]]
         if top:
-            who = top[0]["cgroup"] or f"cgroup {top[0]['cgroup_id']}"
-            line += f"; preempted most by {who} ({top[0]['last_process']})"
+            line += f"; preempted most by {_preemptor(top[0])}"
         q = r["cpu_quota"]
         if q and q["throttled_periods"]:
             line += f"; its CPU quota throttled it {q['throttled_seconds']:.3g} s"

@@ -373,6 +373,7 @@ class Preemptor(TypedDict):
         int, "the last user process of that cgroup to preempt it (a kernel thread only while none has; 0: idle)"
     ]
     last_process: Annotated[str, "that process's command name"]
+    memtrace: Annotated[bool, "true: that process is memtrace itself (its own threads took the CPU)"]
 
 
 class CpuRow(TypedDict):
