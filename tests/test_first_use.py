@@ -478,6 +478,35 @@ def test_the_root_cgroup_and_memtrace_s_own_threads_are_named_as_such(agent: boo
     assert line.endswith(f"; preempted most by the root cgroup ({last})"), line
 
 
+@pytest.mark.parametrize("from_start", [True, False])
+def test_frees_memtrace_cannot_match_are_said_as_what_they_can_be(from_start: bool) -> None:
+    """A process traced from its start (run's command) has no memory from
+    before tracing began: its unmatched frees were never allocations, or
+    were freed twice; only one attached to while running may free memory
+    allocated before. The JSON says which process is which."""
+    from rich.console import Console
+    from test_findings import FREE, PID, allocations, events
+
+    from memtrace.export.report import print_table, summary
+    from memtrace.model import Model
+
+    m = Model(complete_after_ns=None if from_start else 0)
+    (addr,) = allocations(m, [(0, 1 << 20)])
+    m.add_events(events([{"api": FREE, "dst": addr}, {"api": FREE, "dst": addr}, {"api": FREE, "dst": 0x1234000}]))
+    doc = summary(m, {}, [])
+    (row,) = doc["device_memory"]
+    assert (row["frees"], row["unknown_frees"], row["traced_from_start"]) == (1, 2, from_start)
+    text = io.StringIO()
+    print_table(doc, Console(file=text, width=400))
+    said = text.getvalue()
+    if from_start:
+        what = "frees of addresses that were not live allocations (never allocated, or already freed)"
+        assert f"{what}: {PID}: 2" in said, said
+        assert "before tracing began" not in said, said
+    else:
+        assert f"frees of memory allocated before tracing began, or not live allocations: {PID}: 2" in said, said
+
+
 @pytest.mark.bpf
 def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
     pid, out = top_over_a_released_workload(fakecuda, 80)

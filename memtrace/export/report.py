@@ -287,6 +287,7 @@ def device_memory(model: Model) -> list[schema.DeviceMemoryRow]:
                 ),
                 pinned_host_bytes=p.book.pinned_bytes,
                 lost_calls=p.lost_memory_calls(),
+                traced_from_start=p.complete,
             )
         )
     return out
@@ -619,7 +620,7 @@ def print_sections(doc: Mapping[str, Any], console: Console) -> None:
         t = _table(
             "process", "allocs", "frees", "in use", "peak", "pinned host", title="device memory", left=("process",)
         )
-        unknown = []
+        unknown: dict[bool, list[str]] = {True: [], False: []}
         for m in doc["device_memory"]:
             t.add_row(
                 f"{m['pid']} {m['process']}",
@@ -630,10 +631,15 @@ def print_sections(doc: Mapping[str, Any], console: Console) -> None:
                 human_bytes(m["pinned_host_bytes"]),
             )
             if m["unknown_frees"]:
-                unknown.append(f"{m['pid']}: {m['unknown_frees']:,}")
+                unknown[m.get("traced_from_start", False)].append(f"{m['pid']}: {m['unknown_frees']:,}")
         fit(console, t)
-        if unknown:
-            say(console, f"frees of memory allocated before tracing began: {', '.join(unknown)}", highlight=False)
+        # Traced from its start, a free memtrace cannot match was never an allocation's (or freed twice).
+        for whole, what in (
+            (True, "frees of addresses that were not live allocations (never allocated, or already freed)"),
+            (False, "frees of memory allocated before tracing began, or not live allocations"),
+        ):
+            if unknown[whole]:
+                say(console, f"{what}: {', '.join(unknown[whole])}", highlight=False)
     if doc.get("synchronization"):
         t = _table(
             "process", "api", "calls", "p99", "total", "of wall", title="synchronisation waits", left=("process", "api")

@@ -122,6 +122,12 @@ class DeviceMemoryRow(TypedDict):
     allocation_size_bytes: Annotated[SizeQuantiles, "the sizes of its allocations"]
     pinned_host_bytes: Annotated[int, "page-locked host memory allocated or registered now"]
     lost_calls: Annotated[int, "memory calls whose event was lost (its address book may be incomplete)"]
+    traced_from_start: Annotated[
+        bool,
+        "true: traced from its first CUDA call (run's command and its children, a process held as it "
+        "mapped CUDA): its unknown_frees were of addresses never allocated, or freed twice; false: "
+        "attached to while it ran, they may be of memory allocated before",
+    ]
 
 
 # ---- synchronization ----
