@@ -33,16 +33,16 @@ def say(console: Console, label: str, body: str, lead: int = 0, indent: int = 6)
 
 def pageable_share(pageable: int, unknown: int, total: int) -> str:
     """The pageable share of `total` bytes, `unknown` of which are of a kind
-    memtrace cannot tell (a process it attached to while running): a bound
-    ("≤40%") or a range ("20-60%"), never a figure the unknown bytes could
-    belie; "unknown" when every byte is. A mix never rounds to 0% or 100%."""
-    if total <= 0 or unknown >= total:
-        return "unknown"
+    memtrace cannot tell (a process it attached to while running, a copy
+    with no host address): with no pageable byte known, a bound ("≤40%"),
+    never a 0% the unknown bytes could belie; "unknown" when (nearly) every
+    byte is. A mix never rounds to 0% or 100%."""
 
     def pct(share: float) -> str:
         return "<1%" if 0 < share < 0.01 else ">99%" if 0.99 < share < 1 else f"{share:.0%}"
 
-    low, high = pct(pageable / total), pct((pageable + unknown) / total)
-    if not unknown:
-        return low
-    return f"≤{high}" if not pageable else f"{low.rstrip('%')}-{high}"
+    if total <= 0 or unknown / total > 0.99:
+        return "unknown"
+    if unknown and not pageable:
+        return f"≤{pct(unknown / total)}"
+    return pct(pageable / total)
