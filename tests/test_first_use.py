@@ -230,6 +230,134 @@ def test_the_detail_table_is_never_cut_when_piped(fakecuda: Path, tmp_path: Path
     assert "…" not in p.stderr
 
 
+_ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|[()][A-Za-z0-9]|[=>])")
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str], feed: object = None, timeout: float = 120) -> str:
+    """Run `argv` on a pseudo-terminal of 80x24 (a real terminal: rich folds
+    what does not fit) and return what it showed, escapes and returns taken
+    out. `feed(seen)` is called with the output so far, until it returns True."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child: the command on the pty
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        os.execvpe(argv[0], argv, dict(os.environ, COLUMNS="80", LINES="24", TERM="xterm", **env))
+    seen = b""
+    fed = feed is None
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not fed and feed(seen.decode(errors="replace")):  # type: ignore[operator]
+                fed = True
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # the child is gone: EIO
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+        else:
+            pytest.fail(f"{argv} did not finish: {seen[-2000:]!r}")
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)
+    return _ESCAPES.sub("", seen.decode(errors="replace")).replace("\r", "")
+
+
+def _blocks(text: str, first: str) -> list[tuple[str, list[str]]]:
+    """The tables whose header starts with `first`: (header, rows) each."""
+    out: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith(first + " "):
+            out.append((line, []))
+        elif out and line.strip() and not line.startswith(("pid ", "memtrace", "*")):
+            out[-1][1].append(line)
+    return out
+
+
+@pytest.mark.bpf
+def test_the_detail_table_on_an_80_column_terminal_never_cuts_a_number(fakecuda: Path, tmp_path: Path) -> None:
+    """`run --detail` on a terminal of 80 columns: the columns in groups that
+    fit, each led by api, dir and host, rather than cells folded in two."""
+    truth = tmp_path / "truth.jsonl"
+    shown = on_a_terminal(
+        [*memtrace_cmd(), "run", "--detail", "--", str(fakecuda / "workload"), "-n", "300"],
+        {"WORKLOAD_TRUTH": str(truth)},
+    )
+    text = shown[shown.index("memtrace: CUDA memory copies") :]
+    assert max(len(l) for l in text.splitlines()) <= 80, text
+    assert "…" not in text
+    numbers = re.findall(r"(?<![\w.,])[\d,]*,[\d,]*(?![\w.,])", text)
+    assert numbers and all(re.fullmatch(r"\d{1,3}(,\d{3})+", n) for n in numbers), numbers
+    got: dict[tuple[str, str], int] = {}
+    blocks = _blocks(text, "api")
+    assert len(blocks) > 2  # two processes, each table in groups
+    for header, rows in blocks:
+        assert header.split()[:3] == ["api", "dir", "host"], header
+        if " bytes" not in header:
+            continue
+        end = header.index(" bytes") + len(" bytes")
+        for r in rows:
+            api, direction = r.split()[:2]
+            got[(api, direction)] = got.get((api, direction), 0) + int(r[:end].split()[-1].replace(",", ""))
+    want: dict[tuple[str, str], int] = {}
+    for line in truth.read_text().splitlines():
+        for c in json.loads(line)["copies"]:
+            want[(c["api"], c["direction"])] = want.get((c["api"], c["direction"]), 0) + c["bytes"]
+    assert got == want
+
+
+@pytest.mark.bpf
+def test_top_detail_on_an_80_column_terminal_shows_its_columns_in_groups(fakecuda: Path) -> None:
+    """`top --detail` needs about 160 columns: at 80, its columns come in
+    groups that fit, each led by pid and process, every header whole."""
+    w = subprocess.Popen(
+        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    lib = str(fakecuda / "lib" / "libcudart")
+
+    def release(seen: str) -> bool:
+        if not any("attached" in l and lib in l for l in seen.splitlines()):
+            return False
+        assert w.stdin is not None
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        return True
+
+    try:
+        shown = on_a_terminal([*memtrace_cmd(), "top", "-v", "--detail", "-n", "3", "-i", "1"], {}, feed=release)
+    finally:
+        w.wait(timeout=60)
+    text = shown[shown.rindex("memtrace top: CUDA processes") :]  # the last refresh
+    assert max(len(l) for l in text.splitlines()) <= 80, text
+    assert "…" not in text
+    from memtrace.export.top import TopView
+
+    headers = [l for l in text.splitlines() if l.split()[:2] == ["pid", "process"]]
+    assert len(headers) >= 2, text
+    every = " ".join(" ".join(h.split()) for h in headers)
+    for c in (*TopView.COLUMNS, *TopView.DETAIL):
+        assert c in every, (c, text)
+    rows = [l for l in text.splitlines() if l.split()[:2] == [str(w.pid), "workload"]]
+    assert len(rows) == len(headers), text  # the process in every group
+
+
 def test_help_reads_well_at_80_columns() -> None:
     env = {"COLUMNS": "80"}
     p = memtrace("run", "--help", env=env)
@@ -381,8 +509,7 @@ def test_the_pageable_share_of_a_process_attached_to_is_unknown_never_0() -> Non
     unknown, pinned = [{**copy, "src": 0x1000}] * 3, [{**copy, "src": driver + 4096}]
 
     def said(m: Model) -> tuple[str, str]:
-        (t,) = TopView(1.0).render(m, 1.0).renderables[:1]
-        (cell,) = t.columns[TopView.COLUMNS.index("pageable")].cells
+        (cell,) = TopView(1.0).render(m, 1.0).renderables[0].column("pageable")
         text = io.StringIO()
         print_table(summary(m, {}, []), Console(file=text, width=200))
         (row,) = [r for r in text.getvalue().splitlines() if r.split()[:1] == ["h2d"]]

@@ -25,6 +25,7 @@ from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes, human_seconds
 from memtrace.export import schema
 from memtrace.export.callsites import name_the_lines, print_call_sites
+from memtrace.export.columns import SplitTable
 from memtrace.export.schema import SCHEMA_VERSION
 from memtrace.export.text import pageable_share
 from memtrace.model import Model, describe
@@ -493,7 +494,10 @@ def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) 
         per[r["pid"]].append(r)
     for pid, rows in sorted(per.items()):
         if detail:
-            t = _table("api", "dir", "host", "calls", "bytes", "err", "p50", "p99", "GB/s", left=("api", "dir", "host"))
+            # Too wide for a terminal: in groups of columns, each led by api, dir and host.
+            t: Table | SplitTable = SplitTable(
+                ("api", "dir", "host", "calls", "bytes", "err", "p50", "p99", "GB/s"), 3, left=("api", "dir", "host")
+            )
             for r in rows:
                 d = r["duration_seconds"]
                 t.add_row(

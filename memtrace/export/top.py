@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Group
-from rich.table import Table
 
 from memtrace.analysis.diagnosis import Diagnosis
 from memtrace.analysis.findings import Thresholds, compute
@@ -16,6 +15,7 @@ from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes
+from memtrace.export.columns import SplitTable
 from memtrace.export.text import pageable_share
 from memtrace.model import Model
 from memtrace.model.host import HostBook
@@ -82,15 +82,13 @@ class TopView:
         """The table; `host`: the host signals' readings (CPU waits), taken
         under their lock by the caller; `diagnoses`: the live diagnosis's
         (the last few are shown under the table)."""
-        t = Table(
+        # --detail on a narrow screen: the columns in groups, each led by pid and process.
+        t = SplitTable(
+            (*self.COLUMNS, *(self.DETAIL if self.detail else ())),
+            2,
+            left=("process",),
             title=f"memtrace top: CUDA processes (every {self.interval:g}s; q quits)",
-            title_justify="left",
-            box=None,
-            pad_edge=False,
-            header_style="bold underline",
         )
-        for c in (*self.COLUMNS, *(self.DETAIL if self.detail else ())):
-            t.add_column(c, justify="left" if c == "process" else "right", overflow="fold")
         per: dict[ProcessKey, _Row] = {}
         for (key, _api, d, memory), st in model.copy_view().items():
             p = per.setdefault(key, _Row())
