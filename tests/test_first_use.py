@@ -230,6 +230,140 @@ def test_the_detail_table_is_never_cut_when_piped(fakecuda: Path, tmp_path: Path
     assert "…" not in p.stderr
 
 
+_ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|[()][A-Za-z0-9]|[=>])")
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str], feed: object = None, timeout: float = 120) -> str:
+    """Run `argv` on a pseudo-terminal of 80x24 (a real terminal: rich folds
+    what does not fit) and return what it showed, escapes and returns taken
+    out. `feed(seen)` is called with the output so far, until it returns True."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child: the command on the pty
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        os.execvpe(argv[0], argv, dict(os.environ, COLUMNS="80", LINES="24", TERM="xterm", **env))
+    seen = b""
+    fed = feed is None
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not fed and feed(seen.decode(errors="replace")):  # type: ignore[operator]
+                fed = True
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # the child is gone: EIO
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+        else:
+            pytest.fail(f"{argv} did not finish: {seen[-2000:]!r}")
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)
+    return _ESCAPES.sub("", seen.decode(errors="replace")).replace("\r", "")
+
+
+def _blocks(text: str, first: str, row: str) -> list[tuple[str, list[str]]]:
+    """The tables whose header starts with `first`: (header, rows) each, a
+    row being each line that follows it starting with `row`."""
+    out: list[tuple[str, list[str]]] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith(first + " "):
+            out.append((line, []))
+            inside = True
+        elif inside and line.startswith(row):
+            out[-1][1].append(line)
+        else:
+            inside = False
+    return out
+
+
+@pytest.mark.bpf
+def test_the_detail_table_on_an_80_column_terminal_never_cuts_a_number(fakecuda: Path, tmp_path: Path) -> None:
+    """`run --detail` on a terminal of 80 columns: the columns in groups that
+    fit, each led by api, dir and host, rather than cells folded in two."""
+    truth = tmp_path / "truth.jsonl"
+    shown = on_a_terminal(
+        [*memtrace_cmd(), "run", "--detail", "--", str(fakecuda / "workload"), "-n", "300"],
+        {"WORKLOAD_TRUTH": str(truth)},
+    )
+    text = shown[shown.index("memtrace: CUDA memory copies") :]
+    assert max(len(l) for l in text.splitlines()) <= 80, text
+    assert "…" not in text
+    got: dict[tuple[str, str], int] = {}
+    blocks = _blocks(text, "api", "cu")  # the test libraries' APIs: cuda* and cu*
+    assert len(blocks) >= 2  # the table in groups of columns
+    # Every figure with a thousands separator whole: never `48,308,4` then `94`.
+    numbers = [t for _, rows in blocks for r in rows for t in r.split() if "," in t]
+    assert numbers and all(re.fullmatch(r"\d{1,3}(,\d{3})+", n) for n in numbers), numbers
+    for header, rows in blocks:
+        assert header.split()[:3] == ["api", "dir", "host"], header
+        if " bytes" not in header:
+            continue
+        end = header.index(" bytes") + len(" bytes")
+        for r in rows:
+            api, direction = r.split()[:2]
+            got[(api, direction)] = got.get((api, direction), 0) + int(r[:end].split()[-1].replace(",", ""))
+    want: dict[tuple[str, str], int] = {}
+    for line in truth.read_text().splitlines():
+        for c in json.loads(line)["copies"]:
+            want[(c["api"], c["direction"])] = want.get((c["api"], c["direction"]), 0) + c["bytes"]
+    assert got == want
+
+
+@pytest.mark.bpf
+def test_top_detail_on_an_80_column_terminal_shows_its_columns_in_groups(fakecuda: Path) -> None:
+    """`top --detail` needs about 160 columns: at 80, its columns come in
+    groups that fit, each led by pid and process, every header whole."""
+    w = subprocess.Popen(
+        [str(fakecuda / "workload"), "-w", "-n", "2000", "-e"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"WORKLOAD_TRUTH": "/dev/null"},
+    )
+    assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    lib = str(fakecuda / "lib" / "libcudart")
+
+    def release(seen: str) -> bool:
+        if not any("attached" in l and lib in l for l in seen.splitlines()):
+            return False
+        assert w.stdin is not None
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        return True
+
+    try:
+        shown = on_a_terminal([*memtrace_cmd(), "top", "-v", "--detail", "-n", "3", "-i", "1"], {}, feed=release)
+    finally:
+        w.wait(timeout=60)
+    text = shown[shown.rindex("memtrace top: CUDA processes") :]  # the last refresh
+    assert max(len(l) for l in text.splitlines()) <= 80, text
+    assert "…" not in text
+    from memtrace.export.top import TopView
+
+    headers = [l for l in text.splitlines() if l.split()[:2] == ["pid", "process"]]
+    assert len(headers) >= 2, text
+    every = " ".join(" ".join(h.split()) for h in headers)
+    for c in (*TopView.COLUMNS, *TopView.DETAIL):
+        assert c in every, (c, text)
+    rows = [l for l in text.splitlines() if l.split()[:2] == [str(w.pid), "workload"]]
+    assert len(rows) == len(headers), text  # the process in every group
+
+
 def test_help_reads_well_at_80_columns() -> None:
     env = {"COLUMNS": "80"}
     p = memtrace("run", "--help", env=env)
@@ -297,6 +431,35 @@ def test_a_library_replaced_on_disk_is_listed_once(fakecuda: Path, tmp_path: Pat
 
 
 @pytest.mark.bpf
+def test_a_run_through_the_test_libraries_is_labelled_simulated(fakecuda: Path, tmp_path: Path) -> None:
+    """The test libraries export memtrace_simulated_cuda: the JSON and the
+    table say the figures are not a GPU's; a real CUDA library's run says nothing."""
+    from rich.console import Console
+
+    from memtrace.export.report import print_table
+
+    out = tmp_path / "summary.json"
+    p = memtrace("run", "-f", "json", "-o", str(out), "--", str(fakecuda / "workload"), "-n", "20")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["simulated"] is True
+    assert doc["agent"]["libraries"] and all(l["simulated"] for l in doc["agent"]["libraries"])
+
+    def table() -> str:
+        text = io.StringIO()
+        print_table(doc, Console(file=text, width=80))
+        return text.getvalue()
+
+    said = table()
+    assert said.splitlines()[1].startswith("simulated: the CUDA library traced is memtrace's test library"), said
+    assert "not a GPU's" in " ".join(said.split())
+    doc["simulated"] = False
+    for l in doc["agent"]["libraries"]:
+        l["simulated"] = False
+    assert "simulated" not in table()
+
+
+@pytest.mark.bpf
 def test_q_quits_top_on_a_terminal() -> None:
     import pty
     import select
@@ -335,13 +498,157 @@ def test_q_quits_top_on_a_terminal() -> None:
         os.close(fd)
 
 
+def test_the_pageable_share_of_a_process_attached_to_is_unknown_never_0() -> None:
+    """Attached to a running process (top, profile --pid), a pointer never
+    seen allocated is of unknown kind: top's pageable column and the table's
+    host memory say unknown, or a bound, where they said 0%."""
+    from rich.console import Console
+    from test_findings import COPY, events
+
+    from memtrace.core.abi import Direction
+    from memtrace.export.report import print_table, summary
+    from memtrace.export.top import TopView
+    from memtrace.model import Model
+
+    driver = 0x7E00_0000_0000
+    copy = {"api": COPY, "direction": Direction.H2D, "bytes": 64 << 20, "duration_ns": 5_000_000}
+    unknown, pinned = [{**copy, "src": 0x1000}] * 3, [{**copy, "src": driver + 4096}]
+
+    def said(m: Model) -> tuple[str, str]:
+        (cell,) = TopView(1.0).render(m, 1.0).renderables[0].column("pageable")
+        text = io.StringIO()
+        print_table(summary(m, {}, []), Console(file=text, width=200))
+        (row,) = [r for r in text.getvalue().splitlines() if r.split()[:1] == ["h2d"]]
+        return cell, " ".join(row.split()[5:-1])  # h2d, calls, bytes, "192.0 MiB", then it
+
+    attached = Model(complete_after_ns=0, driver_mapped=lambda key: [(driver, driver + (64 << 20))])
+    attached.add_events(events(unknown))
+    assert said(attached) == ("unknown", "unknown")
+    attached.add_events(events(pinned))
+    assert said(attached) == ("≤75% h2d", "≤75% pageable")
+    whole = Model(complete_after_ns=None)  # traced from its start: untracked memory is pageable
+    whole.add_events(events([{"api": 66, "dst": driver, "bytes": 64 << 20}]))  # cuMemHostAlloc: pinned
+    whole.add_events(events(unknown + pinned))
+    assert said(whole) == ("75% h2d", "75% pageable")
+
+
+@pytest.mark.parametrize("cpu_s", [0.05, 1.0])
+def test_over_budget_says_what_it_costs_and_why_a_finding_is_missing(cpu_s: float) -> None:
+    """The overhead line says whose CPU the share is of (the process's, spent
+    in memtrace's traps), and an over-budget process with no finding says
+    why (under 0.1 s of CPU): the table agrees with the JSON's findings."""
+    from rich.console import Console
+    from test_json_schema import _events
+
+    from memtrace.core.ids import ProcessKey
+    from memtrace.core.overhead import TrapCost
+    from memtrace.export.report import print_table, summary
+    from memtrace.model import Model
+
+    key = ProcessKey(4242, 5_000_000_000)
+    m = Model()
+    m.add_events(_events([(key, 22, 4096, 0)]))
+    m.introduce(key, "trainer", 11)
+    m.set_traps(key, 40_000)  # 40 ms at 2 us a pair
+    m.trap_cost = TrapCost(1e-6, 2e-6, kind="emulated")
+    m.process_exited(key, int(cpu_s * 1e9))
+    doc = summary(m, {}, [])
+    (o,) = doc["overhead"]
+    assert o["over_budget"]
+    text = io.StringIO()
+    print_table(doc, Console(file=text, width=400))
+    (line,) = [l for l in text.getvalue().splitlines() if l.startswith("overhead: ")]
+    share = 0.04 / cpu_s
+    assert f"4242 trainer: memtrace's probes took about {share:.1%} of its CPU time (40,000 traps" in line, line
+    assert "over the 1.0% budget" in line, line
+    found = [f for f in doc["findings"] if f["code"] == "overhead_budget_exceeded"]
+    if cpu_s < 0.1:
+        assert not found
+        assert line.endswith("no finding: it used 0.05 s of CPU, a finding waits for 0.1 s"), line
+    else:
+        assert found and "no finding" not in line, line
+
+
+@pytest.mark.parametrize("agent", [True, False])
+def test_the_root_cgroup_and_memtrace_s_own_threads_are_named_as_such(agent: bool) -> None:
+    """Once, "preempted most by / (memtrace-ctl)" said neither that / is the
+    root cgroup nor that memtrace-ctl is memtrace: the JSON marks memtrace's
+    own preemptions (by its pid), the table names both."""
+    from rich.console import Console
+
+    from memtrace.core.cpu import CpuStats, Preemptor
+    from memtrace.core.ids import ProcessKey
+    from memtrace.export import schema
+    from memtrace.export.host import host_section
+    from memtrace.export.report import print_host
+    from memtrace.model.host import HostBook, SensorState
+
+    key = ProcessKey(4242, 5_000_000_000)
+    hist = (1, 2, 3) + (0,) * 23
+    me = os.getpid() if agent else os.getpid() + 1
+    preemptors = (Preemptor(7, 9, 3, me, "memtrace-ctl"), Preemptor(8, 1, 3, 99, "gz"))
+    book = HostBook()
+    book.set_sensor("cpu", SensorState(True))
+    book.set_cpu({key: CpuStats(key.pid, key.start_ns, hist, hist, 10, 20, 30, 4, 5, 8, preemptors)})
+    fast = schema.FastSampler(
+        state="on", rate_hz=100.0, ticks=5, late_ticks=0, net_errors=0, interfaces_dropped=0, cpu_seconds=0.01
+    )
+    host = host_section(
+        book,
+        boot_wall_ns=0,
+        cgroup_names={7: "/", 8: "/job"},
+        pids=None,
+        sample_interval_seconds=0.1,
+        sample_errors=0,
+        fast_sampler=fast,
+        agent_pid=os.getpid(),
+    )
+    assert [p["memtrace"] for p in host["cpu"][0]["preempted_by"]] == [agent, False]
+    text = io.StringIO()
+    print_host({"host": host}, Console(file=text, width=400))
+    (line,) = [l for l in text.getvalue().splitlines() if l.startswith("cpu pid 4242")]
+    last = "memtrace's own threads" if agent else "memtrace-ctl"
+    assert line.endswith(f"; preempted most by the root cgroup ({last})"), line
+
+
+@pytest.mark.parametrize("from_start", [True, False])
+def test_frees_memtrace_cannot_match_are_said_as_what_they_can_be(from_start: bool) -> None:
+    """A process traced from its start (run's command) has no memory from
+    before tracing began: its unmatched frees were never allocations, or
+    were freed twice; only one attached to while running may free memory
+    allocated before. The JSON says which process is which."""
+    from rich.console import Console
+    from test_findings import FREE, PID, allocations, events
+
+    from memtrace.export.report import print_table, summary
+    from memtrace.model import Model
+
+    m = Model(complete_after_ns=None if from_start else 0)
+    (addr,) = allocations(m, [(0, 1 << 20)])
+    m.add_events(events([{"api": FREE, "dst": addr}, {"api": FREE, "dst": addr}, {"api": FREE, "dst": 0x1234000}]))
+    doc = summary(m, {}, [])
+    (row,) = doc["device_memory"]
+    assert (row["frees"], row["unknown_frees"], row["traced_from_start"]) == (1, 2, from_start)
+    text = io.StringIO()
+    print_table(doc, Console(file=text, width=400))
+    said = text.getvalue()
+    if from_start:
+        what = "frees of addresses that were not live allocations (never allocated, or already freed)"
+        assert f"{what}: {PID}: 2" in said, said
+        assert "before tracing began" not in said, said
+    else:
+        assert f"frees of memory allocated before tracing began, or not live allocations: {PID}: 2" in said, said
+
+
 @pytest.mark.bpf
 def test_top_fits_80_columns_when_piped(fakecuda: Path) -> None:
     pid, out = top_over_a_released_workload(fakecuda, 80)
     rows = [l for l in out.splitlines() if l.split()[:2] == [str(pid), "workload"]]
     assert rows, out
     row = rows[-1]
-    assert "B/s" in row and "h2d" in row, row
+    # It ran before top attached, copying from a static buffer memtrace never
+    # saw allocated: its pageable share is unknown, never 0%.
+    assert "B/s" in row and " unknown " in row and "% h2d" not in row, row
     assert "…" not in out
     assert max(len(l) for l in out.splitlines()) <= 80, out
 

@@ -39,9 +39,32 @@ def test_docker_and_bare_hosts() -> None:
     assert from_cgroup("") == {}
 
 
-def test_this_process_has_a_pid_and_an_executable_name() -> None:
-    a = process_attributes(os.getpid(), "python3", "/usr/bin/python3.11")
-    assert a["process.pid"] == os.getpid() and a["process.executable.name"] == "python3.11"
+def test_this_process_has_a_pid_and_an_executable_path() -> None:
+    a = process_attributes(os.getpid(), "/usr/bin/python3.11")
+    assert a["process.pid"] == os.getpid() and a["process.executable.path"] == "/usr/bin/python3.11"
+    assert "process.executable.name" not in a  # BPF's name, the table's (otlp.resource_of)
+
+
+def test_the_otlp_name_of_a_process_is_the_one_the_table_says() -> None:
+    """`python3` runs /usr/bin/python3.11: the table, the JSON, the metrics'
+    resource and the finding events all say python3; the path keeps the rest."""
+    from memtrace.core.ids import ProcessInfo, ProcessKey
+    from memtrace.export.config import resolve
+    from memtrace.export.otlp import MetricsBuilder
+    from memtrace.export.report import summary
+    from memtrace.model import Model
+
+    key = ProcessKey(os.getpid(), 0)
+    exe = "/usr/bin/python3.11"
+    m = Model(identify=lambda k: ProcessInfo(name="python3", exe=exe, attributes=process_attributes(k.pid, exe)))
+    m.introduce(key, "python3", 0)
+    m.set_launches(key, {100: 1})
+    (row,) = summary(m, {}, [])["launches"]
+    batch = MetricsBuilder(resolve({}, endpoint="http://x:1"), {}).build(m, {}, 0)
+    resources = [dict(r.resource.attributes) for r in batch.data.resource_metrics]
+    (res,) = [r for r in resources if "process.pid" in r]
+    assert row["process"] == res["process.executable.name"] == "python3"
+    assert res["process.executable.path"] == exe
 
 
 def test_values_are_printable_and_bounded() -> None:

@@ -553,7 +553,13 @@ PROCESS_RESOURCE = (
     ),
     Attribute(
         "process.executable.name",
-        "the executable's name, or the command name BPF took at the process's first event if it was gone first",
+        "the command name BPF took at the process's first event (/proc/PID/status's Name): the name the table, "
+        "the JSON and the events say (`python3`, where the executable is python3.11)",
+        semconv=True,
+    ),
+    Attribute(
+        "process.executable.path",
+        "its executable's path (/proc/PID/exe), where memtrace could read it before the process was gone",
         semconv=True,
     ),
     Attribute("container.id", "from the process's cgroup", semconv=True),
@@ -607,7 +613,7 @@ class EventSpec:
 _PROCESS_OF_EVENT = (
     Attribute("process.pid", "the process's id", semconv=True),
     Attribute("process.creation.time", "its start (absent when unknown)", semconv=True),
-    Attribute("process.executable.name", "its executable's name", semconv=True),
+    Attribute("process.executable.name", "its command name, as its resource says it", semconv=True),
 )
 _EVIDENCE = Attribute(
     "memtrace.evidence.*", "the evidence's numbers and words, one attribute each (nested evidence as JSON text)"

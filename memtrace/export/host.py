@@ -39,14 +39,16 @@ def host_section(
     sample_interval_seconds: float,
     sample_errors: int,
     fast_sampler: schema.FastSampler,
+    agent_pid: int | None = None,
 ) -> schema.Host:
     """The summary's `host`: `cgroup_names` names the cgroup ids the rows
     carry; `pids`: the traced pids (a GPU's processes are listed among
-    them; None: all)."""
+    them; None: all); `agent_pid`: memtrace's own, so a preemptor that is
+    memtrace is said to be."""
     cpu_on = "cpu" in book.sensors and book.sensors["cpu"].on
     return schema.Host(
         sensors={k: sensor_state(v) for k, v in sorted(book.sensors.items())},
-        cpu=cpu_rows(book, cgroup_names, boot_wall_ns),
+        cpu=cpu_rows(book, cgroup_names, boot_wall_ns, agent_pid),
         gpus=[gpu_row(g, pids) for g in sorted(book.gpus.values(), key=lambda g: g.index)],
         nvidia_driver=book.driver_version,
         network=network(book),
@@ -76,8 +78,11 @@ def _latency(hist: tuple[int, ...], st: CpuStats, runq: bool) -> schema.Latency 
     return schema.Latency(count=n, p50=p50, p99=p99)
 
 
-def cpu_rows(book: HostBook, cgroup_names: Mapping[int, str], boot_wall_ns: int) -> list[schema.CpuRow]:
-    """One row per process the CPU sensor measured, in the order last read."""
+def cpu_rows(
+    book: HostBook, cgroup_names: Mapping[int, str], boot_wall_ns: int, agent_pid: int | None = None
+) -> list[schema.CpuRow]:
+    """One row per process the CPU sensor measured, in the order last read;
+    `agent_pid`: memtrace's own pid (its preemptions are marked)."""
     rows = []
     for key, st in book.cpu.items():
         alive = st.oncpu_ns + st.offcpu_ns + st.runq_ns
@@ -108,6 +113,7 @@ def cpu_rows(book: HostBook, cgroup_names: Mapping[int, str], boot_wall_ns: int)
                         run_queue_seconds=p.wait_ns / 1e9,
                         last_pid=p.last_pid,
                         last_process=p.last_comm,
+                        memtrace=agent_pid is not None and p.last_pid == agent_pid,
                     )
                     for p in st.preemptors[:TOP_PREEMPTORS]
                 ],

@@ -157,13 +157,13 @@ def process_resource(key: ProcessKey, start_ns: int) -> dict[str, Any]:
 def resource_of(base: dict[str, Any], key: ProcessKey, proc: Process) -> dict[str, Any]:
     """A process's OTLP resource (its metrics' and its profiles'): `base` (the
     configured and host attributes), then what the host said of the process
-    (its container, pod), then BPF's identity, which wins; the host's
-    executable name is the untruncated one, BPF's comm the fallback."""
+    (its container, pod, executable's path), then BPF's identity, which
+    wins: its name is the one the table, the JSON and the events say."""
     attrs = dict(base)
     attrs.update(proc.attributes)
     attrs.update(process_resource(key, proc.start_ns))
     if proc.name:
-        attrs.setdefault("process.executable.name", _printable(proc.name))
+        attrs["process.executable.name"] = _printable(proc.name)
     attrs.setdefault("service.name", "memtrace")
     return attrs
 

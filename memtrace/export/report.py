@@ -25,7 +25,9 @@ from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes, human_seconds
 from memtrace.export import schema
 from memtrace.export.callsites import name_the_lines, print_call_sites
+from memtrace.export.columns import SplitTable
 from memtrace.export.schema import SCHEMA_VERSION
+from memtrace.export.text import pageable_share
 from memtrace.model import Model, describe
 from memtrace.model.steps import StepStats
 
@@ -43,6 +45,8 @@ class Library(Protocol):
     def symbols(self) -> dict[str, int]: ...
     @property
     def link_count(self) -> int: ...
+    @property
+    def simulated(self) -> bool: ...
 
 
 class _Stacks(TypedDict, total=False):
@@ -106,7 +110,12 @@ def summary(
         collective_waits_dropped=sum(a.dropped for a in model.collective_waits.values()),
         libraries=[
             schema.LibraryRow(
-                path=a.name, layer=a.layer.label, probes=len(a.symbols), links=a.link_count, symbols=sorted(a.symbols)
+                path=a.name,
+                layer=a.layer.label,
+                probes=len(a.symbols),
+                links=a.link_count,
+                symbols=sorted(a.symbols),
+                simulated=a.simulated,
             )
             for a in libraries
         ],
@@ -121,6 +130,9 @@ def summary(
     return schema.Summary(
         schema=SCHEMA_VERSION,
         processes=processes(model),
+        # Traced through memtrace's test CUDA library: the calls and bytes are
+        # the workload's, the durations (so GB/s) are not a GPU's.
+        simulated=any(a.simulated for a in libraries),
         memcpy=copies,
         totals=totals,
         device_memory=device_memory(model),
@@ -317,6 +329,7 @@ def device_memory(model: Model) -> list[schema.DeviceMemoryRow]:
                 ),
                 pinned_host_bytes=p.book.pinned_bytes,
                 lost_calls=p.lost_memory_calls(),
+                traced_from_start=p.complete,
             )
         )
     return out
@@ -471,10 +484,8 @@ def _host_split(rows: list[dict[str, Any]]) -> str:
     total = sum(by.values())
     if not total:
         return "mixed"
-    share = by.get("pageable", 0) / total
-    # Never round a mix to 0% or 100%: that would read as one kind.
-    pct = "<1%" if 0 < share < 0.01 else ">99%" if 0.99 < share < 1 else f"{share:.0%}"
-    return f"{pct} pageable"
+    # Bytes of an unknown kind make it a bound, never 0% (processes attached to while running).
+    return f"{pageable_share(by.get('pageable', 0), by.get('unknown', 0), total)} pageable"
 
 
 def _libraries(libs: list[dict[str, Any]]) -> str:
@@ -513,12 +524,21 @@ def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) 
             console.print(f"exit code {cmd['exit_code']}, {human_seconds(cmd['wall_seconds'])}", highlight=False)
         return
     console.print("[bold]memtrace: CUDA memory copies[/bold]")
+    if doc.get("simulated"):
+        say(
+            console,
+            "[bold yellow]simulated[/bold yellow]: the CUDA library traced is memtrace's test library, not "
+            "CUDA's: the calls and bytes are the workload's, the times, GB/s and findings are not a GPU's.",
+        )
     per: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in doc["memcpy"]:
         per[r["pid"]].append(r)
     for pid, rows in sorted(per.items()):
         if detail:
-            t = _table("api", "dir", "host", "calls", "bytes", "err", "p50", "p99", "GB/s", left=("api", "dir", "host"))
+            # Too wide for a terminal: in groups of columns, each led by api, dir and host.
+            t: Table | SplitTable = SplitTable(
+                ("api", "dir", "host", "calls", "bytes", "err", "p50", "p99", "GB/s"), 3, left=("api", "dir", "host")
+            )
             for r in rows:
                 d = r["duration_seconds"]
                 t.add_row(
@@ -578,18 +598,15 @@ def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) 
     say(console, f"[bold]agent[/bold]: {line}", highlight=False)
     rows = doc.get("overhead") or []
     for o in rows[:3]:
-        share = "?" if o["share_of_cpu"] is None else f"{o['share_of_cpu']:.1%}"
-        over = " [yellow]over budget[/yellow]" if o["over_budget"] else ""
-        say(
-            console,
-            f"[bold]overhead[/bold]: {o['pid']} {o['process']}: {share} of its CPU{over} "
-            f"({o['traps']:,} traps, ~{human_seconds(o['estimated_seconds'])} at "
-            f"{o['trap_seconds'] * 1e6:.1f} us a trap{'' if o['calibrated'] else ', not calibrated'}"
-            f"{', capped at its CPU time' if o.get('bounded') else ''})",
-            highlight=False,
-        )
+        say(console, _overhead_line(o, doc.get("findings") or []), highlight=False)
     if len(rows) > 3:
         say(console, f"[bold]overhead[/bold]: {len(rows) - 3} more processes: --format json", highlight=False)
+    if doc.get("simulated") and any("stepped" in o["trap_entry_kind"] for o in rows[:3]):
+        say(
+            console,
+            "[dim]the test library's entries are single-stepped: a trap there costs about ten times one at "
+            "CUDA's entries[/dim]",
+        )
     if a.get("batch_truncated_calls"):
         say(
             console,
@@ -617,13 +634,38 @@ def print_table(doc: Mapping[str, Any], console: Console, detail: bool = False) 
         )
 
 
+def _overhead_line(o: Mapping[str, Any], findings: Sequence[Mapping[str, Any]]) -> str:
+    """What memtrace's probes cost one process: the share of the process's own
+    CPU time spent in their traps, and the budget; where it is over the budget
+    with no finding, why (the finding waits for DEFAULT.overhead_min_cpu_s of CPU)."""
+    share = "an unknown share" if o["share_of_cpu"] is None else f"about {o['share_of_cpu']:.1%}"
+    how = f"{o['traps']:,} traps at {o['trap_seconds'] * 1e6:.1f} us, ~{human_seconds(o['estimated_seconds'])}"
+    if not o["calibrated"]:
+        how += ", not calibrated"
+    if o.get("bounded"):
+        how += ", capped at its CPU time"
+    line = f"[bold]overhead[/bold]: {o['pid']} {o['process']}: memtrace's probes took {share} of its CPU time ({how})"
+    if o["over_budget"]:
+        line += f"; [yellow]over the {o['budget']:.1%} budget[/yellow]"
+        found = any(
+            f["code"] == "overhead_budget_exceeded"
+            and f["pid"] == o["pid"]
+            and f["start_time_unix_nano"] == o["start_time_unix_nano"]
+            for f in findings
+        )
+        least = DEFAULT.overhead_min_cpu_s
+        if not found and (o["cpu_seconds"] or 0.0) < least:
+            line += f", no finding: it used {o['cpu_seconds'] or 0.0:.2g} s of CPU, a finding waits for {least:g} s"
+    return line
+
+
 def print_sections(doc: Mapping[str, Any], console: Console) -> None:
     """Device memory, waits, launches and findings, under the copy table."""
     if doc.get("device_memory"):
         t = _table(
             "process", "allocs", "frees", "in use", "peak", "pinned host", title="device memory", left=("process",)
         )
-        unknown = []
+        unknown: dict[bool, list[str]] = {True: [], False: []}
         for m in doc["device_memory"]:
             t.add_row(
                 f"{m['pid']} {m['process']}",
@@ -634,10 +676,15 @@ def print_sections(doc: Mapping[str, Any], console: Console) -> None:
                 human_bytes(m["pinned_host_bytes"]),
             )
             if m["unknown_frees"]:
-                unknown.append(f"{m['pid']}: {m['unknown_frees']:,}")
+                unknown[m.get("traced_from_start", False)].append(f"{m['pid']}: {m['unknown_frees']:,}")
         fit(console, t)
-        if unknown:
-            say(console, f"frees of memory allocated before tracing began: {', '.join(unknown)}", highlight=False)
+        # Traced from its start, a free memtrace cannot match was never an allocation's (or freed twice).
+        for whole, what in (
+            (True, "frees of addresses that were not live allocations (never allocated, or already freed)"),
+            (False, "frees of memory allocated before tracing began, or not live allocations"),
+        ):
+            if unknown[whole]:
+                say(console, f"{what}: {', '.join(unknown[whole])}", highlight=False)
     if doc.get("synchronization"):
         t = _table(
             "process", "api", "calls", "p99", "total", "of wall", title="synchronisation waits", left=("process", "api")
@@ -675,6 +722,15 @@ def _pct(v: float | None) -> str:
     return "?" if v is None else f"{v:.0%}"
 
 
+def _preemptor(p: Mapping[str, Any]) -> str:
+    """A preemptor's cgroup, the root one named as such, and its last process:
+    memtrace's own threads said to be memtrace's."""
+    cgroup = p["cgroup"]
+    who = "the root cgroup" if cgroup == "/" else cgroup or f"cgroup {p['cgroup_id']}"
+    last = "memtrace's own threads" if p.get("memtrace") else p["last_process"]
+    return f"{who} ({last})" if last else who
+
+
 def print_host(doc: Mapping[str, Any], console: Console) -> None:
     """The host signals in a few lines: CPU waits, collectives, GPUs, busy links, sensors that were off."""
     host = doc.get("host")
@@ -698,8 +754,7 @@ def print_host(doc: Mapping[str, Any], console: Console) -> None:
         )
         top = [p for p in r["preempted_by"] if p["switches"]]
         if top:
-            who = top[0]["cgroup"] or f"cgroup {top[0]['cgroup_id']}"
-            line += f"; preempted most by {who} ({top[0]['last_process']})"
+            line += f"; preempted most by {_preemptor(top[0])}"
         q = r["cpu_quota"]
         if q and q["throttled_periods"]:
             line += f"; its CPU quota throttled it {q['throttled_seconds']:.3g} s"

@@ -122,6 +122,12 @@ class DeviceMemoryRow(TypedDict):
     allocation_size_bytes: Annotated[SizeQuantiles, "the sizes of its allocations"]
     pinned_host_bytes: Annotated[int, "page-locked host memory allocated or registered now"]
     lost_calls: Annotated[int, "memory calls whose event was lost (its address book may be incomplete)"]
+    traced_from_start: Annotated[
+        bool,
+        "true: traced from its first CUDA call (run's command and its children, a process held as it "
+        "mapped CUDA): its unknown_frees were of addresses never allocated, or freed twice; false: "
+        "attached to while it ran, they may be of memory allocated before",
+    ]
 
 
 # ---- synchronization ----
@@ -373,6 +379,7 @@ class Preemptor(TypedDict):
         int, "the last user process of that cgroup to preempt it (a kernel thread only while none has; 0: idle)"
     ]
     last_process: Annotated[str, "that process's command name"]
+    memtrace: Annotated[bool, "true: that process is memtrace itself (its own threads took the CPU)"]
 
 
 class CpuRow(TypedDict):
@@ -724,6 +731,7 @@ class LibraryRow(TypedDict):
         int, "kernel links: one per program with multi-uprobes (Linux 6.6+), else one per probe and program"
     ]
     symbols: Annotated[list[str], "the symbols probed"]
+    simulated: Annotated[bool, "memtrace's own test CUDA library (tests/fixtures), not CUDA's"]
 
 
 class Drain(TypedDict):
@@ -835,6 +843,11 @@ class Summary(TypedDict):
     schema: Annotated[int, "the schema version (1): later versions add fields and never rename these"]
     processes: Annotated[
         list[ProcessRow], "every process memtrace met: its identity, and its job where a launcher said"
+    ]
+    simulated: Annotated[
+        bool,
+        "a library traced is memtrace's own test CUDA library (`agent.libraries[].simulated`): the calls and "
+        "bytes are the workload's, the durations and bandwidths are not a GPU's",
     ]
     memcpy: Annotated[list[CopyRow], "one row per (process, api, direction, host_memory)"]
     totals: Annotated[dict[str, DirectionTotals], "every process's copies, by direction"]

@@ -29,3 +29,20 @@ def say(console: Console, label: str, body: str, lead: int = 0, indent: int = 6)
     for line in lines[1:]:
         out.append("\n" + line)
     console.print(out, soft_wrap=True, highlight=False)
+
+
+def pageable_share(pageable: int, unknown: int, total: int) -> str:
+    """The pageable share of `total` bytes, `unknown` of which are of a kind
+    memtrace cannot tell (a process it attached to while running, a copy
+    with no host address): with no pageable byte known, a bound ("≤40%"),
+    never a 0% the unknown bytes could belie; "unknown" when (nearly) every
+    byte is. A mix never rounds to 0% or 100%."""
+
+    def pct(share: float) -> str:
+        return "<1%" if 0 < share < 0.01 else ">99%" if 0.99 < share < 1 else f"{share:.0%}"
+
+    if total <= 0 or unknown / total > 0.99:
+        return "unknown"
+    if unknown and not pageable:
+        return f"≤{pct(unknown / total)}"
+    return pct(pageable / total)

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Group
-from rich.table import Table
 
 from memtrace.analysis.diagnosis import Diagnosis
 from memtrace.analysis.findings import Thresholds, compute
@@ -16,6 +15,8 @@ from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes
+from memtrace.export.columns import SplitTable
+from memtrace.export.text import pageable_share
 from memtrace.model import Model
 from memtrace.model.host import HostBook
 
@@ -29,6 +30,15 @@ class _Row:
     d2h: int = 0
     d2d: int = 0
     pageable_h2d: int = 0
+    unknown_h2d: int = 0  # host memory of a kind not known (attached to a running process)
+
+
+def _pageable(p: _Row) -> str:
+    """The pageable share of its H2D bytes: unknown, not 0%, where its memory's kind is."""
+    if not p.h2d:
+        return ""
+    share = pageable_share(p.pageable_h2d, p.unknown_h2d, p.h2d)
+    return share if share == "unknown" else f"{share} h2d"
 
 
 _BY_DIRECTION = {Direction.H2D: "h2d", Direction.D2H: "d2h", Direction.D2D: "d2d"}
@@ -72,15 +82,13 @@ class TopView:
         """The table; `host`: the host signals' readings (CPU waits), taken
         under their lock by the caller; `diagnoses`: the live diagnosis's
         (the last few are shown under the table)."""
-        t = Table(
+        # --detail on a narrow screen: the columns in groups, each led by pid and process.
+        t = SplitTable(
+            (*self.COLUMNS, *(self.DETAIL if self.detail else ())),
+            2,
+            left=("process",),
             title=f"memtrace top: CUDA processes (every {self.interval:g}s; q quits)",
-            title_justify="left",
-            box=None,
-            pad_edge=False,
-            header_style="bold underline",
         )
-        for c in (*self.COLUMNS, *(self.DETAIL if self.detail else ())):
-            t.add_column(c, justify="left" if c == "process" else "right", overflow="fold")
         per: dict[ProcessKey, _Row] = {}
         for (key, _api, d, memory), st in model.copy_view().items():
             p = per.setdefault(key, _Row())
@@ -92,6 +100,8 @@ class TopView:
                 setattr(p, field, getattr(p, field) + st.bytes)
             if d == Direction.H2D and memory == HostMemory.PAGEABLE:
                 p.pageable_h2d += st.bytes
+            elif d == Direction.H2D and memory == HostMemory.UNKNOWN:
+                p.unknown_h2d += st.bytes
         waits: dict[ProcessKey, int] = {}
         for (key, _api), sst in model.sync_view().items():
             waits[key] = waits.get(key, 0) + sst.duration_ns
@@ -113,7 +123,7 @@ class TopView:
                 f"{(p.calls - pc) / dt:,.0f}",
                 human_bytes((p.bytes - pb) / dt) + "/s",
                 human_bytes(p.bytes),
-                f"{p.pageable_h2d / p.h2d:.0%} h2d" if p.h2d else "",
+                _pageable(p),
                 human_bytes(proc.memory.in_use_bytes) if proc and proc.memory.allocations else "",
                 f"{waits[key] / wall:.0%}" if key in waits and wall else "",
             ]

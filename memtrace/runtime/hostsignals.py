@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -573,6 +574,7 @@ class HostSignals:
                 sample_interval_seconds=self.opts.interval_s,
                 sample_errors=self.sample_errors,
                 fast_sampler=self._fast_view(),
+                agent_pid=os.getpid(),  # as the sched sensor's tgids count, in the host's pid namespace
             )
 
     def _fast_view(self) -> schema.FastSampler:

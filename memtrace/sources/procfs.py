@@ -50,11 +50,13 @@ def host_attributes(env: dict[str, str] | os._Environ[str] = os.environ) -> dict
     return attrs
 
 
-def process_attributes(pid: int, name: str = "", exe: str = "", proc: Path = Path("/proc")) -> dict[str, str | int]:
+def process_attributes(pid: int, exe: str = "", proc: Path = Path("/proc")) -> dict[str, str | int]:
+    """Its OTLP resource as the host says it: the executable's path, the
+    container and pod. Its name is the one BPF took, as the table says it
+    (export/otlp.resource_of), never this file's: `python3` runs `python3.11`."""
     attrs: dict[str, str | int] = {"process.pid": pid}
-    exe_name = os.path.basename(exe) if exe else name
-    if exe_name:
-        attrs["process.executable.name"] = clean(exe_name)
+    if exe:
+        attrs["process.executable.path"] = clean(exe, 4096)
     try:
         attrs.update(from_cgroup((proc / str(pid) / "cgroup").read_text()))
     except OSError:
@@ -207,7 +209,7 @@ def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
         ppid = int(_stat_fields(key.pid, proc)[1])
     except (OSError, ValueError, IndexError):
         pass
-    attrs = process_attributes(key.pid, name, exe, proc)
+    attrs = process_attributes(key.pid, exe, proc)
     if not is_running(key, proc):  # replaced while being read
         return ProcessInfo()
     return ProcessInfo(name, exe, attrs, ppid=ppid)
