@@ -402,6 +402,37 @@ def test_otlp_carries_each_interfaces_and_queues_counters_exactly(pair: Pair) ->
     assert sys_last["tx_bytes"] - sys_first["tx_bytes"] > 100 * 1400  # the traffic really went (the rest dropped)
 
 
+def test_a_process_that_enters_a_namespace_after_it_starts_is_followed_there(pair: Pair) -> None:
+    """As `ip netns exec`, nsenter, a container runtime or a CNI plugin do
+    after a process starts: the host's book names the namespace it is in
+    now (where its traffic goes, and what the diagnosis reads), not the one
+    it was first seen in."""
+    from memtrace.model.host import HostBook
+
+    enter = (
+        "import ctypes, os, sys; print('home', flush=True); sys.stdin.readline(); "
+        f"fd = os.open('/run/netns/{pair.a}', os.O_RDONLY); "
+        "assert ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) == 0; "  # CLONE_NEWNET
+        "print('moved', flush=True); sys.stdin.read()"
+    )
+    p = subprocess.Popen([sys.executable, "-c", enter], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    source, book = NetdevSource(), HostBook()
+    try:
+        assert p.stdout is not None and p.stdin is not None and p.stdout.readline() == "home\n"
+        home = ns_inode(p.pid)
+        book.add_net(source.poll([p.pid]))
+        assert book.netns_of(p.pid) == home == os.stat("/proc/self/ns/net").st_ino
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == "moved\n"
+        book.add_net(source.poll([p.pid]))
+        assert book.netns_of(p.pid) == ns_inode(p.pid) != home
+        assert {i.last.name for i in book.interfaces() if i.netns == book.netns_of(p.pid)} >= {pair.va}
+    finally:
+        source.close()
+        p.communicate("", timeout=30)
+
+
 @pytest.mark.parametrize("with_fast", [False, True], ids=["python", "fast"])
 def test_a_vanished_interface_and_namespace_are_reported_not_raised(pair: Pair, with_fast: bool) -> None:
     proc = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")

@@ -266,6 +266,9 @@ class HostBook:
         self._ifaces: dict[tuple[int, int, str], _Link] = {}
         self._qdiscs: dict[tuple[int, int, str, int, int], _Link] = {}
         self._namespaces: dict[int, tuple[bool, set[int]]] = {}
+        # Each traced pid's namespace at the latest sample: a process may enter
+        # another after it starts (`ip netns exec`, nsenter, a CNI plugin).
+        self._netns_now: dict[int, int] = {}
         self.net_errors: set[str] = set()
         self.net_samples = 0
 
@@ -287,6 +290,8 @@ class HostBook:
         for ns in snap.namespaces:
             host, pids = self._namespaces.setdefault(ns.inode, (ns.host, set()))
             pids.update(ns.pids)
+        if snap.namespaces:
+            self._netns_now = {pid: ns.inode for ns in snap.namespaces for pid in ns.pids}
         for i in snap.interfaces:
             link = self._ifaces.get(i.key)
             if link is None:
@@ -426,10 +431,9 @@ class HostBook:
         return [Netns(ino, tuple(sorted(pids)), host) for ino, (host, pids) in sorted(self._namespaces.items())]
 
     def netns_of(self, pid: int) -> int | None:
-        for ino, (_host, pids) in self._namespaces.items():
-            if pid in pids:
-                return ino
-        return None
+        """The network namespace a traced process was in at the latest
+        sample (where its traffic goes now), not the first it was seen in."""
+        return self._netns_now.get(pid)
 
 
 def _move(rows: MutableMapping[ProcessKey, T], old: ProcessKey, new: ProcessKey) -> None:
