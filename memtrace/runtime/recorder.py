@@ -24,7 +24,7 @@ When it writes:
 Cost: `take` runs on the drain thread for every poll and only keeps a
 reference to each batch (no copy, no per-event work); a tick reads the
 book and the model's totals once; the work is in writing a file, on the
-thread that writes it. bench/recorder_cost.py measures both, and
+thread that writes it. bench/experiments/recorder_cost.py measures both, and
 docs/timeline.md gives the figures and how to turn the recorder off.
 """
 

@@ -13,7 +13,7 @@ the recorder's defaults (30 s, 64 MiB). Measured in this one process:
 - the cost of writing its window as a Perfetto trace (encode and write:
   CPU seconds, bytes) and as the HTML picture, from what it holds.
 
-    .venv/bin/python bench/recorder_cost.py [--seconds 35] [--rates 10000,100000,1000000]
+    .venv/bin/python bench/experiments/recorder_cost.py [--seconds 35] [--rates 10000,100000,1000000]
 
 Prints one line per rate; docs/timeline.md keeps the figures with this command.
 """
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from memtrace.core.abi import EVENT_DTYPE  # noqa: E402
 from memtrace.core.notices import Events  # noqa: E402
