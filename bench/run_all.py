@@ -56,7 +56,7 @@ TARGETS = (
         "footprint.py",
         quick=("--counts", "1,10", "--seconds", "1", "--gap-window", "0.5", "--soak", "2000000"),
     ),
-    Bench("attach_time", "attach_time.py", quick=("--rounds", "1")),
+    Bench("attach_time", "attach_time.py", quick=("--rounds", "1"), takes_old=True),
     Bench("exit_time", "exit_time.py", quick=("--rounds", "1")),
     # Target 5 needs the GPU machine (bench/targets/step_time.py there, without --simulate).
     Bench("step_time", "step_time.py", ("--simulate",), ("--simulate", "--rounds", "1", "--steps", "20")),
