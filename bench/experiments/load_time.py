@@ -1,7 +1,7 @@
 """How long the kernel takes to load (verify) each sensor's object, and how
 many instructions its verifier walked.
 
-    sudo .venv/bin/python bench/load_time.py [--rounds R] [--object OLD.o ...]
+    sudo .venv/bin/python bench/experiments/load_time.py [--rounds R] [--object OLD.o ...]
 
 Each round loads every object once, in turn (the CUDA sensor's twice: with
 call stacks off, as by default, and on, where the Python frame walk is
@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, need_root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.harness import REPO, need_root  # noqa: E402
 
-sys.path.insert(0, str(REPO))
 
 # struct bpf_prog_info (linux/bpf.h): the field after recursion_misses.
 PROG_INFO_SIZE = 232
