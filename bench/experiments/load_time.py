@@ -22,7 +22,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.harness import REPO, need_root  # noqa: E402
 
-
 # struct bpf_prog_info (linux/bpf.h): the field after recursion_misses.
 PROG_INFO_SIZE = 232
 VERIFIED_INSNS_OFF = 216
