@@ -195,7 +195,7 @@ def test_a_thread_fed_in_small_batches_keeps_a_few_arrays_and_each_symbols_last_
     assert t.stats() is None  # waits at random: no anchor
     (th,) = t.threads.values()
     assert th.pending.count <= MAX_SEARCH_PENDING + (MAX_CHUNKS + 1) * 12
-    _e, ret, _k, _y, _la = th.pending.joined()
+    ret = th.pending.joined()[1]
     want = np.array([r[0] + r[1] for r in rows], np.int64)
     assert ret.tolist() == want[-len(ret) :].tolist()  # the latest events, in order
     ((sym, ring),) = th.seen.items()
