@@ -12,7 +12,7 @@ from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.core.ids import ProcessKey
 from memtrace.export.report import steps
 from memtrace.model import Model
-from memtrace.model.steps import MERGE_BELOW, RECENT, StepTracker, _Thread, feed
+from memtrace.model.steps import MERGE_BELOW, RECENT, StepTracker, _Thread, _Window, feed
 
 MEMCPY_ASYNC, STREAM_SYNC, DEVICE_SYNC, MALLOC = 2, 80, 81, 40
 US = 1000
@@ -467,3 +467,61 @@ def test_the_steady_loops_shortcut_judges_every_wait_as_the_loop_does(seed: int)
         assert list(fast.recent_events) == list(slow.recent_events), case
         assert list(fast.recent) == list(slow.recent), case
     assert min(taken) > 20, taken  # both ways were weighed
+
+
+def logging_step(t0: int, host_ns: int, log: bool) -> tuple[list[Ev], int]:
+    """One batch as a loop with one input copy makes it: a 100 us H2D copy,
+    then its launches (1 ms), the loss read back (a D2H copy, a 1 ms wait
+    on the stream); when `log`, the step then logs: a 100 us D2H copy of a
+    metric and another wait on that stream, 1 ms into the host work."""
+    rows: list[Ev] = [(t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID)]
+    rows.append((t0 + 1100 * US, 100 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID))
+    rows.append((t0 + 1200 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID))
+    end = t0 + 2200 * US + host_ns
+    if log:
+        rows.append((t0 + 3200 * US, 100 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID))
+        rows.append((t0 + 3300 * US, 200 * US, STREAM_SYNC, STREAM, 0, TID))
+    return rows, end
+
+
+@pytest.mark.parametrize("every", [1, 10, 50])
+@pytest.mark.parametrize("batches", [1, 9])
+def test_a_loop_that_logs_every_n_steps_makes_one_step_a_batch(every: int, batches: int) -> None:
+    """A log's wait follows a D2H copy on the loss's stream, as the loss's
+    does, and holds nearly a step's copies and waits: only the input copy
+    says which of the two ends a batch. Logging every 10 steps was counted
+    10% over (each tenth step split in two)."""
+    rng = np.random.default_rng(every)
+    host = [int(x) for x in rng.uniform(3 * MS, 5 * MS, 300)]
+    rows: list[Ev] = []
+    ends, t0 = [], 10**12
+    for i, h in enumerate(host):
+        ev, t0 = logging_step(t0, h, log=i % every == every - 1)
+        rows += ev
+        ends.append(ev[2][0] + ev[2][1])  # the loss's wait returns: the batch's end
+    st = tracked(rows, batches=batches).stats()
+    assert st is not None
+    assert st.steps == len(host) - 1
+    assert st.step_ns == ends[-1] - ends[0]
+
+
+def test_the_step_windows_median_and_typical_step_are_those_of_their_values() -> None:
+    """_Window keeps its values sorted beside it (the detector's hot path
+    reads its median at every anchor wait): what it answers is what
+    statistics.median gives on the last RECENT values, through appends, batch
+    extends and warm-up outliers."""
+    rng = np.random.default_rng(3)
+    w = _Window()
+    values: list[int] = []
+    for _ in range(500):
+        if rng.random() < 0.1:
+            new = [int(x) for x in rng.integers(1, 10**6, int(rng.integers(1, 40)))]
+            w.extend(new)
+        else:
+            new = [int(rng.integers(1, 10**6)) * (50 if rng.random() < 0.05 else 1)]
+            w.append(new[0])
+        values = (values + new)[-RECENT:]
+        assert list(w) == values
+        m = statistics.median(values)
+        assert w.median() == m
+        assert w.typical() == float(statistics.median([x for x in values if x <= 2 * m]))

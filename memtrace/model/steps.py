@@ -110,11 +110,13 @@ first few steps, not their durations.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -368,8 +370,8 @@ class _Thread:
         self.counts: dict[int, int] = {}  # symbol -> waits seen (until an anchor)
         self.waits = 0  # waits seen (until an anchor)
         self.next_choice = MIN_OCCURRENCES  # look for an anchor once this many waits were seen
-        self.recent: deque[int] = deque(maxlen=RECENT)  # step durations, ns
-        self.recent_events: deque[int] = deque(maxlen=RECENT)  # copies and waits per step
+        self.recent = _Window()  # step durations, ns
+        self.recent_events = _Window()  # copies and waits per step
         self.boundary: int | None = None  # return time of the last boundary
         self.first_boundary: int | None = None  # where the first step began
         self.qual = 0  # the qualifier of a synchronisation now: the last copy since the last wait
@@ -476,7 +478,7 @@ class _Thread:
             self.recent_events.extend(np.diff(counted[at]).tolist())
             self.seen.clear()
             self.counts.clear()
-            if len(at) and len(self.recent_events) and (typical := statistics.median(self.recent_events)) > 2:
+            if len(at) and len(self.recent_events) and (typical := self.recent_events.median()) > 2:
                 # The loop begins at the first of its waits that a step's worth of
                 # copies and waits came before: those before it were the setup's
                 # (PyTorch's weight uploads, each an H2D copy waited for).
@@ -557,7 +559,7 @@ class _Thread:
                 continue
             if self.gated and h == held:  # no input since the last boundary: no step ended here
                 assert last is not None
-                long = not self.recent or b - last >= MERGE_BELOW * _typical(self.recent)
+                long = not self.recent or b - last >= MERGE_BELOW * self.recent.typical()
                 dry = dry + 1 if h == last_in and long else 0
                 last, last_in = b, h
                 if dry < DRY_RUN:
@@ -609,10 +611,10 @@ class _Thread:
     def _short(self, d: int, n: int) -> bool:
         """Too short to be a step: d ns holding n copies and waits."""
         if self.recent_events:
-            typical = statistics.median(self.recent_events)
+            typical = self.recent_events.median()
             if typical > 2:  # steps that copy: count events, which a preempted thread does not stretch
                 return n <= MERGE_BELOW * typical
-        return bool(self.recent) and d < MERGE_BELOW * _typical(self.recent)
+        return bool(self.recent) and d < MERGE_BELOW * self.recent.typical()
 
     def _steps(self, lo: int, bounds: list[int], ends: list[int], cols: _Cols) -> None:
         """Account the steps (lo, bounds[0]], (bounds[0], bounds[1]], ...: step k
@@ -694,11 +696,45 @@ def _count_work(st: StepStats, b_in: np.ndarray, b_out: np.ndarray, spans: np.nd
             st.outputs[a] = st.outputs.get(a, 0) + int(count)
 
 
-def _typical(d: deque[int]) -> float:
-    """A typical step: the median of the durations no longer than twice the
-    median, so that slow warm-up steps do not make real steps look short."""
-    m = statistics.median(d)
-    return float(statistics.median([x for x in d if x <= 2 * m]))
+class _Window(deque[int]):
+    """The last RECENT steps' durations or event counts, kept sorted beside
+    the deque, so that their median and a typical step are read, not
+    computed: _short asks at every anchor wait, and statistics.median there
+    was the agent's hot spot (bench/targets/agent_throughput.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(maxlen=RECENT)
+        self._sorted: list[int] = []
+
+    def append(self, x: int) -> None:
+        if len(self) == RECENT:
+            del self._sorted[bisect.bisect_left(self._sorted, self[0])]
+        super().append(x)
+        bisect.insort(self._sorted, x)
+
+    def extend(self, xs: Iterable[int]) -> None:
+        xs = list(xs)
+        if len(xs) < 8:
+            for x in xs:
+                self.append(x)
+        else:  # a batch of steps at once (_none_short): sort once
+            super().extend(xs)
+            self._sorted = sorted(self)
+
+    def median(self) -> float:
+        """statistics.median of the window (not empty)."""
+        return _sorted_median(self._sorted, len(self._sorted))
+
+    def typical(self) -> float:
+        """A typical step: the median of those no longer than twice the
+        median, so that slow warm-up steps do not make real steps look short."""
+        return float(_sorted_median(self._sorted, bisect.bisect_right(self._sorted, 2 * self.median())))
+
+
+def _sorted_median(s: list[int], n: int) -> float:
+    """statistics.median of the first n (at least one) of the sorted s."""
+    h = n // 2
+    return s[h] if n % 2 else (s[h - 1] + s[h]) / 2
 
 
 def _quantile(s: np.ndarray, q: float) -> float:
