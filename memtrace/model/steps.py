@@ -53,13 +53,29 @@ wait only), short is in time: under MERGE_BELOW of a typical recent step
 (the median, leaving out steps over twice it: warm-up). Either way, of the
 two parts of a split step one is short (unless a checkpoint copies as much
 as a step, or falls mid-step in a copy-less loop), so the count stays
-right; only where the boundary lies moves.
+right; only where the boundary lies moves. The median and the typical
+step are read from the window kept sorted (_Window), not computed at each
+anchor wait: that was the agent's hot spot.
+
+Counting short in events fails where a step makes few copies: a loop that
+copies one batch in, reads its loss (a D2H copy and a wait) and, every N
+steps, logs (another small D2H and a wait on the same stream) makes a log
+interval of two events in a step of three, not short, so every Nth step
+was split in two (10% over at N = 10). What tells them apart is the input:
+a loop that copies its input (H2D) in at least INPUT_SHARE of its anchor's
+intervals is *gated*: an anchor wait with no input copy since the last
+boundary ends no step, whatever its length (a log, a checkpoint's
+tensors, a scalar read twice a step). If DRY_RUN step-long intervals in a
+row bring no input, the loop stopped copying it, and the gate is lifted.
 A loop is one thread's: when other threads of the process wait on the
 stepping thread's anchor (its api and stream) more than SHARED_ABOVE as
-often as it does, the process has no steps. JAX is that: its runtime makes
-a step's transfers and waits from a pool of threads, each for a stretch,
-all on one stream (the recorded jax_train: 716 waits on it from 6
-threads), and one thread's stretch of them is not the job's step.
+often as it does, no one thread's steps are the process's. JAX is that:
+its runtime makes a step's transfers and waits from a pool of threads,
+each for a stretch, all on one stream (the recorded jax_train: 716 waits
+on it from 6 threads). Once two threads wait on one symbol, the process's
+threads are also followed as one (tid 0, events in return order); their
+steps are the process's only where that loop is gated (each step copies
+its input), never a pool's waits taken as steps on their own.
 
 Data-loader jitter changes step lengths, not the count: a long step is a
 long step. Warm-up steps are steps (the first ones are slow; the median is
@@ -99,7 +115,8 @@ between a wait and the loss.item() copy.
 Bounded state: per thread, RING return times per candidate symbol (until
 the anchor is chosen), the events of the step in progress (at most
 MAX_PENDING), RECENT step durations for the merge median, running sums and
-an ExpHistogram of step durations. At most MAX_THREADS threads per process.
+an ExpHistogram of step durations, at most MAX_WORK classes of work and
+MAX_OUTPUTS amounts read back. At most MAX_THREADS threads per process.
 Until an anchor is chosen only the last MAX_SEARCH_PENDING events are kept
 (a thread that never steps, the common case on a busy host, would
 otherwise hold MAX_PENDING: 0.5 MB each, 500 MB at 1000 processes): steps
