@@ -525,3 +525,28 @@ def test_the_step_windows_median_and_typical_step_are_those_of_their_values() ->
         m = statistics.median(values)
         assert w.median() == m
         assert w.typical() == float(statistics.median([x for x in values if x <= 2 * m]))
+
+
+@pytest.mark.parametrize("size", [3, 32, 10**6])
+def test_a_loop_after_uploads_each_waited_for_begins_at_its_first_step(size: int) -> None:
+    """PyTorch's setup uploads the weights, each an H2D copy waited for on
+    the loop's stream (five, as in the recorded pageable loop): the anchor
+    may be chosen among them when events come a few at a time and the agent
+    reads its steps at each tick (that loop replayed was counted 304 steps
+    for 299). The uploads are no steps, however the events are cut."""
+    rows: list[Ev] = []
+    t0 = 10**12
+    for _ in range(5):
+        rows.append((t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID))
+        rows.append((t0 + 100 * US, 20 * US, STREAM_SYNC, STREAM, 0, TID))
+        t0 += 150 * US
+    rows += loop(40, t0=t0 + 500 * MS)
+    b = events(rows)
+    t = StepTracker(PID)
+    for off in range(0, len(b), size):
+        t.add(b[off : off + size])
+        t.stats()
+    st = t.stats()
+    assert st is not None
+    assert st.steps == 39
+    assert st.step_ns == 39 * 7400 * US

@@ -85,6 +85,11 @@ regularity) reports no steps, never made-up ones.
 
 The first step: memtrace sees boundaries, so N waits make N - 1 steps; the
 time before the first boundary is not a step (it holds the process's setup).
+Where the loop begins is decided once more than RECENT of the anchor's
+waits are held (_settle): the first that a step's worth of copies and waits
+came before. Setup waits of the same symbol (weight uploads, each waited
+for) are no steps, however few events each poll brings; until then the
+steps read are those a copy decided now would have.
 
 Breakdown of a step (the interval between two boundaries on the thread):
 - copy: time inside copy calls (their entry-to-return durations);
@@ -128,6 +133,7 @@ first few steps, not their durations.
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import enum
 import math
@@ -382,6 +388,7 @@ class _Thread:
         self.pending = _Pending()
         self.anchor: int | None = None
         self.gated = False  # a step needs an input copy (H2D): the loop copies its input every step
+        self.settled = False  # where the loop begins is decided (_settle): steps are closed
         self.seen: dict[int, _Ring] = {}  # symbol -> its last (return time, event number)
         self.events = 0  # events seen (until an anchor)
         self.counts: dict[int, int] = {}  # symbol -> waits seen (until an anchor)
@@ -405,7 +412,7 @@ class _Thread:
             outputs=dict(st.outputs),
             leads=deque(st.leads, maxlen=RING),
         )
-        self.anchor, self.gated = other.anchor, other.gated
+        self.anchor, self.gated, self.settled = other.anchor, other.gated, other.settled
         self.recent.extend(other.recent)
         self.recent_events.extend(other.recent_events)
         self.boundary, self.first_boundary = other.boundary, other.first_boundary
@@ -483,27 +490,52 @@ class _Thread:
             if self.anchor is None:
                 self.pending.bound(MAX_SEARCH_PENDING)
                 return
-            _e, p_ret, p_kind, p_sym, _la, p_dir, _nb = self.pending.joined()
-            at = self._matches(p_sym)
-            inputs = np.cumsum((p_kind == _COPY) & (p_dir == _H2D))
-            fed = np.diff(inputs[at]) > 0  # the anchor's intervals that copied input
-            self.gated = len(fed) > 0 and float(fed.mean()) >= INPUT_SHARE
-            if self.gated:
-                at = _gated(inputs, at)
-            counted = np.cumsum(p_kind != _COLL)
-            self.recent.extend(np.diff(p_ret[at]).tolist())
-            self.recent_events.extend(np.diff(counted[at]).tolist())
             self.seen.clear()
             self.counts.clear()
-            if len(at) and len(self.recent_events) and (typical := self.recent_events.median()) > 2:
-                # The loop begins at the first of its waits that a step's worth of
-                # copies and waits came before: those before it were the setup's
-                # (PyTorch's weight uploads, each an H2D copy waited for).
-                before = np.diff(counted[at], prepend=0)
-                first = int(np.argmax(before > MERGE_BELOW * typical))
-                if first:
-                    self.pending.keep_from(int(at[first]))
+        if not self.settled and not self._settle(force=False):
+            return  # the loop's start is not known yet: its events are held
         self._close_steps()
+
+    def _settle(self, force: bool) -> bool:
+        """Decide where the loop begins, once the events held since the
+        anchor was chosen hold more than RECENT of its waits (or MAX_PENDING
+        / 2 events; at once when `force`): whether steps need an input copy
+        (gated), and the first boundary: the first anchor wait that a step's
+        worth of copies and waits came before (more than MERGE_BELOW of the
+        median of the last RECENT intervals), where steps copy. The waits
+        before it were the setup's (PyTorch's weight uploads, each an H2D
+        copy waited for): an anchor chosen among them, as events come a few
+        at a time, would make each a step. False: not yet."""
+        _e, p_ret, p_kind, p_sym, _la, p_dir, _nb = self.pending.joined()
+        at = self._matches(p_sym)
+        if not force and len(at) <= RECENT and self.pending.count < MAX_PENDING // 2:
+            return False
+        inputs = np.cumsum((p_kind == _COPY) & (p_dir == _H2D))
+        fed = np.diff(inputs[at]) > 0  # the anchor's intervals that copied input
+        self.gated = len(fed) > 0 and float(fed.mean()) >= INPUT_SHARE
+        if self.gated:
+            at = _gated(inputs, at)
+        counted = np.cumsum(p_kind != _COLL)
+        n, d = np.diff(counted[at]), np.diff(p_ret[at])
+        if len(n) and (typical := float(np.median(n[-RECENT:]))) > 2:
+            first = int(np.argmax(np.diff(counted[at], prepend=0) > MERGE_BELOW * typical))
+            if first:
+                self.pending.keep_from(int(at[first]))
+                n, d = n[first:], d[first:]
+        self.recent.extend(d.tolist())
+        self.recent_events.extend(n.tolist())
+        self.settled = True
+        return True
+
+    def view(self) -> _Thread:
+        """The thread; while the loop's start is not decided, a copy that
+        decided it now and closed its steps (the thread still waits)."""
+        if self.settled or self.anchor is None:
+            return self
+        t = copy.deepcopy(self)
+        t._settle(force=True)
+        t._close_steps()
+        return t
 
     def _choose(self) -> int | None:
         """The anchor: the most frequent regular wait symbol, by its rate
@@ -722,12 +754,19 @@ class _Window(deque[int]):
     def __init__(self) -> None:
         super().__init__(maxlen=RECENT)
         self._sorted: list[int] = []
+        self._typical: float | None = None  # until the window changes
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Window:
+        w = _Window()
+        w.extend(self)
+        return w
 
     def append(self, x: int) -> None:
         if len(self) == RECENT:
             del self._sorted[bisect.bisect_left(self._sorted, self[0])]
         super().append(x)
         bisect.insort(self._sorted, x)
+        self._typical = None
 
     def extend(self, xs: Iterable[int]) -> None:
         xs = list(xs)
@@ -737,6 +776,7 @@ class _Window(deque[int]):
         else:  # a batch of steps at once (_none_short): sort once
             super().extend(xs)
             self._sorted = sorted(self)
+            self._typical = None
 
     def median(self) -> float:
         """statistics.median of the window (not empty)."""
@@ -744,8 +784,12 @@ class _Window(deque[int]):
 
     def typical(self) -> float:
         """A typical step: the median of those no longer than twice the
-        median, so that slow warm-up steps do not make real steps look short."""
-        return float(_sorted_median(self._sorted, bisect.bisect_right(self._sorted, 2 * self.median())))
+        median, so that slow warm-up steps do not make real steps look short.
+        Kept until the window changes: a run of short intervals asks again
+        at each wait."""
+        if self._typical is None:
+            self._typical = float(_sorted_median(self._sorted, bisect.bisect_right(self._sorted, 2 * self.median())))
+        return self._typical
 
 
 def _sorted_median(s: list[int], n: int) -> float:
@@ -928,7 +972,7 @@ class StepTracker:
         (the step is no one thread's), those of its threads taken as one
         (tid 0); None while it has none."""
         self.flush()
-        t = max(self.threads.values(), key=lambda t: t.stats.steps, default=None)
+        t = max((t.view() for t in self.threads.values()), key=lambda t: t.stats.steps, default=None)
         if t is not None and t.stats.steps and t.anchor is not None:
             plain = t.anchor & ~_QUAL_BITS
             own = others = 0
@@ -940,7 +984,7 @@ class StepTracker:
                         others += n
             if others <= SHARED_ABOVE * own:
                 return t.stats
-        p = self.pooled
+        p = self.pooled.view() if self.pooled is not None else None
         return p.stats if p is not None and p.stats.steps and p.anchor is not None and p.gated else None
 
 
