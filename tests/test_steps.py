@@ -12,7 +12,7 @@ from memtrace.core.abi import EVENT_DTYPE, Direction
 from memtrace.core.ids import ProcessKey
 from memtrace.export.report import steps
 from memtrace.model import Model
-from memtrace.model.steps import MERGE_BELOW, RECENT, StepTracker, _Thread, feed
+from memtrace.model.steps import MERGE_BELOW, RECENT, StepTracker, _Thread, _Window, feed
 
 MEMCPY_ASYNC, STREAM_SYNC, DEVICE_SYNC, MALLOC = 2, 80, 81, 40
 US = 1000
@@ -195,7 +195,7 @@ def test_a_thread_fed_in_small_batches_keeps_a_few_arrays_and_each_symbols_last_
     assert t.stats() is None  # waits at random: no anchor
     (th,) = t.threads.values()
     assert th.pending.count <= MAX_SEARCH_PENDING + (MAX_CHUNKS + 1) * 12
-    _e, ret, _k, _y, _la = th.pending.joined()
+    ret = th.pending.joined()[1]
     want = np.array([r[0] + r[1] for r in rows], np.int64)
     assert ret.tolist() == want[-len(ret) :].tolist()  # the latest events, in order
     ((sym, ring),) = th.seen.items()
@@ -467,3 +467,86 @@ def test_the_steady_loops_shortcut_judges_every_wait_as_the_loop_does(seed: int)
         assert list(fast.recent_events) == list(slow.recent_events), case
         assert list(fast.recent) == list(slow.recent), case
     assert min(taken) > 20, taken  # both ways were weighed
+
+
+def logging_step(t0: int, host_ns: int, log: bool) -> tuple[list[Ev], int]:
+    """One batch as a loop with one input copy makes it: a 100 us H2D copy,
+    then its launches (1 ms), the loss read back (a D2H copy, a 1 ms wait
+    on the stream); when `log`, the step then logs: a 100 us D2H copy of a
+    metric and another wait on that stream, 1 ms into the host work."""
+    rows: list[Ev] = [(t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID)]
+    rows.append((t0 + 1100 * US, 100 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID))
+    rows.append((t0 + 1200 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID))
+    end = t0 + 2200 * US + host_ns
+    if log:
+        rows.append((t0 + 3200 * US, 100 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID))
+        rows.append((t0 + 3300 * US, 200 * US, STREAM_SYNC, STREAM, 0, TID))
+    return rows, end
+
+
+@pytest.mark.parametrize("every", [1, 10, 50])
+@pytest.mark.parametrize("batches", [1, 9])
+def test_a_loop_that_logs_every_n_steps_makes_one_step_a_batch(every: int, batches: int) -> None:
+    """A log's wait follows a D2H copy on the loss's stream, as the loss's
+    does, and holds nearly a step's copies and waits: only the input copy
+    says which of the two ends a batch. Logging every 10 steps was counted
+    10% over (each tenth step split in two)."""
+    rng = np.random.default_rng(every)
+    host = [int(x) for x in rng.uniform(3 * MS, 5 * MS, 300)]
+    rows: list[Ev] = []
+    ends, t0 = [], 10**12
+    for i, h in enumerate(host):
+        ev, t0 = logging_step(t0, h, log=i % every == every - 1)
+        rows += ev
+        ends.append(ev[2][0] + ev[2][1])  # the loss's wait returns: the batch's end
+    st = tracked(rows, batches=batches).stats()
+    assert st is not None
+    assert st.steps == len(host) - 1
+    assert st.step_ns == ends[-1] - ends[0]
+
+
+def test_the_step_windows_median_and_typical_step_are_those_of_their_values() -> None:
+    """_Window keeps its values sorted beside it (the detector's hot path
+    reads its median at every anchor wait): what it answers is what
+    statistics.median gives on the last RECENT values, through appends, batch
+    extends and warm-up outliers."""
+    rng = np.random.default_rng(3)
+    w = _Window()
+    values: list[int] = []
+    for _ in range(500):
+        if rng.random() < 0.1:
+            new = [int(x) for x in rng.integers(1, 10**6, int(rng.integers(1, 40)))]
+            w.extend(new)
+        else:
+            new = [int(rng.integers(1, 10**6)) * (50 if rng.random() < 0.05 else 1)]
+            w.append(new[0])
+        values = (values + new)[-RECENT:]
+        assert list(w) == values
+        m = statistics.median(values)
+        assert w.median() == m
+        assert w.typical() == float(statistics.median([x for x in values if x <= 2 * m]))
+
+
+@pytest.mark.parametrize("size", [3, 32, 10**6])
+def test_a_loop_after_uploads_each_waited_for_begins_at_its_first_step(size: int) -> None:
+    """PyTorch's setup uploads the weights, each an H2D copy waited for on
+    the loop's stream (five, as in the recorded pageable loop): the anchor
+    may be chosen among them when events come a few at a time and the agent
+    reads its steps at each tick (that loop replayed was counted 304 steps
+    for 299). The uploads are no steps, however the events are cut."""
+    rows: list[Ev] = []
+    t0 = 10**12
+    for _ in range(5):
+        rows.append((t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID))
+        rows.append((t0 + 100 * US, 20 * US, STREAM_SYNC, STREAM, 0, TID))
+        t0 += 150 * US
+    rows += loop(40, t0=t0 + 500 * MS)
+    b = events(rows)
+    t = StepTracker(PID)
+    for off in range(0, len(b), size):
+        t.add(b[off : off + size])
+        t.stats()
+    st = t.stats()
+    assert st is not None
+    assert st.steps == 39
+    assert st.step_ns == 39 * 7400 * US
