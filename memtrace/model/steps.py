@@ -102,9 +102,9 @@ Breakdown of a step (the interval between two boundaries on the thread):
   share to their collective share (the totals are exact; the per-step
   durations, which do not depend on it, are unchanged);
 - host: the rest, the thread's own work: on CPU, waiting for a CPU, or off
-  CPU otherwise. A sched sensor (later) splits it: it will feed per-thread
-  (ts, on_cpu_ns, run_queue_ns) records into the same windows; the field
-  `host_ns` is the sum its three parts will make.
+  CPU otherwise. Not split here: the sched sensor's per-process run-queue
+  and off-CPU time (model/host.py) are read beside the steps by the
+  diagnosis, per window, not per step.
 
 GPU idle (the GPU waiting for the host): after a wait returns, the stream or
 device is empty until the thread gives it work again: its next copy or wait
