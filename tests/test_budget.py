@@ -111,6 +111,19 @@ def test_a_gap_is_extrapolated_per_exact_call_where_the_windows_saw_enough_calls
     assert est.error == pytest.approx(0.0, abs=1e-9)  # every window saw 50 launches a call
 
 
+def test_a_gap_is_extrapolated_per_call_counted_whole_where_bpf_saw_too_few_intervals() -> None:
+    """A short job's one window, fully probed before BPF kept intervals for
+    it, held 10 copies: launches per call from its counts (its edges are
+    calls here), not per CPU second at a trap cost half the true one. One
+    window: no bound, and said so."""
+    loop = Loop(every=100, trap_s=20e-6)
+    s = sampled(loop, 0.1, first=1_000)
+    est = s.report(loop.run(20_000, probed=False), COST)
+    assert est.basis == "per_call"
+    assert est.launches[API] == loop.launched
+    assert est.error is None
+
+
 def test_a_gap_is_extrapolated_per_cpu_second_less_the_traps() -> None:
     """A loop with no exact call: the windows' CPU time less their traps at
     the calibrated cost gives launches per unprobed CPU second, times the
@@ -265,6 +278,9 @@ class FakeLinks:
     def exited(self, pid: int, ticks: int) -> None:
         self.own.pop(pid, None)
 
+    def sample(self, pid: int) -> tuple[int, int]:
+        return 0, 0  # no exact call: no complete interval
+
 
 @dataclass
 class FakeMaps:
@@ -332,7 +348,7 @@ def test_a_new_process_is_sampled_from_its_first_launches(spinner: Any, monkeypa
     assert cuda.launch_links.own == {spinner.pid: False}  # linked with its links detached
     assert s.on is False and s.closed == 1
     first = s.windows[0]
-    assert first.start.launches == 40  # the first reading that found launches
+    assert first.start.launches == 80  # the first reading that found launches (40), read again at once, fresh
     assert first.cpu_s >= MIN_WEIGH_CPU_S
     assert 0 < s.duty < 1
     assert s.base == dict(first.end.counts)  # every launch until its first gap counted

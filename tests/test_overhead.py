@@ -468,7 +468,8 @@ def test_the_budget_weighs_a_process_from_its_first_event_not_from_the_model(fak
                 else:
                     launches.setdefault(key, {})[k.api] = n
             ((key, counted),) = launches.items()
-            reported, duty = agent.budget.estimate(key, counted, traps[key])
+            est = agent.budget.estimate(key, counted, traps[key])
+            reported, duty = est.launches, est.duty
     words = out.split()
     truth = int(words[words.index("launches") + 1])
     assert duty is not None and 0 < duty < 1

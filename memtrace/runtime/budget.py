@@ -55,6 +55,9 @@ inside the window), by one of two clocks that run on unprobed:
   window's edges never cut an interval it counts; a window short against
   a loop's steps sees their short intervals more often than their long
   ones, which a step's lumps of launches would bias (not in the bound).
+- per exact call counted whole, where they hold fewer complete intervals
+  but MIN_CALLS calls or more: the windows' launches per call (a window's
+  edges cut an interval each, a call's worth at most).
 - per CPU second otherwise (a loop whose calls are rare or absent, a job
   too short for a second window): the launches per CPU second the windows
   spent outside their traps (their CPU time less their launches and calls
@@ -111,7 +114,12 @@ IDLE_DECIDE_S = 1.0
 MIN_WEIGH_CPU_S = 0.005  # CPU time readings must span to weigh a process
 NEAR = 2  # a gap is extrapolated from up to this many windows on each side of it
 KEEP = 4 * NEAR  # windows kept for the gaps not settled yet
-MIN_INTERVALS = 8  # complete intervals those windows need for an extrapolation per call (else per CPU second)
+# Complete intervals those windows need for an extrapolation per call (else per CPU second,
+# which leans on the trap cost: tens of % off where entries are single-stepped).
+MIN_INTERVALS = 2
+# Else exact calls those windows need for launches per call counted whole (their edges
+# cut an interval each: within a call of the truth per window), before per CPU second.
+MIN_CALLS = 4
 MIN_RATE_CPU_S = 0.001  # a window's CPU time for a rate of its own (the error's spread)
 FRESH_WAIT_S = 0.0045  # a tick at 250 Hz and more: how long a window's edge waits for an up-to-date CPU time
 FRESH_POLL_S = 0.0002
@@ -286,6 +294,12 @@ def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
         rate = sum(w.interval_launches for w in near) / intervals
         n = rate * gap.calls
         err = _spread([w.interval_launches / w.intervals for w in near if w.intervals], rate) if n > 0 else 0.0
+        return _Guess({a: n * s for a, s in shares.items()}, err, PER_CALL)
+    calls = sum(w.calls for w in near)
+    if calls >= MIN_CALLS and launched > 0:
+        rate = launched / calls
+        n = rate * gap.calls
+        err = _spread([w.total / w.calls for w in near if w.calls >= 1], rate) if n > 0 else 0.0
         return _Guess({a: n * s for a, s in shares.items()}, err, PER_CALL)
     gap_s = max(gap.unprobed_s(cost), 0.0)
     unprobed = sum(max(w.unprobed_s(cost), 0.0) for w in near)
@@ -514,7 +528,19 @@ class LaunchBudget:
             if cpu is None:  # gone, its exit not heard yet: nothing past its last reading
                 cpu = s.phase.cpu_ns
             now = _Reading(ended if ended is not None else time.monotonic(), cpu, counts, exact)
-            return s.report(now, cost)
+            est = s.report(now, cost)
+        if ended is not None:
+            log.debug(
+                "pid %d: %d launches reported (%s, error %s), %d windows, %d gaps open, cost %.2f us",
+                key.pid,
+                sum(est.launches.values()),
+                est.basis,
+                est.error,
+                s.closed,
+                len(s.gaps),
+                cost.entry_seconds * 1e6,
+            )
+        return est
 
     def met(self, key: ProcessKey) -> None:
         """A process was stopped at a CUDA library, or made its first traced
@@ -660,7 +686,10 @@ class LaunchBudget:
         span = _Span(prev, r)
         if span.cpu_s < MIN_WEIGH_CPU_S:
             return now + DECIDE_S
-        duty = self._duty(cost, span.cpu_s, launches - prev_launches, span.calls)
+        if launches > prev_launches:
+            duty = self._duty(cost, span.cpu_s, launches - prev_launches, span.calls)
+        else:  # an estimate revised down (a gap's clock changed): nothing to weigh, not a loop that stopped
+            duty = s.duty
         with self._lock:
             s.decided, s.decided_launches = r, launches
             s.retune(duty)
