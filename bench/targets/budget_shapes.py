@@ -159,6 +159,8 @@ def measure(shape: Shape, lib: Path, tools: Path, per_us: float, rounds: int, tm
     shares: list[float] = []
     over: list[bool] = []
     estimated: list[bool] = []
+    unbounded: list[bool] = []
+    held: list[bool] = []
     times: dict[bool, list[float]] = {False: [], True: []}
     for r, traced in harness.alternating([False, True], rounds, "reverse"):
         # A copy of the library with an inode of its own: an earlier round's probes
@@ -173,6 +175,16 @@ def measure(shape: Shape, lib: Path, tools: Path, per_us: float, rounds: int, tm
             ok = len(rows) == len(want)
             errors.append(max(abs(a - b) / b for a, b in zip(rows, want, strict=True)) if ok else 1.0)
             estimated.append(any(row["estimated"] for row in doc["launches"]))
+            # Whether every estimate stated a bound, and whether the bound held the truth.
+            stated = [row for row in doc["launches"] if row["estimated"]]
+            unbounded.append(any(row.get("error") is None for row in stated))
+            held.append(
+                ok
+                and all(row.get("error") is not None for row in stated)
+                and errors[-1] <= max(row["error"] for row in stated) + 1e-6
+                if stated
+                else ok
+            )
             o = [row for row in doc["overhead"] if row.get("launch_traps")]
             trapped.append(sum(row["launch_traps"] for row in o) / sum(want))
             shares.append(max((row["share_of_cpu"] or 0.0) for row in o) if o else 0.0)
@@ -187,6 +199,8 @@ def measure(shape: Shape, lib: Path, tools: Path, per_us: float, rounds: int, tm
         "share": max(shares),
         "over": sum(over),
         "estimated": sum(estimated),
+        "unbounded": sum(unbounded),
+        "held": sum(held),
     }
 
 
@@ -219,6 +233,7 @@ def main() -> None:
             m = measure(shape, lib, tools, per_us, a.rounds, tmp, not a.no_host)
             spread = f"[{min(m['ratios']):.3f}-{max(m['ratios']):.3f}]"
             note = "" if m["estimated"] == a.rounds else f"  estimated in {m['estimated']}/{a.rounds}"
+            note += f"  no bound stated {m['unbounded']}/{a.rounds}, bound held {m['held']}/{a.rounds}"
             print(
                 f"{shape.name:12} {kind:9} {m['ratio']:8.3f} {spread:>15} {m['error']:8.2%} "
                 f"{m['trapped']:8.1%} {m['share']:8.2%}  {m['over']}/{a.rounds}{note}",
