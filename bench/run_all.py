@@ -73,6 +73,8 @@ TARGETS = (
         ("--libs", "pushfirst"),
         ("--libs", "pushfirst", "--rounds", "1", "--launches", "20000", "--steps", "20"),
     ),
+    # The budget on jobs of every shape, each entry kind (issue 41).
+    Bench("budget_shapes", "budget_shapes.py", quick=("--rounds", "1", "--only", "short", "--libs", "emulated")),
     Bench("agent_cpu", "agent_cpu.py", quick=("--rounds", "1", "--seconds", "0.5")),
     Bench("agent_cpu_host", "agent_cpu.py", ("--host",), ("--host", "--rounds", "1", "--seconds", "2")),
     Bench("idle_agent", "idle_agent.py", quick=("--rounds", "1", "--seconds", "3", "--settle", "2"), takes_old=True),

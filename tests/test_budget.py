@@ -1,140 +1,368 @@
-"""The overhead budget's extrapolation (runtime/budget.py), on numbers whose
-truth is known: a sampled process's windows and gaps, as the kernel's counts
-and BPF's complete intervals between exact calls would give them. The real
-duty cycle on real uprobes is in test_overhead.py and test_detach.py."""
+"""The overhead budget's duty cycle and estimates (runtime/budget.py), on
+numbers whose truth is known: readings of a sampled process (the kernel's
+counts and exact traps, its CPU time) as a loop of known shape would give
+them. The real duty cycle on real uprobes is in test_overhead.py and
+test_detach.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
 import pytest
 
-from memtrace.runtime.budget import NEAR, _Sampled, _Window
+from memtrace.core.ids import ProcessKey
+from memtrace.core.overhead import TrapCost
+from memtrace.runtime import budget as bud
+from memtrace.runtime.budget import (
+    CAL_ERROR,
+    HORIZON_S,
+    MIN_WEIGH_CPU_S,
+    NEAR,
+    LaunchBudget,
+    _Reading,
+    _Sampled,
+    _Span,
+    extrapolate,
+)
+from memtrace.sources.procfs import process_start_ticks
 
 API = 100  # cuLaunchKernel
+COST = TrapCost(entry_seconds=10e-6, pair_seconds=20e-6)
 
 
-def gap_from(s: _Sampled, traps: int, now: float) -> dict[int, int]:
-    """What the current gap adds to the report (the report less the rest)."""
-    s.on = False
-    rest = {a: s.base.get(a, 0) + s.counted.get(a, 0) + s.estimated.get(a, 0.0) for a in s.counted}
-    return {a: n - round(rest.get(a, 0)) for a, n in s.report({}, traps, now).items()}
+@dataclass
+class Loop:
+    """A launch loop's readings: each launch takes `work_s` of the process's
+    own CPU, and (probed) one trap at `trap_s`; an exact call (two traps,
+    `pair_s`) every `every` launches. Time is its CPU time (CPU-bound).
+    Probed launches between two exact calls made while probed are BPF's
+    complete intervals (bpf/launches.bpf.h, launch_interval), once `own`."""
+
+    work_s: float = 20e-6
+    trap_s: float = 10e-6
+    pair_s: float = 20e-6
+    every: int = 0
+    t: float = 0.0
+    cpu_ns: int = 0
+    launched: int = 0  # the truth
+    counted: int = 0  # what the kernel counted (launches probed)
+    traps: int = 0
+    own: bool = False  # in launch_own: BPF keeps its complete intervals
+    pending: int = 0
+    primed: bool = False
+    sample: tuple[int, int] = (0, 0)
+
+    def reading(self) -> _Reading:
+        return _Reading(self.t, self.cpu_ns, {API: self.counted}, self.traps, self.sample)
+
+    def run(self, launches: int, probed: bool) -> _Reading:
+        for _ in range(launches):
+            self.launched += 1
+            cpu = self.work_s
+            if probed:
+                self.counted += 1
+                cpu += self.trap_s
+                self.pending += 1
+            if self.every and self.launched % self.every == 0:
+                self.traps += 2
+                cpu += self.pair_s
+                if self.own and probed and self.primed:
+                    self.sample = (self.sample[0] + self.pending, self.sample[1] + 1)
+                self.primed, self.pending = probed, 0
+            self.cpu_ns += round(cpu * 1e9)
+            self.t += cpu
+        return self.reading()
 
 
-def test_a_gap_is_extrapolated_per_exact_call_from_complete_intervals() -> None:
-    """A loop that launches 100 times per copy (two exact traps): a window
-    saw 3 complete intervals of 100; a gap of 40 traps (20 copies) is 2,000
-    launches, whatever the windows' edges cut."""
-    s = _Sampled(1, 0.01, base={API: 5_000})
-    s.close_window(_Window({API: 350}, interval_launches=300, intervals=3, seconds=0.05))
-    s.phase_traps, s.phase_start = 1_000, 10.0
-    assert gap_from(s, traps=1_040, now=11.0) == {API: 2_000}
-    assert s.per_call is True
-    # Reported: before sampling, the window, and the gap so far.
-    assert s.report({API: 9_999_999}, traps_now=1_040, now=11.0) == {API: 5_000 + 350 + 2_000}
+def sampled(loop: Loop, duty: float, first: int) -> _Sampled:
+    """A process sampled after `first` launches, all probed (its first window)."""
+    r0 = loop.reading()
+    start = loop.run(first, probed=True)
+    loop.own = True  # BPF's sample begins with its per-process links
+    s = _Sampled(1, duty, dict(start.counts), start, since=r0.t, on_seconds=start.t - r0.t)
+    s.windows, s.closed = [_Span(r0, start)], 1
+    return s
 
 
-def test_a_process_with_no_exact_call_is_extrapolated_per_second() -> None:
-    """No complete interval in any window: launches per second of window,
-    over the gap's time (a floor for a loop the probes slow), and none after
-    the process ended."""
-    s = _Sampled(1, 0.01, base={})
-    s.close_window(_Window({API: 1_000}, interval_launches=0, intervals=0, seconds=0.5))
-    s.phase_traps, s.phase_start = 0, 10.0
-    assert gap_from(s, traps=0, now=12.0) == {API: 4_000}
-    assert s.per_call is False
-    s.ended = 11.0
-    assert gap_from(s, traps=0, now=20.0) == {API: 2_000}
+def cycle(s: _Sampled, loop: Loop, gap: int, window: int, cost: TrapCost = COST) -> None:
+    """A gap of `gap` launches, then a window of `window`."""
+    s.open_window(loop.run(gap, probed=False))
+    s.close_window(loop.run(window, probed=True), cost, final=True)
 
 
-def test_an_open_window_counts_what_the_kernel_counted_since_it_opened() -> None:
-    """In a window, launches are counted, not estimated: the kernel's count
-    now less its count when the window opened, on top of what came before."""
-    s = _Sampled(1, 0.5, base={API: 10})
-    s.estimated[API] = 90.4
-    s.on, s.phase_counts = True, {API: 50}
-    assert s.report({API: 75}, traps_now=0, now=0.0) == {API: 10 + 90 + 25}
+def test_a_gap_is_extrapolated_per_exact_call_where_the_windows_saw_enough_calls() -> None:
+    """A loop that copies every 50 launches: windows holding MIN_INTERVALS
+    complete intervals or more give launches per call, times the gap's
+    calls, whatever the probes cost (the trap here costs twice what it is
+    charged)."""
+    loop = Loop(every=50, trap_s=20e-6)
+    s = sampled(loop, 0.1, first=2_000)  # 40 calls
+    cycle(s, loop, gap=10_000, window=2_000)
+    cycle(s, loop, gap=10_000, window=2_000)
+    assert sum(w.intervals for w in s.windows) >= bud.MIN_INTERVALS
+    est = s.report(loop.run(5_000, probed=False), COST)
+    assert est.basis == "per_call"
+    assert est.launches[API] == loop.launched
+    assert est.error == pytest.approx(0.0, abs=1e-9)  # every window saw 50 launches a call
+
+
+def test_a_gap_is_extrapolated_per_call_counted_whole_where_bpf_saw_too_few_intervals() -> None:
+    """A short job's one window, fully probed before BPF kept intervals for
+    it, held 10 copies: launches per call from its counts (its edges are
+    calls here), not per CPU second at a trap cost half the true one. One
+    window: no bound, and said so."""
+    loop = Loop(every=100, trap_s=20e-6)
+    s = sampled(loop, 0.1, first=1_000)
+    est = s.report(loop.run(20_000, probed=False), COST)
+    assert est.basis == "per_call"
+    assert est.launches[API] == loop.launched
+    assert est.error is None
+
+
+def test_a_gap_is_extrapolated_per_cpu_second_less_the_traps() -> None:
+    """A loop with no exact call: the windows' CPU time less their traps at
+    the calibrated cost gives launches per unprobed CPU second, times the
+    gap's CPU time. Charged at the right cost, exact; at a cost 20% too
+    high, 10% over (half the windows' CPU is traps) and the bound says
+    more than that."""
+    loop = Loop(work_s=10e-6, trap_s=10e-6)
+    s = sampled(loop, 0.1, first=1_000)
+    cycle(s, loop, gap=9_000, window=1_000)
+    now = loop.run(9_000, probed=False)
+    est = s.report(now, COST)
+    assert est.basis == "per_cpu"
+    assert est.launches[API] == loop.launched
+    dear = s.report(now, TrapCost(12e-6, 20e-6))
+    off = dear.launches[API] / loop.launched - 1
+    assert off == pytest.approx(0.9 * 0.25, rel=0.01)  # the gaps, 90% of launches, at 10/8 the rate
+    assert dear.error is not None and dear.error >= off
+    gaps = dear.launches[API] - 2_000  # all but the two windows' launches
+    # The windows agree: the calibration's part alone, a cost off by CAL_ERROR over windows half traps.
+    assert dear.error == pytest.approx(gaps / dear.launches[API] * CAL_ERROR * 12 / 8, rel=1e-6)
+
+
+def test_a_gap_takes_out_the_traps_of_launches_counted_while_links_came_and_went() -> None:
+    """Launches the kernel counted in a gap (its links still attached for a
+    moment) are not reported as counted: the gap's extrapolation covers
+    them, its CPU time less their traps."""
+    loop = Loop(work_s=10e-6, trap_s=10e-6)
+    s = sampled(loop, 0.1, first=1_000)
+    loop.run(100, probed=True)  # the detach's tail
+    s.open_window(loop.run(5_000, probed=False))
+    s.close_window(loop.run(1_000, probed=True), COST, final=True)
+    assert s.report(loop.reading(), COST).launches[API] == loop.launched
+
+
+def test_a_gap_seen_by_one_window_only_cannot_be_bounded() -> None:
+    """A short job's: sampled after its first launches, it ended before its
+    second window. Extrapolated from the one window, and said so."""
+    loop = Loop()
+    s = sampled(loop, 0.02, first=800)
+    est = s.report(loop.run(50_000, probed=False), COST)
+    assert est.launches[API] == loop.launched
+    assert est.error is None and est.basis == "per_cpu"
+
+
+def test_the_bound_grows_with_the_windows_disagreement() -> None:
+    """Windows that saw the loop at different paces (its work per launch
+    changed) bound the gaps between them by how much they differ."""
+    free = TrapCost(0.0, 0.0)
+    loop = Loop(work_s=10e-6, trap_s=0.0)
+    s = sampled(loop, 0.1, first=1_000)
+    cycle(s, loop, gap=9_000, window=1_000, cost=free)
+    loop.work_s = 30e-6
+    cycle(s, loop, gap=3_000, window=1_000, cost=free)
+    est = s.report(loop.reading(), free)
+    assert est.error is not None and est.error > 0.2
+    assert abs(est.launches[API] - loop.launched) <= est.error * loop.launched
 
 
 def test_launches_split_by_api_as_the_windows_saw_them() -> None:
     """Kernel and graph launches are extrapolated in the mix the windows counted."""
-    s = _Sampled(1, 0.01, base={})
-    s.close_window(_Window({100: 300, 102: 100}, interval_launches=400, intervals=4, seconds=0.1))
-    s.phase_traps = 0
-    assert gap_from(s, traps=20, now=0.0) == {100: 750, 102: 250}
+    w0 = _Reading(0.0, 0, {100: 0, 102: 0}, 0)
+    w1 = _Reading(0.01, 10_000_000, {100: 300, 102: 100}, 0)
+    g1 = _Reading(0.11, 110_000_000, {100: 300, 102: 100}, 0)
+    guess = extrapolate(_Span(w1, g1), [_Span(w0, w1)], TrapCost(0.0, 0.0))
+    assert guess.launches == {100: pytest.approx(3_000), 102: pytest.approx(1_000)}
 
 
-def test_a_gap_is_extrapolated_from_the_windows_on_both_sides_of_it() -> None:
-    """Launches in lumps: 41 between one pair of a step's four exact calls,
-    none between the others. One window's complete intervals cut steps
-    (37 intervals holding 369 launches: 9.97 a call, not 10.25); the gap
-    before the next windows is re-extrapolated as they come, and settled
-    once NEAR windows followed it."""
-    s = _Sampled(1, 0.01, base={})
-    s.close_window(_Window({API: 392}, interval_launches=369, intervals=37, seconds=0.025))
-    s.phase_traps = 0
-    s.gaps.append(s.current_gap(traps_now=8_000, now=0.0))  # 4,000 calls: 1,000 steps, 41,000 launches
-    first = s.report({}, 8_000, 0.0)[API] - 392
-    assert first == round(369 / 37 * 4_000)  # the first window alone: 2.7% low
-    s.close_window(_Window({API: 410}, interval_launches=410, intervals=39, seconds=0.025))
-    both = round(s.report({}, 8_000, 0.0)[API] - 392 - 410)
-    assert both == round((369 + 410) / (37 + 39) * 4_000)  # 0.1% off
-    for _ in range(NEAR - 1):
-        s.close_window(_Window({API: 410}, interval_launches=410, intervals=40, seconds=0.025))
-    assert s.gaps == [] and s.estimated[API] > 0  # settled
+def test_a_gap_is_settled_once_near_windows_followed_and_the_cost_is_calibrated() -> None:
+    """Until then a gap keeps the windows it is extrapolated from: a cost
+    calibrated later corrects it."""
+    loop = Loop()
+    s = sampled(loop, 0.1, first=1_000)
+    for _ in range(NEAR + 2):
+        s.open_window(loop.run(9_000, probed=False))
+        s.close_window(loop.run(1_000, probed=True), COST, final=False)
+    assert len(s.gaps) == NEAR + 2 and not s.settled
+    cycle(s, loop, gap=9_000, window=1_000)
+    assert s.settled and len(s.gaps) == NEAR - 1  # all but those fewer than NEAR windows followed
+    assert s.report(loop.reading(), COST).launches[API] == loop.launched
+
+
+def test_one_window_a_second_and_never_more_than_the_duty_since_the_first_launch() -> None:
+    """Duty 0.02 (20 ms windows): the steady rhythm is one window a
+    HORIZON_S, so no second holds more than one window's worth of probed
+    time. A start fully probed for 10 ms counts as a window: the next waits
+    until the duty's share of the time since the first launch pays for it
+    (a job of 1.4 s sees no second window), but never more than a period
+    past the steady rhythm."""
+    s = _Sampled(1, 0.02, base={}, phase=_Reading(0.01, 0, {}, 0), since=0.0, on_seconds=0.01)
+    w = s.on_s()
+    assert w == pytest.approx(0.02)
+    first = s.next_window_at(0.01, w)
+    assert first == pytest.approx((0.01 + w) / 0.02)  # 1.5 s: the duty since the first launch
+    assert first > 0.01 + HORIZON_S - w
+    # Steady: each window closes, the next opens HORIZON_S after the last opened.
+    s = _Sampled(1, 0.02, base={}, phase=_Reading(0.0, 0, {}, 0), since=0.0, on_seconds=0.0)
+    opened, on = [], []
+    t = s.next_window_at(0.0, w)
+    for _ in range(10):
+        opened.append(t)
+        s.on_seconds += w
+        on.append((t, t + w))
+        t = s.next_window_at(t + w, w)
+    for a, b in zip(opened, opened[1:], strict=False):
+        assert b - a >= HORIZON_S - 1e-9
+    for start, _ in on:  # any second holds one window's worth at most
+        held = sum(max(0.0, min(e, start + HORIZON_S) - max(b, start)) for b, e in on)
+        assert held <= w + 1e-9
+    # A debt (a set-up's long windows at a higher duty) is paid a period at a time.
+    s = _Sampled(1, 0.02, base={}, phase=_Reading(10.0, 0, {}, 0), since=0.0, on_seconds=3.0)
+    assert s.next_window_at(10.0, w) == pytest.approx(10.0 + HORIZON_S - w + HORIZON_S)
 
 
 def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
-    """First weighed during set-up (few launches: duty 0.7, a 3.5 s window),
-    then the loop starts and the duty drops to 0.05: the window that opened
-    at t=10 ends at 10 + 0.25 s, not 13.5 s; already past that, at once. A
-    higher duty never lengthens a window, and a gap keeps its end."""
-    s = _Sampled(1, 0.7, base={}, phase_start=10.0, next_toggle=13.5)
-    s.retune(0.05, on_s=0.25)
-    assert (s.duty, s.next_toggle) == (0.05, 10.25)
-    s.retune(0.9, on_s=4.5)
-    assert s.next_toggle == 10.25
-    s = _Sampled(1, 0.5, base={}, phase_start=10.0, next_toggle=12.5)
-    s.retune(0.01, on_s=0.02)
-    assert s.next_toggle == 10.02  # in the past by the next toggle: it closes then
-    gap = _Sampled(1, 0.5, base={}, on=False, phase_start=10.0, next_toggle=15.0)
-    gap.retune(0.01, on_s=0.02)
-    assert gap.next_toggle == 15.0
+    """Weighed during set-up at duty 0.7, then the loop drops it to 0.05:
+    the window that opened at t=10 ends at 10.05 (already past: at once). A
+    higher duty never lengthens a window; a gap's end is set again."""
+    s = _Sampled(1, 0.7, base={}, phase=_Reading(10.0, 0, {}, 0), since=0.0, on_seconds=0.0, on=True)
+    s.next_toggle = 10.7
+    s.retune(0.05)
+    assert s.next_toggle == pytest.approx(10.05)
+    s.retune(0.9)
+    assert s.next_toggle == pytest.approx(10.05)
+    gap = _Sampled(1, 0.5, base={}, phase=_Reading(10.0, 0, {}, 0), since=9.0, on_seconds=0.5, on=False)
+    gap.next_toggle = 10.5
+    gap.retune(0.01)
+    assert gap.next_toggle == pytest.approx(gap.next_window_at(10.0, 0.01))
 
 
-def test_the_windows_never_take_more_than_the_duty_once_the_first_has_closed() -> None:
-    """Windows stretched for their intervals (1.4 s where the duty asked for
-    0.45 s): each opens only once it, and every window before it, fit in the
-    duty's share of the time since sampling began, so the share of time the
-    launch probes were attached is at most the duty at every window's end
-    after the first. A gap of window x (1/duty - 1) alone let the second
-    window end at 0.164 of the time (duty 0.09): twice the budget a short
-    job could see. The steady rhythm is that gap."""
-    duty, w = 0.09, 1.4
-    s = _Sampled(1, duty, base={}, phase_start=100.0, since=100.0)
-    opened, ends = 100.0, []
-    for _ in range(6):
-        closed = opened + w
-        s.close_window(_Window({API: 1_000}, interval_launches=1_000, intervals=64, seconds=w))
-        ends.append((closed, s.on_seconds))
-        nxt = s.next_window_at(closed, w)
-        assert nxt - closed >= w * (1 / duty - 1) - 1e-9  # never a shorter gap than the steady one
-        opened = nxt
-    shares = [on / (end - 100.0) for end, on in ends]
-    assert shares[0] == pytest.approx(1.0)
-    assert all(sh <= duty + 1e-9 for sh in shares[1:]), shares
-    assert abs(ends[-1][0] - ends[-2][0] - w / duty) < 1e-9  # then one window per w / duty seconds
-    old_second_end = 100.0 + w / duty + w  # the old rule's second window
-    assert 2 * w / (old_second_end - 100.0) > 1.8 * duty
+# ---- the first weighing, on a real process's CPU clock and made-up counts ----
 
 
-def test_a_debt_from_a_set_up_at_a_higher_duty_never_holds_the_loops_windows_off() -> None:
-    """A set-up weighed at duty 0.7 had 3.5 s of windows; then the loop
-    drops it to 0.05 with 0.25 s windows. Paying that debt at once would
-    put the next window 70 s off, and the loop's launches would be
-    extrapolated from the set-up's windows all that while: the next window
-    comes at most one window's worth of time past the steady gap (9.75 s,
-    not 4.75 s), and the debt is paid a gap at a time."""
-    s = _Sampled(1, 0.05, base={}, since=0.0, on_seconds=3.5 + 0.25)
-    closed = 10.0
-    nxt = s.next_window_at(closed, 0.25)
-    assert nxt == pytest.approx(closed + 0.25 * (2 / 0.05 - 1))
-    assert s.since + (s.on_seconds + 0.25) / s.duty > 70  # what the debt alone would have said
+@dataclass
+class FakeLinks:
+    own: dict[int, bool] = field(default_factory=dict)
+    off: set[int] = field(default_factory=set)
+
+    def link_off(self, pid: int, off: bool) -> None:
+        (self.off.add if off else self.off.discard)(pid)
+
+    def has_own(self, pid: int) -> bool:
+        return pid in self.own
+
+    def adopt(self, pid: int) -> bool:
+        self.own[pid] = pid not in self.off
+        return True
+
+    def set_on(self, pid: int, on: bool) -> bool:
+        self.own[pid] = on
+        return True
+
+    def exited(self, pid: int, ticks: int) -> None:
+        self.own.pop(pid, None)
+
+    def sample(self, pid: int) -> tuple[int, int]:
+        return 0, 0  # no exact call: no complete interval
+
+
+@dataclass
+class FakeMaps:
+    """Each reading finds `per_read` more launches: a loop as fast as the reads."""
+
+    per_read: int
+    launches: int = 0
+    reads: int = 0
+
+    def process_counts(self, key: ProcessKey) -> tuple[dict[int, int], int]:
+        self.reads += 1
+        if self.reads > 3:  # set-up first: no launch in its first readings
+            self.launches += self.per_read
+        return ({API: self.launches} if self.launches else {}), 0
+
+
+@dataclass
+class FakeCuda:
+    maps: FakeMaps
+    launch_links: FakeLinks = field(default_factory=FakeLinks)
+
+    def launches_per_process(self, fid: Any) -> int:
+        return 0
+
+
+@pytest.fixture
+def spinner() -> Any:
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def budget_on(cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> LaunchBudget:
+    monkeypatch.setattr(bud, "mapped_libraries", lambda pid: [])
+    return LaunchBudget(cuda, 0.01, lambda: [], lambda: COST)  # type: ignore[arg-type]
+
+
+def weigh_until(b: LaunchBudget, key: ProcessKey, reads: int) -> int:
+    """Look at the process as the thread would, as often as it asks; the reads it took."""
+    b.met(key)
+    now = time.monotonic()
+    for n in range(1, reads + 1):
+        b._look(now)
+        if key in b._sampled:
+            return n
+        now = max(b._watched[key].next, now)
+        time.sleep(max(now - time.monotonic(), 0))
+    return -1
+
+
+def test_a_new_process_is_sampled_from_its_first_launches(spinner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Met (stopped at its library) before it launches: read every WATCH_S
+    until launches appear, then sampled as soon as two readings span
+    MIN_WEIGH_CPU_S of its CPU time and cost more than the budget (40
+    launches a reading at 10 us a trap: far over 1% of a few ms). It starts
+    in a gap, its own links detached, the readings before as its first
+    window; nothing waits for the model or the calibration."""
+    key = ProcessKey(spinner.pid, process_start_ticks(spinner.pid) * (1_000_000_000 // os.sysconf("SC_CLK_TCK")))
+    cuda = FakeCuda(FakeMaps(per_read=40))
+    b = budget_on(cuda, monkeypatch)
+    reads = weigh_until(b, key, 200)
+    assert reads > 0, "never sampled"
+    s = b._sampled[key]
+    assert cuda.launch_links.own == {spinner.pid: False}  # linked with its links detached
+    assert s.on is False and s.closed == 1
+    first = s.windows[0]
+    assert first.start.launches == 80  # the first reading that found launches (40), read again at once, fresh
+    assert first.cpu_s >= MIN_WEIGH_CPU_S
+    assert 0 < s.duty < 1
+    assert s.base == dict(first.end.counts)  # every launch until its first gap counted
+    est = b.estimate(key, {API: cuda.maps.launches}, 0)
+    assert est.duty == s.duty and est.launches[API] >= s.base[API] and est.basis == "per_cpu"
+
+
+def test_a_light_process_keeps_every_launch_probed(spinner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One launch a reading (a few ms of CPU each): a trap is far under 1%:
+    never sampled, read again and again."""
+    key = ProcessKey(spinner.pid, process_start_ticks(spinner.pid) * (1_000_000_000 // os.sysconf("SC_CLK_TCK")))
+    cuda = FakeCuda(FakeMaps(per_read=1))
+    b = budget_on(cuda, monkeypatch)
+    assert weigh_until(b, key, 40) == -1
+    assert cuda.launch_links.own == {} and key not in b._sampled
+    est = b.estimate(key, {API: 7}, 0)
+    assert est.launches == {API: 7} and est.duty is None and est.error == 0.0 and est.basis == "counted"

@@ -408,20 +408,21 @@ def launches(model: Model) -> list[schema.LaunchRow]:
         a = apis.BY_ID.get(api)
         p = model.processes.get(key)
         start, name = _who(model, key)
-        out.append(
-            schema.LaunchRow(
-                pid=key.pid,
-                start_time_unix_nano=start,
-                process=name,
-                api=apis.api_name(api),
-                kind=a.launch.value if a and a.launch else "kernel",
-                launches=n,
-                # Sampled by the overhead budget: counted in its windows, extrapolated between them.
-                estimated=bool(p and p.launch_duty is not None),
-                # Its own launch probes came after it may have launched: a floor.
-                partial=bool(p and p.launches_partial),
-            )
+        row = schema.LaunchRow(
+            pid=key.pid,
+            start_time_unix_nano=start,
+            process=name,
+            api=apis.api_name(api),
+            kind=a.launch.value if a and a.launch else "kernel",
+            launches=n,
+            # Sampled by the overhead budget: counted in its windows, extrapolated between them.
+            estimated=bool(p and p.launch_duty is not None),
+            # Its own launch probes came after it may have launched: a floor.
+            partial=bool(p and p.launches_partial),
         )
+        if p is not None and p.launch_duty is not None:
+            row["error"] = p.launch_error
+        out.append(row)
     return out
 
 

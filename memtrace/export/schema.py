@@ -182,6 +182,14 @@ class LaunchRow(TypedDict):
         "true: it had launch probes of its own only after it may have launched (a child forked from a "
         "process that had mapped libcuda): a floor",
     ]
+    error: NotRequired[
+        Annotated[
+            float | None,
+            "estimated only: how far `launches` may be from the truth, relative (twice the standard error of "
+            "the windows' rates, and the trap cost's part); null: it cannot be bounded (a gap seen by one "
+            "window only, as in a job shorter than its second window)",
+        ]
+    ]
 
 
 # ---- overhead ----

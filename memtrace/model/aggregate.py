@@ -341,17 +341,24 @@ class Model:
         return p.lost_memory_calls() if p else 0
 
     def set_launches(
-        self, key: ProcessKey, counts: dict[int, int], traps: int | None = None, duty: float | None = None
+        self,
+        key: ProcessKey,
+        counts: dict[int, int],
+        traps: int | None = None,
+        duty: float | None = None,
+        error: float | None = 0.0,
     ) -> None:
         """A process's launches by api. `traps`: the launch traps it took,
         when that is not their sum (the budget sampled them: `duty`, and the
-        counts are partly extrapolated)."""
+        counts are partly extrapolated, within `error` of the truth, relative;
+        None: not bounded)."""
         p = self._process(key)
         for api, n in counts.items():
             p.launches[LaunchKey(key, api)] = n
         p.launch_traps = sum(counts.values()) if traps is None else traps
         if duty is not None:
             p.launch_duty = duty
+            p.launch_error = error
 
     def mark_launches_partial(self, key: ProcessKey) -> None:
         """It may have launched before it had launch probes of its own."""

@@ -162,6 +162,9 @@ class Process:
     # The overhead budget's duty cycle for its launch probes (None: never
     # sampled: `launches` are exact; otherwise they are partly extrapolated).
     launch_duty: float | None = None
+    # How far its sampled launches may be off, relative (0.0: counted; None:
+    # it cannot be bounded, a gap seen by one window only: runtime/budget.py).
+    launch_error: float | None = 0.0
     # It got its own launch link only after it may have launched (a child
     # forked from a process that had mapped the library): launches before are missing.
     launches_partial: bool = False

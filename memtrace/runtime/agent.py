@@ -194,8 +194,9 @@ class Agent:
                 notices=self._take,
                 library_attached=self._library_attached,
                 # A process not held (its libraries known) is looked at when it first
-                # calls: its Python frames are taken from then on.
-                process_seen=self._learn_stacks if opts.stacks else None,
+                # calls: its Python frames are taken from then on. The budget watches
+                # it from then (or from its hold) for its first launches.
+                process_seen=self._seen if opts.stacks or (measure_overhead and budget is not None) else None,
                 other_library=other_library,
                 identify=read_process,
             ),
@@ -223,15 +224,18 @@ class Agent:
                 if self.stacks is not None:
                     self.stacks.forget(n.key)
                 if self.budget is not None:
-                    self.budget.exited(n.key)
+                    self.budget.exited(n.key, n.cpu_ns)
         with self._pending_lock:
             self._pending += notices
             self._pending_events += events
             self._pending_max = max(self._pending_max, self._pending_events)
 
-    def _learn_stacks(self, key: ProcessKey) -> None:
-        assert self.stacks is not None
-        self.stacks.learn(key)
+    def _seen(self, key: ProcessKey) -> None:
+        """A process stopped at a CUDA library, or at its first traced call (the control thread)."""
+        if self.stacks is not None:
+            self.stacks.learn(key)
+        if self.budget is not None:
+            self.budget.met(key)  # its first launches looked for from now, not from the drain's notice
 
     def _take_stack(self, key: int) -> RawStack | None:
         return self.cuda.maps.take_stack(key) if self.cuda.maps is not None else None
@@ -570,8 +574,8 @@ class Agent:
                     if self.budget is None:
                         self.model.set_launches(key, launches)
                         continue
-                    reported, duty = self.budget.estimate(key, launches, traps[0])
-                    self.model.set_launches(key, reported, sum(launches.values()), duty)
+                    est = self.budget.estimate(key, launches, traps[0])
+                    self.model.set_launches(key, est.launches, sum(launches.values()), est.duty, est.error)
             for key, ns in cpu.items():
                 self.model.set_cpu(key, ns)
 

@@ -1,223 +1,455 @@
-"""Keeping each process's overhead under its budget.
+"""Keeping each process's overhead under its budget, from its first launch.
 
 Every trap memtrace's probes take is paid by the traced process. The
 copies, memory calls and waits are what exact accounting needs, so their
 probes always stay. Launches are the hottest calls and are only counted,
-so a process that would cost more than its budget (a share of its own CPU
-time, default 1%) has its launch probes attached for only part of the
-time, a duty cycle, and its launch counts extrapolated and marked
-estimated:
+so a process whose traps would cost more than its budget (a share of its
+own CPU time, default 1%) has its launch probes attached for only part of
+the time, a duty cycle, and its launch counts extrapolated and marked
+estimated. The budget holds over any second of the process's life, its
+first included, and over the whole of it.
 
-- Every `DECIDE_S` the budget reads each launching process's CPU time
-  (/proc), its exact traps and its launches (the kernel's counts; while
-  sampled, the estimate) over the interval, and asks what share of each
-  period its launch probes may stay attached:
-  duty = (budget x SAFETY - exact traps' share) / every launch's share.
-- A process first sampled puts the libraries it launches through in
-  per-process mode (sensors/cuda/launches.py): its own pid-filtered link,
-  which the budget can detach without blinding any other process.
-- A window (probes attached) lasts duty x PERIOD_S, at least MIN_ON_S,
-  longer (up to MAX_STRETCH times) until it holds WINDOW_INTERVALS
-  complete intervals; the gap after it grows so that the duty holds from
-  the first window on: the next window opens once the windows so far and
-  it (as long as the last) fit in the duty's share of the time since
-  sampling began (_Sampled.next_window_at; a debt from an earlier, higher
-  duty is paid a gap at a time). A gap of window x (1/duty - 1) alone let
-  the second window end at twice the duty, and a 20 s launch loop paid
-  1.4% where its budget was 1% (bench/overhead_budget.py, entries emulated:
-  a window stretched 3x for its intervals).
-  Launches counted in a window are exact; between windows they are
-  extrapolated per exact call (the calls that are never sampled: a loop's
-  copies and waits keep their rhythm with its launches, and a probed
-  loop's slower pace does not bias it), from the launches BPF counted in
-  complete intervals between exact calls inside the windows around the
-  gap; or per second of window for a process that makes no other call (a
-  floor: the probes slowed the loop while they counted).
-- A process whose exact probes alone cost more than the budget keeps them
-  (bytes stay exact) at the smallest duty and is reported by the finding
-  overhead_budget_exceeded, never silently blinded.
+Weighing. A process is watched from the moment the agent meets it
+(stopped at a CUDA library's mapping, or at its first traced call): the
+kernel's counts of its launches and exact traps are read every WATCH_S
+until it launches, then with its CPU time (its CPU clock: every thread,
+to the ns) every WATCH_S for its first HORIZON_S of launching and every
+QUICK_S after. Over the readings of the last HORIZON_S (since its first
+launch seen, for a new one; once MIN_WEIGH_CPU_S of CPU time) its traps
+cost, at the calibrated costs (runtime/overhead.py),
+
+    launch share = launches x entry cost / CPU time
+    exact share  = exact calls x pair cost / CPU time
+
+and once they exceed the budget x SAFETY it is sampled, at
+
+    duty = (budget x SAFETY - exact share) / launch share
+
+(at least MIN_DUTY), weighed again every DECIDE_S. Until the calibration
+is ready the costs are PROVISIONAL (the dearest kind seen), so the first
+weighing never waits for it. A launch loop runs fully probed for the time
+to see its first launches, two readings and the switch: tens of ms, not
+the second or more of the model's notices and a first window.
+
+The duty cycle. A process sampled puts the libraries it launches through
+in per-process mode (sensors/cuda/launches.py) with its own links
+detached: it starts in a gap, and the fully probed time before counts as
+its first window. A window (its own links attached) lasts duty x
+HORIZON_S, at least MIN_ON_S. The next opens once both hold: one window a
+HORIZON_S (w / duty apart where MIN_ON_S makes w longer than duty x
+HORIZON_S), so no second holds more than one window's worth of probed
+time; and the windows so far with the next take at most the duty's share
+of the time since its probed time began, so a short job's fully probed
+start is paid from the rest of it (a debt no more than one period at a
+time: after a set-up's long windows the loop is never left unwatched).
+
+Estimates. Launches are counted in windows, and before sampling began.
+A gap's are extrapolated from the NEAR windows on each side of it (those
+before it, while it is the last), each window a span between two readings
+(the kernel's counts, exact traps and CPU time at its edges, and BPF's
+complete intervals: the launches between two consecutive exact calls made
+inside the window), by one of two clocks that run on unprobed:
+- per exact call, where those windows hold MIN_INTERVALS complete
+  intervals (the calls are never sampled): launches per complete interval,
+  times the calls in the gap. Nothing the probes cost enters it, and a
+  window's edges never cut an interval it counts; a window short against
+  a loop's steps sees their short intervals more often than their long
+  ones, which a step's lumps of launches would bias (not in the bound).
+- per exact call counted whole, where they hold fewer complete intervals
+  but MIN_CALLS calls or more: the windows' launches per call (a window's
+  edges cut an interval each, a call's worth at most).
+- per CPU second otherwise (a loop whose calls are rare or absent, a job
+  too short for a second window): the launches per CPU second the windows
+  spent outside their traps (their CPU time less their launches and calls
+  at the calibrated costs), times the gap's CPU time less its own traps
+  (the launches the kernel counted while links came and went). It leans on
+  the trap cost, which in a traced process is not the agent's timing of
+  it: 0.5-2x (docs/design/overhead.md). A cost off by CAL_ERROR of itself
+  moves the estimate by CAL_ERROR x the launch traps' share of the
+  windows' unprobed CPU: a few % where a trap is emulated (as CUDA's
+  entries are), tens of % where it is single-stepped on a VM.
+Each process's estimate carries a relative error bound: per gap, twice
+the standard error of its windows' rates (how far the gap's rate may be
+from theirs, were it like them), and per CPU second the calibration's
+part. A gap with fewer than two windows to go by (a job shorter than its
+second window) has no bound, and the estimate says so (error None),
+never guessed. A gap is settled (its estimate fixed, the windows before
+it let go) once NEAR windows followed it and the trap cost is the
+calibrated one.
+
+A process whose exact probes alone cost more than the budget keeps them
+(bytes stay exact) at the smallest duty and is reported by the finding
+overhead_budget_exceeded, never silently blinded.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from memtrace.core.ids import ProcessKey
-from memtrace.core.overhead import TrapCost
+from memtrace.core.overhead import PROVISIONAL, TrapCost
 from memtrace.core.threads import thread
-from memtrace.sensors.cuda import CudaSensor, LaunchLinks, mapped_libraries
-from memtrace.sources.procfs import CpuReader, start_ticks_of
+from memtrace.sensors.cuda import CudaSensor, mapped_libraries
+from memtrace.sources.procfs import is_running, start_ticks_of
 
 log = logging.getLogger("memtrace")
 
-PERIOD_S = 5.0  # a duty cycle's period (longer when the duty asks for windows under MIN_ON_S)
-MIN_ON_S = 0.02  # the shortest window: several times an attach's time (docs/design/evidence.md#launch-links)
-MIN_DUTY = 0.005
-# A window stays open, up to MAX_STRETCH times its length, until it has seen
-# this many complete intervals between exact calls (a loop's copies or waits
-# may be far apart). The gap after it grows to match.
-WINDOW_INTERVALS = 64
-MAX_STRETCH = 4.0
-FIRST_DECIDE_S = 0.05  # a new process is weighed this often until it has used MIN_CPU_S
-DECIDE_S = 0.5  # then this often
-IDLE_DECIDE_S = 1.0  # a process that has not launched yet is looked at again this often
+HORIZON_S = 1.0  # the budget holds over any window this long
+MIN_ON_S = 0.005  # the shortest window (counts are exact at any length; each is an attach in the agent's time)
+MIN_DUTY = 0.005  # MIN_ON_S a HORIZON_S
 SAFETY = 0.7  # aim this far under the budget: the calibration's error, the windows' edges
-MIN_CPU_S = 0.05  # CPU time an interval needs before it is weighed
-NEAR = 8  # a gap is extrapolated from up to this many windows on each side of it
-MIN_INTERVALS = 1  # complete intervals in those windows for a ratio per exact call (else per second)
+WATCH_S = 0.005  # a process met and not launching yet, or launching for its first HORIZON_S: read this often
+WATCH_FOR_S = 2.0  # ... for this long after it was met; then every SLOW_WATCH_S, and after
+SLOW_WATCH_FOR_S = 30.0  # this long every IDLE_DECIDE_S
+SLOW_WATCH_S = 0.05
+QUICK_S = 0.025  # a launching process not sampled: read this often (at most READS_PER_S in all)
+READS_PER_S = 400.0
+DECIDE_S = 0.5  # a sampled process's duty is weighed again this often
+IDLE_DECIDE_S = 1.0
+MIN_WEIGH_CPU_S = 0.005  # CPU time readings must span to weigh a process
+NEAR = 2  # a gap is extrapolated from up to this many windows on each side of it
+KEEP = 4 * NEAR  # windows kept for the gaps not settled yet
+# Complete intervals those windows need for an extrapolation per call (else per CPU second,
+# which leans on the trap cost: tens of % off where entries are single-stepped).
+MIN_INTERVALS = 2
+# Else exact calls those windows need for launches per call counted whole (their edges
+# cut an interval each: within a call of the truth per window), before per CPU second.
+MIN_CALLS = 4
+MIN_RATE_CPU_S = 0.001  # a window's CPU time for a rate of its own (the error's spread)
+FRESH_WAIT_S = 0.0045  # a tick at 250 Hz and more: how long a window's edge waits for an up-to-date CPU time
+FRESH_POLL_S = 0.0002
+# How far a trap's cost in a traced process can be from the agent's timing
+# of it, as a share of the cost: in a C launch loop on the 2-vCPU VM, 5.4-7.6
+# us single-stepped against 9.0 timed, 1.16 us emulated against 0.56
+# (docs/design/overhead.md).
+CAL_ERROR = 1.0
+
+PER_CALL = "per_call"
+PER_CPU = "per_cpu"
+COUNTED = "counted"
 
 
-@dataclass
-class _Window:
-    launches: dict[int, int]  # counted in it, by api
-    interval_launches: int  # in complete intervals between exact calls (BPF)
-    intervals: int
-    seconds: float
+@dataclass(frozen=True)
+class LaunchEstimate:
+    """The launches to report for a process, by api, and how far to trust them.
+
+    `duty`: the share of time its launch probes were attached (None: never
+    sampled, every launch counted). `error`: a relative bound on the total
+    (0.0: counted; None: it cannot be bounded, a gap seen by one window
+    only). `basis`: how the gaps were extrapolated ("counted", "per_call",
+    "per_cpu", or both joined by "+")."""
+
+    launches: dict[int, int]
+    duty: float | None = None
+    error: float | None = 0.0
+    basis: str = COUNTED
 
 
-@dataclass
-class _Gap:
-    """Time between two windows: its exact calls and its length."""
-
-    after: int  # the number of windows before it
-    calls: float  # exact calls (two traps each)
-    seconds: float
+def _cpu_clock(pid: int) -> int:
+    """clock_getcpuclockid(pid): the process's CPU clock, every thread's time."""
+    return ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
 
 
-def _rates(windows: list[_Window]) -> tuple[float, bool, dict[int, float]]:
-    """Launches per exact call over these windows' complete intervals
-    (True), or per second of window (False); and each api's share."""
+class ProcessClock:
+    """Processes' CPU time in ns, one system call a reading (/proc's is in
+    ticks of 10 ms). The kernel brings a running thread's time up to date
+    at its CPU's scheduler tick (or a switch), not when another process
+    reads it: a reading may be a tick (4 ms at 250 Hz) behind, which a
+    window of 20 ms cannot take. `fresh` waits (up to FRESH_WAIT_S) for the
+    value to move, when it is that of now, for a window's edges. A key is
+    checked against the process's start once; a pid reused after its exit
+    and before `forget` would be misread, for that moment."""
+
+    def __init__(self) -> None:
+        self._checked: set[ProcessKey] = set()
+
+    def cpu_ns(self, key: ProcessKey, fresh: bool = False) -> int | None:
+        if key not in self._checked:
+            if not is_running(key):
+                return None
+            self._checked.add(key)
+        clock = _cpu_clock(key.pid)
+        try:
+            v = time.clock_gettime_ns(clock)
+            if fresh and _running(key.pid):
+                deadline = time.monotonic() + FRESH_WAIT_S
+                while time.monotonic() < deadline:
+                    time.sleep(FRESH_POLL_S)
+                    now = time.clock_gettime_ns(clock)
+                    if now != v:
+                        return now
+            return v  # not running: up to date
+        except OSError:
+            return None
+
+    def forget(self, key: ProcessKey) -> None:
+        self._checked.discard(key)
+
+
+def _running(pid: int) -> bool:
+    """Its main thread is on a CPU or waiting for one (state R)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"R"
+    except (OSError, IndexError):
+        return False
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """One process at one moment: the kernel's launch counts (by api) and
+    exact traps, its CPU time, and BPF's complete intervals so far
+    (launches in them, and how many: struct mt_launch_sample)."""
+
+    t: float  # monotonic
+    cpu_ns: int
+    counts: Mapping[int, int]
+    traps: int
+    sample: tuple[int, int] = (0, 0)
+
+    @property
+    def launches(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class _Span:
+    """The time between two readings: a window (launch probes attached
+    all along: every launch counted) or a gap."""
+
+    start: _Reading
+    end: _Reading
+
+    @property
+    def launches(self) -> dict[int, int]:
+        return {a: n - self.start.counts.get(a, 0) for a, n in self.end.counts.items()}
+
+    @property
+    def total(self) -> int:
+        return self.end.launches - self.start.launches
+
+    @property
+    def calls(self) -> float:
+        return max(self.end.traps - self.start.traps, 0) / 2
+
+    @property
+    def cpu_s(self) -> float:
+        return max(self.end.cpu_ns - self.start.cpu_ns, 0) / 1e9
+
+    @property
+    def seconds(self) -> float:
+        return self.end.t - self.start.t
+
+    @property
+    def intervals(self) -> int:
+        return max(self.end.sample[1] - self.start.sample[1], 0)
+
+    @property
+    def interval_launches(self) -> int:
+        return max(self.end.sample[0] - self.start.sample[0], 0)
+
+    def unprobed_s(self, cost: TrapCost) -> float:
+        """Its CPU time less its traps (launches, and exact calls' pairs) at `cost`."""
+        return self.cpu_s - self.total * cost.entry_seconds - self.calls * cost.pair_seconds
+
+
+@dataclass(frozen=True)
+class _Guess:
+    """A gap's launches, by api, the relative error bound (None: none), the clock."""
+
+    launches: dict[int, float]
+    error: float | None
+    basis: str
+
+    @property
+    def total(self) -> float:
+        return sum(self.launches.values())
+
+
+def _spread(rates: list[float], mean: float) -> float | None:
+    """Twice the standard error of the windows' rates, relative to `mean`
+    (None: fewer than two rates, nothing to say how far a gap's may be)."""
+    if len(rates) < 2 or mean <= 0:
+        return None
+    m = sum(rates) / len(rates)
+    sd = math.sqrt(sum((r - m) ** 2 for r in rates) / (len(rates) - 1))
+    return 2 * sd / math.sqrt(len(rates)) / mean
+
+
+def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
+    """A gap's launches from the windows around it (see the module's doc)."""
+    launched = sum(w.total for w in near)
     by_api: dict[int, int] = {}
-    for w in windows:
-        for api, n in w.launches.items():
-            by_api[api] = by_api.get(api, 0) + n
-    total = sum(by_api.values())
-    shares = {api: n / total for api, n in by_api.items()} if total else {}
-    intervals = sum(w.intervals for w in windows)
+    for w in near:
+        for a, c in w.launches.items():
+            by_api[a] = by_api.get(a, 0) + c
+    shares = {a: c / launched for a, c in by_api.items() if c} if launched > 0 else {}
+    intervals = sum(w.intervals for w in near)
     if intervals >= MIN_INTERVALS:
-        return sum(w.interval_launches for w in windows) / intervals, True, shares
-    secs = sum(w.seconds for w in windows)
-    return (total / secs if secs > 0 else 0.0), False, shares
+        rate = sum(w.interval_launches for w in near) / intervals
+        n = rate * gap.calls
+        err = _spread([w.interval_launches / w.intervals for w in near if w.intervals], rate) if n > 0 else 0.0
+        return _Guess({a: n * s for a, s in shares.items()}, err, PER_CALL)
+    calls = sum(w.calls for w in near)
+    if calls >= MIN_CALLS and launched > 0:
+        rate = launched / calls
+        n = rate * gap.calls
+        err = _spread([w.total / w.calls for w in near if w.calls >= 1], rate) if n > 0 else 0.0
+        return _Guess({a: n * s for a, s in shares.items()}, err, PER_CALL)
+    gap_s = max(gap.unprobed_s(cost), 0.0)
+    unprobed = sum(max(w.unprobed_s(cost), 0.0) for w in near)
+    if gap_s < MIN_RATE_CPU_S:  # it hardly ran: whatever it launched is within the others' errors
+        rate = launched / unprobed if unprobed > 0 else 0.0
+        return _Guess({a: rate * gap_s * s for a, s in shares.items()}, 0.0, PER_CPU)
+    if unprobed <= 0:
+        return _Guess({}, None, PER_CPU)  # no window ran (or the cost is above what they took)
+    rate = launched / unprobed
+    n = rate * gap_s
+    spread = _spread([w.total / w.unprobed_s(cost) for w in near if w.unprobed_s(cost) >= MIN_RATE_CPU_S], rate)
+    calibration = CAL_ERROR * launched * cost.entry_seconds / unprobed
+    return _Guess({a: n * s for a, s in shares.items()}, None if spread is None else spread + calibration, PER_CPU)
 
 
 @dataclass
 class _Sampled:
     """A process whose launch probes are duty-cycled, and its estimate.
 
-    Reported launches: those counted before sampling began, those counted
-    in windows, and those extrapolated over gaps (the current phase's
-    counted if a window, extrapolated if a gap). A gap is extrapolated from
-    the windows around it, NEAR on each side: while later windows come, its
-    estimate improves (a window's complete intervals hold a whole number of
-    exact calls, not a whole number of a loop's steps: a window of a loop
-    whose launches come in one lump between four calls can be a few percent
-    off alone); once NEAR windows followed it, it is settled. Launches the
-    kernel counts outside windows (while a link is being attached or
-    removed) are left out: the gaps' extrapolation covers that time."""
+    Reported launches: those counted before its first gap began (`base`:
+    its first window's among them), those counted in the windows since,
+    and those extrapolated over the gaps (the current phase's counted if a
+    window, extrapolated if a gap). Launches the kernel counts in a gap
+    (while a link is being attached or removed) are left out: the gap's
+    extrapolation covers that time, their traps taken out of its CPU time."""
 
     pid: int
     duty: float
-    base: dict[int, int]  # launches counted before sampling began (exact)
-    on: bool = True
-    phase_start: float = 0.0  # the current window's or gap's start (monotonic)
-    since: float = 0.0  # when sampling began (monotonic)
-    on_seconds: float = 0.0  # the closed windows' time (close_window)
-    phase_counts: dict[int, int] = field(default_factory=dict)
-    phase_traps: int = 0  # exact traps (two per exact call) at its start
-    phase_sample: tuple[int, int] = (0, 0)  # (interval launches, intervals) at its start
+    base: dict[int, int]  # counted before its first gap (exact)
+    phase: _Reading  # the current window's or gap's start
+    since: float  # when its probed time began (its first launches, estimated)
+    on_seconds: float  # the windows' time, the fully probed time before its first gap included
+    on: bool = False
     next_toggle: float = 0.0
-    counted: dict[int, int] = field(default_factory=dict)  # launches counted in closed windows
-    estimated: dict[int, float] = field(default_factory=dict)  # launches extrapolated over settled gaps
-    windows: list[_Window] = field(default_factory=list)  # the last 2 x NEAR + 1
+    windows: list[_Span] = field(default_factory=list)  # the last KEEP
     closed: int = 0  # windows closed so far
-    gaps: list[_Gap] = field(default_factory=list)  # closed gaps not settled yet
+    counted: dict[int, int] = field(default_factory=dict)  # launches in windows since the first gap
+    settled: dict[int, float] = field(default_factory=dict)  # extrapolated over settled gaps
+    settled_error: float = 0.0  # their error bound, in launches
+    unbounded: bool = False  # a settled gap had no bound
+    bases: set[str] = field(default_factory=set)  # the clocks that extrapolated its gaps
+    gaps: list[tuple[int, _Span]] = field(default_factory=list)  # (windows before it, the gap), not settled
+    decided: _Reading | None = None  # its last weighing's reading
+    decided_launches: float = 0.0  # the launches reported then
     ended: float | None = None
-    per_call: bool = False  # the last extrapolation was per exact call (else per second)
+    end_cpu_ns: int | None = None
 
-    def retune(self, duty: float, on_s: float) -> None:
-        """A new duty from a later weighing. An open window it makes too long
-        ends at its new length (at once if it is already past it): a loop
-        whose launches begin after its first weighing (a model's set-up, then
-        the training loop) would otherwise keep every launch probed for up
-        to a whole period. The windows' stretch for complete intervals still
-        applies when it closes."""
-        self.duty = duty
-        if self.on:
-            self.next_toggle = min(self.next_toggle, self.phase_start + on_s)
+    def on_s(self) -> float:
+        return max(MIN_ON_S, self.duty * HORIZON_S)
 
     def next_window_at(self, closed_at: float, window_s: float) -> float:
-        """When the window after one `window_s` long that closed at
-        `closed_at` (already in on_seconds) may open: once the windows so
-        far and one more as long take at most the duty's share of the time
-        since sampling began. In a steady rhythm that is a gap of window_s
-        x (1/duty - 1); after a higher duty (a cheaper process), sooner,
-        down to at once. After a lower one (a set-up's long windows, then
-        the loop), no later than one more window's worth of time past that
-        gap: the windows that debt would put off are the loop's only count
-        of its launches, and the gaps meanwhile are extrapolated from the
-        windows around them."""
+        """When the window after one that closed at `closed_at` may open (see
+        the module's doc): one a HORIZON_S at most; and no sooner than the
+        windows so far and one more `window_s` long take at most the duty's
+        share of the time since its probed time began, though a debt puts it
+        off by at most one period more."""
+        period = max(HORIZON_S, window_s / self.duty)
+        steady = closed_at + period - window_s
         credit = self.since + (self.on_seconds + window_s) / self.duty
-        return min(credit, closed_at + window_s * (2.0 / self.duty - 1.0))
+        return max(steady, min(credit, steady + period))
 
-    def _near(self, after: int) -> list[_Window]:
+    def retune(self, duty: float) -> None:
+        """A new duty from a later weighing. An open window it makes too long
+        ends at its new length (at once if already past it); a gap's end is
+        set again (a set-up weighed at a high duty, then the loop)."""
+        self.duty = duty
+        if self.on:
+            if duty < 1.0:
+                self.next_toggle = min(self.next_toggle, self.phase.t + self.on_s())
+        else:
+            self.next_toggle = self.next_window_at(self.phase.t, self.on_s())
+
+    def _near(self, after: int, later: bool = True) -> list[_Span]:
         """The windows around a gap that followed `after` windows, as far as kept."""
         first = self.closed - len(self.windows)  # index of self.windows[0]
-        lo, hi = max(after - NEAR, first), min(after + NEAR, self.closed)
+        lo, hi = max(after - NEAR, first), min(after + NEAR if later else after, self.closed)
         return self.windows[lo - first : hi - first]
 
-    def _extrapolate(self, gap: _Gap) -> dict[int, float]:
-        rate, per_call, shares = _rates(self._near(gap.after))
-        self.per_call = per_call
-        n = rate * (gap.calls if per_call else gap.seconds)
-        return {api: n * sh for api, sh in shares.items()}
+    def open_window(self, gap_end: _Reading) -> None:
+        self.gaps.append((self.closed, _Span(self.phase, gap_end)))
+        self.on, self.phase = True, gap_end
+        self.next_toggle = gap_end.t + self.on_s()
 
-    def current_gap(self, traps_now: int, now: float) -> _Gap:
-        end = self.ended if self.ended is not None else now
-        return _Gap(self.closed, max(traps_now - self.phase_traps, 0) / 2, max(end - self.phase_start, 0.0))
-
-    def close_window(self, w: _Window) -> None:
+    def close_window(self, end: _Reading, cost: TrapCost, final: bool) -> _Span:
+        w = _Span(self.phase, end)
         self.windows.append(w)
         self.closed += 1
         self.on_seconds += w.seconds
-        for a, n in w.launches.items():
-            self.counted[a] = self.counted.get(a, 0) + n
-        while self.gaps and self.closed - self.gaps[0].after >= NEAR:  # enough windows after it
-            for a, est in self._extrapolate(self.gaps.pop(0)).items():
-                self.estimated[a] = self.estimated.get(a, 0.0) + est
-        keep = 2 * NEAR + 1
+        for a, c in w.launches.items():
+            self.counted[a] = self.counted.get(a, 0) + c
+        self.on, self.phase = False, end
+        self.next_toggle = self.next_window_at(end.t, self.on_s())
+        # A gap with NEAR windows after it is settled, once the cost is the calibrated one.
+        while final and self.gaps and self.closed - self.gaps[0][0] >= NEAR:
+            after, gap = self.gaps.pop(0)
+            g = extrapolate(gap, self._near(after), cost)
+            for a, n in g.launches.items():
+                self.settled[a] = self.settled.get(a, 0.0) + n
+            self.bases.add(g.basis)
+            if g.error is None:
+                self.unbounded = True
+            else:
+                self.settled_error += g.total * g.error
+        keep = max(KEEP, self.closed - self.gaps[0][0] + NEAR if self.gaps else 0)
         if len(self.windows) > keep:
             del self.windows[:-keep]
+        return w
 
-    def report(self, counts: dict[int, int], traps_now: int, now: float) -> dict[int, int]:
+    def report(self, now: _Reading, cost: TrapCost) -> LaunchEstimate:
+        """What to report given the kernel's counts and the CPU time `now`."""
         totals: dict[int, float] = {}
-        parts: list[dict[int, float]] = [{a: float(n) for a, n in self.base.items()}]
-        parts += [{a: float(n) for a, n in self.counted.items()}, self.estimated]
-        parts += [self._extrapolate(g) for g in self.gaps]
+        for part in (self.base, self.counted, self.settled):
+            for a, n in part.items():
+                totals[a] = totals.get(a, 0.0) + n
+        guesses = [extrapolate(g, self._near(after), cost) for after, g in self.gaps]
         if self.on:
-            parts.append({api: float(n - self.phase_counts.get(api, 0)) for api, n in counts.items()})
+            for a, n in now.counts.items():
+                totals[a] = totals.get(a, 0.0) + n - self.phase.counts.get(a, 0)
         else:
-            parts.append(self._extrapolate(self.current_gap(traps_now, now)))
-        for part in parts:
-            for api, n in part.items():
-                totals[api] = totals.get(api, 0.0) + n
-        return {api: round(n) for api, n in totals.items()}
+            guesses.append(extrapolate(_Span(self.phase, now), self._near(self.closed, later=False), cost))
+        err_launches, unbounded, bases = self.settled_error, self.unbounded, set(self.bases)
+        for g in guesses:
+            for a, n in g.launches.items():
+                totals[a] = totals.get(a, 0.0) + n
+            bases.add(g.basis)
+            if g.error is None:
+                unbounded = True
+            else:
+                err_launches += g.total * g.error
+        total = sum(totals.values())
+        error = None if unbounded else (err_launches / total if total > 0 else 0.0)
+        basis = "+".join(sorted(bases)) or COUNTED
+        return LaunchEstimate({a: round(n) for a, n in totals.items()}, self.duty, error, basis)
 
 
 @dataclass
-class _Reading:
-    cpu_ns: int
-    launches: float  # reported (estimated while sampled)
-    exact: int
+class _Watched:
+    """A process met and not sampled (or sampled: `next` is its next weighing)."""
+
+    seen: float  # when met
+    next: float = 0.0
+    launching: float | None = None  # when its first launches were seen
+    readings: list[_Reading] = field(default_factory=list)  # since then, the last HORIZON_S
 
 
 class LaunchBudget:
     """Owns the duty cycles. `estimate` is called with the kernel's counts
-    by whoever copies them into the model; `exited` and `forget` from the
-    drain; everything that attaches or detaches runs on its own thread."""
+    by whoever copies them into the model; `met`, `exited` and `forget`
+    from the agent's threads; everything that attaches or detaches runs on
+    its own thread."""
 
     def __init__(
         self,
@@ -225,32 +457,42 @@ class LaunchBudget:
         budget: float,
         processes: Callable[[], list[ProcessKey]],
         cost: Callable[[], TrapCost | None],
-        period_s: float = PERIOD_S,
     ) -> None:
         self.cuda = cuda
         self.budget = budget
         self.processes = processes  # the live processes that launched, as the model has them
-        self.cost = cost
-        self.period_s = period_s
+        self.cost = cost  # None until calibrated
         self._lock = threading.Lock()
         self._sampled: dict[ProcessKey, _Sampled] = {}
-        self._readings: dict[ProcessKey, _Reading] = {}
-        self._next: dict[ProcessKey, float] = {}  # when each process is weighed next
+        self._watched: dict[ProcessKey, _Watched] = {}
+        self._met: set[ProcessKey] = set()
         self._exits: list[ProcessKey] = []
         self._cannot: set[ProcessKey] = set()  # over budget, but its launches cannot be sampled
-        # Processes the drain met that the model may not hold yet (it learns of them at a fold,
-        # up to a second later): weighed from their first event, not from the fold after it.
-        self._met: set[ProcessKey] = set()
+        self._next_live = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.enforced = cuda.launch_links is not None
         self.failures = 0
-        self._cpu = CpuReader()  # the budget thread's alone
+        self._clock = ProcessClock()  # the budget thread's, and estimate's: no state but a set
 
-    def _counts(self, key: ProcessKey) -> tuple[dict[int, int], int]:
-        maps = self.cuda.maps
-        return maps.process_counts(key) if maps is not None else ({}, 0)
+    def _costs(self) -> tuple[TrapCost, bool]:
+        """The cost to weigh with, and whether it is the calibrated one."""
+        cost = self.cost()
+        return (cost, True) if cost is not None else (PROVISIONAL, False)
+
+    def _read(self, key: ProcessKey, fresh: bool = False) -> _Reading | None:
+        """The kernel's counts and the process's CPU time now (`fresh`: up
+        to date, a window's edge; the counts read right after it)."""
+        maps, links = self.cuda.maps, self.cuda.launch_links
+        if maps is None or links is None:
+            return None
+        cpu = self._clock.cpu_ns(key, fresh)
+        if cpu is None:
+            return None
+        t = time.monotonic()
+        counts, traps = maps.process_counts(key)
+        return _Reading(t, cpu, counts, traps, links.sample(key.pid))
 
     # ---- lifecycle ----
 
@@ -267,55 +509,80 @@ class LaunchBudget:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._apply_exits(time.monotonic())
-        self._cpu.close()
+        self._apply_exits()
 
     # ---- what the model is told ----
 
-    def estimate(self, key: ProcessKey, counts: dict[int, int], exact: int) -> tuple[dict[int, int], float | None]:
+    def estimate(self, key: ProcessKey, counts: dict[int, int], exact: int) -> LaunchEstimate:
         """The launches to report for a process, by api, given the kernel's
-        counts and exact traps now, and its duty (None: never sampled, the
-        counts are exact)."""
+        counts and exact traps now."""
         with self._lock:
             s = self._sampled.get(key)
             if s is None:
-                return counts, None
-            return s.report(counts, exact, time.monotonic()), s.duty
+                return LaunchEstimate(dict(counts))
+            ended, cpu = s.ended, s.end_cpu_ns
+        if cpu is None:
+            cpu = self._clock.cpu_ns(key) if ended is None else None
+        cost, _ = self._costs()
+        with self._lock:
+            if cpu is None:  # gone, its exit not heard yet: nothing past its last reading
+                cpu = s.phase.cpu_ns
+            now = _Reading(ended if ended is not None else time.monotonic(), cpu, counts, exact)
+            est = s.report(now, cost)
+        if ended is not None:
+            log.debug(
+                "pid %d: %d launches reported (%s, error %s), %d windows, %d gaps open, cost %.2f us",
+                key.pid,
+                sum(est.launches.values()),
+                est.basis,
+                est.error,
+                s.closed,
+                len(s.gaps),
+                cost.entry_seconds * 1e6,
+            )
+        return est
 
     def met(self, key: ProcessKey) -> None:
-        """A process's first event was read (the drain thread): weigh it now,
-        whenever the model folds it in. A launch loop ran every launch probed
-        until then: a second of a 20 s loop, 5% of its launches trapped."""
+        """A process was stopped at a CUDA library, or made its first traced
+        call (the control thread, or the drain): watch it from now, whenever
+        the model folds it in."""
         if not self.enforced:
             return  # no thread weighs anything: kept, it would grow with every process
         with self._lock:
+            if key in self._watched or key in self._sampled:
+                return
             self._met.add(key)
         self._wake.set()
 
-    def exited(self, key: ProcessKey) -> None:
+    def exited(self, key: ProcessKey, cpu_ns: int | None = None) -> None:
+        """The process is gone, having run `cpu_ns` (the kernel's, at its exit)."""
         if not self.enforced:
             return  # nothing sampled to end, and no thread to take the list
         with self._lock:
+            s = self._sampled.get(key)
+            if s is not None and s.ended is None:
+                s.ended = time.monotonic()
+                s.end_cpu_ns = cpu_ns if cpu_ns else None
             self._exits.append(key)
         self._wake.set()
 
     def forget(self, key: ProcessKey) -> None:
         with self._lock:
             self._sampled.pop(key, None)
-            self._readings.pop(key, None)
-            self._next.pop(key, None)
+            self._watched.pop(key, None)
             self._cannot.discard(key)
             self._met.discard(key)
+        self._clock.forget(key)
 
     # ---- the thread ----
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
-            next_decision = now + FIRST_DECIDE_S
+            soonest = now + WATCH_S
             try:
-                self._apply_exits(now)
-                next_decision = self._decide(now)
+                self._apply_exits()
+                soonest = self._look(now)
                 self._toggle(time.monotonic())
             except Exception:  # noqa: BLE001 - the budget failing must not stop the agent
                 self.failures += 1
@@ -323,165 +590,171 @@ class LaunchBudget:
                     log.exception("overhead budget (launches of processes it samples are estimated from then on)")
             with self._lock:
                 due = [s.next_toggle for s in self._sampled.values() if s.ended is None]
-            wait = min([next_decision, *due]) - time.monotonic()
+            wait = min([soonest, *due]) - time.monotonic()
             self._wake.wait(max(wait, 0.001))
             self._wake.clear()
 
-    def _apply_exits(self, now: float) -> None:
+    def _apply_exits(self) -> None:
         with self._lock:
             exits, self._exits = self._exits, []
+            for key in exits:
+                self._watched.pop(key, None)
+                self._met.discard(key)
         links = self.cuda.launch_links
         for key in exits:
-            with self._lock:
-                s = self._sampled.get(key)
-                if s is not None and s.ended is None:
-                    s.ended = now
-                self._readings.pop(key, None)
-                self._next.pop(key, None)
-                self._met.discard(key)
-            self._cpu.forget(key)
+            self._clock.forget(key)
             if links is not None:
                 links.exited(key.pid, start_ticks_of(key))
 
-    def _decide(self, now: float) -> float:
-        """Weigh each process that is due; returns when the next one is."""
-        cost = self.cost()
-        if cost is None:
-            return now + FIRST_DECIDE_S  # not calibrated yet
-        soonest = now + IDLE_DECIDE_S
-        live = self.processes()
-        held = set(live)
+    def _look(self, now: float) -> float:
+        """Read and weigh each process that is due; returns when the next one is."""
         with self._lock:
-            self._met -= held  # the model has them now
-            met = list(self._met)
-        for key in live + met:
-            due = self._next.get(key, 0.0)
-            if due > now:
-                soonest = min(soonest, due)
-                continue
-            due = self._weigh(key, now, cost)
-            with self._lock:
-                if not any(k == key for k in self._exits):  # gone meanwhile: forget, not weigh again
-                    self._next[key] = due
-            soonest = min(soonest, due)
-        return soonest
+            met, self._met = self._met, set()
+        fresh = list(met)
+        if now >= self._next_live:  # the model's, for one met before the budget started
+            fresh += self.processes()
+            self._next_live = now + IDLE_DECIDE_S
+        with self._lock:
+            for key in fresh:
+                if key not in self._watched and key not in self._sampled:
+                    self._watched[key] = _Watched(seen=now, next=now)
+            due = [(k, w) for k, w in self._watched.items() if w.next <= now]
+            later = [w.next for w in self._watched.values() if w.next > now]
+            launching = sum(1 for w in self._watched.values() if w.launching is not None)
+        cost, final = self._costs()
+        quick = max(QUICK_S, launching / READS_PER_S)
+        for key, w in due:
+            if key in self._sampled:
+                w.next = self._retune(key, now, cost)
+            else:
+                w.next = self._weigh(key, w, now, cost, quick)
+            later.append(w.next)
+        return min([now + IDLE_DECIDE_S, *later])
 
-    def _weigh(self, key: ProcessKey, now: float, cost: TrapCost) -> float:
-        """Read a process's cost since its last reading and set its duty;
-        returns when to weigh it next."""
-        counts, exact = self._counts(key)
-        if not counts:
-            return now + IDLE_DECIDE_S  # no launch yet: nothing to sample
-        cpu = self._cpu.cpu_ns(key)
-        if cpu is None:
+    def _watch_every(self, w: _Watched, now: float) -> float:
+        age = now - w.seen
+        if age < WATCH_FOR_S:
+            return WATCH_S
+        return SLOW_WATCH_S if age < SLOW_WATCH_FOR_S else IDLE_DECIDE_S
+
+    def _weigh(self, key: ProcessKey, w: _Watched, now: float, cost: TrapCost, quick: float) -> float:
+        """Read a process not sampled; sample it once its traps over the last
+        HORIZON_S cost more than the budget allows. Returns when to read it next."""
+        r = self._read(key)
+        if r is None:
             return now + IDLE_DECIDE_S  # gone: its exit is on its way
-        est, _ = self.estimate(key, counts, exact)
-        launches = float(sum(est.values()))
-        # Before its first reading: nothing (exact for a process that started
-        # after the agent; one that ran before is weighed again soon).
-        with self._lock:
-            prev = self._readings.get(key) or _Reading(0, 0.0, 0)
-            dcpu = (cpu - prev.cpu_ns) / 1e9
-            if dcpu < MIN_CPU_S:
-                return now + FIRST_DECIDE_S
-            self._readings[key] = _Reading(cpu, launches, exact)
-        self._set_duty(key, now, cost, dcpu, launches - prev.launches, exact - prev.exact)
-        return now + DECIDE_S
+        if r.launches == 0:
+            return now + self._watch_every(w, now)
+        if w.launching is None:
+            w.launching = now
+            r = self._read(key, fresh=True) or r  # the first window's start
+        w.readings.append(r)
+        while len(w.readings) > 2 and w.readings[1].t <= r.t - HORIZON_S:
+            w.readings.pop(0)
+        span = _Span(w.readings[0], r)
+        young = now - w.launching < HORIZON_S
+        if key in self._cannot:
+            return now + DECIDE_S
+        if span.cpu_s >= MIN_WEIGH_CPU_S:
+            duty = self._duty(cost, span.cpu_s, span.total, span.calls)
+            if duty < 1.0:
+                self._begin(key, duty, span.start, cost)
+                return now + DECIDE_S
+        return now + (WATCH_S if young else quick)
 
-    def _set_duty(self, key: ProcessKey, now: float, cost: TrapCost, dcpu: float, launches: float, exact: int) -> None:
-        """What share of the time its launch probes may stay attached, from
-        what its exact traps and all its launches cost over `dcpu` seconds."""
-        exact_share = exact * cost.per_trap() / dcpu
-        launch_share = launches * cost.entry_seconds / dcpu
+    def _duty(self, cost: TrapCost, cpu_s: float, launches: float, calls: float) -> float:
+        """The share of time a process's launch probes may stay attached, from
+        what its exact calls and all its launches cost over `cpu_s` seconds."""
+        exact_share = calls * cost.pair_seconds / cpu_s
+        launch_share = launches * cost.entry_seconds / cpu_s
         if launch_share <= 0:
-            return
-        duty = min(max((self.budget * SAFETY - exact_share) / launch_share, MIN_DUTY), 1.0)
+            return 1.0
+        return min(max((self.budget * SAFETY - exact_share) / launch_share, MIN_DUTY), 1.0)
+
+    def _retune(self, key: ProcessKey, now: float, cost: TrapCost) -> float:
+        """Weigh a sampled process again, on the launches reported since its last weighing."""
         with self._lock:
             s = self._sampled.get(key)
-            if s is not None:
-                s.retune(duty, self._on_s(duty))
-                return
-        if duty < 1.0 and key not in self._cannot:
-            self._begin(key, duty, now)
+            if s is None or s.ended is not None:
+                return now + IDLE_DECIDE_S
+            prev, prev_launches = s.decided, s.decided_launches
+        r = self._read(key)
+        if r is None or prev is None:
+            return now + IDLE_DECIDE_S
+        with self._lock:
+            launches = float(sum(s.report(r, cost).launches.values()))
+        span = _Span(prev, r)
+        if span.cpu_s < MIN_WEIGH_CPU_S:
+            return now + DECIDE_S
+        if launches > prev_launches:
+            duty = self._duty(cost, span.cpu_s, launches - prev_launches, span.calls)
+        else:  # an estimate revised down (a gap's clock changed): nothing to weigh, not a loop that stopped
+            duty = s.duty
+        with self._lock:
+            s.decided, s.decided_launches = r, launches
+            s.retune(duty)
+        return now + DECIDE_S
 
-    def _begin(self, key: ProcessKey, duty: float, now: float) -> None:
+    def _begin(self, key: ProcessKey, duty: float, first: _Reading, cost: TrapCost) -> None:
         """Sample a process's launches from now: its libraries to per-process
-        mode, then the first window opens with its own links attached."""
+        mode with its own links detached (or its links detached, where it had
+        them): it starts in a gap, and the time since `first`, fully probed,
+        is its first window."""
         links = self.cuda.launch_links
         assert links is not None
+        start = self._read(key, fresh=True)  # every launch before it counted: the first gap begins here
+        if start is None:
+            return
+        links.link_off(key.pid, True)
         for cand in mapped_libraries(key.pid):
             self.cuda.launches_per_process(cand.fid)
         if not links.has_own(key.pid) and not links.adopt(key.pid):
+            links.link_off(key.pid, False)
             self._cannot.add(key)
             log.info("pid %d is over its overhead budget, but its launch probes cannot be sampled", key.pid)
             return
-        links.set_on(key.pid, True)
-        counts, traps = self._counts(key)
-        t = time.monotonic()
-        s = _Sampled(key.pid, duty, dict(counts), phase_start=t, since=t, phase_counts=dict(counts), phase_traps=traps)
-        s.phase_sample = links.sample(key.pid)
-        s.next_toggle = t + self._on_s(duty)
+        links.set_on(key.pid, False)
+        first_window = _Span(first, start)
+        # Its probed time began before `first`, with its first launch: as long again as
+        # `first`'s launches took at the first window's pace.
+        pace = first_window.seconds / first_window.total if first_window.total else 0.0
+        probed = first_window.seconds + first.launches * pace
+        s = _Sampled(key.pid, duty, dict(start.counts), start, since=start.t - probed, on_seconds=probed)
+        s.windows, s.closed = [first_window], 1
+        s.decided, s.decided_launches = start, float(start.launches)
+        s.next_toggle = s.next_window_at(start.t, s.on_s())
         with self._lock:
             self._sampled[key] = s
-        log.info("pid %d: launch probes sampled (duty %.3f) to keep its overhead budget", key.pid, duty)
-
-    def _on_s(self, duty: float) -> float:
-        return max(MIN_ON_S, duty * self.period_s)
+        log.info(
+            "pid %d: launch probes sampled (duty %.3f) to keep its overhead budget, %.1f ms fully probed",
+            key.pid,
+            duty,
+            probed * 1e3,
+        )
 
     def _toggle(self, now: float) -> None:
         links = self.cuda.launch_links
         assert links is not None
         with self._lock:
             due = [(k, s) for k, s in self._sampled.items() if s.ended is None and now >= s.next_toggle]
+        cost, final = self._costs()
         for key, s in due:
             if s.on and s.duty >= 1.0:
                 with self._lock:
-                    s.next_toggle = now + self.period_s
+                    s.next_toggle = now + DECIDE_S
                 continue
-            if s.on:
-                self._close_window(key, s, links)
-            else:
-                self._open_window(key, s, links)
-
-    def _close_window(self, key: ProcessKey, s: _Sampled, links: LaunchLinks) -> None:
-        """End a window (its counts read before the detach), or stretch it
-        while it has too few complete intervals."""
-        counts, traps = self._counts(key)
-        launches, intervals = links.sample(key.pid)
-        t = time.monotonic()
-        stretch = (t - s.phase_start) / self._on_s(s.duty)
-        if intervals - s.phase_sample[1] < WINDOW_INTERVALS and stretch < MAX_STRETCH:
-            with self._lock:
-                s.next_toggle = t + self._on_s(s.duty) * 0.25
-            return
-        links.set_on(s.pid, False)  # the window first: no interval is closed across the detach
-        with self._lock:
-            w = _Window(
-                {a: n - s.phase_counts.get(a, 0) for a, n in counts.items()},
-                launches - s.phase_sample[0],
-                intervals - s.phase_sample[1],
-                t - s.phase_start,
-            )
-            s.close_window(w)
-            s.on, s.phase_start, s.phase_counts, s.phase_traps = False, t, counts, traps
-            s.next_toggle = s.next_window_at(t, w.seconds)  # the duty holds for a stretched window too
-        log.debug(
-            "pid %d: window %.1f ms, %d launches, %d intervals of %d",
-            s.pid,
-            w.seconds * 1e3,
-            sum(w.launches.values()),
-            w.intervals,
-            w.interval_launches,
-        )
-
-    def _open_window(self, key: ProcessKey, s: _Sampled, links: LaunchLinks) -> None:
-        """End a gap once the process's own links are attached again."""
-        links.set_on(s.pid, True)
-        counts, traps = self._counts(key)
-        sample = links.sample(key.pid)
-        t = time.monotonic()
-        with self._lock:
-            s.gaps.append(s.current_gap(traps, t))
-            s.on, s.phase_start, s.phase_counts, s.phase_traps = True, t, counts, traps
-            s.phase_sample = sample
-            s.next_toggle = t + self._on_s(s.duty)
+            r = self._read(key, fresh=True) if s.on else None
+            if s.on and r is not None:
+                links.set_on(s.pid, False)  # the window first: counts read before the detach
+                with self._lock:
+                    w = s.close_window(r, cost, final)
+                log.debug("pid %d: window %.1f ms, %d launches, %.0f calls", s.pid, w.seconds * 1e3, w.total, w.calls)
+                continue
+            if not s.on and links.set_on(s.pid, True):
+                r = self._read(key, fresh=True)  # the window begins once its links are in
+                if r is not None:
+                    with self._lock:
+                        s.open_window(r)
+                    continue
+            with self._lock:  # gone: its exit is on its way
+                s.next_toggle = now + IDLE_DECIDE_S

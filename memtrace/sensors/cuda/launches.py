@@ -20,6 +20,13 @@ multi-uprobe links (Linux 6.6+) attaching or detaching one takes
 milliseconds (docs/design/evidence.md#launch-links), in the agent's time,
 not the process's. Without them (single uprobes, a tenth of a second or
 more each) the budget is not kept: reported only.
+
+A process the budget samples from its first weighing is linked with its
+links detached (`link_off`): its first gap begins as the library-wide link
+goes, with no attach and detach of its own in between. Links are detached
+on a thread of their own: the kernel takes the breakpoints out at once and
+then waits out grace periods (tens of ms), which the budget's thread, due
+to close another process's window meanwhile, must not wait for.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from memtrace.bpf.libbpf import BpfObject, Link, Map
 from memtrace.core.abi import CK_OWN_SHIFT, InodeKey, LaunchLib, LaunchSample
 from memtrace.core.errors import AttachError
 from memtrace.core.procfiles import FileId
+from memtrace.core.threads import thread
 from memtrace.sensors.cuda import discovery
 
 log = logging.getLogger("memtrace")
@@ -112,6 +120,7 @@ class LaunchLinks:
         self.targets: dict[FileId, LaunchTarget] = {}  # libraries in per-process mode
         self._procs: dict[int, _Own] = {}
         self._lock = threading.RLock()
+        self._off: set[int] = set()  # to be linked with their links detached (link_off)
         self.linked_late = 0  # processes given their own links after they may have launched
 
     # ---- libraries ----
@@ -135,7 +144,7 @@ class LaunchLinks:
                 if any(c.fid == target.fid for c in discovery.mapped_libraries(pid)):
                     linked += self._link(pid, target)
         if library_wide is not None:
-            library_wide.destroy()
+            detach([library_wide])
         log.info("%s: launch probes per process now (%d processes linked)", target.name, linked)
         return linked
 
@@ -165,9 +174,25 @@ class LaunchLinks:
                 self.linked_late += 1
             return made > 0
 
+    def link_off(self, pid: int, off: bool) -> None:
+        """Link this process with its links detached when it is linked next
+        (going per process, or adopted): the budget samples it from a gap.
+        False: as usual again (it was not linked)."""
+        with self._lock:
+            if off:
+                self._off.add(pid)
+            else:
+                self._off.discard(pid)
+
     def has_own(self, pid: int) -> bool:
         with self._lock:
             return pid in self._procs
+
+    def is_on(self, pid: int) -> bool:
+        """Its own links are attached (the duty cycle's window is open, or it is not sampled)."""
+        with self._lock:
+            own = self._procs.get(pid)
+            return own is not None and own.on
 
     def set_on(self, pid: int, on: bool) -> bool:
         """Open (attach its own launch links, then open the window BPF
@@ -193,8 +218,7 @@ class LaunchLinks:
                 return True
             own.on = False
             links, own.links = list(own.links.values()), {}
-        for link in links:
-            link.destroy()
+        detach(links)
         return True
 
     def sample(self, pid: int) -> tuple[int, int]:
@@ -214,10 +238,10 @@ class LaunchLinks:
             if own is None or own.start_ticks != ticks:
                 return  # not linked, or a later process of that pid
             del self._procs[pid]
+            self._off.discard(pid)
         for fid in own.libs:
             self.linked_map.delete(LaunchLib(pid, 0, _inode(fid)))
-        for link in own.links.values():
-            link.destroy()
+        detach(list(own.links.values()))
 
     def close(self) -> list[Link]:
         """Forget every process's own links and return them, for the caller
@@ -251,16 +275,16 @@ class LaunchLinks:
         own = self._procs.get(pid)
         if own is not None and own.start_ticks != ticks:  # a process of that pid that is gone
             self._procs.pop(pid)
-            for gone in own.links.values():
-                gone.destroy()
+            detach(list(own.links.values()))
             own = None
         if own is not None and target.fid in own.libs:
             return 0
         if not self._sampling:  # before the first own link: BPF looks at launch_own from now on
             self.sampling_map.update(ctypes.c_uint32(0), ctypes.c_uint32(1))
             self._sampling = True
-        link = self._attach(pid, target) if own is None or own.on else None
-        if link is None and (own is None or own.on):
+        on = own.on if own is not None else pid not in self._off
+        link = self._attach(pid, target) if on else None
+        if link is None and on:
             return 0
         pid32 = ctypes.c_uint32(pid)
         self.linked_map.update(LaunchLib(pid, 0, _inode(target.fid)), ctypes.c_uint8(1))
@@ -274,7 +298,8 @@ class LaunchLinks:
                 link.destroy()
             return 0
         if own is None:
-            own = self._procs[pid] = _Own(ticks)
+            own = self._procs[pid] = _Own(ticks, on=on)
+            self._off.discard(pid)
         own.libs.add(target.fid)
         if link is not None:
             own.links[target.fid] = link
@@ -283,3 +308,14 @@ class LaunchLinks:
 
 def _inode(fid: FileId) -> InodeKey:
     return InodeKey(fid.dev, fid.ino)
+
+
+def detach(links: list[Link]) -> None:
+    """Destroy links on a thread of their own (see the module's doc)."""
+
+    def destroy() -> None:
+        for link in links:
+            link.destroy()
+
+    if links:
+        thread(destroy, "memtrace-detach").start()
