@@ -103,10 +103,13 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
     titles = [p["title"] for p in d["panels"]]
     for want in ("bandwidth by direction", "p50 / p95 / p99", "heatmap", "summary", "host memory", "Findings"):
         assert any(want in t for t in titles), want
-    from memtrace.export.catalog import METRICS, prometheus_series
+    from memtrace.export.catalog import METRICS, PROCESS_RESOURCE, prometheus_series
 
     exported = {n for m in METRICS for n in prometheus_series(m)}  # what memtrace pushes, by its backend name
     import re
+
+    # Resource attributes are labels, not metrics (memtrace.job.id is memtrace_job_id).
+    labels = {re.sub(r"\W", "_", a.name) for a in PROCESS_RESOURCE}
 
     # Rows by failure mode, each holding its panels.
     rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
@@ -121,7 +124,7 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
                     r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+|hw_(?!id\b)\w+|system_network_\w+)",
                     t["expr"],
                 )
-            )
+            ) - labels
             assert names and names <= exported, t["expr"]
 
 
