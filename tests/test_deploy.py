@@ -119,12 +119,15 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
             continue
         assert p["targets"]
         for t in p["targets"]:
-            names = set(
-                re.findall(
-                    r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+|hw_(?!id\b)\w+|system_network_\w+)",
-                    t["expr"],
+            names = (
+                set(
+                    re.findall(
+                        r"\b(gpu_\w+_(?:total|bytes|bucket|seconds|ratio)|memtrace_\w+|hw_(?!id\b)\w+|system_network_\w+)",
+                        t["expr"],
+                    )
                 )
-            ) - labels
+                - labels
+            )
             assert names and names <= exported, t["expr"]
 
 
