@@ -74,8 +74,9 @@ FALLBACK = TrapCost(5e-6, 10e-6, calibrated=False)
 
 # What the overhead budget weighs with until the calibration is ready, so
 # that a first weighing never waits for it: about the dearest kind's cost
-# measured (single-stepped, the 2-vCPU VM), so no process looks cheaper
-# than it may be. Never shown: the overhead waits for the calibration.
+# measured (single-stepped; docs/design/evidence.md#trap-cost), so no
+# process looks cheaper than it may be. Never shown: the overhead waits for
+# the calibration.
 PROVISIONAL = TrapCost(10e-6, 20e-6, calibrated=False, kind="stepped")
 
 

@@ -124,9 +124,7 @@ MIN_RATE_CPU_S = 0.001  # a window's CPU time for a rate of its own (the error's
 FRESH_WAIT_S = 0.0045  # a tick at 250 Hz and more: how long a window's edge waits for an up-to-date CPU time
 FRESH_POLL_S = 0.0002
 # How far a trap's cost in a traced process can be from the agent's timing
-# of it, as a share of the cost: in a C launch loop on the 2-vCPU VM, 5.4-7.6
-# us single-stepped against 9.0 timed, 1.16 us emulated against 0.56
-# (docs/design/overhead.md).
+# of it, as a share of the cost (measured: docs/design/overhead.md).
 CAL_ERROR = 1.0
 
 PER_CALL = "per_call"
