@@ -301,13 +301,20 @@ class Transport:
         text = str(e).splitlines()[0] if str(e) else ""
         return f"{type(e).__name__}: {text}"
 
-    def _probe(self) -> str:
+    def _probe(self, timeout: float = 2.0) -> str:
         """Name a connection failure ourselves when the exporter did not."""
         try:
-            socket.create_connection((self.host, self.port), timeout=2).close()
+            socket.create_connection((self.host, self.port), timeout=timeout).close()
         except OSError as e:
             return f"cannot connect to {self.host}:{self.port}: {e.strerror or e}"
         return ""
+
+    def refused(self) -> str:
+        """Why the collector refuses connections now ('' if it takes one, or
+        does not answer at once): a last push to it would only spend its
+        timeout in the exporter's retries."""
+        why = self._probe(timeout=0.5)
+        return why if "refused" in why.lower() or "unreachable" in why.lower() else ""
 
     def post(self, body: bytes) -> str:
         """POST one protobuf request (OTLP/HTTP) to the signal's URL: '' when it arrived, else why not."""

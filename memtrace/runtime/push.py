@@ -272,6 +272,12 @@ def push_forever(
                 # Its last sample (the NCCL calls since the previous one, the
                 # final GPU and NIC readings) goes out with the last push.
                 host.finish()
+            refused = exporter.transport.refused() if failures else ""
+            if refused:  # the SDK would retry until the timeout: stop at once, and say what is not sent
+                with agent.lock:
+                    unsent = len(agent.model.processes)
+                log.warning("the last push was not sent (%s): %d processes' last figures are lost", refused, unsent)
+                return builder.export_failures + 1
             batch = build()
             fut = pool.submit(export, batch.data)
             try:
