@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -118,14 +119,23 @@ def python_as_nobody() -> list[str]:
     there: then nobody runs it holding CAP_DAC_READ_SEARCH alone (files read,
     nothing else: not one of the capabilities memtrace needs, which doctor
     names), so the unprivileged paths are tested under every Python."""
-    if subprocess.run([*NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
+    # Each is tried as the tests run it: from /, importing memtrace and its
+    # dependencies through PYTHONPATH (a clone under a folder nobody may
+    # enter, as `mktemp -d` makes, starts the interpreter and fails there).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *site.getsitepackages()]))
+
+    def works(argv: list[str]) -> bool:
+        probe = [*argv, "-c", "import memtrace.cli, pyroute2"]
+        return subprocess.run(probe, capture_output=True, env=env, cwd="/").returncode == 0
+
+    if works([*NOBODY, sys.executable]):
         return [*NOBODY, sys.executable]
     ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     for cand in (shutil.which(ver), f"/usr/bin/{ver}"):
-        if cand and subprocess.run([*NOBODY, cand, "-c", "pass"], capture_output=True).returncode == 0:
+        if cand and works([*NOBODY, cand]):
             return [*NOBODY, cand]
     reader = [*NOBODY, "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", sys.executable]
-    if subprocess.run([*reader, "-c", "pass"], capture_output=True).returncode == 0:
+    if works(reader):
         return reader
     pytest.skip(f"no {ver} that the nobody user can run (this one is under a private home)")
 
