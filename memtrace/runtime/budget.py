@@ -279,6 +279,15 @@ def _spread(rates: list[float], mean: float) -> float | None:
     return 2 * sd / math.sqrt(len(rates)) / mean
 
 
+def _with_edges(err: float | None, calls: float) -> float | None:
+    """A per-call estimate's bound, with its edges: a gap begins and ends
+    between two exact calls, so its launches may be off by about one
+    interval's worth however even the loop (1/calls of the gap's)."""
+    if err is None or calls <= 0:
+        return err
+    return err + 1.0 / calls
+
+
 def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
     """A gap's launches from the windows around it (see the module's doc)."""
     launched = sum(w.total for w in near)
@@ -292,13 +301,13 @@ def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
         rate = sum(w.interval_launches for w in near) / intervals
         n = rate * gap.calls
         err = _spread([w.interval_launches / w.intervals for w in near if w.intervals], rate) if n > 0 else 0.0
-        return _Guess({a: n * s for a, s in shares.items()}, err, PER_CALL)
+        return _Guess({a: n * s for a, s in shares.items()}, _with_edges(err, gap.calls), PER_CALL)
     calls = sum(w.calls for w in near)
     if calls >= MIN_CALLS and launched > 0:
         rate = launched / calls
         n = rate * gap.calls
         err = _spread([w.total / w.calls for w in near if w.calls >= 1], rate) if n > 0 else 0.0
-        return _Guess({a: n * s for a, s in shares.items()}, err, PER_CALL)
+        return _Guess({a: n * s for a, s in shares.items()}, _with_edges(err, gap.calls), PER_CALL)
     gap_s = max(gap.unprobed_s(cost), 0.0)
     unprobed = sum(max(w.unprobed_s(cost), 0.0) for w in near)
     if gap_s < MIN_RATE_CPU_S:  # it hardly ran: whatever it launched is within the others' errors
