@@ -10,7 +10,6 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, cast
 
 from memtrace.analysis.diagnosis import Diagnosis
-from memtrace.core.ids import ProcessKey
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.events import Events
@@ -85,20 +84,16 @@ def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event, recorder
     until `stop`. With a flight `recorder`, each diagnosis's event names
     the file it writes (memtrace.timeline.file). Returns the number of failed pushes."""
     resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
-    pipes: list[Pipeline] = []  # the one below, for the events' job lookup
-
-    def job_of(key: ProcessKey) -> dict[str, str | int]:
-        return pipes[0].agent.job_of(key) if pipes else {}
-
-    events = Events(cfg, resource, job_of)  # the diagnoses, and the findings' text
+    events: Events  # made below, once the pipeline (not yet started) has its agent
 
     def diagnosed(d: Diagnosis) -> None:
         path = recorder.file_of(d) if recorder is not None else None
         events.diagnosis(d, d.start_ns, {"memtrace.timeline.file": path} if path else None)
 
+    pipe = Pipeline(opts, on_diagnosis=diagnosed, recorder=recorder)
+    events = Events(cfg, resource, pipe.agent.job_of)  # the diagnoses, and the findings' text
     try:
-        with Pipeline(opts, on_diagnosis=diagnosed, recorder=recorder) as pipe:
-            pipes.append(pipe)
+        with pipe:
             try:
                 return push_forever(pipe, cfg, stop, events=events)
             finally:
