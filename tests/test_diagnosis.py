@@ -514,3 +514,162 @@ def test_the_live_diagnosis_keeps_no_state_of_the_processes_gone() -> None:
         assert kept() <= 3 * 10, generation  # a few tables of the three live ones at most
     tick([], 10_000)
     assert kept() == 0
+
+
+# ---- servers: judged per unit of work ----
+
+SMALL, LARGE, HUGE = (10, 8), (14, 12), (18, 16)  # classes of work (model/steps.work_class)
+
+
+def server(i: int, per_class: dict[tuple[int, int], tuple[int, float]], **over: object) -> ProcWindow:
+    """A window of an inference server: per class of work, (iterations, busy ms each). Its
+    iterations' lengths are their load's, and it idles between them for requests."""
+    work = {wk: (n, int(n * ms * MS)) for wk, (n, ms) in per_class.items()}
+    busy = sum(ns for _, ns in work.values())
+    n = sum(k for k, _ in work.values())
+    w = proc(10.0, name="serve", exe="serve", serving=True, work=work)
+    w.steps, w.step_ns = n, max(busy, W_NS)  # iterations and their time (the idle leads in it)
+    w.gpu_idle_ns = W_NS - busy // 2
+    for k, v in over.items():
+        setattr(w, k, v)
+    return w
+
+
+def quiet_load(rnd: random.Random, scale: float = 1.0) -> dict[tuple[int, int], tuple[int, float]]:
+    """Random arrivals: a noisy number of iterations of each class, each class's busy time
+    its own (2, 6 and 20 ms), within 5%."""
+    return {
+        SMALL: (max(1, int(rnd.gauss(20, 4) * scale)), 2.0 * rnd.uniform(0.95, 1.05)),
+        LARGE: (max(1, int(rnd.gauss(6, 2) * scale)), 6.0 * rnd.uniform(0.95, 1.05)),
+    }
+
+
+def test_a_server_whose_load_triples_then_falls_is_not_diagnosed() -> None:
+    """The request rate triples: three times the iterations, a class of work never seen
+    (larger batches, each much longer). Then it falls to a fifth of the first: the server
+    idles, its iterations (the wait for requests in them) are five times as long. Each unit of
+    work takes what it took throughout: no slowdown. (Judged by its iterations' mean, as a
+    training step is, the fall would be a 5x slowdown.)"""
+    rnd = random.Random(7)
+    windows = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
+    for i in range(40, 120):
+        load = quiet_load(rnd, 3.0)
+        load[HUGE] = (max(1, int(rnd.gauss(5, 1))), 20.0 * rnd.uniform(0.95, 1.05))
+        windows.append(([server(i, load)], host(i)))
+    windows += [([server(i, quiet_load(rnd, 0.2))], host(i)) for i in range(120, 200)]
+    _, made = run(windows)
+    assert made == []
+
+
+def test_a_server_whose_work_takes_longer_is_diagnosed_with_the_cause() -> None:
+    """A CPU hog on the server's CPU: each iteration's host work is stretched (the same work
+    now takes 1.6x), with the run queue up. The same load before and after."""
+    rnd = random.Random(8)
+    windows = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
+    hog = {"runq_ns": int(W_NS * 0.45), "preemptors": {HOG_CGROUP: (int(W_NS * 0.45), "", "stress")}}
+    for i in range(40, 46):
+        load = {wk: (n, ms * 1.6) for wk, (n, ms) in quiet_load(rnd).items()}
+        windows.append(([server(i, load, **hog)], host(i)))
+    d, made = run(windows)
+    assert made == [(41, "cpu_interference")]
+    (x,) = d.diagnoses
+    assert x.evidence["unit"] == "iteration" and x.ratio == pytest.approx(1.6, rel=0.1)
+    assert "at equal work" in x.symptom and x.evidence["taken_by"]["process"] == "stress"
+
+
+def test_a_server_is_never_blamed_on_input_starvation_for_idling_between_requests() -> None:
+    """A server's GPU idles more when fewer requests come; its iterations slowing with that
+    is not a starved input (the scorer is not asked): nothing explains it, so unknown."""
+    rnd = random.Random(9)
+    windows = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
+    for i in range(40, 46):
+        load = {wk: (n, ms * 1.6) for wk, (n, ms) in quiet_load(rnd).items()}
+        w = server(i, load)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.9), int(w.step_ns * 0.9)
+        windows.append(([w], host(i)))
+    d, made = run(windows)
+    assert made == [(41, "unknown")] and "input_starvation" not in d.diagnoses[0].evidence["candidates"]
+
+
+def test_a_process_found_to_be_a_server_starts_its_baseline_again() -> None:
+    """Steps first read as a training loop's (before the model has seen enough to tell) and
+    then as a server's: the step-time baseline is no baseline for units of work, and the
+    switch itself is no slowdown."""
+    rnd = random.Random(10)
+    windows = [([proc(10.0 * rnd.uniform(0.95, 1.05))], host(i)) for i in range(20)]
+    windows += [([server(i, quiet_load(rnd, 2.0))], host(i)) for i in range(20, 80)]
+    _, made = run(windows)
+    assert made == []
+
+
+# ---- ambiguous and unknown: the candidates ----
+
+
+def test_evidence_that_fits_two_causes_is_ambiguous_with_both_candidates() -> None:
+    """The run queue rises (a CPU hog) and the memory stall share rises by as much, in the same
+    windows: both causes score alike. memtrace says so and gives both fixes."""
+    windows = healthy(30)
+    for i in range(30, 36):
+        w = proc(20.0, runq_ns=int(W_NS * 0.12), preemptors={HOG_CGROUP: (int(W_NS * 0.12), "", "stress")})
+        windows.append(([w], host(i, memory_stall_ns=int(W_NS * 0.09))))
+    d, made = run(windows)
+    assert made == [(31, "ambiguous")]
+    ev = d.diagnoses[0].evidence
+    assert set(ev["candidates"]) >= {"cpu_interference", "host_memory_pressure"}
+    assert set(ev["evidence_of"]) == {"cpu_interference", "host_memory_pressure"}
+    assert "give the job CPUs" in d.diagnoses[0].fix and "more memory" in d.diagnoses[0].fix
+
+
+def test_one_cause_well_ahead_of_another_is_named_not_ambiguous() -> None:
+    windows = healthy(30)
+    for i in range(30, 36):
+        w = proc(20.0, runq_ns=int(W_NS * 0.45), preemptors={HOG_CGROUP: (int(W_NS * 0.45), "", "stress")})
+        windows.append(([w], host(i, memory_stall_ns=int(W_NS * 0.04))))
+    d, made = run(windows)
+    assert made == [(31, "cpu_interference")]
+    assert d.diagnoses[0].evidence["candidates"]["host_memory_pressure"] < 1.0
+
+
+def test_an_unknown_slowdown_names_what_came_closest() -> None:
+    windows = healthy(30) + [([proc(20.0)], host(i, memory_stall_ns=int(W_NS * 0.02))) for i in range(30, 36)]
+    d, made = run(windows)
+    assert made == [(31, "unknown")]
+    ev = d.diagnoses[0].evidence
+    assert ev["closest"] == "host_memory_pressure" and ev["candidates"]["host_memory_pressure"] == pytest.approx(0.4)
+
+
+# ---- a job's ranks by its identity ----
+
+
+def test_ranks_of_one_job_on_different_parents_are_peers_by_their_job_identity() -> None:
+    """Ranks of one job launched each by its own parent (a pod each, Slurm's step daemons): the
+    launcher's job identity makes them peers, and the slow one a straggler. Without it they would
+    be two jobs of one rank each, and nobody a straggler."""
+    ranks = [ProcessKey(600 + r, 1) for r in range(2)]
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for r, key in enumerate(ranks):
+            w = proc(18.0 if slow else 10.0, key=key, ppid=60 + r, job="torchrun:job-1")
+            w.collective_ns = int(w.step_ns * (0.05 if (slow and r == 1) else (0.5 if slow else 0.1)))
+            ws.append(w)
+        return ws, host(i)
+
+    d, made = run(thirty_then_six(window))
+    assert {c for _, c in made} == {"straggler"} and len(made) == 2
+    assert {x.key.pid: x for x in d.diagnoses}[600].evidence["waits_for_pid"] == 601
+    # The same windows without the identity: each rank alone, no peer to wait for.
+    alone = [([replace(w, job="") for w in ws], h) for ws, h in thirty_then_six(window)]
+    _, made = run(alone)
+    assert "straggler" not in {c for _, c in made}
+
+
+def test_memtrace_taking_the_cpu_is_named_as_itself() -> None:
+    """A preemptor that is memtrace's own process (its drain, fold or sampling threads) is named
+    as memtrace, never left as a thread name for the user to recognise; others keep theirs."""
+    import os
+
+    from memtrace.runtime.diagnose import AGENT_COMM, LiveDiagnosis
+
+    assert LiveDiagnosis._comm(os.getpid(), "memtrace-drain") == AGENT_COMM
+    assert LiveDiagnosis._comm(os.getpid() + 1, "stress") == "stress"

@@ -84,8 +84,8 @@ def scenario(
     return json.loads(out.read_text()), json.loads(line)["pid"], onset
 
 
-def wait_for_job(parent: int, timeout: float = 60) -> int:
-    """The pid of the trainjob process once it runs (a child of `parent`, or
+def wait_for_job(parent: int, timeout: float = 60, comm: str = "trainjob") -> int:
+    """The pid of the job's process (trainjob, or comm) once it runs (a child of `parent`, or
     `parent` itself): it has used CPU time, so it is past any hold while its
     CUDA libraries were attached (which can last seconds while an earlier
     agent's probes are still being removed), and the fault comes after a
@@ -94,7 +94,7 @@ def wait_for_job(parent: int, timeout: float = 60) -> int:
     while time.monotonic() < deadline:
         for pid in [parent, *_children(parent)]:
             try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() != "trainjob":
+                if Path(f"/proc/{pid}/comm").read_text().strip() != comm:
                     continue
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 if int(fields[11]) + int(fields[12]) >= 5:  # utime + stime, in clock ticks (50 ms)
@@ -178,6 +178,7 @@ def test_a_cpu_hog_on_the_jobs_cpu_is_diagnosed_as_cpu_interference(
     assert d["detected_time_unix_nano"] >= onset
     assert d["evidence"]["run_queue_share"] > d["evidence"]["run_queue_share_before"]
     assert "python" in d["evidence"]["taken_by"]["process"]  # the hog, by its command name
+    assert d["evidence"]["taken_by"]["memtrace"] is False
 
 
 def test_a_narrower_pcie_link_is_diagnosed_as_pcie_contention(fakecuda: Path, fakenvml: Path, tmp_path: Path) -> None:
@@ -363,3 +364,64 @@ def test_a_slow_rank_is_diagnosed_as_a_straggler_and_its_peers_wait_for_it(
     for peer in set(steps) - {slow}:
         for x in diagnosed(doc, peer):  # a peer that slowed waits for the straggler
             assert x["cause"] == "straggler" and x["evidence"]["waits_for_pid"] == slow, x
+
+
+# ---- a server: judged per unit of work ----
+
+SERVER_SECONDS = 14.0
+SERVER_FAULT_AT = 7.0  # its classes of work and a baseline of them first
+
+
+def served(fakecuda: Path, tmp_path: Path, fault: bool, *args: str) -> tuple[dict[str, Any], int]:
+    """An inference server from the zoo (random arrivals, batches as they come, 1 ms of host work
+    per request in each iteration) under `memtrace run` for SERVER_SECONDS, with a CPU hog on
+    its CPU from SERVER_FAULT_AT if `fault`; returns (summary, the server's pid)."""
+    out, truth = tmp_path / "summary.json", tmp_path / "truth.jsonl"
+    rate = 200
+    job = ["taskset", "-c", CPU, str(fakecuda / "zoo" / "server"), "-R", str(rate), "-c", "1000", "-B", "16"]
+    job += ["-r", str(int(rate * SERVER_SECONDS)), *args]
+    agent_cpu = ["taskset", "-c", "0"] if CPU != "0" else []
+    p = subprocess.Popen(
+        [*agent_cpu, *memtrace_cmd(), "run", "--format", "json", "-o", str(out), "--", *job],
+        env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_job(p.pid, comm="server")
+    hog = None
+    if fault:
+        time.sleep(SERVER_FAULT_AT)
+        hog = subprocess.Popen(["taskset", "-c", CPU, sys.executable, "-c", "while True: pass"])
+    try:
+        _, err = p.communicate(timeout=SERVER_SECONDS * 4 + 60)
+    finally:
+        if hog is not None:
+            hog.send_signal(signal.SIGKILL)
+            hog.wait()
+    assert p.returncode == 0, err
+    (line,) = truth.read_text().splitlines()
+    return json.loads(out.read_text()), json.loads(line)["pid"]
+
+
+def test_a_cpu_hog_on_a_servers_cpu_is_diagnosed_per_unit_of_work(fakecuda: Path, tmp_path: Path) -> None:
+    """An inference server has no training steps: its iterations follow its load. A CPU hog on
+    its CPU stretches the same work: diagnosed as cpu_interference, its symptom per iteration
+    at equal work."""
+    doc, pid = served(fakecuda, tmp_path, True)
+    (row,) = [r for r in doc["steps"] if r["pid"] == pid]
+    assert row["loop"] == "serving"
+    (d, *_) = diagnosed(doc, pid)
+    assert d["cause"] == "cpu_interference", doc["diagnoses"]
+    assert d["evidence"]["unit"] == "iteration" and "at equal work" in d["symptom"]
+    assert "python" in d["evidence"]["taken_by"]["process"]
+
+
+@pytest.mark.parametrize("factor", ["3", "0.25"], ids=["load_triples", "load_falls_to_a_quarter"])
+def test_a_server_whose_load_changes_is_not_diagnosed(factor: str, fakecuda: Path, tmp_path: Path) -> None:
+    """Halfway its request rate triples (larger batches, longer iterations, less idle) or falls
+    to a quarter (the server idles: its iterations, the wait for requests in them, are longer).
+    The same work takes what it took: no diagnosis."""
+    doc, pid = served(fakecuda, tmp_path, False, "-F", factor)
+    (row,) = [r for r in doc["steps"] if r["pid"] == pid]
+    assert row["loop"] == "serving"
+    assert diagnosed(doc, pid) == [], doc["diagnoses"]

@@ -9,9 +9,10 @@ so memtrace counts N - 1 steps (the time before the first is setup); each
 count must be within 1% of that. Each test prints its medians, memtrace's
 and the truth's (pytest -s), for docs/steps.md's table.
 
-The loop's kind and a server's work are the model's and not in the JSON
-yet: the run's model is read at exit through fixtures/zoo/hook
-(sitecustomize.py on PYTHONPATH), beside the JSON of the same run.
+The loop's kind is in the JSON's step row (`loop`); a server's classes of
+work are the model's: the run's model is read at exit through
+fixtures/zoo/hook (sitecustomize.py on PYTHONPATH), beside the JSON of the
+same run.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def test_a_training_job_has_one_step_a_pass(argv: list[str], fakecuda: Path, tmp
     run = traced(fakecuda, tmp_path, [str(fakecuda / "zoo" / argv[0]), *argv[1:]])
     want = compare(request.node.callspec.id, run)
     assert abs(run["row"]["steps"] - want) <= 0.01 * want
-    assert run["model"] is not None and run["model"]["loop"] == "training"
+    assert run["model"] is not None and run["model"]["loop"] == run["row"]["loop"] == "training"
     if "-E" in argv:
         assert Counter(run["truth"]["kinds"])["e"] == 4 * 20  # its evaluation passes are among the steps
 
@@ -126,7 +127,7 @@ def test_a_server_has_iterations_with_their_work(argv: list[str], fakecuda: Path
     run = traced(fakecuda, tmp_path, [str(fakecuda / "zoo" / argv[0]), *argv[1:]])
     want = compare(request.node.callspec.id, run)
     got = run["model"]
-    assert got is not None and got["loop"] == "serving"
+    assert got is not None and got["loop"] == run["row"]["loop"] == "serving"
     assert abs(got["steps"] - want) <= 0.01 * want
     if got["steps"] == want:  # each iteration's own work: the first ended the setup
         t = run["truth"]

@@ -13,25 +13,40 @@ sensors keep exactly; the engine keeps a bounded history per process.
 
 Symptom: the process's mean step time in a window against its baseline,
 the median of its last BASELINE normal windows (robust to the odd slow
-step, a checkpoint, a GC pause). A window is slow past SLOW_RATIO times the
+step, a checkpoint, a GC pause). A server's iterations are no training
+steps: their length follows their load (a batch of 40 requests takes longer
+than one of 4). A server is judged per unit of work instead: each
+iteration's busy time (from its first call to its end, not the wait for
+requests before it) against the baseline of its class of work (bytes in and
+out, each within a quarter octave: model/steps.work_class), so a window's
+symptom is its busy time over what its iterations' classes took before,
+and its baseline is 1. A load change brings more iterations, or classes
+never seen (those are learned, not judged); only the same work taking
+longer is a slowdown. A window is slow past SLOW_RATIO times the
 baseline; DETECT_AFTER slow windows in a row are a slowdown, whose onset is
 the first of them (so a single slow window, which any job has, never is).
 While a slowdown lasts, the baseline is frozen; it ends after CLEAR_AFTER
 windows back under CLEAR_RATIO times the baseline (hysteresis: no
 flapping). Processes without steps have no symptom (no made-up one).
+A job's ranks are the processes of one job identity (memtrace.job.id, from
+the launcher's variables) or, without one, of one executable and parent.
 
 Cause: each cause compares its signal over the slow windows with the same
 signal over the baseline windows, and scores how far it moved against a
 margin. The highest score at or above 1 names the cause; hardware faults
 NVML reports (thermal or power throttling, a link trained narrower) are
 categorical and score high. If none scores, the cause is `unknown`, and
-the evidence still says what was looked at. A diagnosis made with one
+the evidence still says what was looked at, and which cause came closest.
+If two causes score past 1 within AMBIGUOUS_WITHIN of each other, the
+evidence fits both: the cause is `ambiguous`, with the candidates and
+their scores (never one of them picked by a hair). A diagnosis made with one
 cause may be re-named within REFINE_WINDOWS windows if the evidence for
 another grows stronger (its first name is kept in `evidence`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -51,6 +66,9 @@ DETECT_AFTER = 2
 CLEAR_RATIO = 1.1
 CLEAR_AFTER = 4
 REFINE_WINDOWS = 4  # NVML's slow readings (link width) come every second or so
+MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline holds this many windows
+NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviations above the baseline
+AMBIGUOUS_WITHIN = 1.25  # the best cause scores less than this times the second: both fit
 
 
 @dataclass(frozen=True)
@@ -114,6 +132,7 @@ CAUSES = (
     "host_memory_pressure",
     "input_starvation",
     "straggler",
+    "ambiguous",
 )
 
 FIXES = {
@@ -134,6 +153,7 @@ FIXES = {
     "idles while the host prepares the next batch",
     "straggler": "every rank waits for the slowest: look at that rank's host (CPU, NIC, GPU health); "
     "the others are healthy",
+    "ambiguous": "two causes fit the evidence about equally (its candidates); check both",
     "unknown": "no host signal moved with the slowdown: look at the job itself (a data change, a new "
     "code path) or at what memtrace cannot see",
 }
@@ -164,6 +184,11 @@ class ProcWindow:
     memory_limit_hits: int | None = None
     collective_ns: int = 0  # time in NCCL calls and in the waits that followed them (charged to them)
     netns: int | None = None
+    job: str = ""  # memtrace.job.id ("": none known)
+    # A server (model/steps.Loop.SERVING): its iterations in the window by class of work
+    # (model/steps.work_class) -> (iterations, busy ns: from each one's first call to its end).
+    serving: bool = False
+    work: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -242,6 +267,9 @@ class _Seen:
     normal: deque[float] = field(default_factory=lambda: deque(maxlen=BASELINE))  # step means of normal windows
     normal_windows: deque[tuple[ProcWindow, HostWindow]] = field(default_factory=lambda: deque(maxlen=BASELINE))
     slow: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)
+    # A server's busy ns per iteration of each class of work, in its normal windows.
+    unit: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
+    serving: bool = False  # judged as a server (its baseline is in units of work)
     active: Diagnosis | None = None
     since_detect: int = 0
     calm: int = 0
@@ -249,6 +277,53 @@ class _Seen:
 
 def _step_mean(w: ProcWindow) -> float | None:
     return w.step_ns / w.steps if w.steps else None
+
+
+def _work_ratio(s: _Seen, w: ProcWindow) -> float | None:
+    """A server's busy time in the window over what its iterations' classes
+    of work took in its normal windows (the median per iteration of each);
+    None where none of its classes has a baseline yet."""
+    busy = expected = 0.0
+    for wk, (n, ns) in w.work.items():
+        base = s.unit.get(wk)
+        if n and base is not None and len(base) >= MIN_CLASS_WINDOWS:
+            busy += ns
+            expected += n * statistics.median(base)
+    return busy / expected if expected else None
+
+
+def _learn_work(s: _Seen, w: ProcWindow) -> None:
+    """Fold a normal window's iterations into their classes' baselines."""
+    for wk, (n, ns) in w.work.items():
+        if n:
+            if wk not in s.unit and len(s.unit) >= 4 * BASELINE:
+                continue  # bounded: a server's classes are few (model/steps.MAX_WORK)
+            s.unit.setdefault(wk, deque(maxlen=BASELINE)).append(ns / n)
+
+
+def _iterations(w: ProcWindow) -> int:
+    return sum(n for n, _ns in w.work.values())
+
+
+def _within_noise(s: _Seen, w: ProcWindow, value: float, base: float) -> bool:
+    """A server's window of few iterations is noisy (one preempted iteration in ten moves its
+    mean by a tenth of the preemption): it is slow only past NOISE_Z times what its normal
+    windows' spread, per iteration, gives a window of its size (the spread per iteration:
+    each normal window's deviation times the square root of its iterations, robustly, by the
+    median). Training windows hold many steps: their threshold is SLOW_RATIO alone."""
+    if not w.serving:
+        return False
+    dev = [(v - base) ** 2 * _iterations(x) for v, (x, _h) in zip(s.normal, s.normal_windows, strict=False)]
+    if not dev:
+        return False
+    sigma = math.sqrt(statistics.median(dev)) / 0.6745  # the median absolute deviation of a normal spread
+    return value - base <= NOISE_Z * sigma / math.sqrt(max(_iterations(w), 1))
+
+
+def _symptom_value(s: _Seen, w: ProcWindow) -> float | None:
+    """What a window is judged by: a training job's mean step (ns), a
+    server's busy time at equal work over its baseline (1: as before)."""
+    return _work_ratio(s, w) if w.serving else _step_mean(w)
 
 
 def _share(part: int, whole: int) -> float:
@@ -319,13 +394,14 @@ class Diagnoser:
         out: list[Diagnosis] = []
         # A job's ranks: one executable, one parent (torchrun, mpirun's daemon,
         # a pod's launcher); another job of the same executable is not a peer.
+        # Where the launcher named the job, its ranks are that job's, on any parent.
         jobs: dict[tuple[str, int], list[ProcWindow]] = {}
         for w in procs:
-            jobs.setdefault((w.exe or w.name, w.ppid), []).append(w)
+            jobs.setdefault(_job_of(w), []).append(w)
         for w in procs:
             s = self.seen.setdefault(w.key, _Seen())
             s.windows.append((w, host))
-            d = self._symptom(s, w, host, jobs.get((w.exe or w.name, w.ppid), []))
+            d = self._symptom(s, w, host, jobs.get(_job_of(w), []))
             if d is not None:
                 out.append(d)
         return out
@@ -333,12 +409,23 @@ class Diagnoser:
     # ---- the symptom ----
 
     def _symptom(self, s: _Seen, w: ProcWindow, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis | None:
-        mean = _step_mean(w)
+        if w.serving != s.serving:
+            # Its steps turned out to be a server's iterations (model/steps.Loop): a baseline in
+            # step times is no baseline in units of work; it starts again.
+            s.normal.clear()
+            s.normal_windows.clear()
+            s.unit.clear()
+            s.slow, s.serving = [], w.serving
+        mean = _symptom_value(s, w)
         if mean is None:
+            if w.serving and s.active is None:
+                _learn_work(s, w)  # classes never seen: learned, not judged
             return None
         if len(s.normal) < MIN_BASELINE:
             s.normal.append(mean)
             s.normal_windows.append((w, host))
+            if w.serving:
+                _learn_work(s, w)
             return None
         base = statistics.median(s.normal)
         if s.active is not None:
@@ -353,7 +440,7 @@ class Diagnoser:
             if s.since_detect <= REFINE_WINDOWS:
                 return self._refine(s, base, host, peers)
             return None
-        if mean > SLOW_RATIO * base:
+        if mean > SLOW_RATIO * base and not _within_noise(s, w, mean, base):
             s.slow.append((w, host))
             if len(s.slow) >= DETECT_AFTER:
                 return self._detect(s, base, host, peers)
@@ -361,26 +448,38 @@ class Diagnoser:
         s.slow = []
         s.normal.append(mean)
         s.normal_windows.append((w, host))
+        if w.serving:
+            _learn_work(s, w)
         return None
 
     def _detect(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis:
         first, first_host = s.slow[0]
         w = s.slow[-1][0]
-        slow_mean = statistics.median(m for m in (_step_mean(x) for x, _ in s.slow) if m is not None)
+        slow_mean = statistics.median(m for m in (_symptom_value(s, x) for x, _ in s.slow) if m is not None)
         ratio = slow_mean / base
         onset = first_host.end_ns - int(first_host.seconds * 1e9) + first_host.wall_offset_ns
         now = host.end_ns + host.wall_offset_ns
         cause, evidence = self._cause(s, peers)
+        if w.serving:
+            symptom = f"iteration time at equal work {ratio:.1f}x its baseline (a server: per class of work)"
+            measured: dict[str, Any] = {
+                "unit": "iteration",
+                "iterations": sum(n for x, _ in s.slow for n, _ns in x.work.values()),
+                "busy_over_baseline": round(ratio, 3),
+            }
+        else:
+            symptom = f"step time {ratio:.1f}x its baseline ({base * 1e-6:.3g} ms -> {slow_mean * 1e-6:.3g} ms)"
+            measured = {"baseline_step_seconds": base / 1e9, "step_seconds": slow_mean / 1e9}
         d = Diagnosis(
             cause=cause,
             key=w.key,
             process=w.name,
-            symptom=f"step time {ratio:.1f}x its baseline ({base * 1e-6:.3g} ms -> {slow_mean * 1e-6:.3g} ms)",
+            symptom=symptom,
             ratio=ratio,
             onset_ns=onset,
             detected_ns=now,
-            evidence={"baseline_step_seconds": base / 1e9, "step_seconds": slow_mean / 1e9, **evidence},
-            fix=FIXES.get(evidence.get("fix_key", cause), FIXES["unknown"]),
+            evidence={**measured, **evidence},
+            fix=_fix(cause, evidence),
             named_ns=now,
             start_ns=w.start_ns,
         )
@@ -400,9 +499,10 @@ class Diagnoser:
             return None
         first = d.cause
         d.cause = cause
-        d.evidence = {**{k: v for k, v in d.evidence.items() if "step_seconds" in k}, **evidence}
+        d.evidence = {**{k: v for k, v in d.evidence.items() if k in _SYMPTOM_KEYS}, **evidence}
         d.evidence["first_named"] = first
-        d.fix = FIXES.get(d.evidence.pop("fix_key", cause), FIXES["unknown"])
+        d.fix = _fix(cause, d.evidence)
+        d.evidence.pop("fix_key", None)
         d.named_ns = host.end_ns + host.wall_offset_ns
         return d
 
@@ -412,12 +512,17 @@ class Diagnoser:
         before = list(s.normal_windows)
         after = s.slow
         scores: list[tuple[float, str, dict[str, Any]]] = []
-        for fn in (self._cpu, self._gpu, self._pcie, self._memory, self._input, self._nic, self._straggler):
+        scorers = [self._cpu, self._gpu, self._pcie, self._memory, self._input, self._nic, self._straggler]
+        if after[-1][0].serving:
+            # A server idles between requests: its GPU's idle share is its load, not a starved input.
+            scorers.remove(self._input)
+        for fn in scorers:
             r = fn(before, after, peers)
             if r is not None:
                 scores.append(r)
         if not scores:
             return "unknown", {"score": 0.0}
+        candidates = {c: round(sc, 3) for sc, c, _ev in sorted(scores, key=lambda t: -t[0])}
         # A straggler is the job's cause: its peers wait for it (or this rank
         # waits for one). What slowed the straggler itself, if a signal says,
         # is its evidence: the fix is on that rank's host.
@@ -427,11 +532,26 @@ class Diagnoser:
             own = max((t for t in scores if t[1] != "straggler"), key=lambda t: t[0], default=None)
             if own is not None and own[0] >= MARGINS.named and "waits_for_pid" not in ev:
                 ev = {**ev, "own_cause": own[1], "own_evidence": {k: v for k, v in own[2].items() if k != "fix_key"}}
-            return cause, {"score": round(score, 3), **ev}
-        score, cause, ev = max(scores, key=lambda t: t[0])
+            return cause, {"score": round(score, 3), **ev, "candidates": candidates}
+        ranked = sorted(scores, key=lambda t: -t[0])
+        score, cause, ev = ranked[0]
         if score < MARGINS.named:
-            return "unknown", {"score": 0.0, "closest": cause, "closest_score": round(score, 3)}
-        return cause, {"score": round(score, 3), **ev}
+            return "unknown", {
+                "score": 0.0,
+                "closest": cause,
+                "closest_score": round(score, 3),
+                "candidates": candidates,
+            }
+        if len(ranked) > 1 and ranked[1][0] >= MARGINS.named and score < AMBIGUOUS_WITHIN * ranked[1][0]:
+            both = {c: {k: v for k, v in e.items() if k != "fix_key"} for _sc, c, e in ranked[:2]}
+            fixes = [FIXES[e.get("fix_key", c)] for _sc, c, e in ranked[:2]]
+            return "ambiguous", {
+                "score": round(score, 3),
+                "candidates": candidates,
+                "evidence_of": both,
+                "fix_key": fixes,
+            }
+        return cause, {"score": round(score, 3), **ev, "candidates": candidates}
 
     @staticmethod
     def _cpu(
@@ -683,6 +803,23 @@ class Diagnoser:
                 {**ev, "collective_share": round(mine, 4), "peers_collective_share": round(theirs, 4)},
             )
         return 0.0, "straggler", ev
+
+
+def _fix(cause: str, evidence: dict[str, Any]) -> str:
+    """The fix of a cause (or of the variant its scorer named: fix_key); an
+    ambiguous diagnosis's is each candidate's, in the order they scored."""
+    key = evidence.get("fix_key", cause)
+    if isinstance(key, list):
+        return FIXES["ambiguous"] + ": " + "; or ".join(key)
+    return FIXES.get(key, FIXES["unknown"])
+
+
+_SYMPTOM_KEYS = ("baseline_step_seconds", "step_seconds", "unit", "iterations", "busy_over_baseline")
+
+
+def _job_of(w: ProcWindow) -> tuple[str, int]:
+    """A process's job: its launcher's job identity, or its executable and parent."""
+    return (w.job, -1) if w.job else (w.exe or w.name, w.ppid)
 
 
 def _share_of(ws: list[tuple[ProcWindow, HostWindow]], uuid: str, pred: Callable[[GpuWindow], bool]) -> float:

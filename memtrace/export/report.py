@@ -394,6 +394,9 @@ def step_row(key: ProcessKey, start_ns: int, name: str, st: StepStats) -> schema
             host=st.share(st.host_ns),
         ),
         gpu_idle_share=st.share(st.gpu_idle_ns),
+        loop=st.loop.value,
+        bytes_in=st.bytes_in,
+        bytes_out=st.bytes_out,
     )
 
 

@@ -299,6 +299,14 @@ class StepRow(TypedDict):
     gpu_idle_share: Annotated[
         float, "from a wait's return to the next copy, wait or launch, over the step time: the GPU waiting for the host"
     ]
+    loop: Annotated[
+        str,
+        "training: each step reads back the same few bytes (its loss); serving: a server's iterations, each "
+        "reading back what its batch made (varying amounts), or replying to what it copied in after idling "
+        "for requests. A server's `steps` are its iterations, judged per unit of work (docs/steps.md)",
+    ]
+    bytes_in: Annotated[int, "H2D bytes copied in the steps (a server: the requests' inputs)"]
+    bytes_out: Annotated[int, "D2H bytes read back in the steps (a server: its replies)"]
 
 
 # ---- collectives ----
@@ -657,21 +665,26 @@ class Diagnosis(TypedDict):
     stalls or its own memory cgroup newly reclaiming at its limit, the
     GPU's idle share while the host's own work grew, its network
     namespace's link utilisation and shaper drops, and collective waits
-    against the job's other ranks (the processes of the same executable
-    and the same parent). None past its margin: `unknown`, never a guess.
-    A straggler is a job's cause, so it is named before a rank's own
-    signals. Design: `memtrace/analysis/diagnosis.py`."""
+    against the job's other ranks (one job identity, or without one the
+    processes of the same executable and the same parent). None past its
+    margin: `unknown`, never a guess (the evidence names the closest,
+    and every cause's score as `candidates`); two within 1.25x of each
+    other: `ambiguous`, with both. A straggler is a job's cause, so it is
+    named before a rank's own signals. A server (its step row's `loop`) is
+    judged per unit of work: its iterations' busy time over what the same
+    classes of work (bytes in and out) took before, so a load change is no
+    slowdown (`docs/diagnosis.md`). Design: `memtrace/analysis/diagnosis.py`."""
 
     cause: Annotated[
         str,
         "`cpu_interference`, `nic_contention`, `pcie_contention`, `gpu_throttling`, `host_memory_pressure`, "
-        "`input_starvation`, `straggler` or `unknown`",
+        "`input_starvation`, `straggler`, `ambiguous` (two fit: see `evidence.candidates`) or `unknown`",
     ]
     pid: Annotated[int, _PID]
     start_time_unix_nano: Annotated[int, _START]
     process: Annotated[str, _PROCESS]
     symptom: Annotated[str, "what slowed, in words"]
-    ratio: Annotated[float, "the step time over its baseline"]
+    ratio: Annotated[float, "the step time over its baseline (a server: its busy time at equal work over its baseline)"]
     onset_time_unix_nano: Annotated[int, "the first slow window's start, wall-clock ns"]
     detected_time_unix_nano: Annotated[int, "the second slow window's end"]
     named_time_unix_nano: Annotated[int, "when the cause was named (a window or two later if re-named)"]

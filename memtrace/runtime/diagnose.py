@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,12 +23,15 @@ from memtrace.analysis.diagnosis import Diagnoser, Diagnosis, GpuWindow, HostWin
 from memtrace.core.cpu import CpuStats
 from memtrace.core.ids import ProcessKey
 from memtrace.model.host import HostBook
+from memtrace.model.steps import Loop, StepStats
 from memtrace.runtime.agent import Agent
 from memtrace.runtime.hostsignals import HostSignals
 from memtrace.sources.cgroup import CgroupNames
 from memtrace.sources.psi import Stall
 
 log = logging.getLogger("memtrace")
+
+AGENT_COMM = "memtrace (this agent)"  # a preemptor that is memtrace's own threads
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class LiveDiagnosis:
         self._prev_quota: dict[ProcessKey, int] = {}  # its CPU quota's throttled ns
         self._prev_hits: dict[ProcessKey, int] = {}  # its memory cgroups' limit hits
         self._prev_calls: dict[ProcessKey, int] = {}  # ns in its collective calls, as the NCCL sensor has them
+        self._prev_work: dict[ProcessKey, dict[tuple[int, int], tuple[int, int]]] = {}  # a server's, by class
         self._prev_pcie: dict[str, int] = {}  # per GPU: the PCIe bytes its driver counted
         self._prev_t: int | None = None
         self._prev_stall: int | None = None
@@ -84,7 +89,14 @@ class LiveDiagnosis:
 
     def _prune(self, live: set[ProcessKey]) -> None:
         """Keep the readings, and the engine's history, of the live processes only."""
-        for prev in (self._prev_counters, self._prev_cpu, self._prev_quota, self._prev_hits, self._prev_calls):
+        for prev in (
+            self._prev_counters,
+            self._prev_cpu,
+            self._prev_quota,
+            self._prev_hits,
+            self._prev_calls,
+            self._prev_work,
+        ):
             for key in prev.keys() - live:
                 del prev[key]
         for key in self.engine.seen.keys() - live:
@@ -134,6 +146,7 @@ class LiveDiagnosis:
                     )
                 prev = self._prev_counters.get(key)
                 self._prev_counters[key] = cur
+                work = self._work(key, steps)
                 if prev is None:
                     continue
                 d = cur - prev
@@ -152,6 +165,9 @@ class LiveDiagnosis:
                     collective_ns=d.collective_ns + d.waited_ns,  # in the calls, and waiting for them after
                     copy_bytes=d.copy_bytes,
                     copy_ns=d.copy_ns,
+                    job=str(proc.attributes.get("memtrace.job.id", "")),
+                    serving=work is not None,
+                    work=work or {},  # a server's first window as one: no classes yet (learned next)
                 )
         hw = HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5, copy_bytes=copy_bytes)
         stall = self._stall.read_us()
@@ -171,7 +187,9 @@ class LiveDiagnosis:
                 if cpu is not None and cpu_before is not None:
                     win = cpu.since(cpu_before)
                     w.runq_ns, w.on_cpu_ns, w.off_cpu_ns = win.runq_ns, win.oncpu_ns, win.offcpu_ns
-                    w.preemptors = {p.cgroup_id: (p.wait_ns, "", p.last_comm) for p in win.preemptors}
+                    w.preemptors = {
+                        p.cgroup_id: (p.wait_ns, "", self._comm(p.last_pid, p.last_comm)) for p in win.preemptors
+                    }
                 q = book.quota_throttled_ns.get(key)
                 if q is not None:
                     w.quota_throttled_ns = q[1] - self._prev_quota.get(key, q[1])
@@ -204,10 +222,35 @@ class LiveDiagnosis:
             who = diag.evidence.get("taken_by")
             if names is not None and isinstance(who, dict) and who.get("cgroup_id"):
                 who["cgroup"] = names.path(who["cgroup_id"])
+            if isinstance(who, dict):
+                # Its own threads took the CPU: said so, never left for a user to recognise.
+                who["memtrace"] = who.get("process") == AGENT_COMM
             log.warning("diagnosis: pid %d %s: %s (%s)", diag.key.pid, diag.process, diag.symptom, diag.cause)
             if self.on_diagnosis is not None:
                 self.on_diagnosis(diag)
         return made
+
+    @staticmethod
+    def _comm(pid: int, comm: str) -> str:
+        """A preempting process's name; memtrace itself (the agent's threads) as AGENT_COMM."""
+        return AGENT_COMM if pid == os.getpid() else comm
+
+    def _work(self, key: ProcessKey, steps: StepStats | None) -> dict[tuple[int, int], tuple[int, int]] | None:
+        """A server's iterations in the window by class of work: (iterations, busy ns), the
+        difference of its cumulative classes (the first window it is one: all it did so far, to be
+        learned, never judged); None for a process that is not a server (yet)."""
+        if steps is None or steps.loop is not Loop.SERVING:
+            self._prev_work.pop(key, None)
+            return None
+        cur = {wk: (w.steps, w.busy_ns) for wk, w in steps.work.items()}
+        prev = self._prev_work.get(key, {})
+        self._prev_work[key] = cur
+        out = {}
+        for wk, (n, ns) in cur.items():
+            n0, ns0 = prev.get(wk, (0, 0))
+            if n > n0:
+                out[wk] = (n - n0, ns - ns0)
+        return out
 
     def gpu_windows(self, book: HostBook) -> list[GpuWindow]:
         """Each GPU in this window: its state now, and what its cumulative counters moved since the
