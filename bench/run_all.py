@@ -77,6 +77,7 @@ TARGETS = (
     Bench("budget_shapes", "budget_shapes.py", quick=("--rounds", "1", "--only", "short", "--libs", "emulated")),
     Bench("agent_cpu", "agent_cpu.py", quick=("--rounds", "1", "--seconds", "0.5")),
     Bench("agent_cpu_host", "agent_cpu.py", ("--host",), ("--host", "--rounds", "1", "--seconds", "2")),
+    Bench("agent_cpu_floor", "agent_cpu.py", ("--floor",), ("--floor", "--rounds", "1", "--seconds", "2")),
     Bench("idle_agent", "idle_agent.py", quick=("--rounds", "1", "--seconds", "3", "--settle", "2"), takes_old=True),
     Bench("stack_cost", "stack_cost.py", quick=("--rounds", "1", "--calls", "2000")),
     Bench("host_sampling", "host_sampling.py", quick=("--seconds", "0.2", "--rounds", "1")),

@@ -45,6 +45,7 @@ SMOKE = (
     "overhead_budget",
     "agent_cpu",
     "agent_cpu_host",
+    "agent_cpu_floor",
     "idle_agent",
     "stack_cost",
     "host_sampling",

@@ -43,6 +43,17 @@ same job:
 
 Printed per round and as medians: the process's CPU as a share of one core,
 and each agent thread's.
+
+    sudo .venv/bin/python bench/targets/agent_cpu.py --floor [--seconds S] [--rounds N]
+
+The agent against its floor on this machine (issue 41): the agent as `--host`
+has it (guarded) and, in the same windows beside the same traced job, a bare
+sampler in C (bench/src/floor.c: a 100 Hz wake, one NIC dump and the NVML
+reads the C sampler makes per tick, nothing else). Both read the test NVML
+(re-run under its LD_LIBRARY_PATH), so both make the same NVML calls. Printed:
+the agent's CPU over the floor's as a ratio, whole (fold, diagnosis, budget,
+Python sampling and all) and its C sampler's thread alone (the same work as the
+floor, in the agent's process).
 """
 
 from __future__ import annotations
@@ -72,10 +83,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="each measurement")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--host", action="store_true", help="the agent as `memtrace run` has it: host sampling, diagnosis")
+    ap.add_argument("--floor", action="store_true", help="the agent against a bare C sampler, side by side")
     a = ap.parse_args()
     harness.need_root("agent_cpu")
-    rec = Record("agent_cpu_host" if a.host else "agent_cpu")
-    if a.host:
+    rec = Record("agent_cpu_floor" if a.floor else "agent_cpu_host" if a.host else "agent_cpu")
+    if a.floor:
+        floor(a.seconds, a.rounds, rec)
+    elif a.host:
         host_arms(a.seconds, a.rounds, rec)
     else:
         schedules(a.seconds, a.rounds, rec)
@@ -239,6 +253,103 @@ def host_arms(seconds: float, rounds: int, rec: Record) -> None:
         "x",
         ".2f",
         spread=harness.ratio_spread(share["guarded"], share["timers"]),
+    )
+
+
+def floor(seconds: float, rounds: int, rec: Record) -> None:
+    """`--floor`: the agent (guarded, as run has it) and the bare sampler, measured over the same
+    windows beside one traced job; the bench re-runs itself under the test NVML first."""
+    fx = Path(os.environ.get("MEMTRACE_FLOOR_FIXTURES", ""))
+    if not os.environ.get("MEMTRACE_FLOOR_FIXTURES"):
+        sys.path.insert(0, str(harness.REPO / "tests"))
+        from test_nvml import HEALTHY, gpu, script
+
+        fx = harness.build_fixtures(Path(tempfile.mkdtemp(prefix="memtrace-agent-floor-")))
+        nvml = fx / "nvml.script"
+        nvml.write_text(
+            script(count=1, driver="580.0", **gpu(0, uuid="GPU-floor", **{**HEALTHY, "pcie_link": fx / "pcie"}))
+        )
+        harness.idle_pcie_link(fx / "pcie", 2 << 30)
+        env = dict(
+            os.environ,
+            MEMTRACE_FLOOR_FIXTURES=str(fx),
+            LD_LIBRARY_PATH=str(fx / "nvml"),
+            FAKE_NVML_SCRIPT=str(nvml),
+        )
+        sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+    exe = harness.build_c("floor.c", fx / "floor", ["-Wall"], ["-ldl"])
+    total = (seconds + 1.0) * rounds + 40
+    job_cmd = [str(fx / "trainjob"), "-t", str(total), "-k", "500", "-L", "200000", "-w", "100000"]
+    job_cmd = harness.pinned(job_cmd, harness.LAST_CPU)
+    harness.pin_self({0})
+    agent_s: list[float] = []
+    sampler_s: list[float] = []
+    floor_s: list[float] = []
+    with harness.run_agent() as (agent, signals):
+        job = subprocess.Popen(job_cmd, env=dict(os.environ, WORKLOAD_TRUTH="/dev/null", FAKE_PCIE=str(fx / "pcie")))
+        bare = subprocess.Popen(
+            ["taskset", "-c", "0", str(exe), str(total), str(fx / "nvml" / "libnvidia-ml.so.1")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(0.5)
+            agent.cuda.trace_pid(job.pid)
+            agent.scan([job.pid])
+            signals.start([job.pid])
+            fast = signals._fast
+            if fast is None:
+                sys.exit("agent_cpu --floor: the C sampler does not run here (no NIC, or not built)")
+            gpus = len(signals.book.gpus)
+            print(f"machine: {harness.describe()}; {seconds:g} s a round; GPUs the agent sees: {gpus} (test NVML)")
+            with agent.draining(), signals.sampling():
+                agent.guard_ring(fast)
+                time.sleep(3.0)  # probes attached, calibrated, the budget settled
+                for r in range(rounds):
+                    a0, f0 = Reading.of(os.getpid()), Reading.of(bare.pid)
+                    time.sleep(seconds)
+                    a = CpuWindow.between(a0, Reading.of(os.getpid()))
+                    f = CpuWindow.between(f0, Reading.of(bare.pid))
+                    agent_s.append(a.share)
+                    sampler_s.append(a.shares().get("memtrace-fast", 0.0))
+                    floor_s.append(f.share)
+                    print(
+                        f"round {r + 1}  agent {agent_s[-1]:6.2%}  its C sampler {sampler_s[-1]:6.2%}  "
+                        f"floor {floor_s[-1]:6.2%} of one core; the agent's threads: {a.busiest(at_least=0)}",
+                        flush=True,
+                    )
+            signals.close()
+        finally:
+            job.kill()
+            job.wait()
+            bare.kill()
+            bare.wait()
+    ag, sa, fl = (Spread.of(x).median for x in (agent_s, sampler_s, floor_s))
+    print(
+        f"median: agent {ag:.2%}, its C sampler {sa:.2%}, the bare sampler {fl:.2%} of one core; "
+        f"agent {harness.over(ag, fl):.2f}x the floor, its sampler {harness.over(sa, fl):.2f}x"
+    )
+    rec.add(
+        "bare sampler (100 Hz: wake, NIC dump, NVML reads)",
+        fl * 100,
+        "% of a core",
+        ".2f",
+        spread=Spread.of(x * 100 for x in floor_s),
+    )
+    rec.add(
+        "agent CPU over the bare sampler's floor",
+        harness.over(ag, fl),
+        "x",
+        ".2f",
+        Target("<=", 1.3),
+        harness.ratio_spread(agent_s, floor_s),
+    )
+    rec.add(
+        "agent's C sampler thread over the bare sampler's floor",
+        harness.over(sa, fl),
+        "x",
+        ".2f",
+        spread=harness.ratio_spread(sampler_s, floor_s),
     )
 
 
