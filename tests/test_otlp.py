@@ -712,7 +712,7 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     host.add_net(net(1, 1))
     host.add_net(net(2, 3))
     builder = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1", **(cfg_kw or {})), {"host.name": "h"})
-    batch = builder.build(m, {}, 2, host=host, drain_gap_s=0.01, diagnoses={ka: {"straggler": 1}})
+    batch = builder.build(m, {}, 2, host=host, drain_gap_s=0.01, diagnoses={ka: {("straggler", "cpu_interference"): 1}})
     return builder, batch
 
 

@@ -77,6 +77,13 @@ def push(
     recorder_dir_size: float = typer.Option(
         1024, "--recorder-dir-size", metavar="MIB", help="Its traces' total size, at most (the oldest go first)."
     ),
+    pids: list[int] = typer.Option(
+        [],
+        "--pid",
+        metavar="PID",
+        help="Trace only this process and those it starts from now on (a container's or a host's init); "
+        "repeat for more. Default: every process.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log attachments, pushes and libbpf messages."),
 ) -> None:
     """Trace every CUDA process on this host and push OTLP metrics to a collector.
@@ -104,7 +111,7 @@ def push(
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")
         check_host_rate(host_rate)
         opts = PipelineOptions(
-            Options(ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks),
+            Options(only_traced=bool(pids), ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks),
             HostOptions(interval_s=host_interval, fast_hz=host_rate, tick_s=max(host_interval, 0.5)) if host else None,
             cfg.overhead_budget,
         )
@@ -145,7 +152,7 @@ def push(
         with open(os.path.join(recorder_dir, PIDFILE), "w") as f:  # once SIGUSR1 no longer kills it
             f.write(f"{os.getpid()}\n")
     try:
-        push(opts, cfg, stop, rec)
+        push(opts, cfg, stop, rec, pids)
     except MemtraceError as e:
         fail(e)
     finally:

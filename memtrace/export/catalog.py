@@ -124,6 +124,11 @@ ESTIMATED = Attribute(
 CALIBRATED = Attribute("calibrated", "true when the trap cost was measured on this host, false when it is a default")
 FINDING = Attribute("finding", 'the finding\'s code (README, "Findings"); its summary and fix are in its event')
 CAUSE = Attribute("cause", ", ".join(CAUSES) + " or unknown (docs/diagnosis.md)")
+OWN_CAUSE = Attribute(
+    "own_cause",
+    "on straggler diagnoses only: what slowed this rank itself (a cause above, or unknown) where its peers "
+    "wait for it, `waiting` where it waits for a peer; the fleet's rules name a slow rank's cause by it",
+)
 CONTEXT_SWITCH_TYPE = Attribute(
     "process.context_switch_type",
     "voluntary or involuntary (the conventions' older name: they now say process.context_switch.type)",
@@ -269,7 +274,7 @@ DIAGNOSES = _m(
     "{diagnosis}",
     "Slowdowns diagnosed in the process, by cause (each also a memtrace.diagnosis event)",
     Signal.analysis,
-    attributes=(CAUSE,),
+    attributes=(CAUSE, OWN_CAUSE),
 )
 
 PROBE_TRAPS = _m(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from memtrace import __version__
+from memtrace.analysis.diagnosis import Diagnosis
 from memtrace.analysis.findings import Finding, Thresholds
 from memtrace.analysis.findings import compute as compute_findings
 from memtrace.core import apis
@@ -229,6 +230,31 @@ class _Points:
         self.points.setdefault(spec, []).append(_number(la, self.series_start, self.now, v))
 
 
+def own_cause(d: Diagnosis) -> str:
+    """A straggler diagnosis's rank's own cause (memtrace.diagnoses' own_cause):
+    `waiting` where it waits for a peer, else what slowed it (the evidence's
+    own_cause, or unknown); "" for other causes, which are its own."""
+    if d.cause != "straggler":
+        return ""
+    if "waits_for_pid" in d.evidence:
+        return "waiting"
+    return str(d.evidence.get("own_cause") or "unknown")
+
+
+def cause_counts(diagnoses: Iterable[Diagnosis]) -> dict[ProcessKey, dict[str | tuple[str, str], int]]:
+    """Diagnoses so far per process, by (cause, own cause): memtrace.diagnoses's points."""
+    out: dict[ProcessKey, dict[str | tuple[str, str], int]] = {}
+    for d in list(diagnoses):
+        c = out.setdefault(d.key, {})
+        k = (d.cause, own_cause(d))
+        c[k] = c.get(k, 0) + 1
+    return out
+
+
+def _by_cause(counts: Mapping[str | tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    return {(k, "") if isinstance(k, str) else k: n for k, n in counts.items()}
+
+
 class MetricsBuilder:
     def __init__(self, cfg: PushConfig, host: dict[str, str], start_ns: int | None = None) -> None:
         self.cfg = cfg
@@ -396,7 +422,7 @@ class MetricsBuilder:
         now_ns: int | None = None,
         drain_gap_s: float | None = None,
         host: HostBook | None = None,
-        diagnoses: dict[ProcessKey, dict[str, int]] | None = None,
+        diagnoses: Mapping[ProcessKey, Mapping[str | tuple[str, str], int]] | None = None,
     ) -> Batch:
         """One export of the model. `drain_gap_s`: the worst interval between
         the agent's drain starts since the last export (a gauge, when given).
@@ -507,8 +533,9 @@ class MetricsBuilder:
             waits = model.collective_waits.get(key)
             for coll, (n, ns) in sorted((waits.by_collective if waits is not None else {}).items()):
                 sums(("nccl.w", key, int(coll)), {"collective": coll.label}, NCCL_WAIT_COUNTERS, (n, ns / 1e9))
-            for cause, n in sorted((diagnoses or {}).get(key, {}).items()):
-                sums(("diag", key, cause), {"cause": cause}, (cat.DIAGNOSES,), (n,))
+            for (cause, own), n in sorted(_by_cause((diagnoses or {}).get(key, {})).items()):
+                la = {"cause": cause, "own_cause": own} if own else {"cause": cause}
+                sums(("diag", key, cause, own), la, (cat.DIAGNOSES,), (n,))
             metrics = [self._metric(spec, pts) for spec, pts in points.items()]
             resource_metrics.append(_resource_metrics(Resource(attributes=attrs), metrics))
 

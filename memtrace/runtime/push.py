@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, cast
 
 from memtrace.analysis.diagnosis import Diagnosis
+from memtrace.core.errors import BadOption
 from memtrace.export.callsites import call_sites
 from memtrace.export.config import PushConfig, Temporality
 from memtrace.export.events import Events
-from memtrace.export.otlp import Batch, MetricsBuilder, resource_of
+from memtrace.export.otlp import Batch, MetricsBuilder, cause_counts, resource_of
 from memtrace.export.otlp_profiles import ProfileBatch, ProfilesBuilder, ProfilesSender
 from memtrace.export.transport import MetricsExporter
 from memtrace.runtime.agent import DRAIN_INTERVAL_S, Agent
@@ -23,6 +26,16 @@ from memtrace.runtime.recorder import Recorder
 from memtrace.sources.procfs import host_attributes, is_running
 
 log = logging.getLogger("memtrace")
+
+
+def is_running_pid(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def backoff(interval: float, failures: int, cap: float = 30.0) -> float:
@@ -78,11 +91,19 @@ SETTLE_POLL_S = 0.02  # how often a push in flight is looked at
 RECORDER_CLOSE_S = 30.0  # at the stop, files still waiting for their window are written within this
 
 
-def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event, recorder: Recorder | None = None) -> int:
+def push(
+    opts: PipelineOptions,
+    cfg: PushConfig,
+    stop: threading.Event,
+    recorder: Recorder | None = None,
+    pids: Sequence[int] = (),
+) -> int:
     """`memtrace push`: the pipeline built from `opts`, its diagnoses sent as
     OTLP events (log records) to the same collector, and push_forever
     until `stop`. With a flight `recorder`, each diagnosis's event names
-    the file it writes (memtrace.timeline.file). Returns the number of failed pushes."""
+    the file it writes (memtrace.timeline.file). With `pids` (and
+    Options.only_traced) only those processes and the ones they start from
+    now on are traced. Returns the number of failed pushes."""
     resource = {"service.name": "memtrace", **cfg.resource_attributes, **host_attributes()}
     events: Events  # made below, once the pipeline (not yet started) has its agent
 
@@ -94,8 +115,16 @@ def push(opts: PipelineOptions, cfg: PushConfig, stop: threading.Event, recorder
     events = Events(cfg, resource, pipe.agent.job_of)  # the diagnoses, and the findings' text
     try:
         with pipe:
+            for pid in pids:
+                if not is_running_pid(pid):
+                    raise BadOption(
+                        f"no process {pid}", "give --pid a running process (as this pid namespace names it)"
+                    )
+                pipe.agent.cuda.trace_pid(pid)
+            if pids:
+                pipe.agent.scan(list(pids))
             try:
-                return push_forever(pipe, cfg, stop, events=events)
+                return push_forever(pipe, cfg, stop, events=events, pinned=pids)
             finally:
                 if recorder is not None:
                     recorder.close(RECORDER_CLOSE_S)  # while the agent can still be read
@@ -113,6 +142,7 @@ def push_forever(
     builder: MetricsBuilder | None = None,
     drain_interval: float = DRAIN_INTERVAL_S,
     events: Events | None = None,
+    pinned: Sequence[int] = (),
 ) -> int:
     """Trace every CUDA process and push OTLP metrics every interval until
     `stop` is set, then flush a last push. Returns the number of failed pushes.
@@ -175,7 +205,7 @@ def push_forever(
                 pending_profiles.append(profiles.build(agent))
             if host is None:
                 return builder.build(model, agent.stats(), len(agent.libraries), drain_gap_s=gap)
-            counts = diagnosis.counts() if diagnosis is not None else None
+            counts = cause_counts(diagnosis.diagnoses) if diagnosis is not None else None
             with host.lock:
                 return builder.build(
                     model, agent.stats(), len(agent.libraries), drain_gap_s=gap, host=host.book, diagnoses=counts
@@ -235,7 +265,7 @@ def push_forever(
 
     freeze_long_lived()  # the libraries, the BPF objects and the model so far
     try:
-        with pipe.running(drain_interval=drain_interval):
+        with pipe.running(pinned, drain_interval=drain_interval):
             while not stop.is_set():
                 if inflight is not None and inflight[0].done():
                     ok, reason, delivered = inflight[0].result()
