@@ -113,7 +113,13 @@ def test_dashboard_has_the_classic_panels_and_only_exported_metrics() -> None:
 
     # Rows by failure mode, each holding its panels.
     rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
-    assert rows == ["Health", "Throughput and utilisation", "Bottlenecks", "Stragglers"]
+    assert rows == [
+        "Health",
+        "Throughput and utilisation",
+        "Bottlenecks",
+        "Stragglers",
+        "GPU pillars: compute, interconnect, memory health",
+    ]
     for p in d["panels"]:
         if p["type"] == "row":
             continue

@@ -673,3 +673,92 @@ def test_memtrace_taking_the_cpu_is_named_as_itself() -> None:
 
     assert LiveDiagnosis._comm(os.getpid(), "memtrace-drain") == AGENT_COMM
     assert LiveDiagnosis._comm(os.getpid() + 1, "stress") == "stress"
+
+
+# ---- nvlink_contention ----
+
+
+def nvlink_gpu(moved: int | None = None, down: int = 0, errors: int | None = 0) -> list[GpuWindow]:
+    """The process's GPU with NVLinks: bytes over them in the window, links down, their errors."""
+    return [
+        GpuWindow(0, "GPU-a", False, (), 0, 16, 16, 5, 5, nvlink_bytes=moved, nvlinks_down=down, nvlink_errors=errors)
+    ]
+
+
+def collectives(step_ms: float, coll_ms: float) -> ProcWindow:
+    """A rank whose steps spend coll_ms in NCCL collectives (over NVLink, inside the node)."""
+    w = proc(step_ms)
+    w.collective_ns = int(w.steps * coll_ms * MS)
+    return w
+
+
+def nvlink_run(slow_coll_ms: float, before: int, after: int) -> tuple[Diagnoser, list[tuple[int, str]]]:
+    """30 healthy windows (10 ms steps, 2 ms of them in collectives, `before` NVLink bytes a window),
+    then 6 slow ones (15 ms steps, slow_coll_ms in collectives, `after` bytes a window)."""
+    windows = [([collectives(10.0, 2.0)], host(i, gpus=nvlink_gpu(before))) for i in range(30)]
+    for i in range(30, 36):
+        windows.append(([collectives(15.0, slow_coll_ms)], host(i, gpus=nvlink_gpu(after))))
+    return run(windows)
+
+
+def test_collectives_slowed_by_others_traffic_on_its_nvlinks_are_nvlink_contention() -> None:
+    """Most of the step's growth (5 ms) is time in collectives, and its GPU's links carry 3 GiB a
+    window against 1 GiB before while the job makes fewer steps: the extra is another job's."""
+    d, made = nvlink_run(slow_coll_ms=6.5, before=1 << 30, after=3 << 30)
+    assert made == [(31, "nvlink_contention")]
+    ev = d.diagnoses[0].evidence
+    assert ev["nvlink_bytes_per_second"] == pytest.approx(3 * ev["nvlink_bytes_per_second_before"])
+    assert ev["collective_seconds_per_step"] == pytest.approx(0.0065)
+    assert "NVLinks" in d.diagnoses[0].fix
+
+
+def test_collectives_slowing_on_quiet_nvlinks_are_not_nvlink_contention() -> None:
+    """Negative control: the same slowdown in collectives, but its links carry no more than before
+    (the network, or the job itself): not NVLink contention."""
+    _, made = nvlink_run(slow_coll_ms=6.5, before=1 << 30, after=1 << 30)
+    assert [c for _, c in made] == ["unknown"]
+
+
+def test_busy_nvlinks_without_slower_collectives_are_not_nvlink_contention() -> None:
+    """Negative control: the links are three times as busy, but the step grew outside its
+    collectives (2 ms of 15, as of 10 before): the links did not slow it."""
+    _, made = nvlink_run(slow_coll_ms=2.0, before=1 << 30, after=3 << 30)
+    assert [c for _, c in made] == ["unknown"]
+
+
+def test_an_nvlink_going_down_is_nvlink_contention() -> None:
+    windows = [([collectives(10.0, 2.0)], host(i, gpus=nvlink_gpu(1 << 30))) for i in range(30)]
+    for i in range(30, 36):
+        windows.append(([collectives(13.0, 2.0)], host(i, gpus=nvlink_gpu(1 << 30, down=2))))
+    d, made = run(windows)
+    assert made == [(31, "nvlink_contention")] and d.diagnoses[0].evidence["nvlinks_down"] == 2
+
+
+def test_nvlink_errors_newly_frequent_are_nvlink_contention() -> None:
+    windows = [([collectives(10.0, 2.0)], host(i, gpus=nvlink_gpu(1 << 30, errors=0))) for i in range(30)]
+    for i in range(30, 36):
+        windows.append(([collectives(13.0, 2.0)], host(i, gpus=nvlink_gpu(1 << 30, errors=50))))
+    d, made = run(windows)
+    assert made == [(31, "nvlink_contention")] and d.diagnoses[0].evidence["nvlink_errors"] == 100
+
+
+def test_the_live_diagnosis_counts_each_windows_nvlink_bytes_errors_and_links_down() -> None:
+    """gpu_windows: the NVLink bytes and errors the driver counted since the previous window, over
+    every link of the GPU, and the links down at its last detailed sample."""
+    from memtrace.core.gpu import GpuSample, NvLink
+    from memtrace.model.host import HostBook
+    from memtrace.runtime.diagnose import LiveDiagnosis
+
+    live = LiveDiagnosis(None, None)  # type: ignore[arg-type] # only the windows are built here
+    book = HostBook()
+
+    def window(t_s: int, tx: int, crc: int, up: bool = True) -> tuple[int | None, int, int | None]:
+        links = (NvLink(0, True, tx, 10, crc, 0, 0), NvLink(1, up, tx, 0, 0, 0, 0))
+        book.add_gpus([GpuSample(index=0, uuid="GPU-n", name="G", bus_id="", time_ns=t_s * 10**9, nvlinks=links)])
+        (g,) = live.gpu_windows(book)
+        return g.nvlink_bytes, g.nvlinks_down, g.nvlink_errors
+
+    assert window(1, 1000, 0) == (None, 0, None)
+    assert window(2, 1000, 0) == (0, 0, 0)
+    assert window(3, 1000 + 7 * GIB, 4) == (2 * 7 * GIB, 0, 4)
+    assert window(4, 1000 + 7 * GIB + 1, 4, up=False) == (2, 1, 0)

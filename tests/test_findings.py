@@ -172,3 +172,40 @@ def test_the_driver_s_mappings_are_read_from_the_maps_text() -> None:
         "7f2000000000-7f2000001000 rw-p 00000000 00:00 0\n"
     )
     assert driver_ranges(maps) == [(0x7F0000000000, 0x7F0000200000), (0x7F0000200000, 0x7F0000400000)]
+
+
+def test_an_uncorrectable_memory_error_tells_the_operator_to_drain_the_node() -> None:
+    """gpu_memory_uncorrectable: from the host signals' GPU readings, for the traced process on that
+    GPU. An uncorrectable ECC error during the run, or rows remapped for uncorrectable errors, fires;
+    correctable errors and correctable remappings alone (the row remapper doing its job) do not, and
+    a process on another GPU gets nothing."""
+    from memtrace.core.gpu import GpuProcess, GpuSample, RemappedRows
+    from memtrace.model.host import HostBook
+
+    m = Model()
+    m.add_events(events([{"api": ALLOC, "bytes": 4096, "dst": 0x5000_0000}]))
+
+    def book(ecc: tuple[int, int], rows: RemappedRows, on: int = 0) -> HostBook:
+        b = HostBook()
+        for t, uncorrected in enumerate(ecc, 1):
+            proc = (GpuProcess(PID, on, f"GPU-{on}", GiB),)
+            kw = dict(name="H", bus_id="", time_ns=t * 10**9)
+            bad = GpuSample(0, "GPU-0", **kw, ecc_corrected_volatile=50 * t, ecc_uncorrected_volatile=uncorrected,
+                            remapped_rows=rows, processes=proc if on == 0 else ())  # fmt: skip
+            b.add_gpus([bad, GpuSample(1, "GPU-1", **kw, processes=proc if on == 1 else ())])
+        return b
+
+    healthy = RemappedRows(correctable=12, uncorrectable=0, pending=False, failed=False)
+    assert [f.code for f in compute(m, book=book((0, 0), healthy))] == []
+    (f,) = compute(m, book=book((0, 2), healthy))
+    assert (f.code, f.key.pid, f.value) == ("gpu_memory_uncorrectable", PID, 2.0)
+    assert "GPU 0 (GPU-0) has 2 uncorrectable ECC errors during the run" in f.summary
+    assert f.fix.startswith("drain the node") and "replace it" not in f.fix
+    (f,) = compute(m, book=book((0, 0), RemappedRows(12, 1, True, False)))
+    assert "1 row remapped for uncorrectable errors, a row remapping pending until the GPU is reset" in f.summary
+    assert f.evidence["remap_pending"] is True
+    (f,) = compute(m, book=book((0, 0), RemappedRows(12, 3, False, True)))
+    assert "no spare rows left" in f.summary and "replace it" in f.fix
+    # The bad GPU is GPU 0; the process runs on GPU 1: not its finding.
+    assert compute(m, book=book((0, 2), RemappedRows(12, 1, True, False), on=1)) == []
+    assert compute(m) == []  # no host signals: no GPU finding

@@ -349,10 +349,201 @@ def test_doctor_reports_the_driver_and_gpus(
 ) -> None:
     counters = {k: v for i in counted for k, v in gpu(i, pcie_tx_count=1, pcie_rx_count=2).items()}
     out = doctor_nvml(tmp_path, fakenvml, **counters)
-    assert f"name='NVML', ok=True, detail='driver 580.159.04, 2 GPUs; {pcie}'" in out and "warn=False" in out
+    assert f"name='NVML', ok=True, detail='driver 580.159.04, 2 GPUs; {pcie};" in out and "warn=False" in out
+
+
+@pytest.mark.parametrize(
+    ("gpm", "says"),
+    [
+        ((), "; no GPM (GPUs older than Hopper): SM, tensor and DRAM activity are not measured'"),
+        ((1,), "; SM, tensor and DRAM activity from GPM on 1 of 2 GPUs (the rest are older than Hopper)'"),
+        ((0, 1), "; SM, tensor and DRAM activity from GPM; 36 NVLinks'"),
+    ],
+)
+def test_doctor_says_which_gpus_have_gpm_and_nvlink(
+    tmp_path: Path, fakenvml: Path, gpm: tuple[int, ...], says: str
+) -> None:
+    fields = {k: v for i in gpm for k, v in gpu(i, gpm=1).items()}
+    if len(gpm) == 2:
+        fields.update(gpu0__nvlinks=18, gpu1__nvlinks=18)
+    out = doctor_nvml(tmp_path, fakenvml, **fields)
+    assert says in out
 
 
 def test_doctor_warns_without_nvml_and_says_what_it_means(tmp_path: Path) -> None:
     out = doctor_nvml(tmp_path, None)
     assert "ok=True" in out and "warn=True" in out  # a warning: memtrace still runs
     assert "no NVIDIA driver here" in out and "GPU health signals are off" in out and "install the NVIDIA driver" in out
+
+
+# ---- the GPU's own side: GPM, NVLink, remapped rows, MIG, per-process utilisation ----
+
+
+def test_gpm_activity_is_the_interval_between_detailed_samples_and_none_without_gpm(
+    tmp_path: Path, fakenvml: Path
+) -> None:
+    """GPU 0 has GPM (Hopper): each detailed sample after the first carries the SM, occupancy, tensor
+    and DRAM activity of the interval that ended at it; a metric the GPU does not count is None, not
+    an error. GPU 1 has none (older than Hopper): it says so, and its activity is None, never 0."""
+    steps = []
+    for sm, occ, tensor in ((10.0, 5.0, 0.0), (87.5, 43.25, 61.0), (0.5, 0.25, 0.0)):
+        steps.append(
+            script(
+                count=2,
+                **gpu(0, uuid="GPU-aaaa", **HEALTHY, gpm=1, gpm_sm=sm, gpm_occupancy=occ, gpm_tensor=tensor),
+                **gpu(1, uuid="GPU-bbbb", **HEALTHY, gpm_sm=99),  # scripted, but the GPU has no GPM
+            )
+        )
+    out = sample(tmp_path, steps, fakenvml)
+    assert out["gpm_gpus"] == 1
+    g0 = [step["gpus"][0] for step in out["steps"]]
+    g1 = [step["gpus"][1] for step in out["steps"]]
+    assert all(g["gpm_supported"] is True for g in g0) and all(g["gpm_supported"] is False for g in g1)
+    activity = ("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent")
+    assert [tuple(g[k] for k in activity) for g in g0] == [
+        (None, None, None, None),  # the first sample begins the first interval
+        (87.5, 43.25, 61.0, None),
+        (0.5, 0.25, 0.0, None),  # an idle GPU reads 0: a measurement, not a gap
+    ]
+    assert all(g[k] is None for g in g1 for k in activity)
+    assert all(step["errors"] == {} for step in out["steps"])
+
+
+def test_gpm_is_read_only_at_detailed_samples(tmp_path: Path, fakenvml: Path) -> None:
+    s = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, gpm=1, gpm_sm=50, gpm_dram=20))
+    out = sample(tmp_path, [s, s, s], fakenvml, env={"DETAIL_EVERY": "2"})
+    g = [step["gpus"][0] for step in out["steps"]]
+    assert [(x["detail"], x["gpm_supported"], x["sm_active_percent"]) for x in g] == [
+        (True, True, None),
+        (False, None, None),
+        (True, True, 50.0),
+    ]
+    assert g[2]["dram_bandwidth_percent"] == 20.0
+
+
+def links(**per_link: dict[str, Any]) -> dict[str, Any]:
+    """gpu() fields of NVLinks: links(l0={"tx": 5}) is nvlink0.tx=5."""
+    return {f"nvlink{k[1:]}__{f}": v for k, fields in per_link.items() for f, v in fields.items()}
+
+
+def test_nvlink_bytes_errors_and_state_per_link_with_resets_and_a_link_down(tmp_path: Path, fakenvml: Path) -> None:
+    """Four links. Bytes are the driver's KiB counters; between samples their differences over all
+    links. A counter that goes down (nvidia-smi nvlink -r, a driver reload) counts from zero; a link
+    that goes down says so."""
+
+    def step(l0: tuple[int, int], l2_tx: int, crc: int, replay: int, l3_state: int = 1) -> str:
+        fields = links(
+            l0={"tx": l0[0], "rx": l0[1], "crc_flit": crc, "replay": replay},
+            l2={"tx": l2_tx},
+            l3={"state": l3_state},
+        )
+        return script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, nvlinks=4, **fields))
+
+    out = sample(
+        tmp_path,
+        [
+            step((1000, 2000), 10, crc=0, replay=0),
+            step((1000 + 4096, 2000 + 1), 10 + 7, crc=3, replay=1),
+            step((5, 9), 10 + 7 + 2, crc=1, replay=1),  # link 0's counters were reset
+            step((6, 9), 20, crc=1, replay=1, l3_state=0),  # link 3 went down
+        ],
+        fakenvml,
+    )
+    assert out["nvlink_count"] == 4
+    s = [st["gpus"][0] for st in out["steps"]]
+    assert [len(x["nvlinks"]) for x in s] == [4, 4, 4, 4]
+    first = s[0]["nvlinks"]
+    assert first[0] == {
+        "link": 0,
+        "active": True,
+        "tx_bytes": 1000 * 1024,
+        "rx_bytes": 2000 * 1024,
+        "crc_errors": 0,
+        "replay_errors": 0,
+        "recovery_errors": 0,
+    }
+    assert first[2]["tx_bytes"] == 10 * 1024 and first[1]["tx_bytes"] == 0
+    assert [x["nvlinks_down"] for x in s] == [0, 0, 0, 1]
+    assert s[3]["nvlinks"][3]["active"] is False
+    r = [st["rates"][0] for st in out["steps"][1:]]
+    assert [(x["nvlink_tx_bytes"], x["nvlink_rx_bytes"], x["nvlink_errors"], x["counter_resets"]) for x in r] == [
+        ((4096 + 7) * 1024, 1 * 1024, 4, 0),
+        ((5 + 2) * 1024, 9 * 1024, 1, 3),  # link 0's tx, rx and CRC counters went down: from zero
+        ((1 + 1) * 1024, 0, 0, 0),
+    ]
+    assert all(st["errors"] == {} for st in out["steps"])
+
+
+def test_a_gpu_without_nvlink_has_no_links(tmp_path: Path, fakenvml: Path) -> None:
+    s = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY))
+    out = sample(tmp_path, [s, s], fakenvml)
+    assert out["nvlink_count"] == 0 and out["steps"][0]["gpus"][0]["nvlinks"] == []
+    assert out["steps"][1]["rates"][0]["nvlink_tx_bytes"] is None and out["steps"][1]["errors"] == {}
+
+
+def test_remapped_rows_are_the_drivers(tmp_path: Path, fakenvml: Path) -> None:
+    ok = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, remapped="3,0,0,0"))
+    bad = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, remapped="3,1,1,0"))
+    failed = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, remapped="3,2,0,1"))
+    none = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY))
+    out = sample(tmp_path, [ok, bad, failed, none], fakenvml)
+    assert [st["gpus"][0]["remapped_rows"] for st in out["steps"]] == [
+        {"correctable": 3, "uncorrectable": 0, "pending": False, "failed": False},
+        {"correctable": 3, "uncorrectable": 1, "pending": True, "failed": False},
+        {"correctable": 3, "uncorrectable": 2, "pending": False, "failed": True},
+        None,  # not supported (before Ampere): unknown, not zero
+    ]
+
+
+def test_mig_instances_are_devices_with_their_memory_and_processes(tmp_path: Path, fakenvml: Path) -> None:
+    """A GPU in MIG mode with instances in slots 0 and 3. Each instance's processes are attributed to
+    it, with the instance's count of their memory; a process only the whole GPU lists stays on it."""
+    mig = dict(
+        mig=1,
+        mig0__uuid="MIG-1111",
+        mig0__gi=1,
+        mig0__ci=0,
+        mig0__mem_total=20 * GIB,
+        mig0__mem_free=15 * GIB,
+        mig0__mem_used=5 * GIB,
+        mig0__procs=f"501:{4 * GIB}",
+        mig3__uuid="MIG-3333",
+        mig3__gi=5,
+        mig3__ci=0,
+        mig3__mem_total=10 * GIB,
+        mig3__mem_free=10 * GIB,
+        mig3__mem_used=0,
+        mig3__procs=f"503:{GIB}",
+    )
+    with_mig = script(
+        count=2,
+        **gpu(0, uuid="GPU-aaaa", **HEALTHY, procs="501:-,502:7", **mig),
+        **gpu(1, uuid="GPU-bbbb", **HEALTHY, mig=0, procs="600:9"),
+    )
+    out = sample(tmp_path, [with_mig], fakenvml)
+    g0, g1 = out["steps"][0]["gpus"]
+    assert g0["mig_enabled"] is True and g1["mig_enabled"] is False and g1["mig_instances"] == []
+    instances = [
+        (m["slot"], m["uuid"], m["gpu_instance_id"], m["memory_used_bytes"], m["memory_total_bytes"])
+        for m in g0["mig_instances"]
+    ]
+    assert instances == [(0, "MIG-1111", 1, 5 * GIB, 20 * GIB), (3, "MIG-3333", 5, 0, 10 * GIB)]
+    assert [(p["pid"], p["mig_uuid"]) for p in g0["mig_instances"][0]["processes"]] == [(501, "MIG-1111")]
+    assert [(p["pid"], p["used_memory_bytes"], p["mig_uuid"]) for p in g0["processes"]] == [
+        (501, 4 * GIB, "MIG-1111"),
+        (502, 7, None),
+        (503, GIB, "MIG-3333"),
+    ]
+    assert [(p["pid"], p["mig_uuid"]) for p in g1["processes"]] == [(600, None)]
+    assert out["steps"][0]["errors"] == {}
+
+
+def test_process_utilisation_is_each_process_share(tmp_path: Path, fakenvml: Path) -> None:
+    s = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, proc_util="4242:71:30,777:4:1"))
+    quiet = script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY))
+    out = sample(tmp_path, [s, quiet], fakenvml)
+    assert out["steps"][0]["gpus"][0]["process_utilization"] == [
+        {"pid": 777, "sm_percent": 4, "memory_percent": 1},
+        {"pid": 4242, "sm_percent": 71, "memory_percent": 30},
+    ]
+    assert out["steps"][1]["gpus"][0]["process_utilization"] == [] and out["steps"][1]["errors"] == {}

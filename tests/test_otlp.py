@@ -455,6 +455,72 @@ def test_a_gpus_pcie_bytes_are_exported_where_the_driver_counts_them(temporality
     assert s["pcie_tx_bytes_per_second"] == {"mean": 17000 / 3, "max": 7000}
 
 
+def test_gpm_nvlink_remapped_rows_and_mig_are_exported_and_summarised() -> None:
+    """A Hopper GPU with GPM and two NVLinks (link 1 goes down, link 0's counters are reset once) and
+    an older GPU without GPM: the activity gauges are the last interval's shares, and the older GPU
+    says it has no GPM (memtrace.gpu.gpm.supported 0, `gpm` false) instead of reading 0. NVLink bytes
+    and errors are the sums of the counters' increases, a reset counted from zero."""
+    from memtrace.core.gpu import GpuSample, MigInstance, NvLink, RemappedRows
+    from memtrace.export.host import gpu_row
+    from memtrace.model.host import HostBook
+
+    b = MetricsBuilder(resolve({}, endpoint="http://127.0.0.1:1"), {"host.name": "t"})
+    host = HostBook()
+    kib = 1024
+    readings = [  # (link 0 tx, rx, crc), link 1 active, SM active %
+        ((1000 * kib, 10 * kib, 5), True, None),
+        ((3000 * kib, 10 * kib, 7), True, 90.0),
+        ((500 * kib, 30 * kib, 1), False, 30.0),  # link 0's counters reset; link 1 down
+    ]
+    for t, ((tx, rx, crc), up, sm) in enumerate(readings, 1):
+        links = (NvLink(0, True, tx, rx, crc, 0, 0), NvLink(1, up, 0, 0, 0, 0, 0))
+        host.add_gpus(
+            [
+                GpuSample(index=0, uuid="GPU-h", name="H", bus_id="", time_ns=t * 10**9, gpm_supported=True,
+                          sm_active_percent=sm, tensor_active_percent=sm, nvlinks=links,
+                          remapped_rows=RemappedRows(4, 1, True, False), mig_enabled=True,
+                          mig_instances=(MigInstance(2, "MIG-x", 3, 0, 5 * GIB, 20 * GIB),)),
+                GpuSample(index=1, uuid="GPU-a", name="A", bus_id="", time_ns=t * 10**9, gpm_supported=False),
+            ]
+        )  # fmt: skip
+    batch = b.build(Model(), {}, 1, host=host)
+    points: dict[tuple[str, ...], float] = {}
+    keys = ("memtrace.nvlink", "network.io.direction", "error.type", "memtrace.remap.cause", "memtrace.mig.id")
+    for rm in batch.data.resource_metrics:
+        for scope in rm.scope_metrics:
+            for x in scope.metrics:
+                for p in x.data.data_points:
+                    a = p.attributes
+                    if "hw.id" not in a or (x.name.endswith(".io") and p.time_unix_nano == p.start_time_unix_nano):
+                        continue  # not a GPU's, or a counter's zero start point
+                    points[(x.name, a["hw.id"], *(str(a[k]) for k in keys if k in a))] = p.value
+    assert points[("memtrace.gpu.gpm.supported", "GPU-h")] == 1
+    assert points[("memtrace.gpu.gpm.supported", "GPU-a")] == 0
+    assert points[("memtrace.gpu.sm.active", "GPU-h")] == pytest.approx(0.30)
+    assert points[("memtrace.gpu.tensor.active", "GPU-h")] == pytest.approx(0.30)
+    assert not any(k[0] == "memtrace.gpu.sm.active" and k[1] == "GPU-a" for k in points)  # never a 0
+    assert points[("memtrace.gpu.nvlink.io", "GPU-h", "0", "transmit")] == 2000 * kib + 500 * kib
+    assert points[("memtrace.gpu.nvlink.io", "GPU-h", "0", "receive")] == 20 * kib  # rx was not reset
+    assert points[("memtrace.gpu.nvlink.errors", "GPU-h", "0", "crc")] == 2 + 1
+    assert (points[("memtrace.gpu.nvlink.up", "GPU-h", "0")], points[("memtrace.gpu.nvlink.up", "GPU-h", "1")]) == (
+        1,
+        0,
+    )
+    assert points[("memtrace.gpu.memory.remapped_rows", "GPU-h", "uncorrectable")] == 1
+    assert points[("memtrace.gpu.memory.remap_pending", "GPU-h")] == 1
+    assert points[("memtrace.gpu.mig.memory.usage", "GPU-h", "MIG-x")] == 5 * GIB
+    rows = {g.uuid: gpu_row(g, None) for g in host.gpus.values()}
+    h, a = rows["GPU-h"], rows["GPU-a"]
+    assert (h["gpm"], a["gpm"], a["activity"]) == (True, False, None)
+    assert h["activity"] is not None and h["activity"]["sm_active_percent"] == {"mean": 60.0, "max": 90.0}
+    link0, link1 = h["nvlinks"]
+    assert (link0["tx_bytes"], link0["rx_bytes"], link0["crc_errors"], link0["counter_resets"]) == (
+        2500 * kib, 20 * kib, 3, 1)  # fmt: skip
+    assert (link1["active"], link1["down_share"]) == (False, 1 / 3)
+    assert h["remapped_rows"] == {"correctable": 4, "uncorrectable": 1, "pending": True, "failed": False}
+    assert h["mig_instances"][0]["uuid"] == "MIG-x" and h["mig_instances"][0]["memory_used_bytes"] == 5 * GIB
+
+
 def test_the_wait_after_a_collective_is_exported_per_collective() -> None:
     """memtrace.nccl.waits / memtrace.nccl.wait_time: a process's stream wait,
     folded before the NCCL poll that brings the all_reduce it waited for, is
@@ -647,7 +713,7 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     from test_steps import loop
 
     from memtrace.core.cpu import CpuStats
-    from memtrace.core.gpu import GpuSample
+    from memtrace.core.gpu import GpuSample, MigInstance, NvLink, RemappedRows
     from memtrace.core.nccl import EVENT_DTYPE as NCCL_DTYPE
     from memtrace.core.nccl import CallTotals, Collective
     from memtrace.core.netdev import InterfaceSample, Netns, NetSnapshot, QdiscSample
@@ -695,11 +761,17 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     host.set_collectives({(kc, Collective.ALLREDUCE): CallTotals(calls=3, bytes=4096, duration_ns=1000)}, [])
 
     def gpu(t: int, tx: int, rx: int) -> GpuSample:
+        # GPM, two NVLinks (one down at the end), remapped rows, a MIG instance.
+        links = (NvLink(0, True, tx, rx, 2 * t, t, 0), NvLink(1, t < 2, 0, 0, 0, 0, 0))
+        mig = MigInstance(0, "MIG-a", 1, 0, GIB, 10 * GIB)
         return GpuSample(
             index=0, uuid="GPU-a", name="G", bus_id="", time_ns=t * 10**9, pcie_tx_bytes=tx, pcie_rx_bytes=rx,
             pcie_replay_count=7, link_generation=5, link_width=16, max_link_generation=5, max_link_width=16,
             sm_utilization_percent=97, memory_used_bytes=20 * GIB, memory_total_bytes=80 * GIB,
             temperature_celsius=64, power_milliwatts=412345, clock_event_mask=0,
+            gpm_supported=True, sm_active_percent=80.0, sm_occupancy_percent=40.0, tensor_active_percent=60.0,
+            dram_bandwidth_percent=30.0, nvlinks=links, remapped_rows=RemappedRows(2, 1, True, False),
+            mig_enabled=True, mig_instances=(mig,),
         )  # fmt: skip
 
     def net(t: int, k: int) -> NetSnapshot:

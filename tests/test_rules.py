@@ -40,7 +40,7 @@ def rule_metrics() -> set[str]:
 def test_rules_pass_promtools_checker() -> None:
     p = subprocess.run([str(promtool()), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "SUCCESS: 13 rules found" in p.stdout
+    assert "SUCCESS: 15 rules found" in p.stdout
 
 
 def test_rules_fire_on_the_faults_and_stay_silent_on_healthy_peers() -> None:

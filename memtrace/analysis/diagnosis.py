@@ -118,6 +118,14 @@ class Margins:
     waited: float = 0.5
     share_gap: float = 0.1
     not_waiting: float = 0.25
+    # nvlink_contention: its GPU's NVLinks newly down in most slow windows (scored as reported), or their
+    # CRC/replay/recovery errors newly frequent; or half its step's growth in collectives while its
+    # GPU's links carry half again as many bytes a second (others' traffic: it makes fewer steps).
+    nvlink_errors_times: float = 4.0
+    nvlink_errors_per_window: float = 2.0
+    nvlink_errors_score: float = 2.5
+    nvlink_waited: float = 0.5
+    nvlink_times: float = 1.5
 
 
 MARGINS = Margins()
@@ -132,6 +140,7 @@ CAUSES = (
     "host_memory_pressure",
     "input_starvation",
     "straggler",
+    "nvlink_contention",
     "ambiguous",
 )
 
@@ -156,6 +165,9 @@ FIXES = {
     "ambiguous": "two causes fit the evidence about equally (its candidates); check both",
     "unknown": "no host signal moved with the slowdown: look at the job itself (a data change, a new "
     "code path) or at what memtrace cannot see",
+    "nvlink_contention": "keep other jobs' peer traffic off this GPU's NVLinks (place jobs on GPUs that do not "
+    "share links or NVSwitch planes); a link down or counting CRC/replay errors is a hardware fault: "
+    "drain the node and reset or service the GPU and its NVLink",
 }
 
 
@@ -206,6 +218,11 @@ class GpuWindow:
     # none), and the processes NVML lists on it.
     pcie_bytes: int | None = None
     pids: tuple[int, ...] = ()
+    # Its NVLinks: bytes sent and received over all of them in the window (None: not counted), links
+    # down at the window's end, and their CRC, replay and recovery errors in the window.
+    nvlink_bytes: int | None = None
+    nvlinks_down: int = 0
+    nvlink_errors: int | None = None
 
 
 @dataclass
@@ -512,7 +529,7 @@ class Diagnoser:
         before = list(s.normal_windows)
         after = s.slow
         scores: list[tuple[float, str, dict[str, Any]]] = []
-        scorers = [self._cpu, self._gpu, self._pcie, self._memory, self._input, self._nic, self._straggler]
+        scorers = [self._cpu, self._gpu, self._pcie, self._memory, self._input, self._nic, self._straggler, _nvlink]
         if after[-1][0].serving:
             # A server idles between requests: its GPU's idle share is its load, not a starved input.
             scorers.remove(self._input)
@@ -866,3 +883,66 @@ def _rate(ws: list[ProcWindow]) -> float | None:
 def _others(ws: list[tuple[ProcWindow, HostWindow]]) -> float:
     """Bytes per second the other traced processes copied in these windows."""
     return _per_second(ws, lambda w, h: _all_copies(w, h) - h.copy_bytes.get(w.key, 0)) or 0.0
+
+
+def _nvlink(
+    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
+) -> tuple[float, str, dict[str, Any]] | None:
+    """nvlink_contention: the NVLinks of the process's GPU (the one NVML lists it on, or the host's
+    only GPU) went down or began to count errors, or carry others' traffic while its collectives
+    slowed. None: its GPU has no NVLink readings."""
+    pid = after[-1][0].key.pid
+    gpus = after[-1][1].gpus
+    mine = [g for g in gpus if pid in g.pids] or (gpus if len(gpus) == 1 else [])
+    mine = [g for g in mine if g.nvlink_bytes is not None or g.nvlinks_down or g.nvlink_errors is not None]
+    if not mine:
+        return None
+    for g in mine:
+
+        def down(x: GpuWindow) -> bool:
+            return x.nvlinks_down > 0
+
+        if _share_of(after, g.uuid, down) >= MARGINS.most and _share_of(before, g.uuid, down) <= MARGINS.few:
+            return (
+                MARGINS.reported,
+                "nvlink_contention",
+                {"gpu": g.index, "uuid": g.uuid, "nvlinks_down": g.nvlinks_down},
+            )
+
+    def on(uuid: str, what: Callable[[GpuWindow], int | None]) -> Callable[[ProcWindow, HostWindow], int | None]:
+        return lambda _w, h: next((what(x) for x in h.gpus if x.uuid == uuid), None)
+
+    for g in mine:
+        eb = _per_second(before, on(g.uuid, lambda x: x.nvlink_errors)) or 0.0
+        ea = _per_second(after, on(g.uuid, lambda x: x.nvlink_errors)) or 0.0
+        n_after = sum(on(g.uuid, lambda x: x.nvlink_errors)(w, h) or 0 for w, h in after)
+        if ea > MARGINS.nvlink_errors_times * eb and n_after >= MARGINS.nvlink_errors_per_window * len(after):
+            ev = {"gpu": g.index, "uuid": g.uuid, "nvlink_errors": n_after, "nvlink_errors_per_second_before": eb}
+            return MARGINS.nvlink_errors_score, "nvlink_contention", ev
+    # Contention: most of its step's growth is time in collectives, while its GPU's links carry half
+    # again as many bytes a second as before, though it makes fewer steps: the extra is others'.
+    steps_b, steps_a = sum(w.steps for w, _ in before), sum(w.steps for w, _ in after)
+    if not steps_b or not steps_a:
+        return None
+    step_b = sum(w.step_ns for w, _ in before) / steps_b
+    step_a = sum(w.step_ns for w, _ in after) / steps_a
+    coll_b = sum(w.collective_ns for w, _ in before) / steps_b
+    coll_a = sum(w.collective_ns for w, _ in after) / steps_a
+    grew = step_a - step_b
+    waited = (coll_a - coll_b) / grew if grew > 0 else 0.0
+    g = mine[0]
+    rate_b = _per_second(before, on(g.uuid, lambda x: x.nvlink_bytes))
+    rate_a = _per_second(after, on(g.uuid, lambda x: x.nvlink_bytes))
+    if rate_b is None or rate_a is None:
+        return None
+    ev = {
+        "gpu": g.index,
+        "uuid": g.uuid,
+        "collective_seconds_per_step_before": round(coll_b / 1e9, 6),
+        "collective_seconds_per_step": round(coll_a / 1e9, 6),
+        "nvlink_bytes_per_second_before": round(rate_b),
+        "nvlink_bytes_per_second": round(rate_a),
+    }
+    if waited < MARGINS.nvlink_waited or rate_a < MARGINS.nvlink_times * rate_b or rate_a <= 0:
+        return 0.0, "nvlink_contention", ev
+    return waited / MARGINS.nvlink_waited, "nvlink_contention", ev

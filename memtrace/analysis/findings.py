@@ -19,7 +19,13 @@ a healthy job:
   30-second windows higher than the one before, at least 1 GiB above the
   end of warm-up). A caching allocator that fills up and then holds its
   memory (PyTorch's never frees) is flat after warm-up, and a one-off step
-  (an evaluation's buffers) is not sustained.
+  (an evaluation's buffers) is not sustained;
+- gpu_memory_uncorrectable: a GPU the process runs on reported an
+  uncorrectable memory error during the run (volatile ECC), holds rows
+  remapped for uncorrectable errors, has a remapping pending or a failed
+  one (NVML's row remapper, Ampere and later). Its data may be corrupt and
+  the GPU needs a reset: drain the node. Computed from the host signals
+  (`book`), when they were on; one finding per traced process on the GPU.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import DEFAULT_BUDGET
 from memtrace.core.units import human_bytes
 from memtrace.model import Model, Process
+from memtrace.model.host import GpuSeries, HostBook
 from memtrace.model.process import TREND_WINDOW_NS
 
 GiB = 1 << 30
@@ -98,7 +105,10 @@ def _start(proc: Process | None) -> int:
     return proc.start_ns if proc else 0
 
 
-def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -> list[Finding]:
+def compute(
+    model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None, book: HostBook | None = None
+) -> list[Finding]:
+    """The findings of every process; `book`: the host signals' book, for the GPUs' memory health."""
     now_ns = now_ns if now_ns is not None else time.time_ns()
     out: list[Finding] = []
     # process -> host kind -> [bytes, bytes timed, their call time ns]. A call's
@@ -214,6 +224,57 @@ def compute(model: Model, th: Thresholds = DEFAULT, now_ns: int | None = None) -
             f = _over_budget(model, key, proc, th.overhead_budget, th.overhead_min_cpu_s)
             if f is not None:
                 out.append(f)
+    if book is not None:
+        out.extend(memory_health(model, book.gpus.values()))
+    return out
+
+
+def _uncorrectable(g: GpuSeries) -> tuple[str, dict[str, Any]] | None:
+    """What says this GPU's memory is no longer to be trusted, in words, and the evidence; None: nothing."""
+    ecc = g.delta("ecc_uncorrected_volatile")
+    rows = g.last.remapped_rows if g.last is not None else None
+    said: list[str] = []
+    if ecc:
+        said.append(f"{ecc:,} uncorrectable ECC error{'s' if ecc > 1 else ''} during the run")
+    if rows is not None and rows.uncorrectable:
+        said.append(
+            f"{rows.uncorrectable:,} row{'s' if rows.uncorrectable > 1 else ''} remapped for uncorrectable errors"
+        )
+    if rows is not None and rows.pending:
+        said.append("a row remapping pending until the GPU is reset")
+    if rows is not None and rows.failed:
+        said.append("a row remapping that failed (no spare rows left)")
+    if not said:
+        return None
+    evidence: dict[str, Any] = {"gpu_index": g.index, "gpu_uuid": g.uuid, "ecc_uncorrected": ecc}
+    if rows is not None:
+        evidence.update(remapped_uncorrectable=rows.uncorrectable, remap_pending=rows.pending, remap_failed=rows.failed)
+    return f"GPU {g.index} ({g.uuid}) has {', '.join(said)}", evidence
+
+
+def memory_health(model: Model, gpus: Any) -> list[Finding]:
+    """gpu_memory_uncorrectable: for each traced process on a GPU whose memory reported an
+    uncorrectable error (`gpus`: the host book's GpuSeries)."""
+    out: list[Finding] = []
+    by_pid = {key.pid: (key, proc) for key, proc in model.processes.items()}
+    for g in sorted(gpus, key=lambda g: g.index):
+        bad = _uncorrectable(g)
+        if bad is None:
+            continue
+        summary, evidence = bad
+        failed = bool(evidence.get("remap_failed"))
+        fix = (
+            "drain the node: stop scheduling on it and move its jobs off (checkpoint and restart elsewhere), "
+            "then reset the GPU (nvidia-smi -r, or reboot) so the remapping takes effect"
+            + ("; a failed remapping means the GPU is out of spare rows: replace it" if failed else "")
+        )
+        for pid in sorted(g.processes):
+            found = by_pid.get(pid)
+            if found is None:
+                continue
+            key, proc = found
+            value = float(evidence["ecc_uncorrected"] or 0) + float(evidence.get("remapped_uncorrectable") or 0)
+            out.append(Finding("gpu_memory_uncorrectable", key, proc.name, value, summary, fix, evidence, _start(proc)))
     return out
 
 

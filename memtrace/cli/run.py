@@ -254,6 +254,7 @@ def trace_and_report(
                 overhead_budget=budget_share,
                 stacks=call_sites(agent.model, agent.stack_frames()) if stacks else None,
                 stack_counts=agent.stack_counts(),
+                book=signals.book if signals else None,
             )
             copies = fold_stacks(doc["stacks"]) if folded is not None or flamegraph is not None else ""
             if folded is not None:

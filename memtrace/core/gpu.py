@@ -46,6 +46,60 @@ class GpuProcess:
     gpu_index: int
     gpu_uuid: str
     used_memory_bytes: int | None  # None: NVML cannot tell (e.g. no permission, WDDM)
+    mig_uuid: str | None = None  # the MIG instance it runs on (None: the whole GPU)
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink of a GPU at a sample. Counters are the driver's, cumulative since it loaded.
+
+    Bytes are NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (the link as scopeId): payload only, counted
+    by the driver in KiB (Ampere and later; what `nvidia-smi nvlink -gt d` prints). Errors are
+    nvmlDeviceGetNvLinkErrorCounter's: CRC (flit and data CRC together), replays, recoveries.
+    None: the driver does not count it on this link."""
+
+    link: int
+    active: bool
+    tx_bytes: int | None = None
+    rx_bytes: int | None = None
+    crc_errors: int | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """HBM row remapping (Ampere and later, nvmlDeviceGetRemappedRows): rows remapped for
+    correctable and uncorrectable errors since the GPU was made; `pending`: a remapping waits for
+    the next GPU reset; `failed`: a remapping failed (the GPU has no spare rows left there)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG device (a GPU instance and compute instance) of a GPU in MIG mode: its own device,
+    with its own memory and processes."""
+
+    slot: int  # its index among the GPU's MIG devices
+    uuid: str
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcessUtilization:
+    """A process's share of the GPU over NVML's last sampling window (nvmlDeviceGetProcessUtilization)."""
+
+    pid: int
+    sm_percent: int
+    memory_percent: int
 
 
 @dataclass(frozen=True)
@@ -90,6 +144,25 @@ class GpuSample:
     clock_readings: int | None = None
     throttled_readings: int | None = None
     processes: tuple[GpuProcess, ...] = ()
+    # GPU performance monitoring (GPM, Hopper and later), over the interval between two detailed
+    # samples: SMs busy, warps resident of the most possible, SM cycles in tensor pipes, DRAM
+    # bandwidth of its peak (percent). gpm_supported False: this GPU has no GPM (older than Hopper),
+    # and these are None, never 0; None: not asked (lost, or a sample between details).
+    gpm_supported: bool | None = None
+    sm_active_percent: float | None = None
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    dram_bandwidth_percent: float | None = None
+    nvlinks: tuple[NvLink, ...] = ()  # the links the driver reports (none: no NVLink)
+    remapped_rows: RemappedRows | None = None
+    mig_enabled: bool | None = None  # None: MIG not supported (or not read)
+    mig_instances: tuple[MigInstance, ...] = ()
+    process_utilization: tuple[ProcessUtilization, ...] = ()
+
+    @property
+    def nvlinks_down(self) -> int:
+        """Links the driver reports inactive: traffic that needs them takes the others, or PCIe."""
+        return sum(not link.active for link in self.nvlinks)
 
     @property
     def clock_event_reasons(self) -> tuple[str, ...] | None:
@@ -144,6 +217,36 @@ class GpuRates:
     counter_resets: int  # counters that went down (and were counted from zero)
     pcie_tx_bytes: int | None = None  # from the driver's byte counters (None: it has none)
     pcie_rx_bytes: int | None = None
+    nvlink_tx_bytes: int | None = None  # over all links (None: no link counts bytes)
+    nvlink_rx_bytes: int | None = None
+    nvlink_errors: int | None = None  # CRC, replay and recovery errors over all links
+
+
+def _summed(deltas: list[tuple[int | None, bool]]) -> tuple[int | None, int]:
+    """The sum of the counters that were read (None: none was), and how many were reset."""
+    known = [d for d, _ in deltas if d is not None]
+    return (sum(known) if known else None), sum(r for _, r in deltas)
+
+
+def nvlink_deltas(before: GpuSample, after: GpuSample) -> tuple[int | None, int | None, int | None, int]:
+    """Bytes sent and received over all NVLinks between two samples, their errors, and the counters
+    that went down (a driver reload, or `nvidia-smi nvlink -r`): counted from zero."""
+    earlier = {link.link: link for link in before.nvlinks}
+    tx: list[tuple[int | None, bool]] = []
+    rx: list[tuple[int | None, bool]] = []
+    errors: list[tuple[int | None, bool]] = []
+    for link in after.nvlinks:
+        b = earlier.get(link.link)
+        if b is None:
+            continue
+        tx.append(counter_delta(b.tx_bytes, link.tx_bytes))
+        rx.append(counter_delta(b.rx_bytes, link.rx_bytes))
+        for name in ("crc_errors", "replay_errors", "recovery_errors"):
+            errors.append(counter_delta(getattr(b, name), getattr(link, name)))
+    t, r1 = _summed(tx)
+    r, r2 = _summed(rx)
+    e, r3 = _summed(errors)
+    return t, r, e, r1 + r2 + r3
 
 
 def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
@@ -156,6 +259,7 @@ def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
     uncorrected, r3 = counter_delta(before.ecc_uncorrected_volatile, after.ecc_uncorrected_volatile)
     tx, r4 = counter_delta(before.pcie_tx_bytes, after.pcie_tx_bytes)
     rx, r5 = counter_delta(before.pcie_rx_bytes, after.pcie_rx_bytes)
+    nv_tx, nv_rx, nv_errors, r6 = nvlink_deltas(before, after)
     return GpuRates(
         index=after.index,
         uuid=after.uuid,
@@ -165,7 +269,10 @@ def gpu_rates(before: GpuSample, after: GpuSample) -> GpuRates | None:
         ecc_corrected=corrected,
         ecc_uncorrected=uncorrected,
         xids=after.xids,
-        counter_resets=r1 + r2 + r3 + r4 + r5,
+        counter_resets=r1 + r2 + r3 + r4 + r5 + r6,
         pcie_tx_bytes=tx,
         pcie_rx_bytes=rx,
+        nvlink_tx_bytes=nv_tx,
+        nvlink_rx_bytes=nv_rx,
+        nvlink_errors=nv_errors,
     )

@@ -141,6 +141,10 @@ HW_ID = Attribute("hw.id", "the GPU's UUID", semconv=True)
 HW_NAME = Attribute("hw.name", "the GPU's product name", semconv=True)
 HW_TYPE = Attribute("hw.type", "gpu", semconv=True)
 GPU_INDEX = Attribute("gpu.index", "the GPU's NVML index")
+NVLINK = Attribute("memtrace.nvlink", "the NVLink's number on its GPU")
+NVLINK_ERROR = Attribute("error.type", "crc (flit and data CRC), replay or recovery", semconv=True)
+REMAP_CAUSE = Attribute("memtrace.remap.cause", "correctable or uncorrectable: the errors the rows were remapped for")
+MIG_ID = Attribute("memtrace.mig.id", "the MIG instance's UUID (MIG-...)")
 NETWORK_DIRECTION = Attribute("network.io.direction", "receive or transmit", semconv=True)
 INTERFACE = Attribute("network.interface.name", "the interface's name in its namespace", semconv=True)
 NETNS = Attribute("memtrace.netns", "the inode of the interface's network namespace")
@@ -414,6 +418,111 @@ GPU_IO = _m(
     _A,
     (*GPU, NETWORK_DIRECTION),
     CONVENTION,
+)
+GPU_GPM_SUPPORTED = _m(
+    "memtrace.gpu.gpm.supported",
+    _G,
+    "1",
+    "1: the GPU has GPM (Hopper and later) and its SM, tensor and DRAM activity are measured; 0: they are not",
+    Signal.gpu,
+    _A,
+    GPU,
+)
+GPU_SM_ACTIVE = _m(
+    "memtrace.gpu.sm.active",
+    _G,
+    "1",
+    "Share of SMs busy over the last GPM interval (about 1 s): tells a starved GPU from a busy one",
+    Signal.gpu,
+    _A,
+    GPU,
+)
+GPU_SM_OCCUPANCY = _m(
+    "memtrace.gpu.sm.occupancy",
+    _G,
+    "1",
+    "Warps resident on the SMs, of the most they can hold, over the last GPM interval",
+    Signal.gpu,
+    _A,
+    GPU,
+)
+GPU_TENSOR_ACTIVE = _m(
+    "memtrace.gpu.tensor.active",
+    _G,
+    "1",
+    "Share of SM cycles with any tensor pipe busy over the last GPM interval",
+    Signal.gpu,
+    _A,
+    GPU,
+)
+GPU_DRAM_ACTIVE = _m(
+    "memtrace.gpu.dram.active",
+    _G,
+    "1",
+    "DRAM bandwidth used, of its peak, over the last GPM interval",
+    Signal.gpu,
+    _A,
+    GPU,
+)
+GPU_NVLINK_IO = _m(
+    "memtrace.gpu.nvlink.io",
+    _S,
+    "By",
+    "Payload bytes the GPU sent and received over each NVLink (the driver's counters)",
+    Signal.gpu,
+    _A,
+    (*GPU, NVLINK, NETWORK_DIRECTION),
+)
+GPU_NVLINK_ERRORS = _m(
+    "memtrace.gpu.nvlink.errors",
+    _S,
+    "{error}",
+    "NVLink CRC errors, replays and recoveries, per link (the driver's counters)",
+    Signal.gpu,
+    _A,
+    (*GPU, NVLINK, NVLINK_ERROR),
+)
+GPU_NVLINK_UP = _m(
+    "memtrace.gpu.nvlink.up",
+    _G,
+    "1",
+    "1 while the NVLink is active, 0 while it is down",
+    Signal.gpu,
+    _A,
+    (*GPU, NVLINK),
+)
+GPU_REMAPPED_ROWS = _m(
+    "memtrace.gpu.memory.remapped_rows",
+    _G,
+    "{row}",
+    "HBM rows remapped over the GPU's life; any for uncorrectable errors: drain the node and reset the GPU",
+    Signal.gpu,
+    _A,
+    (*GPU, REMAP_CAUSE),
+)
+GPU_REMAP_PENDING = _m(
+    "memtrace.gpu.memory.remap_pending",
+    _G,
+    "1",
+    "1 while a row remapping waits for a GPU reset",
+    Signal.gpu,
+    _A,
+    GPU,
+)
+GPU_REMAP_FAILED = _m(
+    "memtrace.gpu.memory.remap_failed",
+    _G,
+    "1",
+    "1 once a row remapping has failed (no spare rows left: replace the GPU)",
+    Signal.gpu,
+    _A,
+    GPU,
+)
+GPU_MIG_MEMORY_USAGE = _m(
+    "memtrace.gpu.mig.memory.usage", _G, "By", "Memory used on the MIG instance", Signal.gpu, _A, (*GPU, MIG_ID)
+)
+GPU_MIG_MEMORY_LIMIT = _m(
+    "memtrace.gpu.mig.memory.limit", _G, "By", "Memory size of the MIG instance", Signal.gpu, _A, (*GPU, MIG_ID)
 )
 
 NETWORK_IO = _m(

@@ -9,11 +9,12 @@ from collections.abc import Mapping
 from typing_extensions import TypedDict
 
 from memtrace.core.cpu import CpuStats
+from memtrace.core.gpu import GpuSample
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import Collective
 from memtrace.core.netdev import QdiscSample
 from memtrace.export import schema
-from memtrace.model.host import ByteCounter, GpuSeries, HostBook, SensorState, Series
+from memtrace.model.host import ByteCounter, GpuSeries, HostBook, NvLinkSeries, SensorState, Series
 
 TOP_PREEMPTORS = 5
 IDLE_PREEMPTOR = "(idle: own CPU quota)"  # a preemptor cgroup of 0: the CPU idled under the process's quota
@@ -180,10 +181,68 @@ def gpu_row(g: GpuSeries, pids: set[int] | None) -> schema.GpuRow:
         throttled_share=g.throttled_samples / g.clock_samples if g.clock_samples else None,
         xids=list(g.xids),
         processes=[
-            schema.GpuProcess(pid=pid, used_memory_bytes=used)
+            schema.GpuProcess(
+                pid=pid,
+                used_memory_bytes=used,
+                mig_uuid=g.mig.get(pid),
+                sm_percent=_mean_max(g.process_sm[pid]) if pid in g.process_sm else None,
+            )
             for pid, used in sorted(g.processes.items())
             if pids is None or pid in pids
         ],
+        gpm=g.gpm_supported,
+        activity=_activity(g),
+        nvlinks=[_nvlink_row(link) for _, link in sorted(g.nvlinks.items())],
+        remapped_rows=_remapped(last),
+        mig_enabled=None if last is None else last.mig_enabled,
+        mig_instances=[
+            schema.MigInstanceRow(
+                slot=m.slot,
+                uuid=m.uuid,
+                gpu_instance_id=m.gpu_instance_id,
+                compute_instance_id=m.compute_instance_id,
+                memory_used_bytes=m.memory_used_bytes,
+                memory_total_bytes=m.memory_total_bytes,
+                pids=sorted(p.pid for p in m.processes),
+            )
+            for m in (() if last is None else last.mig_instances)
+        ],
+    )
+
+
+def _activity(g: GpuSeries) -> schema.GpuActivity | None:
+    if not g.gpm_supported:
+        return None
+    return schema.GpuActivity(
+        sm_active_percent=_mean_max(g.sm_active),
+        sm_occupancy_percent=_mean_max(g.sm_occupancy),
+        tensor_active_percent=_mean_max(g.tensor_active),
+        dram_bandwidth_percent=_mean_max(g.dram_bandwidth),
+    )
+
+
+def _nvlink_row(link: NvLinkSeries) -> schema.NvLinkRow:
+    return schema.NvLinkRow(
+        link=link.link,
+        active=link.active,
+        down_share=link.down_samples / link.samples if link.samples else None,
+        tx_bytes=link.tx.bytes if link.tx.seconds else None,
+        rx_bytes=link.rx.bytes if link.rx.seconds else None,
+        tx_bytes_per_second=_mean_max(link.tx),
+        rx_bytes_per_second=_mean_max(link.rx),
+        crc_errors=link.errors.get("crc_errors"),
+        replay_errors=link.errors.get("replay_errors"),
+        recovery_errors=link.errors.get("recovery_errors"),
+        counter_resets=link.tx.resets + link.rx.resets,
+    )
+
+
+def _remapped(last: GpuSample | None) -> schema.RemappedRowsRow | None:
+    r = None if last is None else last.remapped_rows
+    if r is None:
+        return None
+    return schema.RemappedRowsRow(
+        correctable=r.correctable, uncorrectable=r.uncorrectable, pending=r.pending, failed=r.failed
     )
 
 

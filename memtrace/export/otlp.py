@@ -42,6 +42,7 @@ from memtrace.analysis.findings import Finding, Thresholds
 from memtrace.analysis.findings import compute as compute_findings
 from memtrace.core import apis
 from memtrace.core.abi import Stat
+from memtrace.core.gpu import GpuSample
 from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey, iso8601_ns
 from memtrace.export import catalog as cat
@@ -97,6 +98,24 @@ def explicit_counts(h: ExpHistogram, bounds_scale: int, lo_exp: int, n_bounds: i
 def _gpu_attributes(g: GpuSeries) -> dict[str, Any]:
     """A GPU's attributes on its series (OpenTelemetry's hw.* for a GPU, and its NVML index)."""
     return {"hw.id": g.uuid, "hw.name": g.name, "hw.type": "gpu", "gpu.index": g.index}
+
+
+_NVLINK_ERRORS = (("crc_errors", "crc"), ("replay_errors", "replay"), ("recovery_errors", "recovery"))
+
+
+def _gpm_values(last: GpuSample) -> dict[MetricSpec, float | None]:
+    """A GPU's GPM activity at its last detailed sample, as shares; whether it has GPM at all."""
+    if last.gpm_supported is None:
+        return {}
+    out: dict[MetricSpec, float | None] = {cat.GPU_GPM_SUPPORTED: float(last.gpm_supported)}
+    for spec, v in (
+        (cat.GPU_SM_ACTIVE, last.sm_active_percent),
+        (cat.GPU_SM_OCCUPANCY, last.sm_occupancy_percent),
+        (cat.GPU_TENSOR_ACTIVE, last.tensor_active_percent),
+        (cat.GPU_DRAM_ACTIVE, last.dram_bandwidth_percent),
+    ):
+        out[spec] = None if v is None else v / 100
+    return out
 
 
 def _number(attrs: dict[str, Any], start: int, now: int, value: float) -> NumberDataPoint:
@@ -370,10 +389,43 @@ class MetricsBuilder:
                         cat.GPU_PCIE_REPLAYS: g.replays_since_start(),
                     }
                 )
+                values.update(_gpm_values(last))
+                rows = last.remapped_rows
+                if rows is not None:
+                    values[cat.GPU_REMAP_PENDING] = float(rows.pending)
+                    values[cat.GPU_REMAP_FAILED] = float(rows.failed)
+                    for cause, n in (("correctable", rows.correctable), ("uncorrectable", rows.uncorrectable)):
+                        point = _number({**la, "memtrace.remap.cause": cause}, start, now, n)
+                        points.setdefault(cat.GPU_REMAPPED_ROWS, []).append(point)
+                for m in last.mig_instances:
+                    mig = {**la, "memtrace.mig.id": m.uuid}
+                    for spec, mv in ((cat.GPU_MIG_MEMORY_USAGE, m.memory_used_bytes),
+                                     (cat.GPU_MIG_MEMORY_LIMIT, m.memory_total_bytes)):  # fmt: skip
+                        if mv is not None:
+                            points.setdefault(spec, []).append(_number(mig, start, now, mv))
+            for link in g.nvlinks.values():
+                up = _number({**la, "memtrace.nvlink": link.link}, start, now, float(link.active))
+                points.setdefault(cat.GPU_NVLINK_UP, []).append(up)
             for spec, v in values.items():
                 if v is not None:
                     points.setdefault(spec, []).append(_number(la, start, now, v))
         return [self._metric(spec, pts) for spec, pts in points.items()]
+
+    def _nvlink_sums(self, host: HostBook, pp: _Points) -> None:
+        """Each NVLink's bytes and errors since the agent first sampled it, on the agent's resource."""
+        for g in sorted(host.gpus.values(), key=lambda g: g.index):
+            hw = _gpu_attributes(g)
+            for n, link in sorted(g.nvlinks.items()):
+                la = {**hw, "memtrace.nvlink": n}
+                for direction, count in (("receive", link.rx), ("transmit", link.tx)):
+                    if count.seconds:
+                        key: tuple[Any, ...] = ("nvlink_io", AGENT_SERIES, g.uuid, n, direction)
+                        dla = {**la, "network.io.direction": direction}
+                        pp.sums(key, dla, (cat.GPU_NVLINK_IO,), (count.bytes,))
+                for name, label in _NVLINK_ERRORS:
+                    if name in link.errors:
+                        key = ("nvlink_errors", AGENT_SERIES, g.uuid, n, label)
+                        pp.sums(key, {**la, "error.type": label}, (cat.GPU_NVLINK_ERRORS,), (link.errors[name],))
 
     def _host_counter_metrics(self, host: HostBook, pp: _Points) -> list[Metric]:
         """Each GPU's PCIe bytes where the driver counts them, and each interface's and queue's
@@ -386,6 +438,7 @@ class MetricsBuilder:
             for direction, count in (("receive", g.pcie_rx_count), ("transmit", g.pcie_tx_count)):
                 gpu_key: tuple[Any, ...] = ("gpu_io", AGENT_SERIES, g.uuid, direction)
                 pp.sums(gpu_key, {**hw, "network.io.direction": direction}, (cat.GPU_IO,), (count.bytes,))
+        self._nvlink_sums(host, pp)
         for link in host.interface_series():
             i = link.last
             la: dict[str, Any] = {
@@ -429,7 +482,7 @@ class MetricsBuilder:
         `host`: the host signals' readings (per-process CPU and collectives,
         the GPUs), taken under their lock by the caller."""
         now = now_ns or time.time_ns()
-        findings = compute_findings(model, self.thresholds, now)
+        findings = compute_findings(model, self.thresholds, now, host)
         found: dict[ProcessKey, list[Finding]] = {}
         for f in findings:
             found.setdefault(f.key, []).append(f)

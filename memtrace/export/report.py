@@ -29,6 +29,7 @@ from memtrace.export.columns import SplitTable
 from memtrace.export.schema import SCHEMA_VERSION
 from memtrace.export.text import pageable_share
 from memtrace.model import Model, describe
+from memtrace.model.host import HostBook
 from memtrace.model.steps import StepStats
 
 __all__ = ["SCHEMA_VERSION", "Library", "print_table", "say", "summary"]
@@ -75,14 +76,15 @@ def summary(
     overhead_budget: float | None = DEFAULT_BUDGET,
     stacks: list[schema.CallSite] | None = None,
     stack_counts: schema.StackCounts | None = None,
+    book: HostBook | None = None,
 ) -> schema.Summary:
     """The run's summary; `drain`: the agent's drain statistics, when it has them;
     `host` and `collectives`: the host signals' sections (runtime/hostsignals.py), None when they were off;
     `overhead_budget`: the share of a process's CPU time its probes may cost (replaces the thresholds' own);
     `stacks`: the call sites (export/callsites.py) and `stack_counts` what became of the stacks asked for,
-    None with stacks off."""
+    None with stacks off; `book`: the host signals' book, for the findings about the GPUs' health."""
     thresholds = dataclasses.replace(thresholds, overhead_budget=overhead_budget)
-    findings = [finding(f) for f in compute(model, thresholds)]
+    findings = [finding(f) for f in compute(model, thresholds, book=book)]
     if stacks:
         name_the_lines(findings, stacks)
     agent = schema.Agent(
@@ -783,6 +785,16 @@ def print_host(doc: Mapping[str, Any], console: Console) -> None:
             parts.append(f"[red]lost in {g['lost_samples']} of {g['samples']} samples[/red]")
         if sm:
             parts.append(f"SM {sm['mean']:.0f}% mean")
+        act = g["activity"]
+        if act and act["sm_active_percent"]:
+            busy = f"SMs active {act['sm_active_percent']['mean']:.0f}%"
+            if act["tensor_active_percent"]:
+                busy += f", tensor {act['tensor_active_percent']['mean']:.0f}%"
+            if act["dram_bandwidth_percent"]:
+                busy += f", DRAM bandwidth {act['dram_bandwidth_percent']['mean']:.0f}%"
+            parts.append(busy)
+        elif g["gpm"] is False:
+            parts.append("[dim](no GPM: SM activity not measured)[/dim]")
         if temp:
             parts.append(f"{temp['max']:.0f} C max")
         if power:
@@ -799,6 +811,15 @@ def print_host(doc: Mapping[str, Any], console: Console) -> None:
             parts.append(f"[yellow]{g['pcie_replays']:,} PCIe replays[/yellow]")
         if g["xids"]:
             parts.append(f"[red]XID {', '.join(map(str, g['xids']))}[/red]")
+        down = [str(link["link"]) for link in g["nvlinks"] if not link["active"]]
+        if down:
+            parts.append(f"[red]NVLink {', '.join(down)} down[/red]")
+        nv_errors = sum((link["crc_errors"] or 0) + (link["replay_errors"] or 0) for link in g["nvlinks"])
+        if nv_errors:
+            parts.append(f"[yellow]{nv_errors:,} NVLink CRC/replay errors[/yellow]")
+        rows = g["remapped_rows"]
+        if rows and (rows["uncorrectable"] or rows["pending"] or rows["failed"]):
+            parts.append(f"[red]{rows['uncorrectable']} rows remapped for uncorrectable errors[/red]")
         say(console, " ".join(parts), highlight=False)
     for i in host["network"]["interfaces"]:
         moved = i["rx_bytes"] + i["tx_bytes"]

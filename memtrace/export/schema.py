@@ -450,6 +450,58 @@ class GpuProcess(TypedDict):
 
     pid: Annotated[int, _PID]
     used_memory_bytes: Annotated[int | None, "GPU memory it used at its last sample (null: NVML could not say)"]
+    mig_uuid: Annotated[str | None, "the MIG instance it ran on (null: the whole GPU)"]
+    sm_percent: Annotated[
+        MeanMax | None, "its share of the GPU's SMs (nvmlDeviceGetProcessUtilization; null: NVML gave none)"
+    ]
+
+
+class GpuActivity(TypedDict):
+    """What the GPU's SMs and memory did, from NVML's GPU performance monitoring (GPM, Hopper and
+    later), over the intervals between detailed samples (about a second each). Unlike
+    `sm_utilization_percent` (a kernel ran at all), these tell a starved GPU from a busy one."""
+
+    sm_active_percent: Annotated[MeanMax | None, "SMs busy, of all SMs"]
+    sm_occupancy_percent: Annotated[MeanMax | None, "warps resident, of the most the SMs can hold"]
+    tensor_active_percent: Annotated[MeanMax | None, "SM cycles with any tensor pipe busy"]
+    dram_bandwidth_percent: Annotated[MeanMax | None, "DRAM bandwidth used, of its peak"]
+
+
+class NvLinkRow(TypedDict):
+    """One NVLink of a GPU over the run, from the driver's counters (`nvidia-smi nvlink -gt d`, `-e`)."""
+
+    link: Annotated[int, "its number"]
+    active: Annotated[bool, "up at the last detailed sample"]
+    down_share: Annotated[float | None, "of the detailed samples, those in which it was down"]
+    tx_bytes: Annotated[int | None, "payload bytes it sent over the run (null: not counted)"]
+    rx_bytes: Annotated[int | None, "and received"]
+    tx_bytes_per_second: Annotated[MeanMax | None, "sent per second, and the busiest interval"]
+    rx_bytes_per_second: Annotated[MeanMax | None, "received per second"]
+    crc_errors: Annotated[int | None, "CRC errors (flit and data) over the run"]
+    replay_errors: Annotated[int | None, "replays over the run"]
+    recovery_errors: Annotated[int | None, "link recoveries over the run"]
+    counter_resets: Annotated[int, "times its byte counters went down (a driver reload): counted from zero"]
+
+
+class RemappedRowsRow(TypedDict):
+    """HBM row remapping at the last detailed sample (Ampere and later), over the GPU's life."""
+
+    correctable: Annotated[int, "rows remapped for correctable errors"]
+    uncorrectable: Annotated[int, "rows remapped for uncorrectable errors: drain the node and reset the GPU"]
+    pending: Annotated[bool, "a remapping waits for the next GPU reset"]
+    failed: Annotated[bool, "a remapping failed: no spare row was left (replace the GPU)"]
+
+
+class MigInstanceRow(TypedDict):
+    """A MIG instance of the GPU at the last detailed sample: its own device."""
+
+    slot: Annotated[int, "its index among the GPU's MIG devices"]
+    uuid: Annotated[str, "its UUID (MIG-...)"]
+    gpu_instance_id: Annotated[int | None, "its GPU instance"]
+    compute_instance_id: Annotated[int | None, "its compute instance"]
+    memory_used_bytes: Annotated[int | None, "its memory in use"]
+    memory_total_bytes: Annotated[int | None, "its memory in all"]
+    pids: Annotated[list[int], "the processes on it"]
 
 
 class GpuRow(TypedDict):
@@ -505,6 +557,16 @@ class GpuRow(TypedDict):
     ]
     xids: Annotated[list[int], "XID errors raised during the run, in order"]
     processes: Annotated[list[GpuProcess], "the traced processes on this GPU"]
+    gpm: Annotated[
+        bool | None,
+        "the GPU has GPM (Hopper and later): true, `activity` is measured; false: it is not (never zeros); "
+        "null: not read",
+    ]
+    activity: Annotated[GpuActivity | None, "SM, tensor and DRAM activity (null: no GPM)"]
+    nvlinks: Annotated[list[NvLinkRow], "its NVLinks (empty: none)"]
+    remapped_rows: Annotated[RemappedRowsRow | None, "HBM row remapping (null: not supported or not read)"]
+    mig_enabled: Annotated[bool | None, "MIG mode is on (null: MIG not supported)"]
+    mig_instances: Annotated[list[MigInstanceRow], "its MIG instances at the last detailed sample"]
 
 
 class NamespaceRow(TypedDict):
@@ -634,7 +696,10 @@ class Host(TypedDict):
 class Finding(TypedDict):
     """A problem memtrace found in a process, with the evidence and the fix."""
 
-    code: Annotated[str, "`pageable_h2d`, `sync_wait`, `device_memory_growth` or `overhead_budget_exceeded`"]
+    code: Annotated[
+        str,
+        "`pageable_h2d`, `sync_wait`, `device_memory_growth`, `overhead_budget_exceeded` or `gpu_memory_uncorrectable`",
+    ]
     pid: Annotated[int, _PID]
     start_time_unix_nano: Annotated[int, _START]
     process: Annotated[str, _PROCESS]
@@ -678,7 +743,8 @@ class Diagnosis(TypedDict):
     cause: Annotated[
         str,
         "`cpu_interference`, `nic_contention`, `pcie_contention`, `gpu_throttling`, `host_memory_pressure`, "
-        "`input_starvation`, `straggler`, `ambiguous` (two fit: see `evidence.candidates`) or `unknown`",
+        "`input_starvation`, `straggler`, `nvlink_contention`, `ambiguous` (two fit: see `evidence.candidates`) "
+        "or `unknown`",
     ]
     pid: Annotated[int, _PID]
     start_time_unix_nano: Annotated[int, _START]

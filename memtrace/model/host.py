@@ -106,6 +106,23 @@ class ByteCounter:
         return self.bytes / self.seconds, self.most
 
 
+NVLINK_ERRORS = ("crc_errors", "replay_errors", "recovery_errors")
+
+
+@dataclass
+class NvLinkSeries:
+    """One NVLink over the run: its bytes (exact, from the driver's counters), the increase of each
+    error counter, and how often it was down."""
+
+    link: int
+    tx: ByteCounter = field(default_factory=ByteCounter)
+    rx: ByteCounter = field(default_factory=ByteCounter)
+    errors: dict[str, int] = field(default_factory=dict)  # NVLINK_ERRORS -> increase (absent: not counted)
+    samples: int = 0
+    down_samples: int = 0
+    active: bool = True  # at the last detailed sample
+
+
 @dataclass
 class GpuSeries:
     index: int
@@ -135,6 +152,15 @@ class GpuSeries:
     narrowest: tuple[int, int] | None = None  # (generation, width) at the lowest width seen
     xids: list[int] = field(default_factory=list)
     processes: dict[int, int | None] = field(default_factory=dict)  # pid -> GPU memory at its last sample
+    # GPM activity over the detailed samples' intervals (percent); gpm_supported from the last one.
+    sm_active: Series = field(default_factory=Series)
+    sm_occupancy: Series = field(default_factory=Series)
+    tensor_active: Series = field(default_factory=Series)
+    dram_bandwidth: Series = field(default_factory=Series)
+    gpm_supported: bool | None = None
+    nvlinks: dict[int, NvLinkSeries] = field(default_factory=dict)
+    mig: dict[int, str] = field(default_factory=dict)  # pid -> the MIG instance it was last seen on
+    process_sm: dict[int, Series] = field(default_factory=dict)  # pid -> its SM share (percent)
 
     def add(self, s: GpuSample) -> None:
         self.samples += 1
@@ -180,6 +206,37 @@ class GpuSeries:
                 self.narrowest = (s.link_generation, s.link_width)
         for p in s.processes:
             self.processes[p.pid] = p.used_memory_bytes
+            if p.mig_uuid is not None:
+                self.mig[p.pid] = p.mig_uuid
+        if s.gpm_supported is not None:
+            self.gpm_supported = s.gpm_supported
+        self.sm_active.add(s.sm_active_percent)
+        self.sm_occupancy.add(s.sm_occupancy_percent)
+        self.tensor_active.add(s.tensor_active_percent)
+        self.dram_bandwidth.add(s.dram_bandwidth_percent)
+        for u in s.process_utilization:
+            self.process_sm.setdefault(u.pid, Series()).add(u.sm_percent)
+        self._add_links(prev, s)
+
+    def _add_links(self, prev: GpuSample | None, s: GpuSample) -> None:
+        earlier = {link.link: link for link in prev.nvlinks} if prev is not None else {}
+        seconds = 0.0 if prev is None else (s.time_ns - prev.time_ns) / 1e9
+        for link in s.nvlinks:
+            ls = self.nvlinks.get(link.link)
+            if ls is None:
+                ls = self.nvlinks[link.link] = NvLinkSeries(link.link)
+            ls.samples += 1
+            ls.down_samples += not link.active
+            ls.active = link.active
+            b = earlier.get(link.link)
+            if b is None:
+                continue
+            ls.tx.add(b.tx_bytes, link.tx_bytes, seconds)
+            ls.rx.add(b.rx_bytes, link.rx_bytes, seconds)
+            for name in NVLINK_ERRORS:
+                d, _ = counter_delta(getattr(b, name), getattr(link, name))
+                if d is not None:
+                    ls.errors[name] = ls.errors.get(name, 0) + d
 
     def delta(self, name: str) -> int | None:
         """A cumulative counter's increase between the first and last detailed samples

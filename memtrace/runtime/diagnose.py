@@ -265,6 +265,13 @@ class LiveDiagnosis:
             pcie = g.pcie_tx_count.bytes + g.pcie_rx_count.bytes
             pcie_before = self._prev_pcie.get(g.uuid)
             self._prev_pcie[g.uuid] = pcie
+            # Its NVLinks' bytes and errors since the previous window (kept beside its PCIe bytes).
+            nv_bytes = sum(link.tx.bytes + link.rx.bytes for link in g.nvlinks.values())
+            nv_errors = sum(sum(link.errors.values()) for link in g.nvlinks.values())
+            nv_before = self._prev_pcie.get(f"nvlink:{g.uuid}")
+            nv_errors_before = self._prev_pcie.get(f"nvlink-errors:{g.uuid}")
+            self._prev_pcie[f"nvlink:{g.uuid}"], self._prev_pcie[f"nvlink-errors:{g.uuid}"] = nv_bytes, nv_errors
+            counted = any(link.tx.seconds or link.rx.seconds for link in g.nvlinks.values())
             out.append(
                 GpuWindow(
                     index=g.index,
@@ -278,6 +285,9 @@ class LiveDiagnosis:
                     max_link_generation=last.max_link_generation if last else None,
                     pcie_bytes=pcie - pcie_before if pcie_before is not None and g.pcie_counted else None,
                     pids=tuple(g.processes),
+                    nvlink_bytes=nv_bytes - nv_before if nv_before is not None and counted else None,
+                    nvlinks_down=last.nvlinks_down if last else 0,
+                    nvlink_errors=nv_errors - nv_errors_before if nv_errors_before is not None and g.nvlinks else None,
                 )
             )
         return out

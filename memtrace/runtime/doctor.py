@@ -269,7 +269,8 @@ def check_cuda() -> Check:
 
 
 def check_nvml() -> Check:
-    """GPU signals (PCIe, utilisation, throttling, ECC, XIDs) come from NVML; copy tracing does not need it."""
+    """GPU signals (PCIe, utilisation, throttling, ECC, XIDs, GPM activity, NVLink) come from NVML; copy
+    tracing does not need it."""
     from memtrace.sources.nvml import NvmlSource, NvmlUnavailable
 
     try:
@@ -285,7 +286,19 @@ def check_nvml() -> Check:
             pcie = f"; PCIe bytes from driver counters on {counted} of {n} GPUs, NVML 20 ms estimates on the rest"
         elif n:
             pcie = "; PCIe throughput as NVML 20 ms estimates (exact byte counters need driver 555 or later)"
-        return Check("NVML", True, f"driver {source.driver_version}, {n} GPU{'' if n == 1 else 's'}{pcie}")
+        gpm = source.gpm_gpus
+        if n and gpm == n:
+            activity = "; SM, tensor and DRAM activity from GPM"
+        elif n and gpm:
+            activity = f"; SM, tensor and DRAM activity from GPM on {gpm} of {n} GPUs (the rest are older than Hopper)"
+        elif n:
+            activity = "; no GPM (GPUs older than Hopper): SM, tensor and DRAM activity are not measured"
+        else:
+            activity = ""
+        links = source.nvlink_count
+        nvlink = f"; {links} NVLink{'' if links == 1 else 's'}" if links else ""
+        detail = f"driver {source.driver_version}, {n} GPU{'' if n == 1 else 's'}{pcie}{activity}{nvlink}"
+        return Check("NVML", True, detail)
     finally:
         source.close()
 

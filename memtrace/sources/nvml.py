@@ -1,4 +1,6 @@
-"""GPUs through NVML (nvidia-ml-py's pynvml): PCIe, utilisation, memory, power, throttling, ECC, XIDs, processes.
+"""GPUs through NVML (nvidia-ml-py's pynvml): PCIe, utilisation, memory, power, throttling, ECC, XIDs, processes,
+and the GPU's own side without DCGM: compute activity (GPM), NVLink, remapped rows, MIG instances and
+per-process utilisation.
 
 The runtime opens the source once and calls `poll()` at its sampling rate
 from one thread. Without an NVIDIA driver (no libnvidia-ml.so.1) the source is
@@ -6,6 +8,13 @@ off: `open()` returns None and says why. A reading NVML does not support on a
 GPU is None. A GPU that falls off the bus is reported `lost` (and counted in
 `lost_count`) instead of raising; it is probed again at each sample and
 reported normally if NVML answers again.
+
+GPM (GPU performance monitoring, Hopper and later) is sampled at each detailed
+sample (about once a second): the activity between this sample and the
+previous one. A GPU without GPM says so (`gpm_supported` False) and its
+activity is None, never 0. NVLinks are found once, at connect (the links whose
+state NVML answers); each detailed sample reads their state, byte counters
+and error counters.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from memtrace.core.errors import MemtraceError
-from memtrace.core.gpu import GpuProcess, GpuSample
+from memtrace.core.gpu import GpuProcess, GpuSample, MigInstance, NvLink, ProcessUtilization, RemappedRows
 from memtrace.sources.fastsample import FastSampler, FastWindow, GpuFast
 
 T = TypeVar("T")
@@ -29,7 +38,9 @@ _GPU_IS_LOST = 15
 _RESET_REQUIRED = 16
 _GPU_NOT_FOUND = 28
 LOST_ERRORS = frozenset({_GPU_IS_LOST, _RESET_REQUIRED, _GPU_NOT_FOUND})
+_INVALID_ARGUMENT = 2
 _NOT_SUPPORTED = 3
+_NOT_FOUND = 6
 _FUNCTION_NOT_FOUND = 13
 _TIMEOUT = 10
 _XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
@@ -39,6 +50,19 @@ PCIE_COUNTER_FIELDS = (197, 198)
 _VALUE_UNSIGNED_LONG_LONG = 3  # nvmlValueType_t: the counters' type; any other is not trusted
 _VALUE_SIGNED_LONG_LONG = 4
 MAX_XIDS_PER_SAMPLE = 256  # a storm of XIDs must not stall a sample
+# NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and _RX: a link's payload bytes (in KiB) since the driver
+# loaded, the link as scopeId. The older nvmlDeviceGetNvLinkUtilizationCounter is deprecated and not
+# counted on Hopper; these are what `nvidia-smi nvlink -gt d` reads.
+NVLINK_DATA_FIELDS = (138, 139)
+# GPM metrics (nvmlGpmMetricId_t): SM activity, SM occupancy, any-tensor-pipe activity, DRAM bandwidth.
+GPM_METRICS = {
+    2: "sm_active_percent",  # NVML_GPM_METRIC_SM_UTIL: SMs busy
+    3: "sm_occupancy_percent",  # NVML_GPM_METRIC_SM_OCCUPANCY: warps resident of the most possible
+    5: "tensor_active_percent",  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    10: "dram_bandwidth_percent",  # NVML_GPM_METRIC_DRAM_BW_UTIL
+}
+# nvmlNvLinkErrorCounter_t: DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA.
+_NVLINK_REPLAY, _NVLINK_RECOVERY, _NVLINK_CRC_FLIT, _NVLINK_CRC_DATA = 0, 1, 2, 3
 
 
 class NvmlUnavailable(MemtraceError):
@@ -63,6 +87,11 @@ class _Gpu:
     # The driver counts this GPU's PCIe bytes (PCIE_COUNTER_FIELDS): read those, exact between two
     # samples, instead of nvmlDeviceGetPcieThroughput's 20 ms window (which also blocks 20 ms a call).
     pcie_counters: bool = False
+    gpm: bool = False  # the GPU has GPM (nvmlGpmQueryDeviceSupport)
+    gpm_samples: list[Any] | None = None  # [previous, next]: two GPM sample buffers, allocated once
+    gpm_ready: bool = False  # the previous buffer holds a sample of this GPU
+    links: tuple[int, ...] = ()  # its NVLinks
+    util_seen: int = 0  # the newest per-process utilisation sample read (microseconds since 1970)
 
 
 def _text(value: bytes | str) -> str:
@@ -85,6 +114,29 @@ def _pcie_counters_work(nvml: Any, handle: Any) -> bool:
     except (nvml.NVMLError, AttributeError):  # an older driver (function not found) or nvidia-ml-py
         return False
     return all(v.nvmlReturn == 0 and _field_count(v) is not None for v in values)
+
+
+def _gpm_supported(nvml: Any, handle: Any) -> bool:
+    try:
+        return bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    except (nvml.NVMLError, AttributeError):  # a driver older than 520, or an older nvidia-ml-py
+        return False
+
+
+def _nvlinks(nvml: Any, handle: Any) -> tuple[int, ...]:
+    """The links whose state NVML answers (up or down): the GPU's NVLinks."""
+    links = []
+    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except nvml.NVMLError as e:
+            if e.value == _INVALID_ARGUMENT:
+                break  # past the most links this driver knows
+            continue
+        except AttributeError:
+            break
+        links.append(link)
+    return tuple(links)
 
 
 def _handle_address(handle: Any) -> int | None:
@@ -197,6 +249,8 @@ class NvmlSource:
             max_link_width=static(nvml.nvmlDeviceGetMaxPcieLinkWidth),
             address=_handle_address(handle),
             pcie_counters=_pcie_counters_work(nvml, handle),
+            gpm=_gpm_supported(nvml, handle),
+            links=_nvlinks(nvml, handle),
         )
 
     @staticmethod
@@ -217,6 +271,13 @@ class NvmlSource:
             if self._closed:
                 return
             self._closed = True
+            for g in self._gpus:
+                for buf in g.gpm_samples or ():
+                    try:
+                        self._nvml.nvmlGpmSampleFree(buf)
+                    except self._nvml.NVMLError:
+                        pass
+                g.gpm_samples = None
             try:
                 if self._events is not None:
                     self._nvml.nvmlEventSetFree(self._events)
@@ -238,6 +299,16 @@ class NvmlSource:
     @property
     def gpu_count(self) -> int:
         return len(self._gpus)
+
+    @property
+    def gpm_gpus(self) -> int:
+        """GPUs with GPU performance monitoring (SM, tensor and DRAM activity): Hopper and later."""
+        return sum(g.gpm for g in self._gpus)
+
+    @property
+    def nvlink_count(self) -> int:
+        """NVLinks over all GPUs."""
+        return sum(len(g.links) for g in self._gpus)
 
     @property
     def pcie_counted_gpus(self) -> int:
@@ -388,6 +459,7 @@ class NvmlSource:
             if detail:
                 self._detail(g, base, estimate)
         except _Lost:
+            g.gpm_ready = False  # the next GPM sample starts a new interval
             if not g.lost:
                 g.lost = True
                 self.lost_count += 1
@@ -433,15 +505,142 @@ class NvmlSource:
             power_milliwatts=self._read("power", nvml.nvmlDeviceGetPowerUsage, h),
             ecc_corrected_volatile=corrected,
             ecc_uncorrected_volatile=uncorrected,
-            processes=tuple(
-                GpuProcess(
-                    pid=int(p.pid),
-                    gpu_index=g.index,
-                    gpu_uuid=g.uuid,
-                    used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+        )
+        self._gpm(g, out)
+        out["nvlinks"] = tuple(self._nvlink(h, link) for link in g.links)
+        rows = self._read("remapped rows", nvml.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            out["remapped_rows"] = RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3]))
+        mode = self._read("mig mode", nvml.nvmlDeviceGetMigMode, h)
+        instances: tuple[MigInstance, ...] = ()
+        if mode is not None:
+            out["mig_enabled"] = bool(mode[0])
+            if mode[0]:
+                instances = self._mig_instances(g)
+        out["mig_instances"] = instances
+        out["processes"] = _attributed(g, procs or (), instances)
+        out["process_utilization"] = self._process_utilization(g)
+
+    def _gpm(self, g: _Gpu, out: dict[str, Any]) -> None:
+        """GPM activity between the previous detailed sample and this one, into out."""
+        out["gpm_supported"] = g.gpm
+        if not g.gpm:
+            return
+        nvml = self._nvml
+        if g.gpm_samples is None:
+            try:
+                g.gpm_samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+            except nvml.NVMLError as e:
+                self.errors[f"gpm: {e}"] += 1
+                return
+        previous, current = g.gpm_samples
+        if self._read("gpm sample", nvml.nvmlGpmSampleGet, g.handle, current) is None:
+            g.gpm_ready = False
+            return
+        if g.gpm_ready:
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1, request.sample2 = previous, current
+            for i, metric in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = metric
+            if self._read("gpm metrics", nvml.nvmlGpmMetricsGet, request) is not None:
+                for i, name in enumerate(GPM_METRICS.values()):
+                    m = request.metrics[i]
+                    if m.nvmlReturn == 0:
+                        out[name] = float(m.value)
+                    elif m.nvmlReturn != _NOT_SUPPORTED:
+                        self.errors[f"gpm {name}: {nvml.NVMLError(m.nvmlReturn)}"] += 1
+        g.gpm_samples = [current, previous]
+        g.gpm_ready = True
+
+    def _nvlink(self, h: Any, link: int) -> NvLink:
+        nvml = self._nvml
+        state = self._read("nvlink state", nvml.nvmlDeviceGetNvLinkState, h, link)
+
+        def errors(name: str, counter: int) -> int | None:
+            v = self._read(f"nvlink {name} errors", nvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+            return None if v is None else int(v)
+
+        flit, data = errors("crc flit", _NVLINK_CRC_FLIT), errors("crc data", _NVLINK_CRC_DATA)
+        tx = rx = None
+        try:
+            values = nvml.nvmlDeviceGetFieldValues(h, [(f, link) for f in NVLINK_DATA_FIELDS])
+        except nvml.NVMLError as e:
+            if e.value in LOST_ERRORS:
+                raise _Lost from e
+            self.errors[f"nvlink bytes: {e}"] += 1
+        else:
+            counts = []
+            for v in values:
+                if v.nvmlReturn in LOST_ERRORS:
+                    raise _Lost
+                if v.nvmlReturn not in (0, _NOT_SUPPORTED):
+                    self.errors[f"nvlink bytes: {nvml.NVMLError(v.nvmlReturn)}"] += 1
+                count = _field_count(v) if v.nvmlReturn == 0 else None
+                counts.append(None if count is None else count * 1024)  # counted in KiB
+            tx, rx = counts
+        return NvLink(
+            link=link,
+            active=bool(state),
+            tx_bytes=tx,
+            rx_bytes=rx,
+            crc_errors=None if flit is None and data is None else (flit or 0) + (data or 0),
+            replay_errors=errors("replay", _NVLINK_REPLAY),
+            recovery_errors=errors("recovery", _NVLINK_RECOVERY),
+        )
+
+    def _mig_instances(self, g: _Gpu) -> tuple[MigInstance, ...]:
+        nvml = self._nvml
+        count = self._read("mig devices", nvml.nvmlDeviceGetMaxMigDeviceCount, g.handle) or 0
+        out = []
+        for slot in range(int(count)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, slot)
+            except nvml.NVMLError as e:
+                if e.value in LOST_ERRORS:
+                    raise _Lost from e
+                if e.value not in (_NOT_FOUND, _INVALID_ARGUMENT, _NOT_SUPPORTED):
+                    self.errors[f"mig device: {e}"] += 1
+                continue  # an empty slot
+            uuid = self._read("mig uuid", nvml.nvmlDeviceGetUUID, mig)
+            mig_uuid = _text(uuid) if uuid is not None else f"{g.uuid}/mig-{slot}"
+            gi = self._read("mig gpu instance", nvml.nvmlDeviceGetGpuInstanceId, mig)
+            ci = self._read("mig compute instance", nvml.nvmlDeviceGetComputeInstanceId, mig)
+            mem = self._read("mig memory", nvml.nvmlDeviceGetMemoryInfo, mig)
+            procs = self._read("mig processes", nvml.nvmlDeviceGetComputeRunningProcesses, mig) or ()
+            out.append(
+                MigInstance(
+                    slot=slot,
+                    uuid=mig_uuid,
+                    gpu_instance_id=None if gi is None else int(gi),
+                    compute_instance_id=None if ci is None else int(ci),
+                    memory_used_bytes=None if mem is None else int(mem.used),
+                    memory_total_bytes=None if mem is None else int(mem.total),
+                    processes=tuple(_process(p, g, mig_uuid) for p in procs),
                 )
-                for p in procs or ()
-            ),
+            )
+        return tuple(out)
+
+    def _process_utilization(self, g: _Gpu) -> tuple[ProcessUtilization, ...]:
+        """Each process's SM and memory utilisation in NVML's samples newer than the last read."""
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(g.handle, g.util_seen)
+        except nvml.NVMLError as e:
+            if e.value in LOST_ERRORS:
+                raise _Lost from e
+            if e.value not in (_NOT_FOUND, _NOT_SUPPORTED):  # not found: no sample since the last
+                self.errors[f"process utilization: {e}"] += 1
+            return ()
+        latest: dict[int, Any] = {}
+        for u in samples:
+            if u.pid not in latest or u.timeStamp >= latest[u.pid].timeStamp:
+                latest[int(u.pid)] = u
+            g.util_seen = max(g.util_seen, int(u.timeStamp))
+        return tuple(
+            ProcessUtilization(pid=pid, sm_percent=int(u.smUtil), memory_percent=int(u.memUtil))
+            for pid, u in sorted(latest.items())
         )
 
     def _drain_xids(self) -> dict[int, list[int]]:
@@ -466,6 +665,24 @@ class NvmlSource:
                 continue
             out.setdefault(index, []).append(int(data.eventData))
         return out
+
+
+def _process(p: Any, g: _Gpu, mig_uuid: str | None = None) -> GpuProcess:
+    return GpuProcess(
+        pid=int(p.pid),
+        gpu_index=g.index,
+        gpu_uuid=g.uuid,
+        used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+        mig_uuid=mig_uuid,
+    )
+
+
+def _attributed(g: _Gpu, procs: Any, instances: tuple[MigInstance, ...]) -> tuple[GpuProcess, ...]:
+    """The GPU's processes, each on the MIG instance that lists it (with that instance's count of
+    its memory), and the processes only an instance lists."""
+    on_mig: dict[int, GpuProcess | None] = {p.pid: p for m in instances for p in m.processes}
+    out = [on_mig.pop(int(p.pid), None) or _process(p, g) for p in procs]
+    return (*out, *(p for p in on_mig.values() if p is not None))
 
 
 def processes_by_pid(samples: list[GpuSample]) -> dict[int, list[GpuProcess]]:
