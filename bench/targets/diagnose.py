@@ -108,7 +108,9 @@ EXPECTED = {
 #   nic_late  nic_contention's, with the job entering its network namespace
 #             after `memtrace run` started it (`ip netns exec` under the agent,
 #             as container runtimes and nsenter do): memtrace must follow it
-CAUSE = {**EXPECTED, "nic_late": "nic_contention"}
+#   nic_setns the same, the job itself entering the namespace (setns) after
+#             its first steps, before its first exchange (a zoo job's ZOO_NETNS)
+CAUSE = {**EXPECTED, "nic_late": "nic_contention", "nic_setns": "nic_contention"}
 DATA_BYTES = 64 << 20  # memory_pressure: the job's data set, read whole each step
 MEMORY_LIMIT = 16 << 20  # and the limit it is moved under at onset
 LINK_RATE = 2 << 30  # the emulated link, bytes per second
@@ -174,6 +176,10 @@ class Job:
     def exchanging(self, n: int) -> None:
         """nic_contention: it sends n bytes to PEER each step."""
         self.argv += ["-n", str(n)]
+
+    def entering(self, netns: Path) -> None:
+        """nic_setns: it enters netns itself, after its first steps."""
+        raise SystemExit(f"nic_setns: {self.shape} cannot enter a namespace itself")
 
     def onset(self, began: float, at: float) -> None:
         """Sleep until the fault's onset: `at` seconds after the job began."""
@@ -424,9 +430,11 @@ def trial(
                 for _ in range(DATA_BYTES >> 20):
                     f.write(os.urandom(1 << 20))
         spec.reading(data)
-    if fault in ("nic_contention", "nic_late"):
+    if fault in ("nic_contention", "nic_late", "nic_setns"):
         net = NetPair()
         spec.exchanging(NET_BYTES)
+        if fault == "nic_setns":
+            spec.entering(Path("/run/netns") / net.a)
     job = spec.argv if fault != "nic_late" or net is None else net.in_a(spec.argv)
     t.job = "" if made is None else " ".join(Path(a).name if "/" in a else a for a in spec.argv)
     libs = str(nvml)
@@ -463,7 +471,7 @@ def trial(
     cmd += ["--", *argv]
     start = time.monotonic()
     log = open(LOGS / f"{fault}-{time.strftime('%H%M%S')}.log", "w") if LOGS else subprocess.DEVNULL
-    agent = subprocess.Popen(net.in_a(cmd) if net and fault != "nic_late" else cmd, env=env, stderr=log, cwd=REPO)
+    agent = subprocess.Popen(net.in_a(cmd) if net and fault == "nic_contention" else cmd, env=env, stderr=log, cwd=REPO)
     hog: subprocess.Popen[bytes] | None = None
     slowed: int | None = None
     quota: BenchCgroup | None = None
@@ -527,7 +535,7 @@ def trial(
         elif fault == "slow_rank":
             slowed = pid_with_env("TRAINJOB_CONTROL", str(tmp / "control0"), spec.comm)
             (tmp / "control0").write_text(f"gpu=1 loader={SLOW_LOADER}\n")
-        elif fault in ("nic_contention", "nic_late") and net is not None:
+        elif fault in ("nic_contention", "nic_late", "nic_setns") and net is not None:
             hog = subprocess.Popen(net.in_a(["taskset", "-c", "0", sys.executable, "-c", BULK]), start_new_session=True)
         agent.wait(timeout=seconds * 3 + 60)
     finally:
