@@ -660,13 +660,18 @@ def confusion(trials: list[Trial]) -> tuple[Matrix, list[str]]:
     return m, [*causes, "none"]
 
 
-def print_confusion(m: Matrix, rows: list[str], title: str = "confusion matrix") -> None:
+def print_confusion(
+    m: Matrix, rows: list[str], title: str = "confusion matrix", names: dict[str, str] | None = None
+) -> None:
+    """The matrix, each cause shown by its name in `names` where it has one (a short one: 80 columns)."""
     cols = list(next(iter(m.values())))
-    w = max(len(c) for c in cols) + 2
+    shown = {c: (names or {}).get(c, c) for c in cols}
+    w = max(len(shown[c]) for c in cols) + 2
+    left = max(len(shown[r]) for r in rows) + 1
     print(f"{title} (rows: injected, columns: diagnosed)")
-    print(" " * 20 + "".join(f"{c[: w - 1]:>{w}}" for c in cols))
+    print(" " * left + "".join(f"{shown[c]:>{w}}" for c in cols))
     for r in rows:
-        print(f"{r:20s}" + "".join(f"{m[r][c]:>{w}}" for c in cols))
+        print(f"{shown[r]:{left}s}" + "".join(f"{m[r][c]:>{w}}" for c in cols))
 
 
 def recall(m: Matrix, cause: str) -> float:
