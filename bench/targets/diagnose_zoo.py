@@ -246,6 +246,13 @@ def kept(path: Path) -> list[Trial]:
     ]
 
 
+SLOWED = 1.1  # a fault that slowed the job less (its own median step, diagnose.job_slowdown) may go unseen
+
+
+def slowed(t: Trial) -> bool:
+    return t.slowdown is not None and t.slowdown >= SLOWED
+
+
 def scored(t: Trial) -> Trial:
     """A healthy run as the matrices count it: diagnosed with its first
     false diagnosis, if any (diagnose.py's matrix counts it "none", and
@@ -274,9 +281,26 @@ def report(trials: list[Trial], rec: Record, what: str) -> None:
             Target(">=", 95),
             note=f"{len(mine)} trials",
         )
+        unslowed = [t for t in mine if t.fault != "none" and t.predicted != CAUSE[t.fault] and not slowed(t)]
+        if unslowed:
+            print(f"  missed, the job not slowed {SLOWED:g}x by its own clock: " + ", ".join(t.fault for t in unslowed))
     m, rows = diagnose.confusion(trials)
     print()
     diagnose.print_confusion(m, rows, f"all shapes: {len(trials)} trials", SHORT)
+    felt = [t for t in trials if t.fault == "none" or slowed(t)]
+    right = sum(t.predicted == CAUSE[t.fault] for t in felt)
+    print(
+        f"accuracy on the {len(felt)} trials healthy or whose job the fault slowed {SLOWED:g}x or more: "
+        f"{right / len(felt):.0%}"
+    )
+    add(
+        f"zoo diagnosis accuracy, all shapes, faults that slowed the job {SLOWED:g}x or more",
+        100 * right / len(felt),
+        "%",
+        ".0f",
+        Target(">=", 95),
+        note=f"{len(felt)} of {len(trials)} trials",
+    )
     print()
     for cause in rows[:-1]:
         r = diagnose.recall(m, cause)
