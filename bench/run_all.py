@@ -66,6 +66,14 @@ TARGETS = (
         ("--trials-per-fault", "2"),
         ("--trials-per-fault", "1", "--faults", "none,slow_loader", "--seconds", "6"),
     ),
+    # The same faults across the workload zoo's shapes (issue 39): about 30 minutes; run it in pieces
+    # with --shapes and --keep (its docstring).
+    Bench(
+        "diagnose_zoo",
+        "diagnose_zoo.py",
+        ("--healthy-seconds", "60"),
+        ("--shapes", "log,server", "--faults", "cpu_hog", "--seconds", "6"),
+    ),
     # CUDA's kind of entry (a push, emulated), as every CUDA entry point has.
     Bench(
         "overhead_budget",

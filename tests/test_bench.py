@@ -42,6 +42,7 @@ SMOKE = (
     "exit_time",
     "step_time",
     "diagnose",
+    "diagnose_zoo",
     "overhead_budget",
     "agent_cpu",
     "agent_cpu_host",

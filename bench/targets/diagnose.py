@@ -104,6 +104,13 @@ EXPECTED = {
     "slow_rank": "straggler",
     "none": "none",
 }
+# Faults run only when asked for (--faults): the zoo's (diagnose_zoo.py).
+#   nic_late  nic_contention's, with the job entering its network namespace
+#             after `memtrace run` started it (`ip netns exec` under the agent,
+#             as container runtimes and nsenter do): memtrace must follow it
+#   nic_setns the same, the job itself entering the namespace (setns) after
+#             its first steps, before its first exchange (a zoo job's ZOO_NETNS)
+CAUSE = {**EXPECTED, "nic_late": "nic_contention", "nic_setns": "nic_contention"}
 DATA_BYTES = 64 << 20  # memory_pressure: the job's data set, read whole each step
 MEMORY_LIMIT = 16 << 20  # and the limit it is moved under at onset
 LINK_RATE = 2 << 30  # the emulated link, bytes per second
@@ -150,13 +157,57 @@ def rank_shape(fc: Path) -> list[str]:
     ]
 
 
-def pid_with_env(name: str, value: str) -> int | None:
+@dataclass
+class Job:
+    """A trial's job: trainjob at job_shape here; the zoo's shapes in
+    diagnose_zoo.py (which hooks its faults through ZOO_ variables instead
+    of flags, and may choose its own onset)."""
+
+    comm: str  # its process's name (one trial runs at a time)
+    argv: list[str]  # pinned to CPU
+    rank: list[str] | None = None  # one rank of slow_rank's job (pinned to no CPU); None: it has none
+    env: dict[str, str] = field(default_factory=dict)  # added to its environment
+    shape: str = "trainjob"
+
+    def reading(self, data: Path) -> None:
+        """memory_pressure: it reads the data set each step."""
+        self.argv += ["-d", str(data)]
+
+    def exchanging(self, n: int) -> None:
+        """nic_contention: it sends n bytes to PEER each step."""
+        self.argv += ["-n", str(n)]
+
+    def entering(self, netns: Path) -> None:
+        """nic_setns: it enters netns itself, after its first steps."""
+        raise SystemExit(f"nic_setns: {self.shape} cannot enter a namespace itself")
+
+    def onset(self, began: float, at: float) -> None:
+        """Sleep until the fault's onset: `at` seconds after the job began."""
+        time.sleep(max(0.0, began + at - time.monotonic()))
+
+    def main(self, truth: list[dict]) -> dict:
+        """The job's truth line among the copier's (competing_copier): it started first."""
+        return min(truth, key=lambda x: x["start_ns"])
+
+    def ends(self, line: dict) -> list[int]:
+        return list(line["step_end_ns"])
+
+    def slowdown(self, line: dict, onset_mono_ns: int) -> float | None:
+        return job_slowdown(self.ends(line), onset_mono_ns)
+
+
+def trainjob(fc: Path, seconds: float) -> Job:
+    rank = [str(fc / "trainjob"), "-t", str(seconds), *rank_shape(fc)]
+    return Job("trainjob", ["taskset", "-c", CPU, str(fc / "trainjob"), "-t", str(seconds), *job_shape(fc)], rank)
+
+
+def pid_with_env(name: str, value: str, comm: str = "trainjob") -> int | None:
     """The process whose environment has name=value (one trial runs at a time)."""
     want = f"{name}={value}".encode()
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if (d / "comm").read_text().strip() == "trainjob" and want in (d / "environ").read_bytes().split(b"\0"):
+                if (d / "comm").read_text().strip() == comm and want in (d / "environ").read_bytes().split(b"\0"):
                     return int(d.name)
             except OSError:
                 continue
@@ -195,6 +246,8 @@ def set_link(path: Path, rate: int) -> None:
 @dataclass
 class Trial:
     fault: str
+    shape: str = "trainjob"
+    job: str = ""  # the job's command (its parameters), where not trainjob's
     onset_ns: int = 0
     onset_mono_ns: int = 0  # CLOCK_MONOTONIC, the job's step clock
     slowdown: float | None = None  # the job's own median step after the onset (1 s on) over before it
@@ -331,30 +384,33 @@ class NetPair:
             subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
-def job_started(agent: subprocess.Popen[bytes], deadline: float) -> float:
-    """When a trainjob process under the agent first ran (used CPU time)."""
+def job_started(agent: subprocess.Popen[bytes], deadline: float, comm: str = "trainjob") -> float:
+    """When the job's process under the agent first ran (used CPU time)."""
     while time.monotonic() < deadline and agent.poll() is None:
-        pid = job_pid()
+        pid = job_pid(comm)
         if pid is not None and (harness.process_cpu_seconds(pid) or 0) > 0:
             return time.monotonic()
         time.sleep(0.01)
     return time.monotonic()
 
 
-def job_pid() -> int | None:
-    """The trainjob process under `memtrace run` (one trial runs at a time)."""
+def job_pid(comm: str = "trainjob") -> int | None:
+    """The job's process under `memtrace run` (one trial runs at a time)."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            if (d / "comm").read_text().strip() == "trainjob":
+            if (d / "comm").read_text().strip() == comm:
                 return int(d.name)
         except OSError:
             continue
     return None
 
 
-def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: random.Random) -> Trial:
+def trial(
+    fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: random.Random, made: Job | None = None
+) -> Trial:
+    """One trial of `fault` on trainjob, or on the job `made`."""
     t = Trial(fault)
     link = tmp / "pcie"
     link.write_bytes((0).to_bytes(8, "little") + LINK_RATE.to_bytes(8, "little") + bytes(16))  # and its counts
@@ -364,7 +420,8 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     write_atomic(script, nvml_script(link))
     out = tmp / "summary.json"
     at = rnd.uniform(0.35, 0.65) * seconds
-    job = ["taskset", "-c", CPU, str(fc / "trainjob"), "-t", str(seconds), *job_shape(fc)]
+    spec = made or trainjob(fc, seconds)
+    t.shape = spec.shape
     net: NetPair | None = None
     data = tmp / "dataset"
     if fault == "memory_pressure":
@@ -372,10 +429,14 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
             with open(data, "wb") as f:  # on tmp's filesystem: a disk, not tmpfs (its pages could not be reclaimed)
                 for _ in range(DATA_BYTES >> 20):
                     f.write(os.urandom(1 << 20))
-        job += ["-d", str(data)]
-    if fault == "nic_contention":
+        spec.reading(data)
+    if fault in ("nic_contention", "nic_late", "nic_setns"):
         net = NetPair()
-        job += ["-n", str(NET_BYTES)]
+        spec.exchanging(NET_BYTES)
+        if fault == "nic_setns":
+            spec.entering(Path("/run/netns") / net.a)
+    job = spec.argv if fault != "nic_late" or net is None else net.in_a(spec.argv)
+    t.job = "" if made is None else " ".join(Path(a).name if "/" in a else a for a in spec.argv)
     libs = str(nvml)
     if fault == "competing_copier":
         copier = f"{fc / 'trainjob'} -t {seconds} -L 0 -w 0 -k 0 -c 16 -b 8388608"
@@ -383,10 +444,12 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     elif fault == "slow_rank":
         (tmp / "barrier").write_bytes(bytes(8))
         ranks = []
+        if spec.rank is None:
+            raise SystemExit(f"slow_rank: {spec.shape} has no data-parallel job")
         for r in range(RANKS):
             (tmp / f"control{r}").write_text("gpu=1 loader=1\n")
-            rank = ["env", f"TRAINJOB_CONTROL={tmp / f'control{r}'}", str(fc / "trainjob"), "-t", str(seconds)]
-            ranks.append(" ".join([*rank, *rank_shape(fc)]) + " &")
+            ctl = tmp / f"control{r}"
+            ranks.append(" ".join(["env", f"TRAINJOB_CONTROL={ctl}", f"ZOO_CONTROL={ctl}", *spec.rank]) + " &")
         argv = ["sh", "-c", " ".join(ranks) + " wait"]
         libs += f":{fc / 'nccl'}"
     else:
@@ -401,13 +464,14 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         FAKE_NVML_SCRIPT=str(script),
         WORKLOAD_TRUTH=str(tmp / "truth.jsonl"),
         TRAINJOB_PEER=PEER,
+        **spec.env,
     )
     cmd = ["taskset", "-c", "0", sys.executable, "-m", "memtrace", "run", "--format", "json", "-o", str(out)]
     cmd += ["-v"] if LOGS else []  # each window's step time and baseline in the log
     cmd += ["--", *argv]
     start = time.monotonic()
     log = open(LOGS / f"{fault}-{time.strftime('%H%M%S')}.log", "w") if LOGS else subprocess.DEVNULL
-    agent = subprocess.Popen(net.in_a(cmd) if net else cmd, env=env, stderr=log, cwd=REPO)
+    agent = subprocess.Popen(net.in_a(cmd) if net and fault == "nic_contention" else cmd, env=env, stderr=log, cwd=REPO)
     hog: subprocess.Popen[bytes] | None = None
     slowed: int | None = None
     quota: BenchCgroup | None = None
@@ -436,9 +500,9 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         # From the job's start, not the agent's: the agent takes a second or
         # so to load and attach, and a fault before the engine's baseline
         # (MIN_BASELINE windows) would be learnt as the job's normal.
-        began = job_started(agent, start + 30)
+        began = job_started(agent, start + 30, spec.comm)
         settle_at[:] = [began + SETTLED_S, began + seconds - ENDING_S]
-        time.sleep(max(0.0, began + at - time.monotonic()))
+        spec.onset(began, at)
         t.onset_ns = time.time_ns()
         t.onset_mono_ns = time.monotonic_ns()
         if fault == "cpu_hog":
@@ -446,12 +510,12 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
                 ["taskset", "-c", CPU, "sh", "-c", "while :; do :; done & while :; do :; done"], start_new_session=True
             )
         elif fault == "cpu_quota":
-            pid = job_pid()
+            pid = job_pid(spec.comm)
             if pid is not None:
                 quota = cpu_quota_cgroup()
                 quota.add(pid)
         elif fault == "memory_pressure":
-            pid = job_pid()
+            pid = job_pid(spec.comm)
             if pid is not None:
                 quota = memory_cgroup()
                 quota.add(pid)
@@ -469,9 +533,9 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
         elif fault == "slow_loader":
             control.write_text("gpu=1 loader=4\n")
         elif fault == "slow_rank":
-            slowed = pid_with_env("TRAINJOB_CONTROL", str(tmp / "control0"))
+            slowed = pid_with_env("TRAINJOB_CONTROL", str(tmp / "control0"), spec.comm)
             (tmp / "control0").write_text(f"gpu=1 loader={SLOW_LOADER}\n")
-        elif fault == "nic_contention" and net is not None:
+        elif fault in ("nic_contention", "nic_late", "nic_setns") and net is not None:
             hog = subprocess.Popen(net.in_a(["taskset", "-c", "0", sys.executable, "-c", BULK]), start_new_session=True)
         agent.wait(timeout=seconds * 3 + 60)
     finally:
@@ -503,15 +567,15 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     pids = {x["pid"] for x in truth}
     job_pids = set(pids)
     if fault == "competing_copier":
-        job_pids = {min(truth, key=lambda x: x["start_ns"])["pid"]}  # the job started first; the copier at onset
+        job_pids = {spec.main(truth)["pid"]}  # not the copier started at onset
     if fault == "slow_rank":
         job_pids = {slowed} if slowed is not None else set()
         if not job_pids:
             raise SystemExit("slow_rank: the rank to slow was not found")
     job_truth = next(x for x in truth if x["pid"] in job_pids)
-    t.slowdown = job_slowdown(job_truth, t.onset_mono_ns)
+    t.slowdown = spec.slowdown(job_truth, t.onset_mono_ns)
     if fault == "none":
-        t.spread = window_spread(job_truth)
+        t.spread = window_spread(spec.ends(job_truth))
     for d in doc.get("diagnoses", []):
         if d["pid"] not in pids:
             continue
@@ -528,11 +592,10 @@ def trial(fault: str, fc: Path, nvml: Path, tmp: Path, seconds: float, rnd: rand
     return t
 
 
-def window_spread(truth: dict, window_ns: int = 500_000_000) -> float | None:
+def window_spread(ends: list[int], window_ns: int = 500_000_000) -> float | None:
     """A healthy job's noise as the engine sees it: its largest mean step
     over a half-second window (the engine's) against the median of those
     means, from its third window on (the engine has no baseline before)."""
-    ends = truth["step_end_ns"]
     means: dict[int, list[int]] = {}
     for a, b in zip(ends, ends[1:], strict=False):
         means.setdefault((b - ends[0]) // window_ns, []).append(b - a)
@@ -540,11 +603,10 @@ def window_spread(truth: dict, window_ns: int = 500_000_000) -> float | None:
     return max(ms) / statistics.median(ms) if len(ms) > 2 else None
 
 
-def job_slowdown(truth: dict, onset_mono_ns: int) -> float | None:
+def job_slowdown(ends: list[int], onset_mono_ns: int) -> float | None:
     """What the fault did to the job, by its own clock: its median step from
     a second after the onset over its median step before it (so a miss can
     be told from a fault that did not slow the job)."""
-    ends = truth["step_end_ns"]
     before = [b - a for a, b in zip(ends, ends[1:], strict=False) if b < onset_mono_ns]
     after = [b - a for a, b in zip(ends, ends[1:], strict=False) if a > onset_mono_ns + 1_000_000_000]
     if not before or not after:
@@ -577,29 +639,65 @@ def main() -> None:
                 + (f" job {t.slowdown:.2f}x" if t.slowdown is not None else "")
                 + (f" detected {t.detect_s:.2f} s after onset" if t.detect_s is not None else "")
                 + (f"; false: {t.false}" if t.false else "")
-                + (
-                    f"\n    evidence: {json.dumps(t.evidence)}" if t.evidence and t.predicted != EXPECTED[fault] else ""
-                ),
+                + (f"\n    evidence: {json.dumps(t.evidence)}" if t.evidence and t.predicted != CAUSE[fault] else ""),
                 flush=True,
             )
     report(trials, args, rec)
     rec.write()
 
 
-def report(trials: list[Trial], args: argparse.Namespace, rec: Record) -> None:
-    causes = sorted({EXPECTED[t.fault] for t in trials} - {"none"})
+Matrix = dict[str, dict[str, int]]
+
+
+def confusion(trials: list[Trial]) -> tuple[Matrix, list[str]]:
+    """Trials counted by the cause injected (rows) and the one diagnosed
+    (columns); and the causes injected, "none" last."""
+    causes = sorted({CAUSE[t.fault] for t in trials} - {"none"})
     cols = [*causes, *sorted({t.predicted for t in trials} - set(causes) - {"none"}), "none"]
-    rows = [*causes, "none"]
-    m = {r: dict.fromkeys(cols, 0) for r in rows}
+    m = {r: dict.fromkeys(cols, 0) for r in [*causes, "none"]}
     for t in trials:
-        m[EXPECTED[t.fault]][t.predicted if t.predicted in cols else "none"] += 1
+        m[CAUSE[t.fault]][t.predicted] += 1
+    return m, [*causes, "none"]
+
+
+def print_confusion(
+    m: Matrix, rows: list[str], title: str = "confusion matrix", names: dict[str, str] | None = None
+) -> None:
+    """The matrix, each cause shown by its name in `names` where it has one (a short one: 80 columns)."""
+    cols = list(next(iter(m.values())))
+    shown = {c: (names or {}).get(c, c) for c in cols}
+    w = max(len(shown[c]) for c in cols) + 2
+    left = max(len(shown[r]) for r in rows) + 1
+    print(f"{title} (rows: injected, columns: diagnosed)")
+    print(" " * left + "".join(f"{shown[c]:>{w}}" for c in cols))
+    for r in rows:
+        print(f"{shown[r]:{left}s}" + "".join(f"{m[r][c]:>{w}}" for c in cols))
+
+
+def recall(m: Matrix, cause: str) -> float:
+    n = sum(m[cause].values())
+    return m[cause][cause] / n if n else float("nan")
+
+
+def detection(trials: list[Trial]) -> tuple[list[float], list[float]]:
+    """The right diagnoses' detection after onset, and naming after detection, sorted."""
+    right = [t for t in trials if t.predicted == CAUSE[t.fault] and t.detect_s is not None]
+    return sorted(t.detect_s for t in right if t.detect_s is not None), sorted(
+        t.name_s for t in right if t.name_s is not None
+    )
+
+
+def p95(xs: list[float]) -> float:
+    """The 95th percentile of sorted xs (the nearest rank below)."""
+    return xs[min(len(xs) - 1, int(0.95 * len(xs)))]
+
+
+def report(trials: list[Trial], args: argparse.Namespace, rec: Record) -> None:
+    m, rows = confusion(trials)
+    causes = rows[:-1]
     print()
     print(f"machine: {harness.describe()}; {len(trials)} trials of {args.seconds:g} s, seed {args.seed}")
-    w = max(len(c) for c in cols) + 2
-    print("confusion matrix (rows: injected, columns: diagnosed)")
-    print(" " * 20 + "".join(f"{c[: w - 1]:>{w}}" for c in cols))
-    for r in rows:
-        print(f"{r:20s}" + "".join(f"{m[r][c]:>{w}}" for c in cols))
+    print_confusion(m, rows)
     print()
     correct = sum(m[r][r] for r in rows)
     print(f"accuracy: {correct}/{len(trials)} = {correct / len(trials):.0%}")
@@ -611,19 +709,17 @@ def report(trials: list[Trial], args: argparse.Namespace, rec: Record) -> None:
         fp = sum(m[r][c] for r in rows if r != c)
         fn = sum(v for k, v in m[c].items() if k != c)
         prec = tp / (tp + fp) if tp + fp else float("nan")
-        recall = tp / (tp + fn) if tp + fn else float("nan")
-        print(f"  {c:20s} precision {prec:.2f}  recall {recall:.2f}")
-        recalls.append((recall, c))
+        got = tp / (tp + fn) if tp + fn else float("nan")
+        print(f"  {c:20s} precision {prec:.2f}  recall {got:.2f}")
+        recalls.append((got, c))
     if recalls:
         lowest, cause = min(recalls)
         rec.add("diagnosis, lowest recall of a cause", lowest, "", ".2f", Target(">=", 0.9), note=cause)
-    det = sorted(t.detect_s for t in trials if t.detect_s is not None and t.predicted == EXPECTED[t.fault])
-    name = sorted(t.name_s for t in trials if t.name_s is not None and t.predicted == EXPECTED[t.fault])
+    det, name = detection(trials)
     if det:
-        p95 = det[min(len(det) - 1, int(0.95 * len(det)))]
-        print(f"detection after onset: p50 {statistics.median(det):.2f} s, p95 {p95:.2f} s")
+        print(f"detection after onset: p50 {statistics.median(det):.2f} s, p95 {p95(det):.2f} s")
         print(f"cause named after detection: p50 {statistics.median(name):.2f} s, max {max(name):.2f} s")
-        rec.add("diagnosis, detection after the fault's onset, p95", p95, "s", ".2f", Target("<=", 2))
+        rec.add("diagnosis, detection after the fault's onset, p95", p95(det), "s", ".2f", Target("<=", 2))
         rec.add("diagnosis, cause named after detection, max", max(name), "s", ".2f", Target("<=", 1))
     healthy = [t for t in trials if t.fault == "none"]
     spreads = [t.spread for t in healthy if t.spread is not None]
