@@ -189,7 +189,12 @@ def test_an_exec_and_a_cgroup_move_are_read_at_the_next_sample(tmp_path: Path, t
 
 
 def run_job(
-    fakecuda: Path, tmp_path: Path, prefix: list[str], seconds: float, during: Any = None
+    fakecuda: Path,
+    tmp_path: Path,
+    prefix: list[str],
+    seconds: float,
+    during: Any = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """`memtrace run --host-interval 0.1 -- PREFIX trainjob -t SECONDS`; during(pid) is called once the
     job runs. Returns the summary and the job's pid (its own truth)."""
@@ -197,7 +202,7 @@ def run_job(
     job = [str(fakecuda / "trainjob"), "-t", str(seconds), "-L", "300000", "-w", "150000", "-k", "500"]
     p = subprocess.Popen(
         [*memtrace_cmd(), "run", "--host-interval", "0.1", "--format", "json", "-o", str(out), "--", *prefix, *job],
-        env=dict(os.environ, WORKLOAD_TRUTH=str(truth)),
+        env=dict(os.environ, WORKLOAD_TRUTH=str(truth), **(env or {})),
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -295,3 +300,26 @@ def test_a_job_moved_between_cgroups_is_charged_to_each_from_its_move_on(
     assert quota is not None and quota["cgroup"] == "/" + b.name
     assert quota["throttled_seconds"] == pytest.approx(sum(s["cpu_quota_throttled_seconds"] for s in row["placements"]))
     assert (in_b["process"], in_b["executable"]) == ("trainjob", os.path.realpath(fakecuda / "trainjob"))
+
+
+@pytest.mark.bpf
+def test_a_process_that_execs_another_cuda_program_is_named_by_the_new_one(fakecuda: Path, tmp_path: Path) -> None:
+    """A launcher that touches CUDA, then execs the job (one process: its pid
+    and start stay): the CUDA model met it as the launcher, and from the exec
+    on its rows name the job, its executable and all."""
+    launcher = (
+        "import ctypes, os, sys, time\n"
+        f"rt = ctypes.CDLL({str(fakecuda / 'lib' / 'libcudart.so.13')!r})\n"
+        "p = ctypes.c_void_p()\n"
+        "assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)) == 0\n"
+        "time.sleep(0.5)\n"
+        "os.execv(sys.argv[1], sys.argv[1:])\n"
+    )
+    lib = {"LD_LIBRARY_PATH": str(fakecuda / "lib")}  # the test libcudart opens the test libcuda
+    doc, pid = run_job(fakecuda, tmp_path, [sys.executable, "-c", launcher], 1.0, env=lib)
+    job = os.path.realpath(fakecuda / "trainjob")
+    (proc,) = [p for p in doc["processes"] if p["pid"] == pid]
+    assert (proc["process"], proc["executable"]) == ("trainjob", job)
+    (span,) = spans_in_order(row_of(doc, pid))
+    assert (span["process"], span["executable"]) == ("trainjob", job)
+    assert row_of(doc, pid)["process"] == "trainjob"

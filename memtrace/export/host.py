@@ -129,6 +129,8 @@ def placement_rows(book: HostBook, key: ProcessKey) -> list[schema.Placement]:
     """The process's spans, each with what its cgroups counted during it: the
     next span's counters at its start (or the totals now) less its own."""
     spans = book.placements.get(key, [])
+    if not spans:  # never placed (a row made from readings alone)
+        return []
     q = book.quota_throttled_ns.get(key)
     ends: list[tuple[int | None, tuple[int, int], int | None]] = [
         (s.since_ns, s.throttled, s.limit_hits) for s in spans[1:]

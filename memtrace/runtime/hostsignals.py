@@ -58,7 +58,7 @@ from memtrace.core.errors import MemtraceError
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
 from memtrace.core.nccl import Collective
-from memtrace.core.notices import Collectives
+from memtrace.core.notices import Collectives, Execed
 from memtrace.core.procfiles import Candidate
 from memtrace.core.sensor import Sensor
 from memtrace.core.threads import thread
@@ -139,13 +139,15 @@ class HostSignals:
         processes: Callable[[], set[ProcessKey]] = set,
         *,
         collectives: Callable[[Collectives], None] | None = None,
+        execed: Callable[[Execed], None] | None = None,
         ring_owner: RingOwner | None = None,
         follows_nccl: bool = False,
         on_tick: Callable[[], object] | None = None,
     ) -> None:
         """`processes`: who to sample, polled at each sample (the CUDA
         model's processes); `collectives`: where each NCCL poll's events go
-        (the agent's model); `ring_owner`: whose rings the fast sampler
+        (the agent's model); `execed`: told when a traced process is
+        found running another program (the agent's model); `ring_owner`: whose rings the fast sampler
         watches once it runs, so that their threads sleep while the rings
         are quiet; `follows_nccl`: the CUDA sensor reports each libnccl a
         traced process maps (nccl_mapped), so their maps are scanned
@@ -192,6 +194,7 @@ class HostSignals:
         self._stop = threading.Event()
         self.sample_errors = 0
         self._on_collectives = collectives
+        self._on_execed = execed
         self._started = False
         self._finished = False
         self._on_tick = on_tick
@@ -506,7 +509,10 @@ class HostSignals:
             if pid in changed or (due and self._sched is None):
                 command = command_of(key)
                 if command is not None:
+                    before = self._command.get(key)
                     self._command[key] = command
+                    if before is not None and before != command and self._on_execed is not None:
+                        self._on_execed(Execed(key, *command))
             if st is not None:
                 self._identity_marks[key] = (st.execs, st.moves, st.cgroup_id)
             elif key not in self._identity_marks:
