@@ -323,3 +323,34 @@ def test_a_process_that_execs_another_cuda_program_is_named_by_the_new_one(fakec
     (span,) = spans_in_order(row_of(doc, pid))
     assert (span["process"], span["executable"]) == ("trainjob", job)
     assert row_of(doc, pid)["process"] == "trainjob"
+
+
+@pytest.mark.bpf
+def test_a_job_moved_under_a_cpu_quota_mid_run_is_diagnosed_with_that_cgroups_quota(
+    fakecuda: Path, fakenvml: Path, tmp_path: Path, two_cgroups: tuple[Path, Path]
+) -> None:
+    """A CPU manager moves a running job into a cgroup whose quota is a tenth
+    of a CPU: from the move on it is throttled there, and the diagnosis
+    names its own quota and the cgroup it was moved into (not the one it
+    started in, which had none)."""
+    from test_diagnosis_traced import _ran_as_rank, diagnosed, scenario
+
+    _a, b = two_cgroups
+    moved: dict[str, int] = {}
+
+    def move(paths: dict[str, Path]) -> None:
+        (pid,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ran_as_rank(int(p), paths["control"])]
+        moved["pid"] = pid
+        (b / "cgroup.procs").write_text(str(pid))
+
+    doc, pid, onset = scenario(fakecuda, fakenvml, tmp_path, move, "-k", "300")
+    assert moved["pid"] == pid
+    (d, *_) = diagnosed(doc, pid)
+    assert d["cause"] == "cpu_interference", doc["diagnoses"]
+    assert d["detected_time_unix_nano"] >= onset
+    # Its quota's throttling (read every second), or the CPU idling while it waited (each switch)
+    assert d["evidence"]["taken_by"].startswith("its own CPU quota")
+    assert d["evidence"]["quota_cgroup"] == "/" + b.name
+    (home, there) = spans_in_order(row_of(doc, pid))
+    assert there["cgroup"] == "/" + b.name and there["from_time_unix_nano"] >= onset
+    assert home["cpu_quota_throttled_seconds"] == 0 < there["cpu_quota_throttled_seconds"]

@@ -204,10 +204,20 @@ class LiveDiagnosis:
             who = diag.evidence.get("taken_by")
             if names is not None and isinstance(who, dict) and who.get("cgroup_id"):
                 who["cgroup"] = names.path(who["cgroup_id"])
+            if isinstance(who, str) and who.startswith("its own CPU quota"):
+                self._name_quota(diag)
             log.warning("diagnosis: pid %d %s: %s (%s)", diag.key.pid, diag.process, diag.symptom, diag.cause)
             if self.on_diagnosis is not None:
                 self.on_diagnosis(diag)
         return made
+
+    def _name_quota(self, diag: Diagnosis) -> None:
+        """Whose quota throttled it (`quota_cgroup`): the cgroup it is charged to
+        now, so a job moved under a CPU manager's quota names that one."""
+        with self.host.lock:
+            q = self.host.book.quota_throttled_ns.get(diag.key)
+        if q is not None:
+            diag.evidence["quota_cgroup"] = q[0]
 
     def gpu_windows(self, book: HostBook) -> list[GpuWindow]:
         """Each GPU in this window: its state now, and what its cumulative counters moved since the
