@@ -14,6 +14,11 @@
  * and process, with the run-queue wait that followed. A thread's exit
  * settles what it ran too, as its last switch-out may never be delivered.
  *
+ * Two rare events keep user space's idea of who the process is current,
+ * at no cost between them: an exec (its command and executable) and a move
+ * to another cgroup are counted in the process's entry, which user space
+ * reads at each sample anyway, and it reads /proc again only then.
+ *
  * A process is its tgid and its start (sched.h): a task is charged to the
  * process traced under its tgid only if its thread group leader started
  * when that process did, so a reused pid is never taken for it.
@@ -449,5 +454,40 @@ int BPF_PROG(sc_exit, struct task_struct *task)
 
 	if (start)
 		on_cpu(task, start, bpf_ktime_get_ns(), true);
+	return 0;
+}
+
+/* An exec: the process runs another program now (its cgroup read again
+ * too: a launcher may have moved itself just before). */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(sc_exec, struct task_struct *task)
+{
+	__u64 start = traced_start(task);
+	struct sc_proc *p;
+
+	if (!start)
+		return 0;
+	p = proc_of(task->tgid, start);
+	if (p) {
+		__sync_fetch_and_add(&p->execs, 1);
+		p->cgroup_id = bpf_get_current_cgroup_id();
+	}
+	return 0;
+}
+
+/* A move to another cgroup (cgroup.procs written: systemd-run --scope, a
+ * CPU manager, a container runtime), traced once per process moved with
+ * its leader, or per thread moved alone. */
+SEC("tp_btf/cgroup_attach_task")
+int BPF_PROG(sc_cgroup_move, struct cgroup *dst, const char *path, struct task_struct *task, bool threadgroup)
+{
+	__u64 start = traced_start(task);
+	struct sc_proc *p;
+
+	if (!start)
+		return 0;
+	p = proc_of(task->tgid, start);
+	if (p)
+		__sync_fetch_and_add(&p->moves, 1);
 	return 0;
 }

@@ -41,6 +41,8 @@ struct sc_proc {
 	__u64 nvcsw;                 /* voluntary switches out (blocked) */
 	__u64 nivcsw;                /* involuntary switches out (preempted while runnable) */
 	__u64 cgroup_id;             /* the process's own cgroup (v2), last seen */
+	__u64 execs;                 /* execs since tracing began: its command and executable changed */
+	__u64 moves;                 /* moves to another cgroup (any hierarchy) since tracing began */
 };
 
 /* Who took the CPU from a traced process: key (traced process, cgroup of the

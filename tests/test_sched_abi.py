@@ -29,6 +29,7 @@ int main(void) {
   printf("{\n");
   S(sc_proc); O(sc_proc, runq_hist); O(sc_proc, offcpu_hist); O(sc_proc, runq_ns); O(sc_proc, offcpu_ns);
   O(sc_proc, oncpu_ns); O(sc_proc, nvcsw); O(sc_proc, nivcsw); O(sc_proc, cgroup_id);
+  O(sc_proc, execs); O(sc_proc, moves);
   S(sc_proc_key); O(sc_proc_key, start_ns); O(sc_proc_key, tgid); O(sc_proc_key, pad);
   S(sc_preempt_key); O(sc_preempt_key, cgroup_id); O(sc_preempt_key, start_ns); O(sc_preempt_key, tgid);
   O(sc_preempt_key, pad);

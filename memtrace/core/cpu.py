@@ -57,6 +57,10 @@ class CpuStats:
     involuntary: int
     cgroup_id: int  # the process's own cgroup (v2), as last seen at a switch
     preemptors: tuple[Preemptor, ...] = field(default=())
+    # Its execs and cgroup moves since tracing began: when either grows, who
+    # it is (command, executable, cgroup) is read again.
+    execs: int = 0
+    moves: int = 0
 
     @property
     def key(self) -> ProcessKey:
@@ -90,4 +94,6 @@ class CpuStats:
             involuntary=self.involuntary - before.involuntary,
             cgroup_id=self.cgroup_id,
             preemptors=tuple(sorted(pre, key=lambda p: -p.count)),
+            execs=self.execs - before.execs,
+            moves=self.moves - before.moves,
         )

@@ -67,6 +67,17 @@ class LaunchesMissed:
 
 
 @dataclass(frozen=True)
+class Execed:
+    """The process runs another program now (an exec, counted by the CPU
+    sensor and read from /proc by the host signals): its command name and
+    executable from then on."""
+
+    key: ProcessKey
+    comm: str
+    exe: str
+
+
+@dataclass(frozen=True)
 class Exited:
     """The process exited, having run `cpu_ns` of CPU time; every event of it came before."""
 
@@ -85,4 +96,4 @@ class Collectives:
     users: frozenset[ProcessKey]
 
 
-Notice = Events | ProcessMet | Held | Missed | LaunchesMissed | Exited | Collectives
+Notice = Events | ProcessMet | Held | Missed | LaunchesMissed | Execed | Exited | Collectives

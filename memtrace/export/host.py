@@ -118,6 +118,39 @@ def cpu_rows(
                     )
                     for p in st.preemptors[:TOP_PREEMPTORS]
                 ],
+                netns=None if (now := book.identity_of(key)) is None else now.netns,
+                placements=placement_rows(book, key),
+                placements_dropped=book.placements_dropped.get(key, 0),
+            )
+        )
+    return rows
+
+
+def placement_rows(book: HostBook, key: ProcessKey) -> list[schema.Placement]:
+    """The process's spans, each with what its cgroups counted during it: the
+    next span's counters at its start (or the totals now) less its own."""
+    spans = book.placements.get(key, [])
+    if not spans:  # never placed (a row made from readings alone)
+        return []
+    q = book.quota_throttled_ns.get(key)
+    ends: list[tuple[int | None, tuple[int, int], int | None]] = [
+        (s.since_ns, s.throttled, s.limit_hits) for s in spans[1:]
+    ]
+    ends.append((None, (q[1], q[2]) if q else (0, 0), book.memory_limit_hits.get(key)))
+    rows = []
+    for span, (until, throttled, hits) in zip(spans, ends, strict=True):
+        i = span.identity
+        rows.append(
+            schema.Placement(
+                from_time_unix_nano=span.since_ns,
+                to_time_unix_nano=until,
+                netns=i.netns,
+                cgroup=i.cgroup,
+                cgroup_id=i.cgroup_id,
+                process=i.comm,
+                executable=i.exe,
+                cpu_quota_throttled_seconds=max(throttled[0] - span.throttled[0], 0) / 1e9,
+                memory_limit_hits=None if hits is None or span.limit_hits is None else max(hits - span.limit_hits, 0),
             )
         )
     return rows

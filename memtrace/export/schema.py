@@ -398,6 +398,30 @@ class Preemptor(TypedDict):
     memtrace: Annotated[bool, "true: that process is memtrace itself (its own threads took the CPU)"]
 
 
+class Placement(TypedDict):
+    """One span of a process's run in one network namespace and one cgroup.
+    A process that enters another namespace (`ip netns exec`, nsenter, a
+    CNI plugin) or is moved to another cgroup (systemd-run --scope, a CPU
+    manager) has one span per place, in order; its quota throttling and
+    memory limit hits in each are those of the cgroup it was in then."""
+
+    from_time_unix_nano: Annotated[
+        int,
+        "the first sample that found it there, wall-clock ns (the change came after the sample before it, "
+        "at most one sampling interval earlier; the first span's: memtrace's first reading of it)",
+    ]
+    to_time_unix_nano: Annotated[int | None, "the next span's start (null: the last span, to the run's end)"]
+    netns: Annotated[int | None, "its network namespace, by inode (null: not read, the network sensor off)"]
+    cgroup: Annotated[
+        str | None, "the cgroup its CPU is charged to: the v1 cpu hierarchy's on a host with one, else the v2 path"
+    ]
+    cgroup_id: Annotated[int, "that cgroup's v2 id (0: not known, or v1)"]
+    process: Annotated[str, "its command name, as last read in this span (after an exec, the new program's)"]
+    executable: Annotated[str, "its executable's path, likewise (empty: not read)"]
+    cpu_quota_throttled_seconds: Annotated[float, "time the CPU quota over it throttled during this span"]
+    memory_limit_hits: Annotated[int | None, "its memory cgroups' limit hits during this span (null: not read)"]
+
+
 class CpuRow(TypedDict):
     """The CPU each traced process got, from the scheduler's tracepoints
     (`bpf/sched.bpf.c`): `run`'s command from its first instruction, every
@@ -418,6 +442,11 @@ class CpuRow(TypedDict):
     cgroup: Annotated[str | None, "that cgroup's path (null: not known)"]
     cpu_quota: Annotated[CpuQuota | None, "the CPU quota over it (null: not read)"]
     preempted_by: Annotated[list[Preemptor], "who took the CPU from it, most switches first (the top 5)"]
+    netns: Annotated[int | None, "the network namespace it was in at the last sample, by inode (null: not read)"]
+    placements: Annotated[
+        list[Placement], "where it was measured: a span per network namespace and cgroup it was in, oldest first"
+    ]
+    placements_dropped: Annotated[int, "spans left out between the first and the latest 15 (a process moved often)"]
 
 
 class MeanMax(TypedDict):

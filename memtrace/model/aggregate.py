@@ -23,7 +23,17 @@ from memtrace.core.abi import EVENT_DTYPE, Family, Layer
 from memtrace.core.histogram import Grouped, add_grouped_all
 from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.core.nccl import Collective
-from memtrace.core.notices import Collectives, Events, Exited, Held, LaunchesMissed, Missed, Notice, ProcessMet
+from memtrace.core.notices import (
+    Collectives,
+    Events,
+    Execed,
+    Exited,
+    Held,
+    LaunchesMissed,
+    Missed,
+    Notice,
+    ProcessMet,
+)
 from memtrace.core.overhead import Overhead, TrapCost
 from memtrace.model.book import _DRIVER
 from memtrace.model.collectives import WaitAttributor, sync_scopes
@@ -172,6 +182,8 @@ class Model:
                     self.mark_incomplete(n.key)
                 case LaunchesMissed():
                     self.mark_launches_partial(n.key)
+                case Execed():
+                    self.execed(n.key, n.comm, n.exe)
                 case Exited():
                     self.process_exited(n.key, n.cpu_ns)
                 case Collectives():
@@ -187,6 +199,13 @@ class Model:
         if name:
             p.name = name
         p.cgroup_id = cgroup_id
+
+    def execed(self, key: ProcessKey, name: str, exe: str) -> None:
+        """The process runs another program now: its name and executable are
+        the new program's (a process the model never met stays unmet)."""
+        p = self.processes.get(key)
+        if p is not None:
+            p.name, p.exe = name or p.name, exe or p.exe
 
     def mark_complete(self, key: ProcessKey, info: ProcessInfo | None = None) -> None:
         """The process was held before its CUDA library ran: nothing was

@@ -14,10 +14,21 @@ counters: nothing is estimated. A sensor that is off says so and why
 NVML could not give are left out of the means and maxima, and counted
 (`samples`) so a reader can tell a quiet GPU from one never read.
 
+A process's identity follows it (`place`): the network namespace, the
+cgroup, the command and the executable it is in at each sample, kept as
+spans (`Placement`), a new one whenever one of them changes (`ip netns
+exec`, nsenter, a move to another cgroup, an exec). Its cgroups' cumulative
+counters (CPU quota throttling, memory limit hits) are charged to it in the
+cgroup it is in: a reading in another cgroup than the last starts from
+that cgroup's reading, and what the last counted stays counted
+(`_Account`), so its totals only grow and a window's difference is what
+happened where it was.
+
 Bounded: per GPU a fixed set of running sums; per interface and qdisc the
-first and last sample and a few maxima; per process one CpuStats and one
-row per collective, at most `max_processes` processes (the oldest first
-seen are folded out and counted in `processes_dropped`).
+first and last sample and a few maxima; per process one CpuStats, one row
+per collective and at most MAX_PLACEMENTS spans, at most `max_processes`
+processes (the oldest first seen are folded out and counted in
+`processes_dropped`).
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from memtrace.core.netdev import (
 )
 
 MAX_PROCESSES = 4096
+MAX_PLACEMENTS = 16  # spans kept per process: the first and the latest ones (the others counted)
 
 T = TypeVar("T")
 
@@ -277,6 +289,58 @@ class _Link:
             self.totals[n] = self.totals.get(n, 0) + v
 
 
+@dataclass
+class _Account:
+    """A cgroup's cumulative counters charged to one process across the
+    cgroups it was in: what they counted while it was in those it left
+    (`banked`), plus the present one's growth since its first reading
+    there. A counter that went down (the cgroup re-created) counts from
+    its new value."""
+
+    where: str
+    first: tuple[int, ...]
+    last: tuple[int, ...]
+    banked: tuple[int, ...]
+
+    @classmethod
+    def start(cls, where: str, values: tuple[int, ...]) -> _Account:
+        return cls(where, values, values, tuple(0 for _ in values))
+
+    def read(self, where: str, values: tuple[int, ...]) -> None:
+        if where != self.where or any(v < last for v, last in zip(values, self.last, strict=True)):
+            self.banked, self.where, self.first = self.total(), where, values
+        self.last = values
+
+    def total(self) -> tuple[int, ...]:
+        return tuple(b + max(v - f, 0) for b, f, v in zip(self.banked, self.first, self.last, strict=True))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Where a process is and what it runs, as one sample read it (None or
+    "": not read)."""
+
+    netns: int | None = None  # its network namespace's inode
+    cgroup: str | None = None  # its CPU's cgroup (the v1 cpu hierarchy's on a hybrid host, else the v2 path)
+    cgroup_id: int = 0  # its v2 id (0: not known)
+    comm: str = ""
+    exe: str = ""
+
+
+@dataclass
+class Placement:
+    """One span of a process's run in one network namespace and one cgroup,
+    from the first sample that found it there (wall-clock ns) until the
+    next span's; its command and executable the last seen in it; its
+    cgroup counters as they stood when it began (its own share: the next
+    span's, or the totals, less these)."""
+
+    since_ns: int
+    identity: Identity
+    throttled: tuple[int, int]  # the process's CPU quota throttling so far: ns, periods
+    limit_hits: int | None  # its memory cgroups' limit hits so far
+
+
 @dataclass(frozen=True)
 class InterfaceSeries:
     """One interface as the exports read it: its counters since the first sample."""
@@ -315,6 +379,10 @@ class HostBook:
         # process -> (cgroup, throttled ns, periods), since its first reading
         self.quota_throttled_ns: dict[ProcessKey, tuple[str, int, int]] = {}
         self.memory_limit_hits: dict[ProcessKey, int] = {}  # its memory cgroups' limit hits so far
+        self._quota_acct: dict[ProcessKey, _Account] = {}
+        self._hits_acct: dict[ProcessKey, _Account] = {}
+        self.placements: dict[ProcessKey, list[Placement]] = {}  # its identity's spans, oldest first
+        self.placements_dropped: dict[ProcessKey, int] = {}
         self.collectives: dict[tuple[ProcessKey, Collective], CallTotals] = {}
         self.nccl_libraries: list[str] = []
         self.processes_dropped = 0
@@ -409,8 +477,15 @@ class HostBook:
         """A process the agent no longer traces: its CPU and collectives rows go."""
         self.cpu.pop(key, None)
         self.names.pop(key, None)
-        self.quota_throttled_ns.pop(key, None)
-        self.memory_limit_hits.pop(key, None)
+        for rows in (
+            self.quota_throttled_ns,
+            self.memory_limit_hits,
+            self._quota_acct,
+            self._hits_acct,
+            self.placements,
+            self.placements_dropped,
+        ):
+            rows.pop(key, None)
         for k in [k for k in self.collectives if k[0] == key]:
             del self.collectives[k]
 
@@ -423,11 +498,70 @@ class HostBook:
         _move(self.names, old, new)
         _move(self.quota_throttled_ns, old, new)
         _move(self.memory_limit_hits, old, new)
+        _move(self._quota_acct, old, new)
+        _move(self._hits_acct, old, new)
+        _move(self.placements, old, new)
+        _move(self.placements_dropped, old, new)
         for k in [k for k in self.collectives if k[0] == old]:
             self.collectives.setdefault((new, k[1]), self.collectives.pop(k))
 
     def set_quota(self, key: ProcessKey, cgroup: str, throttled_ns: int, throttled_periods: int) -> None:
+        """The process's CPU quota throttling so far, charged to it (read_quota keeps it so)."""
         self.quota_throttled_ns[key] = (cgroup, throttled_ns, throttled_periods)
+
+    def read_quota(self, key: ProcessKey, cgroup: str, throttled_ns: int, throttled_periods: int) -> None:
+        """A reading of the cpu.stat of the quota over the process (`cgroup`,
+        cumulative): charged to it from the first reading in that cgroup on."""
+        acct = self._quota_acct.get(key)
+        if acct is None:
+            acct = self._quota_acct[key] = _Account.start(cgroup, (throttled_ns, throttled_periods))
+        else:
+            acct.read(cgroup, (throttled_ns, throttled_periods))
+        ns, periods = acct.total()
+        self.set_quota(key, cgroup, ns, periods)
+
+    def read_limit_hits(self, key: ProcessKey, cgroup: str, hits: int) -> None:
+        """A reading of the limit hits of the process's memory cgroup `cgroup`
+        and those above it (cumulative): charged to it from the first reading
+        in that cgroup on."""
+        acct = self._hits_acct.get(key)
+        if acct is None:
+            acct = self._hits_acct[key] = _Account.start(cgroup, (hits,))
+        else:
+            acct.read(cgroup, (hits,))
+        self.memory_limit_hits[key] = acct.total()[0]
+
+    def place(self, key: ProcessKey, identity: Identity, now_ns: int) -> bool:
+        """Where the process is and what it runs at this sample (`now_ns`,
+        wall clock). Another network namespace or cgroup than the last
+        sample's starts a new span; a new command or executable (an exec)
+        is its span's from then on. A part this sample did not read (None,
+        0 or "") is the last sample's. True: a new span."""
+        spans = self.placements.get(key)
+        if spans:
+            last = spans[-1].identity
+            netns = identity.netns if identity.netns is not None else last.netns
+            cgroup = identity.cgroup if identity.cgroup is not None else last.cgroup
+            same_cgroup = cgroup == last.cgroup
+            identity = Identity(
+                netns,
+                cgroup,
+                identity.cgroup_id or (last.cgroup_id if same_cgroup else 0),
+                identity.comm or last.comm,
+                identity.exe or last.exe,
+            )
+            if netns == last.netns and same_cgroup:
+                spans[-1].identity = identity
+                return False
+        q = self.quota_throttled_ns.get(key)
+        span = Placement(now_ns, identity, (q[1], q[2]) if q else (0, 0), self.memory_limit_hits.get(key))
+        if spans is None:
+            spans = self.placements[key] = []
+        spans.append(span)
+        if len(spans) > MAX_PLACEMENTS:
+            del spans[1]  # the first and the latest are kept
+            self.placements_dropped[key] = self.placements_dropped.get(key, 0) + 1
+        return True
 
     def set_collectives(self, totals: dict[tuple[ProcessKey, Collective], CallTotals], libraries: list[str]) -> None:
         self.collectives = totals
@@ -486,6 +620,11 @@ class HostBook:
     def namespaces(self) -> list[Netns]:
         """The network namespaces sampled, by inode, with every traced pid seen in each."""
         return [Netns(ino, tuple(sorted(pids)), host) for ino, (host, pids) in sorted(self._namespaces.items())]
+
+    def identity_of(self, key: ProcessKey) -> Identity | None:
+        """Where the process was at the latest sample (None: never placed)."""
+        spans = self.placements.get(key)
+        return spans[-1].identity if spans else None
 
     def netns_of(self, pid: int) -> int | None:
         """The network namespace a traced process was in at the latest

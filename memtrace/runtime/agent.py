@@ -62,7 +62,7 @@ from typing import Protocol
 from memtrace.core.abi import EVENT_DTYPE, TRAPS_API, PyCode, PyCodeKey, PyProc, Stat
 from memtrace.core.abi import Stack as RawStack
 from memtrace.core.ids import ProcessKey
-from memtrace.core.notices import Collectives, Events, Exited, Notice, ProcessMet
+from memtrace.core.notices import Collectives, Events, Execed, Exited, Notice, ProcessMet
 from memtrace.core.overhead import TrapCosts
 from memtrace.core.procfiles import Candidate
 from memtrace.core.sensor import Sensor
@@ -246,6 +246,11 @@ class Agent:
 
     def _take_py_codes(self) -> list[tuple[PyCodeKey, PyCode]]:
         return self.cuda.maps.take_py_codes() if self.cuda.maps is not None else []
+
+    def execed(self, notice: Execed) -> None:
+        """A traced process exec'd (the host signals read it): folded in turn
+        with the CUDA events. From any thread that holds neither lock."""
+        self._take([notice])
 
     def add_collectives(self, notice: Collectives) -> None:
         """The NCCL sensor's events (the host signals poll it), folded into

@@ -225,6 +225,8 @@ class LiveDiagnosis:
             if isinstance(who, dict):
                 # Its own threads took the CPU: said so, never left for a user to recognise.
                 who["memtrace"] = who.get("process") == AGENT_COMM
+            if isinstance(who, str) and who.startswith("its own CPU quota"):
+                self._name_quota(diag)
             log.warning("diagnosis: pid %d %s: %s (%s)", diag.key.pid, diag.process, diag.symptom, diag.cause)
             if self.on_diagnosis is not None:
                 self.on_diagnosis(diag)
@@ -251,6 +253,14 @@ class LiveDiagnosis:
             if n > n0:
                 out[wk] = (n - n0, ns - ns0)
         return out
+
+    def _name_quota(self, diag: Diagnosis) -> None:
+        """Whose quota throttled it (`quota_cgroup`): the cgroup it is charged to
+        now, so a job moved under a CPU manager's quota names that one."""
+        with self.host.lock:
+            q = self.host.book.quota_throttled_ns.get(diag.key)
+        if q is not None:
+            diag.evidence["quota_cgroup"] = q[0]
 
     def gpu_windows(self, book: HostBook) -> list[GpuWindow]:
         """Each GPU in this window: its state now, and what its cumulative counters moved since the

@@ -23,6 +23,17 @@ mapped before the agent started), a sample that finds the library mapped
 attaches it: collectives made before then are not seen, and the
 collectives rows of such a process say so (`counted_from`).
 
+Identity follows each process (model/host.py's `place`): its network
+namespace at every sample (the netdev source looks at /proc/PID/ns/net
+anyway), its cgroup, command and executable when they may have changed.
+The sched sensor counts each traced process's execs and cgroup moves in
+BPF (two rare tracepoints) and its entry is read at every sample anyway:
+/proc is read again only for a process whose counts moved, or whose
+cgroup at its last switch is not the one known. Without that sensor they
+are read again with the quota, every `quota_s`. A process's CPU quota
+throttling and memory limit hits are charged from then on to the cgroup
+it is in.
+
 Cost: one sample reads the sched maps (one lookup per traced process), the
 NCCL ring, NVML's fast readings (utilisation, clock events, XIDs; the slow
 ones about once a second, `gpu_detail_s`) and the interface counters
@@ -47,17 +58,17 @@ from memtrace.core.errors import MemtraceError
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
 from memtrace.core.nccl import Collective
-from memtrace.core.notices import Collectives
+from memtrace.core.notices import Collectives, Execed
 from memtrace.core.procfiles import Candidate
 from memtrace.core.sensor import Sensor
 from memtrace.core.threads import thread
 from memtrace.export import schema
 from memtrace.export.host import collective_rows, host_section
-from memtrace.model.host import HostBook, SensorState
+from memtrace.model.host import HostBook, Identity, SensorState
 from memtrace.sensors.nccl import is_nccl, mapped_nccl
-from memtrace.sources.cgroup import CgroupNames, cpu_quotas, memory_limit_hits, read_cgroups
+from memtrace.sources.cgroup import CgroupNames, cgroup_id, cpu_cgroup, cpu_quotas, memory_limit_hits, read_cgroups
 from memtrace.sources.fastsample import DEFAULT_RATE_HZ as DEFAULT_FAST_HZ
-from memtrace.sources.procfs import boot_wall_ns
+from memtrace.sources.procfs import boot_wall_ns, command_of
 
 if TYPE_CHECKING:  # started lazily: NVML and netlink are optional on a host
     from memtrace.sensors.nccl import NcclSensor
@@ -128,13 +139,15 @@ class HostSignals:
         processes: Callable[[], set[ProcessKey]] = set,
         *,
         collectives: Callable[[Collectives], None] | None = None,
+        execed: Callable[[Execed], None] | None = None,
         ring_owner: RingOwner | None = None,
         follows_nccl: bool = False,
         on_tick: Callable[[], object] | None = None,
     ) -> None:
         """`processes`: who to sample, polled at each sample (the CUDA
         model's processes); `collectives`: where each NCCL poll's events go
-        (the agent's model); `ring_owner`: whose rings the fast sampler
+        (the agent's model); `execed`: told when a traced process is
+        found running another program (the agent's model); `ring_owner`: whose rings the fast sampler
         watches once it runs, so that their threads sleep while the rings
         are quiet; `follows_nccl`: the CUDA sensor reports each libnccl a
         traced process maps (nccl_mapped), so their maps are scanned
@@ -170,12 +183,18 @@ class HostSignals:
         self._nccl_mapped: dict[int, int] = {}
         self._followed = follows_nccl
         self._nccl_lock = threading.Lock()  # _nccl's lifetime and _nccl_mapped, against nccl_mapped
-        self._quota_first: dict[ProcessKey, dict[str, tuple[int, int]]] = {}  # cgroup -> its first reading
+        # Who each traced process is, as last read: its /proc/PID/cgroup text, (comm, exe), and the
+        # sched sensor's (execs, moves, cgroup id) when they were read.
+        self._cgroup_text: dict[ProcessKey, str] = {}
+        self._command: dict[ProcessKey, tuple[str, str]] = {}
+        self._identity_marks: dict[ProcessKey, tuple[int, int, int]] = {}
+        self._cgroup_ids: dict[str, int] = {}  # v2 path -> id, as stat found it
         self._count = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.sample_errors = 0
         self._on_collectives = collectives
+        self._on_execed = execed
         self._started = False
         self._finished = False
         self._on_tick = on_tick
@@ -346,8 +365,9 @@ class HostSignals:
             if key.pid not in self._pinned:
                 with self.lock:
                     self.book.forget(key)
-                self._quota_first.pop(key, None)
                 self._nccl_since.pop(key, None)
+                for seen in (self._cgroup_text, self._command, self._identity_marks):
+                    seen.pop(key, None)
         self._met = set(keys)
         want = {k.pid: k for k in sorted(keys)}  # sorted by (pid, start): each pid's latest process wins
         for pid in sorted(self._pinned - want.keys()):
@@ -377,8 +397,9 @@ class HostSignals:
         under its placeholder key is that process's."""
         with self.lock:
             self.book.rename(old, new)
-        if old in self._quota_first:
-            self._quota_first.setdefault(new, self._quota_first.pop(old))
+        for seen in (self._cgroup_text, self._command, self._identity_marks):
+            if old in seen:
+                seen.setdefault(new, seen.pop(old))  # type: ignore[arg-type]
         if old in self._nccl_since:
             self._nccl_since.setdefault(new, self._nccl_since.pop(old))
 
@@ -426,24 +447,100 @@ class HostSignals:
             snap = self._net.poll(sorted(pids), fast=fast, fresh=fresh)
             with self.lock:
                 self.book.add_net(snap)
+        stats = self._sched.read() if self._sched is not None else {}
         if self._sched is not None:
-            stats = self._sched.read()
+            self._bind_pinned(stats)
             with self.lock:
                 self.book.set_cpu(stats)
         if self._sched is not None and (final or (self._count - 1) % self.opts.every(GAPS_S) == 0):
             gaps = self._sched.gaps()  # health counters: every 10 s is enough, and the last sample
             with self.lock:
                 self.book.cpu_gaps = gaps
-        if final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0:
-            # Each process's cgroups read once for its CPU quota and its memory limit.
-            cgroups = {pid: text for pid in sorted(pids) if (text := read_cgroups(pid)) is not None}
-            if self._sched is not None:
-                self._sample_quotas(stats, cgroups)
-            for pid, text in cgroups.items():
-                hits = memory_limit_hits(pid, cgroups=text)
-                if hits is not None:
-                    with self.lock:
-                        self.book.memory_limit_hits[self._key_of(pid)] = hits
+        due = final or (self._count - 1) % self.opts.every(self.opts.quota_s) == 0
+        # Each process's cgroups read once for its CPU quota and its memory limit, every quota_s,
+        # and at once for a process new here or that may have moved or exec'd (the sched sensor's word).
+        changed = self._changed(pids, stats)
+        read = sorted(pids) if due else sorted(changed)
+        cgroups = {pid: text for pid in read if (text := read_cgroups(pid)) is not None}
+        if self._sched is not None:
+            self._sample_quotas(stats, cgroups)
+        for pid, text in cgroups.items():
+            key = self._key_of(pid)
+            self._cgroup_text[key] = text
+            hits = memory_limit_hits(pid, cgroups=text)
+            if hits is not None:
+                with self.lock:
+                    self.book.read_limit_hits(key, text, hits)
+        self._place(pids, stats, changed, due)
+
+    def _bind_pinned(self, stats: Mapping[ProcessKey, Any]) -> None:
+        """A pid named at start that the sched sensor bound to its process
+        (BPF reads the start at the task): its readings by pid (cgroups,
+        identity) are that process's from now on, as the sensor's rows are."""
+        for key in stats:
+            held = self._tracked.get(key.pid)
+            if held is not None and not held.start_ns and key.start_ns and key.pid in self._pinned:
+                self._placed(held, key)
+                self._tracked[key.pid] = key
+
+    def _changed(self, pids: set[int], stats: Mapping[ProcessKey, Any]) -> set[int]:
+        """The traced pids whose identity must be read again now: new here, or
+        the sched sensor counted an exec or a cgroup move of them since it was
+        read, or saw them in another cgroup at their last switch."""
+        out = set()
+        for pid in pids:
+            key = self._key_of(pid)
+            st = stats.get(key)
+            mark = (st.execs, st.moves, st.cgroup_id) if st is not None else None
+            seen = self._identity_marks.get(key)
+            if seen is None or (mark is not None and mark != seen):
+                out.add(pid)
+        return out
+
+    def _place(self, pids: set[int], stats: Mapping[ProcessKey, Any], changed: set[int], due: bool) -> None:
+        """Each traced process's identity at this sample into the book: its
+        namespace as the netdev source found it now, its cgroup as last read,
+        its command and executable read again where they may have changed."""
+        now = time.time_ns()
+        for pid in sorted(pids):
+            key = self._key_of(pid)
+            st = stats.get(key)
+            # With the sched sensor an exec is counted; without it, the command is read with the quota.
+            if pid in changed or (due and self._sched is None):
+                command = command_of(key)
+                if command is not None:
+                    before = self._command.get(key)
+                    self._command[key] = command
+                    if before is not None and before != command and self._on_execed is not None:
+                        self._on_execed(Execed(key, *command))
+            if st is not None:
+                self._identity_marks[key] = (st.execs, st.moves, st.cgroup_id)
+            elif key not in self._identity_marks:
+                self._identity_marks[key] = (0, 0, 0)
+            text = self._cgroup_text.get(key)
+            cg = cpu_cgroup(text) if text is not None else None
+            comm, exe = self._command.get(key, ("", ""))
+            ident = Identity(
+                netns=self.book.netns_of(pid) if self._net is not None else None,
+                cgroup=cg,
+                cgroup_id=self._cgroup_id(cg)
+                if cg is not None and text is not None and f"0::{cg}" in text.splitlines()
+                else 0,
+                comm=comm,
+                exe=exe,
+            )
+            with self.lock:
+                if self.book.place(key, ident, now) and len(self.book.placements[key]) > 1:
+                    log.info("pid %d is measured in netns %s, cgroup %s from now", pid, ident.netns, cg)
+
+    def _cgroup_id(self, path: str) -> int:
+        """A v2 cgroup's id (its directory's inode), 0 where it is not one (v1, gone)."""
+        cid = self._cgroup_ids.get(path)
+        if cid is None:
+            if len(self._cgroup_ids) > 4096:
+                self._cgroup_ids.clear()
+            cid = self._cgroup_ids[path] = cgroup_id(path) or 0
+        return cid
 
     def _sample_nccl(self, s: NcclSensor, pids: set[int], final: bool = False) -> None:
         before = len(s.attachments)
@@ -503,16 +600,14 @@ class HostSignals:
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
 
     def _sample_quotas(self, stats: dict[ProcessKey, Any], cgroups: dict[int, str]) -> None:
-        for pid in sorted({k.pid for k in stats}):
+        for pid in sorted({k.pid for k in stats} & cgroups.keys()):
             qs = cpu_quotas(pid, cgroups=cgroups.get(pid))
             limited = [q for q in qs if q.quota_us is not None] or qs[:1]
             if not limited:
                 continue
             q = limited[0]
-            key = self._key_of(pid)
-            first = self._quota_first.setdefault(key, {}).setdefault(q.path, (q.throttled_ns, q.nr_throttled))
             with self.lock:
-                self.book.set_quota(key, q.path, q.throttled_ns - first[0], q.nr_throttled - first[1])
+                self.book.read_quota(self._key_of(pid), q.path, q.throttled_ns, q.nr_throttled)
 
     def _safe_sample(self, final: bool = False) -> None:
         """A sample whose failure is counted and logged once, never raised into the traced run."""

@@ -93,6 +93,7 @@ class Pipeline:
                 host,
                 self.agent.processes,
                 collectives=self.agent.add_collectives,
+                execed=self.agent.execed,
                 ring_owner=self.agent,
                 follows_nccl=host.nccl and opts.cuda.hold_nccl,
                 on_tick=self._tick if opts.diagnose or recorder is not None else None,

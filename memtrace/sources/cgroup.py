@@ -186,6 +186,15 @@ def _cgroup_of(
     return v1, v2
 
 
+def cpu_cgroup(text: str) -> str | None:
+    """The cgroup a /proc/PID/cgroup text charges the process's CPU to: its
+    v1 cpu hierarchy's where the host has one (a hybrid host's unified
+    hierarchy then holds no controller), else its unified (v2) path; None:
+    neither."""
+    v1, v2 = _cgroup_of(0, "cpu", text=text) or (None, None)
+    return v1 if v1 is not None else v2
+
+
 def cpu_quotas(pid: int, mounts: Path = MOUNTS, proc: Path = PROC, cgroups: str | None = None) -> list[CpuQuota]:
     """The process's cpu cgroup and its ancestors (own first, the root left out):
     their quotas and throttling. Empty if the process is gone or has no cpu cgroup.

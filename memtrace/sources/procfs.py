@@ -215,6 +215,20 @@ def read_process(key: ProcessKey, proc: Path = Path("/proc")) -> ProcessInfo:
     return ProcessInfo(name, exe, attrs, ppid=ppid)
 
 
+def command_of(key: ProcessKey, proc: Path = Path("/proc")) -> tuple[str, str] | None:
+    """The process's command name and executable now (after an exec, the
+    new program's); None if it is gone or its pid is another process's."""
+    try:
+        name = (proc / str(key.pid) / "comm").read_text().strip()
+    except OSError:
+        return None
+    try:
+        exe = str((proc / str(key.pid) / "exe").readlink())
+    except OSError:
+        exe = ""
+    return (name, exe) if is_running(key, proc) else None
+
+
 # The GPU driver's device files: host memory mapped from them is the
 # driver's (pinned allocations, mapped with cudaHostAlloc and the like).
 DRIVER_DEVICE_PREFIX = "/dev/nvidia"

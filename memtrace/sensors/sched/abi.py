@@ -27,6 +27,8 @@ class Proc(ctypes.Structure):
         ("nvcsw", ctypes.c_uint64),
         ("nivcsw", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
+        ("execs", ctypes.c_uint64),
+        ("moves", ctypes.c_uint64),
     ]
 
 

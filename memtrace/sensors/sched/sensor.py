@@ -19,7 +19,7 @@ from memtrace.core.cpu import CpuStats, Preemptor, quantile_us, slot_bounds_us
 from memtrace.core.ids import ProcessKey
 from memtrace.sensors.sched.abi import FILTER_BITS, SLOTS, STAT_COUNT, Preempt, PreemptKey, Proc, ProcKey, SchedStat
 
-PROGRAMS = ("sc_switch", "sc_wakeup", "sc_wakeup_new", "sc_exit")
+PROGRAMS = ("sc_switch", "sc_wakeup", "sc_wakeup_new", "sc_exit", "sc_exec", "sc_cgroup_move")
 
 __all__ = ["PROGRAMS", "CpuStats", "Preemptor", "SchedSensor", "object_path", "quantile_us", "slot_bounds_us"]
 
@@ -167,6 +167,8 @@ class SchedSensor:
                 voluntary=v.nvcsw,
                 involuntary=v.nivcsw,
                 cgroup_id=v.cgroup_id,
+                execs=v.execs,
+                moves=v.moves,
                 preemptors=tuple(sorted(pre.get(key, []), key=lambda p: -p.count)),
             )
         return out
