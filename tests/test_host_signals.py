@@ -199,7 +199,7 @@ def test_run_reports_the_gpus_as_nvml_gave_them(tmp_path: Path, fakenvml: Path) 
     assert 0 < g["throttled_share"] < 1
     assert g["xids"] == [79, 48]
     (traced,) = [r["pid"] for r in host["cpu"]]
-    assert g["processes"] == [{"pid": traced, "used_memory_bytes": 3 * GIB}]
+    assert g["processes"] == [{"pid": traced, "used_memory_bytes": 3 * GIB, "mig_uuid": None, "sm_percent": None}]
 
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this host has an NVIDIA driver")
@@ -279,7 +279,16 @@ def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tm
 
     nvml_script = tmp_path / "nvml.script"
     counts = {"pcie_tx_count": 10**12, "pcie_rx_count": 10**9}  # the driver counts PCIe bytes
-    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counts)))
+    hopper = {
+        "gpm": 1,
+        "gpm_sm": 40,
+        "gpm_occupancy": 30,
+        "gpm_tensor": 20,
+        "gpm_dram": 10,
+        "nvlinks": 2,
+        "remapped": "0,0,0,0",
+    }  # GPM, NVLink and row remapping to read
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counts, **hopper)))
     env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
     vm = VictoriaMetrics(tmp_path)
     push = start_push(["--endpoint", vm.otlp, "--interval", "0.5", "--host-interval", "0.1"], env=env)

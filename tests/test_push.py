@@ -126,7 +126,9 @@ def test_workload_to_collector_to_victoriametrics_exactly(
     # A GPU for the health, utilisation and PCIe panels: the test NVML, its driver counting PCIe bytes.
     nvml_script = tmp_path / "nvml.script"
     counters = {"pcie_tx_count": 10**12, "pcie_rx_count": 10**9}
-    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counters)))
+    hopper = {"gpm": 1, "gpm_sm": 40, "gpm_occupancy": 30, "gpm_tensor": 20, "gpm_dram": 10, "nvlinks": 2}
+    hopper["remapped"] = "0,0,0,0"  # for the GPU pillars' panels: GPM, NVLink, remapped rows
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counters, **hopper)))
     push = start_push(
         ["--endpoint", f"http://127.0.0.1:{port}", "--protocol", protocol, "--interval", "1"],
         env={
