@@ -66,6 +66,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import harness
@@ -171,14 +172,30 @@ def schedules(seconds: float, rounds: int, rec: Record) -> None:
     )
 
 
+def host_job(fx: Path, seconds: float) -> list[str]:
+    """A training-like job at about 400 steps a second (copies, a wait and CPU work each step),
+    on the last CPU."""
+    job = [str(fx / "trainjob"), "-t", str(seconds), "-k", "500", "-L", "200000", "-w", "100000"]
+    return harness.pinned(job, harness.LAST_CPU)
+
+
+def trace_job(agent: Any, signals: Any, pid: int, mode: str) -> Any:
+    """Trace the job, start the host signals on it; the C sampler (exits where it does not run)."""
+    time.sleep(0.5)
+    agent.cuda.trace_pid(pid)
+    agent.scan([pid])
+    signals.start([pid])
+    if signals._fast is None:
+        sys.exit(f"agent_cpu {mode}: the C sampler does not run here (no NIC, or not built)")
+    return signals._fast
+
+
 def host_arms(seconds: float, rounds: int, rec: Record) -> None:
     """`--host`: the timers against the guarded ring, with host sampling and the diagnosis on."""
     fx = harness.build_fixtures(Path(tempfile.mkdtemp(prefix="memtrace-agent-cpu-")))
     arms = ("timers", "guarded")
     total = (seconds + 1.5) * len(arms) * rounds + 30
-    # A training-like job at about 400 steps a second: copies, a wait and CPU work each step.
-    job_cmd = [str(fx / "trainjob"), "-t", str(total), "-k", "500", "-L", "200000", "-w", "100000"]
-    job_cmd = harness.pinned(job_cmd, harness.LAST_CPU)
+    job_cmd = host_job(fx, total)
     harness.pin_self({0})
     share: dict[str, list[float]] = {k: [] for k in arms}
     per_thread: dict[str, dict[str, list[float]]] = {k: {} for k in arms}
@@ -186,13 +203,7 @@ def host_arms(seconds: float, rounds: int, rec: Record) -> None:
     with harness.run_agent() as (agent, signals):
         job = subprocess.Popen(job_cmd, env=dict(os.environ, WORKLOAD_TRUTH="/dev/null"))
         try:
-            time.sleep(0.5)
-            agent.cuda.trace_pid(job.pid)
-            agent.scan([job.pid])
-            signals.start([job.pid])
-            fast = signals._fast
-            if fast is None:
-                sys.exit("agent_cpu --host: the C sampler does not run here (no NIC, or not built)")
+            fast = trace_job(agent, signals, job.pid, "--host")
             print(f"machine: {harness.describe()}; {seconds:g} s a round")
             with agent.draining(), signals.sampling():
                 time.sleep(3.0)  # probes attached, calibrated, the budget settled
@@ -279,8 +290,7 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
         sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
     exe = harness.build_c("floor.c", fx / "floor", ["-Wall"], ["-ldl"])
     total = (seconds + 1.0) * rounds + 40
-    job_cmd = [str(fx / "trainjob"), "-t", str(total), "-k", "500", "-L", "200000", "-w", "100000"]
-    job_cmd = harness.pinned(job_cmd, harness.LAST_CPU)
+    job_cmd = host_job(fx, total)
     harness.pin_self({0})
     agent_s: list[float] = []
     sampler_s: list[float] = []
@@ -293,13 +303,7 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
             text=True,
         )
         try:
-            time.sleep(0.5)
-            agent.cuda.trace_pid(job.pid)
-            agent.scan([job.pid])
-            signals.start([job.pid])
-            fast = signals._fast
-            if fast is None:
-                sys.exit("agent_cpu --floor: the C sampler does not run here (no NIC, or not built)")
+            fast = trace_job(agent, signals, job.pid, "--floor")
             gpus = len(signals.book.gpus)
             print(f"machine: {harness.describe()}; {seconds:g} s a round; GPUs the agent sees: {gpus} (test NVML)")
             with agent.draining(), signals.sampling():
