@@ -602,6 +602,61 @@ def test_a_process_found_to_be_a_server_starts_its_baseline_again() -> None:
     assert made == []
 
 
+def test_a_fault_in_a_servers_first_seconds_is_not_learnt_as_its_normal() -> None:
+    """A server's baseline takes longer to build than a training job's (each class of work
+    needs its own windows first). A CPU hog from its fourth judged window on is held out of
+    the baseline being built and found, as it would be later."""
+    rnd = random.Random(11)
+    windows = [([server(i, quiet_load(rnd))], host(i)) for i in range(7)]
+    hog = {"runq_ns": int(W_NS * 0.45), "preemptors": {HOG_CGROUP: (int(W_NS * 0.45), "", "stress")}}
+    for i in range(7, 20):
+        load = {wk: (n, ms * 1.6) for wk, (n, ms) in quiet_load(rnd).items()}
+        windows.append(([server(i, load, **hog)], host(i)))
+    d, made = run(windows)
+    assert made == [(8, "cpu_interference")]
+    assert d.diagnoses[0].ratio == pytest.approx(1.6, rel=0.1)
+
+
+def saturated(rnd: random.Random, ms: float) -> dict[tuple[int, int], tuple[int, float]]:
+    """A server that queues: every batch full, a class of work (HUGE: twice LARGE's bytes both
+    ways) it never served before, each iteration ms long."""
+    return {HUGE: (max(1, int(rnd.gauss(8, 1))), ms * rnd.uniform(0.95, 1.05))}
+
+
+def test_a_server_slowed_into_larger_batches_never_seen_is_diagnosed() -> None:
+    """A competing copier slows each iteration 4x; requests queue, and every batch becomes
+    a full one, of a class never seen. Twice LARGE's work takes at most 2 ** 2 (and a quarter
+    octave) times its 6 ms if nothing slowed: 48 ms is over that, and the window is slow by
+    its bound. The same full batches at what twice the work takes (12 ms) are learnt."""
+    rnd = random.Random(12)
+    hog = {"runq_ns": int(W_NS * 0.45), "preemptors": {HOG_CGROUP: (int(W_NS * 0.45), "", "stress")}}
+    base = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
+    slowed = base + [([server(i, saturated(rnd, 48.0), **hog)], host(i)) for i in range(40, 46)]
+    d, made = run(slowed)
+    assert made == [(41, "cpu_interference")]
+    assert d.diagnoses[0].evidence["unit"] == "iteration"
+    rnd = random.Random(12)
+    busy = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
+    busy += [([server(i, saturated(rnd, 12.0))], host(i)) for i in range(40, 100)]
+    busy += [([server(i, quiet_load(rnd))], host(i)) for i in range(100, 140)]
+    _, made = run(busy)
+    assert made == []
+
+
+def test_a_server_whose_smaller_work_takes_longer_than_larger_is_diagnosed() -> None:
+    """A class of work never seen, smaller both ways than one known (TINY under SMALL's 2 ms),
+    cannot take longer than it if nothing slowed: at 5 ms it is slow; at 1 ms it is learnt."""
+    tiny = (6, 4)
+    hog = {"runq_ns": int(W_NS * 0.45), "preemptors": {HOG_CGROUP: (int(W_NS * 0.45), "", "stress")}}
+    for ms, expect in ((5.0, [(41, "cpu_interference")]), (1.0, [])):
+        rnd = random.Random(13)
+        windows = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
+        over = hog if expect else {}
+        windows += [([server(i, {tiny: (30, ms)}, **over)], host(i)) for i in range(40, 46)]
+        _, made = run(windows)
+        assert made == expect, ms
+
+
 # ---- ambiguous and unknown: the candidates ----
 
 

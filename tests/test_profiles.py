@@ -335,7 +335,8 @@ def test_profile_a_running_process_by_pid(fakecuda: Path, tmp_path: Path) -> Non
         go.touch()
         assert work.stdout.readline().strip() == "done"
         assert work.wait(timeout=60) == 0
-        assert prof.wait(timeout=60) == 0
+        prof.communicate(timeout=60)  # its stderr read to the end: a full pipe would stop it
+        assert prof.returncode == 0
     finally:
         for p in (work, prof):
             if p.poll() is None:
@@ -413,7 +414,8 @@ def test_attaching_to_a_running_process_never_calls_its_earlier_memory_pageable(
         go.touch()
         assert work.stdout.readline().strip() == "done"
         assert work.wait(timeout=60) == 0
-        assert prof.wait(timeout=60) == 0
+        prof.communicate(timeout=60)  # its stderr read to the end: a full pipe would stop it
+        assert prof.returncode == 0
     finally:
         for p in (work, prof):
             if p.poll() is None:

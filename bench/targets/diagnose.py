@@ -181,6 +181,10 @@ class Job:
         """nic_setns: it enters netns itself, after its first steps."""
         raise SystemExit(f"nic_setns: {self.shape} cannot enter a namespace itself")
 
+    def onset_at(self, at: float) -> float:
+        """The fault's onset, seconds after the job began: the one drawn, or the job's own."""
+        return at
+
     def onset(self, began: float, at: float) -> None:
         """Sleep until the fault's onset: `at` seconds after the job began."""
         time.sleep(max(0.0, began + at - time.monotonic()))
@@ -421,6 +425,7 @@ def trial(
     out = tmp / "summary.json"
     at = rnd.uniform(0.35, 0.65) * seconds
     spec = made or trainjob(fc, seconds)
+    at = spec.onset_at(at)  # a competing copier's start too (sh's sleep, below)
     t.shape = spec.shape
     net: NetPair | None = None
     data = tmp / "dataset"

@@ -103,8 +103,11 @@ class ZooJob(Job):
     def entering(self, netns: Path) -> None:
         self.env.update(ZOO_NETNS=str(netns), ZOO_NETNS_AFTER="0.3")
 
+    def onset_at(self, at: float) -> float:
+        return self.at_s if self.at_s is not None else at
+
     def onset(self, began: float, at: float) -> None:
-        super().onset(began, self.at_s if self.at_s is not None else at)
+        super().onset(began, at)
         if self.phases is None:
             return
         seen = self.phases.read_text().count("\n") if self.phases.exists() else 0

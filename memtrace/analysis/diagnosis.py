@@ -54,10 +54,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace.core.ids import ProcessKey
+from memtrace.model.steps import WORK_CLASSES_PER_OCTAVE
 
 WINDOW_S = 0.5
 BASELINE = 20  # normal windows in a baseline
 MIN_BASELINE = 6  # before this many, no judgement
+# From this many normal windows on, a window slow against their median is held out of the
+# baseline being built (a fault in a job's first seconds is not learnt as its normal), and
+# enough of them in a row are a slowdown.
+MIN_JUDGE = 4
 # A fault that halves one of three resources a step uses in equal parts slows
 # it by a sixth to a third; a healthy job's half-second means stay within a
 # few percent of its median (bench/diagnose prints the spread it saw).
@@ -68,6 +73,10 @@ CLEAR_AFTER = 4
 REFINE_WINDOWS = 4  # NVML's slow readings (link width) come every second or so
 MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline holds this many windows
 NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviations above the baseline
+# A server's class of work never seen, larger than a known one, takes at most the known one's
+# time times the ratio of their work to this power, if nothing slowed: a batch's time grows
+# less than linearly with its size, a prompt's attention quadratically with its length.
+GROWTH_POWER = 2.0
 AMBIGUOUS_WITHIN = 1.25  # the best cause scores less than this times the second: both fit
 
 
@@ -287,6 +296,7 @@ class _Seen:
     # A server's busy ns per iteration of each class of work, in its normal windows.
     unit: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     serving: bool = False  # judged as a server (its baseline is in units of work)
+    last: float | None = None  # its last window's symptom value (for a debug log)
     active: Diagnosis | None = None
     since_detect: int = 0
     calm: int = 0
@@ -306,6 +316,38 @@ def _work_ratio(s: _Seen, w: ProcWindow) -> float | None:
         if n and base is not None and len(base) >= MIN_CLASS_WINDOWS:
             busy += ns
             expected += n * statistics.median(base)
+    return busy / expected if expected else None
+
+
+def _class_bound(wk: tuple[int, int], known: dict[tuple[int, int], float]) -> float | None:
+    """The most a class of work never seen may take per iteration if nothing slowed, from the
+    known classes (busy ns per iteration): no more than a class of at least as much work in
+    both directions, and no more than a class of less work times the ratio of the two (at
+    most, by their quarter octaves) to GROWTH_POWER. None: no known class bounds it (a
+    direction it moves bytes in that no known class does)."""
+    best = math.inf
+    for k, ns in known.items():
+        if k[0] >= wk[0] and k[1] >= wk[1]:
+            best = min(best, ns)
+        elif k[0] <= wk[0] and k[1] <= wk[1] and (k[0] or not wk[0]) and (k[1] or not wk[1]):
+            octaves = (max(wk[0] - k[0], wk[1] - k[1]) + 1) / WORK_CLASSES_PER_OCTAVE
+            best = min(best, ns * 2.0 ** (GROWTH_POWER * octaves))
+    return None if best == math.inf else best
+
+
+def _bounded_ratio(s: _Seen, w: ProcWindow) -> float | None:
+    """A server's window of classes of work never seen (a slowdown that queues requests
+    makes larger batches; so does a load that rises): its busy time over the most those
+    classes could take if nothing slowed (_class_bound). At most the true ratio: a window
+    above SLOW_RATIO by it is slow, whatever the load; one below is not judged (its classes
+    are learnt). None where no known class bounds any of them."""
+    known = {wk: statistics.median(b) for wk, b in s.unit.items() if len(b) >= MIN_CLASS_WINDOWS}
+    busy = expected = 0.0
+    for wk, (n, ns) in w.work.items():
+        bound = _class_bound(wk, known) if n else None
+        if bound is not None:
+            busy += ns
+            expected += n * bound
     return busy / expected if expected else None
 
 
@@ -339,8 +381,12 @@ def _within_noise(s: _Seen, w: ProcWindow, value: float, base: float) -> bool:
 
 def _symptom_value(s: _Seen, w: ProcWindow) -> float | None:
     """What a window is judged by: a training job's mean step (ns), a
-    server's busy time at equal work over its baseline (1: as before)."""
-    return _work_ratio(s, w) if w.serving else _step_mean(w)
+    server's busy time at equal work over its baseline (1: as before), or,
+    where none of its classes of work is known, over their bound."""
+    if not w.serving:
+        return _step_mean(w)
+    ratio = _work_ratio(s, w)
+    return ratio if ratio is not None else _bounded_ratio(s, w)
 
 
 def _share(part: int, whole: int) -> float:
@@ -401,8 +447,14 @@ class Diagnoser:
         s = self.seen.get(key)
         if s is None:
             return "not seen"
-        base = f"baseline {statistics.median(s.normal) * 1e-6:.3g} ms" if s.normal else "no baseline"
         active = f", slowdown ({s.active.cause})" if s.active is not None else ""
+        if s.serving:
+            last = "not judged" if s.last is None else f"{s.last:.3g}x"
+            base = f"baseline {statistics.median(s.normal):.3g}x" if s.normal else "no baseline"
+            classes = sum(len(b) >= MIN_CLASS_WINDOWS for b in s.unit.values())
+            known = f"{len(s.normal)} windows, {classes} classes known"
+            return f"serving, at equal work {last}; {base} of {known}, {len(s.slow)} slow{active}"
+        base = f"baseline {statistics.median(s.normal) * 1e-6:.3g} ms" if s.normal else "no baseline"
         return f"{base} of {len(s.normal)} windows, {len(s.slow)} slow{active}"
 
     def observe(self, procs: list[ProcWindow], host: HostWindow) -> list[Diagnosis]:
@@ -433,12 +485,17 @@ class Diagnoser:
             s.normal_windows.clear()
             s.unit.clear()
             s.slow, s.serving = [], w.serving
-        mean = _symptom_value(s, w)
-        if mean is None:
+        mean = s.last = _symptom_value(s, w)
+        # Only classes of work never seen: judged against their bound, never learnt as a ratio.
+        bounded = w.serving and _work_ratio(s, w) is None
+        if mean is None or (bounded and s.active is None and not self._slow(s, w, mean)):
             if w.serving and s.active is None:
-                _learn_work(s, w)  # classes never seen: learned, not judged
+                _learn_work(s, w)  # classes never seen, not slow by their bound: learnt
+            if mean is not None:
+                s.slow = []  # judged, and not slow
             return None
-        if len(s.normal) < MIN_BASELINE:
+        if len(s.normal) < MIN_BASELINE and not (len(s.normal) >= MIN_JUDGE and self._slow(s, w, mean)):
+            s.slow = []
             s.normal.append(mean)
             s.normal_windows.append((w, host))
             if w.serving:
@@ -468,6 +525,13 @@ class Diagnoser:
         if w.serving:
             _learn_work(s, w)
         return None
+
+    @staticmethod
+    def _slow(s: _Seen, w: ProcWindow, mean: float) -> bool:
+        if len(s.normal) < MIN_JUDGE:
+            return False
+        base = statistics.median(s.normal)
+        return mean > SLOW_RATIO * base and not _within_noise(s, w, mean, base)
 
     def _detect(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis:
         first, first_host = s.slow[0]
