@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from memtrace.analysis.diagnosis import (
@@ -19,7 +20,9 @@ from memtrace.analysis.diagnosis import (
     LinkWindow,
     ProcWindow,
 )
+from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey
+from memtrace.runtime.diagnose import longest_added
 
 MS = 1_000_000
 W_NS = int(WINDOW_S * 1e9)
@@ -79,6 +82,47 @@ def thirty_then_six(
 def healthy(n: int, seed: int = 1) -> list[tuple[list[ProcWindow], HostWindow]]:
     rnd = random.Random(seed)
     return [([proc(10.0 * rnd.uniform(0.9, 1.1))], host(i)) for i in range(n)]
+
+
+def with_one_long_step(i: int, step_ms: float, long_ms: float, **over: object) -> ProcWindow:
+    """A window of steps of step_ms, one of which (a checkpoint's serialisation, a log line's
+    sync) took long_ms; the runtime gives its longest step (runtime/diagnose._longest)."""
+    w = proc(step_ms, **over)
+    w.steps += 1
+    w.step_ns += int(long_ms * MS)
+    w.longest_ns = int(long_ms * MS)
+    return w
+
+
+def test_one_long_step_in_each_of_two_windows_is_no_slowdown() -> None:
+    """Checkpoints (300 ms of serialisation) end in two windows in a row, as they do when one
+    ends just after a window's start and a log flush falls in the next: each window's mean
+    step is 1.6x, but its other steps are as before. No diagnosis; the same windows with every
+    step 1.6x are one."""
+    windows = healthy(30)
+    for i in (100, 101, 200, 201, 300, 301):
+        windows += healthy(i - len(windows), seed=i)
+        windows.append(([with_one_long_step(i, 10.0, 300.0)], host(i)))
+    _, made = run(windows)
+    assert made == []
+    slowed = healthy(30) + [([with_one_long_step(i, 16.0, 30.0)], host(i)) for i in range(30, 36)]
+    _, made = run(slowed)
+    assert made and made[0][0] == 31
+
+
+def test_the_longest_step_of_a_window_is_read_from_the_step_histogram() -> None:
+    """The runtime's longest step of a window: what its step histogram gained since the last
+    window, at least, within a bucket (2.2%); nothing where the histogram is another's."""
+    h = ExpHistogram()
+    assert longest_added(None, h) == 0
+    h.add(np.array([0.010, 0.011, 0.300]))
+    before = h.copy()
+    h.add(np.array([0.010, 0.012, 0.0099]))
+    assert longest_added(before, h) == pytest.approx(12 * MS, rel=0.022) and longest_added(before, h) <= 12 * MS
+    assert longest_added(h.copy(), h) == 0  # nothing added
+    other = ExpHistogram()
+    other.add(np.array([0.5, 0.6, 0.7, 0.8]))
+    assert longest_added(other, h) == 0  # not what `other` grew into
 
 
 def test_a_healthy_noisy_loop_is_never_diagnosed() -> None:

@@ -63,6 +63,7 @@ MIN_BASELINE = 6  # before this many, no judgement
 # baseline being built (a fault in a job's first seconds is not learnt as its normal), and
 # enough of them in a row are a slowdown.
 MIN_JUDGE = 4
+TRIM_FROM = 4  # a training window of this many steps or more is judged without its longest
 # A fault that halves one of three resources a step uses in equal parts slows
 # it by a sixth to a third; a healthy job's half-second means stay within a
 # few percent of its median (bench/diagnose prints the spread it saw).
@@ -191,6 +192,7 @@ class ProcWindow:
     start_ns: int = 0  # the process's start, wall clock
     steps: int = 0
     step_ns: int = 0
+    longest_ns: int = 0  # its longest step in the window, at least (0: not known)
     gpu_idle_ns: int = 0
     host_ns: int = 0  # the step's own work (on CPU, run queue, off CPU)
     copy_bytes: int = 0
@@ -303,7 +305,15 @@ class _Seen:
 
 
 def _step_mean(w: ProcWindow) -> float | None:
-    return w.step_ns / w.steps if w.steps else None
+    """A window's mean step without its longest, where it holds TRIM_FROM steps or more: a
+    checkpoint's serialisation, a log line's synchronisation or a collection is one step, not
+    the loop, and two of them in a row (or one beside a noisy window) read as a slowdown. A
+    slowdown stretches every step: the others show it."""
+    if not w.steps:
+        return None
+    if w.steps >= TRIM_FROM and 0 < w.longest_ns < w.step_ns:
+        return (w.step_ns - w.longest_ns) / (w.steps - 1)
+    return w.step_ns / w.steps
 
 
 def _work_ratio(s: _Seen, w: ProcWindow) -> float | None:

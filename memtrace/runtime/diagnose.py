@@ -19,8 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from memtrace.analysis.diagnosis import Diagnoser, Diagnosis, GpuWindow, HostWindow, LinkWindow, ProcWindow
 from memtrace.core.cpu import CpuStats
+from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey
 from memtrace.model.host import HostBook
 from memtrace.model.steps import Loop, StepStats
@@ -52,6 +55,24 @@ class _Counters:
         return _Counters(*(getattr(self, f.name) - getattr(prev, f.name) for f in dataclasses.fields(self)))
 
 
+def longest_added(prev: ExpHistogram | None, cur: ExpHistogram) -> int:
+    """The longest duration added to a histogram of seconds since its copy `prev`, at least
+    (ns: the lower edge of its bucket, within 2.2% at the default scale); 0 where that cannot
+    be told (no copy, nothing added, or `cur` not what `prev` grew into: a process's steps
+    now another thread's)."""
+    if prev is None or prev.scale < cur.scale or prev.count >= cur.count:
+        return 0
+    base = prev.downscaled(cur.scale) if prev.scale > cur.scale else prev
+    n = len(base.buckets)
+    if n and (base.offset < cur.offset or base.offset + n > cur.offset + len(cur.buckets)):
+        return 0
+    d = cur.minus(base)
+    if not len(d.buckets) or (d.buckets < 0).any():
+        return 0
+    top = int(np.flatnonzero(d.buckets)[-1]) + d.offset
+    return int(2.0 ** (top * 2.0**-d.scale) * 1e9)
+
+
 class LiveDiagnosis:
     def __init__(
         self, agent: Agent, host: HostSignals, on_diagnosis: Callable[[Diagnosis], None] | None = None
@@ -67,6 +88,7 @@ class LiveDiagnosis:
         self._prev_hits: dict[ProcessKey, int] = {}  # its memory cgroups' limit hits
         self._prev_calls: dict[ProcessKey, int] = {}  # ns in its collective calls, as the NCCL sensor has them
         self._prev_work: dict[ProcessKey, dict[tuple[int, int], tuple[int, int]]] = {}  # a server's, by class
+        self._prev_durations: dict[ProcessKey, ExpHistogram] = {}  # its step durations (s)
         self._prev_pcie: dict[str, int] = {}  # per GPU: the PCIe bytes its driver counted
         self._prev_t: int | None = None
         self._prev_stall: int | None = None
@@ -96,6 +118,7 @@ class LiveDiagnosis:
             self._prev_hits,
             self._prev_calls,
             self._prev_work,
+            self._prev_durations,
         ):
             for key in prev.keys() - live:
                 del prev[key]
@@ -147,6 +170,7 @@ class LiveDiagnosis:
                 prev = self._prev_counters.get(key)
                 self._prev_counters[key] = cur
                 work = self._work(key, steps)
+                longest = self._longest(key, steps)
                 if prev is None:
                     continue
                 d = cur - prev
@@ -166,6 +190,7 @@ class LiveDiagnosis:
                     copy_bytes=d.copy_bytes,
                     copy_ns=d.copy_ns,
                     job=str(proc.attributes.get("memtrace.job.id", "")),
+                    longest_ns=longest,
                     serving=work is not None,
                     work=work or {},  # a server's first window as one: no classes yet (learned next)
                 )
@@ -236,6 +261,15 @@ class LiveDiagnosis:
     def _comm(pid: int, comm: str) -> str:
         """A preempting process's name; memtrace itself (the agent's threads) as AGENT_COMM."""
         return AGENT_COMM if pid == os.getpid() else comm
+
+    def _longest(self, key: ProcessKey, steps: StepStats | None) -> int:
+        """The window's longest step (longest_added) from the process's step histograms."""
+        if steps is None:
+            self._prev_durations.pop(key, None)
+            return 0
+        prev = self._prev_durations.get(key)
+        self._prev_durations[key] = steps.durations.copy()
+        return longest_added(prev, steps.durations)
 
     def _work(self, key: ProcessKey, steps: StepStats | None) -> dict[tuple[int, int], tuple[int, int]] | None:
         """A server's iterations in the window by class of work: (iterations, busy ns), the
