@@ -679,6 +679,15 @@ def test_a_server_slowed_into_larger_batches_never_seen_is_diagnosed() -> None:
     d, made = run(slowed)
     assert made == [(41, "cpu_interference")]
     assert d.diagnoses[0].evidence["unit"] == "iteration"
+    # A few small batches still come between the full ones, at their usual time: the window
+    # is not judged by them alone.
+    rnd = random.Random(12)
+    mixed = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
+    for i in range(40, 46):
+        load = {**saturated(rnd, 48.0), SMALL: (2, 2.0)}
+        mixed.append(([server(i, load, **hog)], host(i)))
+    _, made = run(mixed)
+    assert made == [(41, "cpu_interference")]
     rnd = random.Random(12)
     busy = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
     busy += [([server(i, saturated(rnd, 12.0))], host(i)) for i in range(40, 100)]

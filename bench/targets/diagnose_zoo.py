@@ -19,7 +19,8 @@ emulated link and GPU time, the number of copies, and the shape's own):
   streams      a compute stream and a copy stream
   graph        one CUDA graph replay per step
   pool         JAX's way: a pool of threads sharing one stream
-  server       an inference server, random arrivals, load-dependent batches
+  server       an inference server, random arrivals, load-dependent batches,
+               0.3 to 1 ms of host work per request in each iteration
   server_load  the same, whose request rate doubles or triples: every fault
                starts as the load changes
   llm          an LLM server, prefill and decode iterations
@@ -201,6 +202,9 @@ def make_job(shape: str, fc: Path, tmp: Path, seconds: float, rnd: random.Random
         else:
             own += ["-r", str(int(rate * seconds)), "-R", f"{rate:.1f}"]
             at_s = None
+    # Host work per request (tokenising, pre- and post-processing) inside each iteration: a
+    # server's CPU matters to it, as a real one's does (without it a CPU fault slows nothing).
+    own += ["-c", str(rnd.randint(300, 1000))]
     argv = [str(zoo / "server"), "-s", str(rnd.randrange(1 << 30)), *own]
     return ZooJob("server", ["taskset", "-c", CPU, *argv], None, env, shape, at_s=at_s, serving=True)
 

@@ -346,15 +346,15 @@ def _class_bound(wk: tuple[int, int], known: dict[tuple[int, int], float]) -> fl
 
 
 def _bounded_ratio(s: _Seen, w: ProcWindow) -> float | None:
-    """A server's window of classes of work never seen (a slowdown that queues requests
-    makes larger batches; so does a load that rises): its busy time over the most those
-    classes could take if nothing slowed (_class_bound). At most the true ratio: a window
-    above SLOW_RATIO by it is slow, whatever the load; one below is not judged (its classes
-    are learnt). None where no known class bounds any of them."""
+    """A server's iterations of classes of work never seen (a slowdown that queues requests
+    makes larger batches; so does a load that rises): their busy time over the most those
+    classes could take if nothing slowed (_class_bound). At most the true ratio: above
+    SLOW_RATIO by it they are slow, whatever the load. None where no known class bounds
+    any of them."""
     known = {wk: statistics.median(b) for wk, b in s.unit.items() if len(b) >= MIN_CLASS_WINDOWS}
     busy = expected = 0.0
     for wk, (n, ns) in w.work.items():
-        bound = _class_bound(wk, known) if n else None
+        bound = _class_bound(wk, known) if n and wk not in known else None
         if bound is not None:
             busy += ns
             expected += n * bound
@@ -390,13 +390,15 @@ def _within_noise(s: _Seen, w: ProcWindow, value: float, base: float) -> bool:
 
 
 def _symptom_value(s: _Seen, w: ProcWindow) -> float | None:
-    """What a window is judged by: a training job's mean step (ns), a
-    server's busy time at equal work over its baseline (1: as before), or,
-    where none of its classes of work is known, over their bound."""
+    """What a window is judged by: a training job's mean step (ns), or a
+    server's busy time at equal work over its baseline (1: as before), the
+    iterations of classes never seen over their bound where that is more (a
+    slowdown that queues requests makes batches of new classes: were they
+    left out, the few iterations of known classes would judge the window)."""
     if not w.serving:
         return _step_mean(w)
-    ratio = _work_ratio(s, w)
-    return ratio if ratio is not None else _bounded_ratio(s, w)
+    ratios = [r for r in (_work_ratio(s, w), _bounded_ratio(s, w)) if r is not None]
+    return max(ratios) if ratios else None
 
 
 def _share(part: int, whole: int) -> float:
