@@ -34,11 +34,16 @@ the second or more of the model's notices and a first window.
 The duty cycle. A process sampled puts the libraries it launches through
 in per-process mode (sensors/cuda/launches.py) with its own links
 detached: it starts in a gap, and the fully probed time before counts as
-its first window. A window (its own links attached) lasts duty x
-HORIZON_S, at least MIN_ON_S. The next opens once both hold: one window a
-HORIZON_S (w / duty apart where MIN_ON_S makes w longer than duty x
-HORIZON_S), so no second holds more than one window's worth of probed
-time; and the windows so far with the next take at most the duty's share
+its first window. A window (its own links attached) lasts duty x its
+period, at least MIN_ON_S: the period is YOUNG_PERIOD_S for the first
+YOUNG_S of its probed time (a job of a second is seen by several windows
+spread over it, so its gaps are seen from both sides and bounded) and
+HORIZON_S after. The time from a window's attach to its first reading
+(up to a tick, for an up-to-date CPU time) counts as probed. The next
+opens once both hold: one window a period (w / duty apart where MIN_ON_S
+makes w longer than duty x the period), so no second holds more than
+(1 + period) x the duty's share of probed time, under the budget with
+SAFETY; and the windows so far with the next take at most the duty's share
 of the time since its probed time began, so a short job's fully probed
 start is paid from the rest of it (a debt no more than one period at a
 time: after a set-up's long windows the loop is never left unwatched).
@@ -68,10 +73,14 @@ inside the window), by one of two clocks that run on unprobed:
   moves the estimate by CAL_ERROR x the launch traps' share of the
   windows' unprobed CPU: a few % where a trap is emulated (as CUDA's
   entries are), tens of % where it is single-stepped on a VM.
-Each process's estimate carries a relative error bound: per gap, twice
-the standard error of its windows' rates (how far the gap's rate may be
-from theirs, were it like them), and per CPU second the calibration's
-part. A gap with fewer than two windows to go by (a job shorter than its
+Each process's estimate carries a relative error bound: per gap, the
+half-width of a 95% interval of its windows' mean rate (Student's t times
+their standard error: two windows warrant a wide one), with a gap's edges
+for a per-call clock, and per CPU second the calibration's part. A per-call
+guess whose windows give no spread (every complete interval in one window)
+is bounded by the per-CPU guess where that one is: the truth lies within
+the per-CPU bound, so within that and the distance between the two.
+A gap with fewer than two windows to go by (a job shorter than its
 second window) has no bound, and the estimate says so (error None),
 never guessed. A gap is settled (its estimate fixed, the windows before
 it let go) once NEAR windows followed it and the trap cost is the
