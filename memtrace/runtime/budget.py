@@ -396,25 +396,32 @@ class _Sampled:
     ended: float | None = None
     end_cpu_ns: int | None = None
 
-    def base_period(self, t: float) -> float:
-        """Windows come one this often (at `t`): YOUNG_PERIOD_S in its first YOUNG_S, then HORIZON_S."""
-        return YOUNG_PERIOD_S if t - self.since < YOUNG_S else HORIZON_S
+    def young(self, t: float) -> bool:
+        return t - self.since < YOUNG_S
 
-    def on_s(self, t: float) -> float:
-        return max(MIN_ON_S, self.duty * self.base_period(t))
+    def on_s(self, t: float | None = None) -> float:
+        """A window's length opening at `t` (default: its current phase's
+        start): duty x YOUNG_PERIOD_S while young, duty x HORIZON_S after."""
+        young = self.young(self.phase.t if t is None else t)
+        return max(MIN_ON_S, self.duty * (YOUNG_PERIOD_S if young else HORIZON_S))
 
-    def next_window_at(self, closed_at: float, window_s: float) -> float:
+    def next_window_at(self, closed_at: float) -> float:
         """When the window after one that closed at `closed_at` may open (see
         the module's doc): one a period at most (YOUNG_PERIOD_S while young,
-        HORIZON_S after: either way no second holds more than (1 + period)
-        x the duty's share); and no sooner than the windows so far and one
-        more `window_s` long take at most the duty's share of the time since
-        its probed time began, though a debt puts it off by at most one
-        period more."""
-        period = max(self.base_period(closed_at), window_s / self.duty)
-        steady = closed_at + period - window_s
-        credit = self.since + (self.on_seconds + window_s) / self.duty
-        return max(steady, min(credit, steady + period))
+        HORIZON_S after, the first old one a HORIZON_S after the last young
+        one closed: no second holds more than (1 + YOUNG_PERIOD_S) x the
+        duty's share); and no sooner than the windows so far and the next
+        take at most the duty's share of the time since its probed time
+        began, though a debt puts it off by at most one period more."""
+        for young in (True, False):
+            window_s = max(MIN_ON_S, self.duty * (YOUNG_PERIOD_S if young else HORIZON_S))
+            period = max(YOUNG_PERIOD_S if young else HORIZON_S, window_s / self.duty)
+            steady = closed_at + period - window_s
+            credit = self.since + (self.on_seconds + window_s) / self.duty
+            t = max(steady, min(credit, steady + period))
+            if not young or self.young(t):
+                break
+        return t
 
     def retune(self, duty: float) -> None:
         """A new duty from a later weighing. An open window it makes too long
@@ -425,7 +432,7 @@ class _Sampled:
             if duty < 1.0:
                 self.next_toggle = min(self.next_toggle, self.phase.t + self.on_s(self.phase.t))
         else:
-            self.next_toggle = self.next_window_at(self.phase.t, self.on_s(self.phase.t))
+            self.next_toggle = self.next_window_at(self.phase.t)
 
     def _near(self, after: int, later: bool = True) -> list[_Span]:
         """The windows around a gap that followed `after` windows, as far as kept."""
@@ -433,10 +440,12 @@ class _Sampled:
         lo, hi = max(after - NEAR, first), min(after + NEAR if later else after, self.closed)
         return self.windows[lo - first : hi - first]
 
-    def open_window(self, gap_end: _Reading, attached_at: float) -> None:
+    def open_window(self, gap_end: _Reading, attached_at: float | None = None) -> None:
         """Its links went in at `attached_at`, the window's reading was taken
         at `gap_end` (up to a tick later: an up-to-date CPU time): that time
         was probed too, so it counts against the duty and the window."""
+        if attached_at is None:
+            attached_at = gap_end.t
         self.gaps.append((self.closed, _Span(self.phase, gap_end)))
         self.on, self.phase = True, gap_end
         self.on_seconds += max(gap_end.t - attached_at, 0.0)
@@ -450,7 +459,7 @@ class _Sampled:
         for a, c in w.launches.items():
             self.counted[a] = self.counted.get(a, 0) + c
         self.on, self.phase = False, end
-        self.next_toggle = self.next_window_at(end.t, self.on_s(end.t))
+        self.next_toggle = self.next_window_at(end.t)
         # A gap with NEAR windows after it is settled, once the cost is the calibrated one.
         while final and self.gaps and self.closed - self.gaps[0][0] >= NEAR:
             after, gap = self.gaps.pop(0)
@@ -781,7 +790,7 @@ class LaunchBudget:
         s = _Sampled(key.pid, duty, dict(start.counts), start, since=start.t - probed, on_seconds=probed)
         s.windows, s.closed = [first_window], 1
         s.decided, s.decided_launches = start, float(start.launches)
-        s.next_toggle = s.next_window_at(start.t, s.on_s(start.t))
+        s.next_toggle = s.next_window_at(start.t)
         with self._lock:
             self._sampled[key] = s
         log.info(
