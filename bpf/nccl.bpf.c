@@ -17,6 +17,13 @@
  * thread (as NCCL keeps it, thread-local), each collective carries it, and
  * the group end is an event of its own: user space takes its return as the
  * moment the grouped work was issued.
+ *
+ * Communicators (nccl.h, enum nc_comm_kind) have a pair of programs of
+ * their own and a ring of their own (`comms`): the calls that make one
+ * are rare, and their record (the 128-byte ncclUniqueId) stays off the
+ * collectives' path. The handle NCCL made is read through the call's
+ * output argument at return; user space names the communicator and ties
+ * later collectives to it by that handle.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -269,6 +276,198 @@ int BPF_KRETPROBE(nc_return)
 	return 0;
 }
 
+/* ---- communicators ---- */
+
+struct comm_call {
+	__u64 ts_ns;
+	__u64 cookie;
+	__u64 out;    /* where NCCL writes the handle(s), or the int answered (count, user_rank) */
+	__u64 comm;   /* count, user_rank: the communicator asked about */
+	__u64 parent; /* split: the parent communicator; init_all: the comms array */
+	__s32 rank;
+	__s32 nranks;
+	__s32 color;
+	__s32 key;
+	__u32 nested;
+	__u8 unique_id[NC_UNIQUE_ID_BYTES];
+};
+
+/* The outermost communicator call in flight, by tid (as `inflight`). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct comm_call);
+} comm_inflight SEC(".maps");
+
+/* Few records (one per communicator made or asked about). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 << 10);
+} comms SEC(".maps");
+
+/* The ncclUniqueId passed by value as the third argument of
+ * ncclCommInitRank(Config) (nccl.h): in the caller's stack just above the
+ * return address on x86-64, through a pointer in x2 on arm64. */
+static __always_inline __u64 unique_id_addr(const struct args *a)
+{
+#if defined(__TARGET_ARCH_x86)
+	return a->sp + 8;
+#else
+	return a->r[2];
+#endif
+}
+
+/* The int argument after it (rank): the third integer register on x86-64
+ * (the id took none), x3 on arm64. */
+static __always_inline __s32 rank_after_unique_id(const struct args *a)
+{
+#if defined(__TARGET_ARCH_x86)
+	return (__s32)a->r[2];
+#else
+	return (__s32)a->r[3];
+#endif
+}
+
+SEC("uprobe")
+int BPF_KPROBE(nc_comm_enter)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 tid = (__u32)id, kind = cookie & NC_CK_COLL_MASK;
+	struct comm_call *outer, *c;
+	struct comm_call zero = {};
+	struct args a = {};
+	__u64 now;
+
+	if (!is_traced(id >> 32, current_start()))
+		return 0;
+	outer = bpf_map_lookup_elem(&comm_inflight, &tid);
+	now = bpf_ktime_get_ns();
+	if (outer && now - outer->ts_ns < STALE_NS) {
+		__sync_fetch_and_add(&outer->nested, 1);
+		stat_inc(NC_STAT_NESTED);
+		return 0;
+	}
+	/* Built in the map, not on the stack: the record is larger than the
+	 * stack wants to hold twice. */
+	if (bpf_map_update_elem(&comm_inflight, &tid, &zero, BPF_ANY))
+		return 0;
+	c = bpf_map_lookup_elem(&comm_inflight, &tid);
+	if (!c)
+		return 0;
+	load_args(ctx, &a);
+	c->ts_ns = now;
+	c->cookie = cookie;
+	c->rank = c->nranks = c->color = c->key = -1;
+	switch (kind) {
+	case NC_COMM_INIT_RANK:
+	case NC_COMM_INIT_RANK_CONFIG:
+		c->out = a.r[0];
+		c->nranks = (__s32)a.r[1];
+		c->rank = rank_after_unique_id(&a);
+		bpf_probe_read_user(c->unique_id, sizeof(c->unique_id), (void *)unique_id_addr(&a));
+		break;
+	case NC_COMM_INIT_ALL:
+		c->out = c->parent = a.r[0];
+		c->nranks = (__s32)a.r[1];
+		break;
+	case NC_COMM_SPLIT:
+		c->parent = a.r[0];
+		c->color = (__s32)a.r[1];
+		c->key = (__s32)a.r[2];
+		c->out = a.r[3];
+		break;
+	default: /* count, user_rank */
+		c->comm = a.r[0];
+		c->out = a.r[1];
+		break;
+	}
+	return 0;
+}
+
+static __always_inline void comm_emit(const struct comm_call *c, __u32 kind, __s32 ret, __u64 comm, __s32 rank,
+				      __s32 nranks)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct nc_comm_event *e;
+
+	e = bpf_ringbuf_reserve(&comms, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(NC_STAT_COMMS_DROPPED);
+		return;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->start_ns = current_start();
+	e->comm = comm;
+	e->parent = c->parent;
+	__builtin_memcpy(e->unique_id, c->unique_id, sizeof(e->unique_id));
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->ret = ret;
+	e->rank = rank;
+	e->nranks = nranks;
+	e->color = c->color;
+	e->key = c->key;
+	e->kind = kind;
+	e->pad[0] = e->pad[1] = e->pad[2] = 0;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	stat_inc(NC_STAT_COMMS);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(nc_comm_return)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 tid = (__u32)id, kind = cookie & NC_CK_COLL_MASK;
+	__s32 ret = (__s32)PT_REGS_RC(ctx), answer = -1;
+	struct comm_call *c;
+	__u64 handle = 0;
+
+	if (!is_traced(id >> 32, current_start()))
+		return 0;
+	c = bpf_map_lookup_elem(&comm_inflight, &tid);
+	if (!c) {
+		stat_inc(NC_STAT_NO_ENTRY);
+		return 0;
+	}
+	if (c->nested > 0) {
+		__sync_fetch_and_add(&c->nested, -1);
+		return 0;
+	}
+	if (c->cookie != cookie) {
+		stat_inc(NC_STAT_NO_ENTRY);
+		return 0;
+	}
+	switch (kind) {
+	case NC_COMM_INIT_ALL:
+		for (__s32 i = 0; i < NC_INIT_ALL_MAX; i++) {
+			if (i >= c->nranks)
+				break;
+			handle = 0;
+			if (ret == 0)
+				bpf_probe_read_user(&handle, sizeof(handle), (void *)(c->out + 8 * i));
+			comm_emit(c, kind, ret, handle, i, c->nranks);
+		}
+		break;
+	case NC_COMM_COUNT:
+	case NC_COMM_USER_RANK:
+		if (ret == 0)
+			bpf_probe_read_user(&answer, sizeof(answer), (void *)c->out);
+		comm_emit(c, kind, ret, c->comm, kind == NC_COMM_USER_RANK ? answer : -1,
+			  kind == NC_COMM_COUNT ? answer : -1);
+		break;
+	default: /* init_rank, init_rank_config, split: the handle written through `out` */
+		if (ret == 0 && c->out)
+			bpf_probe_read_user(&handle, sizeof(handle), (void *)c->out);
+		comm_emit(c, kind, ret, handle, c->rank, c->nranks);
+		break;
+	}
+	bpf_map_delete_elem(&comm_inflight, &tid);
+	return 0;
+}
+
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(nc_fork, struct task_struct *parent, struct task_struct *child)
 {
@@ -290,6 +489,8 @@ int BPF_PROG(nc_exit, struct task_struct *p)
 	__u32 tgid = id >> 32, tid = (__u32)id;
 
 	if (bpf_map_delete_elem(&inflight, &tid) == 0)
+		stat_inc(NC_STAT_ABANDONED);
+	if (bpf_map_delete_elem(&comm_inflight, &tid) == 0)
 		stat_inc(NC_STAT_ABANDONED);
 	bpf_map_delete_elem(&group_depth, &tid);
 	if (filter_pids && BPF_CORE_READ(task, signal, live.counter) == 0)

@@ -74,7 +74,9 @@ enum nc_stat {
 	NC_STAT_NO_ENTRY = 3,   /* returns whose entry was not seen (probe attached mid-call) */
 	NC_STAT_ABANDONED = 4,  /* calls whose thread exited before returning */
 	NC_STAT_NESTED = 5,     /* probed calls made by a probed call (counted once, as the outer) */
-	NC_STAT_COUNT = 6,
+	NC_STAT_COMMS = 6,      /* communicator records queued on the `comms` ring */
+	NC_STAT_COMMS_DROPPED = 7, /* communicator records the ring could not take */
+	NC_STAT_COUNT = 8,
 };
 
 /* One completed call, queued on the `events` ring. */
@@ -116,6 +118,58 @@ struct nc_totals {
 	__u64 errors;
 	__u64 bytes_unknown; /* calls with a datatype outside enum nc_dtype */
 	__u64 duration_ns;   /* sum over all calls */
+};
+
+/*
+ * Communicators: the calls that make one, and the two that say a
+ * communicator's rank and size. A second pair of generic programs serves
+ * them (nc_comm_enter, nc_comm_return), off the collectives' hot path; the
+ * cookie is the enum below. Signatures (nccl.h, NCCL 2.x):
+ *   ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+ *   ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+ *                          ncclConfig_t *config)
+ *   ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
+ *   ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
+ *   ncclCommCount(const ncclComm_t comm, int *count)
+ *   ncclCommUserRank(const ncclComm_t comm, int *rank)
+ * ncclUniqueId (`struct { char internal[128]; }`) is passed by value: on
+ * x86-64 (SysV, a MEMORY-class aggregate) in the caller's stack above the
+ * return address, taking no register, so `rank` is in the third integer
+ * register; on arm64 (AAPCS64, a composite over 16 bytes) the caller passes
+ * a pointer to a copy in x2, and `rank` is in x3.
+ */
+enum nc_comm_kind {
+	NC_COMM_INIT_RANK = 0,
+	NC_COMM_INIT_RANK_CONFIG = 1,
+	NC_COMM_INIT_ALL = 2,
+	NC_COMM_SPLIT = 3,
+	NC_COMM_COUNT = 4,     /* ncclCommCount: a communicator's size */
+	NC_COMM_USER_RANK = 5, /* ncclCommUserRank: this process's rank in it */
+	NC_COMM_KIND_COUNT = 6,
+};
+
+#define NC_UNIQUE_ID_BYTES 128
+/* ncclCommInitAll makes one communicator per device in one call: the first
+ * this many handles are read. */
+#define NC_INIT_ALL_MAX 8
+
+/* One completed communicator call, queued on the `comms` ring (one per
+ * handle for ncclCommInitAll). */
+struct nc_comm_event {
+	__u64 ts_ns;     /* return, CLOCK_MONOTONIC */
+	__u64 start_ns;  /* the process's start, as struct nc_totals_key */
+	__u64 comm;      /* the ncclComm_t made (read through the comm/newcomm argument at return), or asked about */
+	__u64 parent;    /* split: the parent ncclComm_t; init_all: the comms array's address */
+	__u8 unique_id[NC_UNIQUE_ID_BYTES]; /* init: the ncclUniqueId as passed (else zero) */
+	__u32 pid;
+	__u32 tid;
+	__s32 ret;       /* ncclResult_t */
+	__s32 rank;      /* init: rank; init_all: the handle's index; user_rank: the answer; else -1 */
+	__s32 nranks;    /* init: nranks; init_all: ndev; count: the answer; else -1 */
+	__s32 color;     /* split: color (NCCL_SPLIT_NOCOLOR -1: no communicator made) */
+	__s32 key;       /* split: key */
+	__u8 kind;       /* enum nc_comm_kind */
+	__u8 pad[3];
 };
 
 #endif /* __MEMTRACE_NCCL_H */

@@ -24,6 +24,8 @@ from conftest import REPO, truth_totals
 
 from memtrace.core import apis
 from memtrace.core.abi import Direction, Stat
+from memtrace.core.nccl import CommKind
+from memtrace.core.nccl import Stat as NcclStat
 
 KERNELS = REPO / "tests" / "kernels"
 CACHE = Path(os.environ.get("MEMTRACE_KERNEL_CACHE", Path.home() / ".cache" / "memtrace-kernels"))
@@ -52,7 +54,15 @@ def parse(log: str) -> dict[str, dict]:
             _, path, err = line.split()
             runs.setdefault("loads", {})[Path(path).stem.split(".")[0]] = {"err": int(err)}
         elif line.startswith("MT-RUN "):
-            cur = runs[line.split()[1]] = {"truth": [], "totals": {}, "stats": {}, "events": None, "exit": None}
+            cur = runs[line.split()[1]] = {
+                "truth": [],
+                "totals": {},
+                "stats": {},
+                "events": None,
+                "exit": None,
+                "comms": [],
+                "nstats": {},
+            }
         elif cur is None:
             continue
         elif line.startswith('{"pid"'):
@@ -63,6 +73,13 @@ def parse(log: str) -> dict[str, dict]:
         elif line.startswith("MT-STAT "):
             i, v = map(int, line.split()[1:])
             cur["stats"][Stat(i)] = v
+        elif line.startswith("MT-COMM "):
+            f = line.split()[1:]
+            names = ("pid", "kind", "ret", "rank", "nranks", "color", "key", "comm", "parent")
+            cur["comms"].append({**dict(zip(names, map(int, f[:9]), strict=True)), "unique_id": f[9]})
+        elif line.startswith("MT-NSTAT "):
+            i, v = map(int, line.split()[1:])
+            cur["nstats"][NcclStat(i)] = v
         elif line.startswith("MT-EVENTS "):
             cur["events"] = int(line.split()[1])
         elif line.startswith("MT-EXIT "):
@@ -131,3 +148,34 @@ def test_shipped_object_counts_exactly_on_a_real_kernel(arch: str, tmp_path: Pat
 
     # The other sensors' objects load there too, their tracepoints attached.
     assert runs.get("loads") == {"sched": {"err": 0}, "nccl": {"err": 0}}, log[-3000:]
+
+    # The NCCL communicator probes read this arch's arguments: the
+    # ncclUniqueId passed by value (the caller's stack on x86-64, a pointer
+    # in x2 on arm64), the rank after it, and the handles NCCL wrote.
+    nccl = runs["nccl"]
+    assert nccl["exit"] == 0 and len(nccl["truth"]) == 1, log[-3000:]
+    (t,) = nccl["truth"]
+    by = defaultdict(list)
+    for c in nccl["comms"]:
+        assert c["pid"] == t["pid"]
+        by[CommKind(c["kind"])].append(c)
+    made, failed = by[CommKind.INIT_RANK]
+    assert (made["ret"], made["comm"], made["rank"], made["nranks"]) == (0, t["comm"], t["rank"], t["nranks"])
+    assert made["unique_id"] == t["id"] and failed["unique_id"] == t["id"]
+    assert failed["ret"] != 0 and failed["rank"] == t["nranks"] + 3
+    split, nocolor = by[CommKind.SPLIT]
+    assert (split["comm"], split["parent"], split["color"], split["key"]) == (
+        t["sub"],
+        t["comm"],
+        t["color"],
+        t["rank"],
+    )
+    assert (nocolor["comm"], nocolor["color"]) == (0, -1)
+    ((asked_rank,), (asked_count,)) = by[CommKind.USER_RANK], by[CommKind.COUNT]
+    assert (asked_rank["comm"], asked_rank["rank"]) == (t["sub"], t["sub_rank"])
+    assert (asked_count["comm"], asked_count["nranks"]) == (t["sub"], t["sub_nranks"])
+    assert [(c["comm"], c["rank"], c["nranks"]) for c in by[CommKind.INIT_ALL]] == [
+        (t["all"][0], 0, 2),
+        (t["all"][1], 1, 2),
+    ]
+    assert nccl["nstats"][NcclStat.COMMS] == len(nccl["comms"]) == 8

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memtrace.core import nccl
-from memtrace.core.nccl import Collective, DataType, Stat
+from memtrace.core.nccl import Collective, CommKind, DataType, Stat
 from memtrace.core.procfiles import lines_with
-from memtrace.sensors.nccl.plan import SYMBOLS
+from memtrace.sensors.nccl.plan import COMM_SYMBOLS, SYMBOLS
 from memtrace.sensors.nccl.sensor import object_path
 
 PROBE = r"""
@@ -56,7 +56,18 @@ int main(void) {
   C(NC_CK_COLL_SHIFT); C(NC_CK_COUNT_SHIFT); C(NC_CK_DTYPE_SHIFT); C(NC_CK_PEER_SHIFT); C(NC_CK_COMM_SHIFT);
   C(NC_CK_STREAM_SHIFT);
   C(NC_STAT_EVENTS); C(NC_STAT_DROPPED); C(NC_STAT_LOST_FULL); C(NC_STAT_NO_ENTRY); C(NC_STAT_ABANDONED);
-  C(NC_STAT_NESTED); C(NC_STAT_COUNT);
+  C(NC_STAT_NESTED); C(NC_STAT_COMMS); C(NC_STAT_COMMS_DROPPED); C(NC_STAT_COUNT);
+  S(nc_comm_event); O(nc_comm_event, ts_ns); O(nc_comm_event, start_ns); O(nc_comm_event, comm);
+  O(nc_comm_event, parent); O(nc_comm_event, unique_id); O(nc_comm_event, pid); O(nc_comm_event, tid);
+  O(nc_comm_event, ret); O(nc_comm_event, rank); O(nc_comm_event, nranks); O(nc_comm_event, color);
+  O(nc_comm_event, key); O(nc_comm_event, kind); O(nc_comm_event, pad);
+  Z(nc_comm_event, ts_ns); Z(nc_comm_event, start_ns); Z(nc_comm_event, comm); Z(nc_comm_event, parent);
+  Z(nc_comm_event, unique_id); Z(nc_comm_event, pid); Z(nc_comm_event, tid); Z(nc_comm_event, ret);
+  Z(nc_comm_event, rank); Z(nc_comm_event, nranks); Z(nc_comm_event, color); Z(nc_comm_event, key);
+  Z(nc_comm_event, kind); Z(nc_comm_event, pad);
+  C(NC_COMM_INIT_RANK); C(NC_COMM_INIT_RANK_CONFIG); C(NC_COMM_INIT_ALL); C(NC_COMM_SPLIT); C(NC_COMM_COUNT);
+  C(NC_COMM_USER_RANK); C(NC_COMM_KIND_COUNT); C(NC_UNIQUE_ID_BYTES); C(NC_INIT_ALL_MAX);
+  C(sizeof(ncclUniqueId)); C(NCCL_UNIQUE_ID_BYTES);
   printf("\"end\": 0\n}\n");
   return 0;
 }
@@ -99,6 +110,51 @@ def test_event_layout_matches_the_numpy_dtype(header: dict[str, int]) -> None:
         assert dt.fields is not None
         assert dt.fields[name][1] == header[f"nc_event.{name}"], name
         assert dt.fields[name][0].itemsize == header[f"nc_event.{name} size"], name
+
+
+def test_communicator_record_matches_the_numpy_dtype(header: dict[str, int]) -> None:
+    dt = nccl.COMM_EVENT_DTYPE
+    assert dt.itemsize == header["sizeof nc_comm_event"]
+    assert dt.names is not None and dt.fields is not None
+    assert set(dt.names) == {k.split(".")[1].removesuffix(" size") for k in header if k.startswith("nc_comm_event.")}
+    for name in dt.names:
+        assert dt.fields[name][1] == header[f"nc_comm_event.{name}"], name
+        assert dt.fields[name][0].itemsize == header[f"nc_comm_event.{name} size"], name
+    names = {
+        CommKind.INIT_RANK: "NC_COMM_INIT_RANK",
+        CommKind.INIT_RANK_CONFIG: "NC_COMM_INIT_RANK_CONFIG",
+        CommKind.INIT_ALL: "NC_COMM_INIT_ALL",
+        CommKind.SPLIT: "NC_COMM_SPLIT",
+        CommKind.COUNT: "NC_COMM_COUNT",
+        CommKind.USER_RANK: "NC_COMM_USER_RANK",
+    }
+    for k in CommKind:
+        assert header[names[k]] == k.value
+    assert header["NC_COMM_KIND_COUNT"] == nccl.COMM_KIND_COUNT == len(CommKind)
+    # NCCL's ncclUniqueId (nccl_fake.h declares it as nccl.h does) is what BPF copies whole
+    assert header["sizeof(ncclUniqueId)"] == header["NC_UNIQUE_ID_BYTES"] == nccl.UNIQUE_ID_BYTES
+    assert header["NC_INIT_ALL_MAX"] == nccl.INIT_ALL_MAX
+    assert {k: CommKind(v) for k, v in COMM_SYMBOLS.items()} == {
+        "ncclCommInitRank": CommKind.INIT_RANK,
+        "ncclCommInitRankConfig": CommKind.INIT_RANK_CONFIG,
+        "ncclCommInitAll": CommKind.INIT_ALL,
+        "ncclCommSplit": CommKind.SPLIT,
+        "ncclCommCount": CommKind.COUNT,
+        "ncclCommUserRank": CommKind.USER_RANK,
+    }
+
+
+def test_communicator_ids_are_fnv1a_64() -> None:
+    # FNV-1a's published test vectors
+    assert nccl.fnv1a64(b"") == 0xCBF29CE484222325
+    assert nccl.fnv1a64(b"a") == 0xAF63DC4C8601EC8C
+    assert nccl.fnv1a64(b"foobar") == 0x85944171F73967E8
+    uid = bytes(range(128))
+    assert nccl.comm_id_of_unique_id(uid) == nccl.fnv1a64(uid)
+    child = nccl.comm_id_of_split(0x1122334455667788, 3)
+    assert child == nccl.fnv1a64(bytes.fromhex("8877665544332211") + bytes.fromhex("03000000"))
+    assert nccl.comm_id_of_split(0x1122334455667788, -1) != child
+    assert nccl.comm_id_text(0xAB) == "00000000000000ab"
 
 
 def test_map_structs_match(header: dict[str, int]) -> None:
@@ -173,6 +229,8 @@ def test_nccl_objects_carry_btf_and_the_programs(arch: str) -> None:
         assert e["e_machine"] == "EM_BPF"
         names = {s.name for s in e.iter_sections()}
         assert {".BTF", ".maps", "uprobe", "uretprobe", "tp_btf/sched_process_fork"} <= names
+        progs = {s.name for s in e.get_section_by_name(".symtab").iter_symbols() if s["st_info"]["type"] == "STT_FUNC"}
+        assert {"nc_enter", "nc_return", "nc_comm_enter", "nc_comm_return"} <= progs
 
 
 @given(st.lists(st.sampled_from(["", "a", "libnccl.so", "libnccl.so.2", " ", "/x/", "nccl", "\n"]), max_size=40))

@@ -64,8 +64,12 @@ def trial(fleet: Fleet, fault: str, host: int) -> dict:
     fleet.onset(fault, host)
     named_at = cause_at = None
     seen: set[tuple[str, str, str]] = set()
+    said: dict[tuple[str, str, str], float] = {}  # what the host's agent diagnosed, first seen (since onset)
     deadline = time.monotonic() + GIVE_UP_S
     while time.monotonic() < deadline and cause_at is None:
+        for x in fleet.query(f'memtrace_diagnoses_total{{host_name="{fleet.hosts[host].name}"}}'):
+            m = x["metric"]
+            said.setdefault((m.get("process_pid", ""), m.get("cause", ""), m.get("own_cause", "")), time.time() - onset)
         for a in alerts(fleet):
             lab = a["labels"]
             seen.add((lab["memtrace_job_rank"], lab["host_name"], lab["slow_cause"]))
@@ -81,6 +85,8 @@ def trial(fleet: Fleet, fault: str, host: int) -> dict:
     print(
         f"  {fault} on host {host}: named {named_at}, cause {cause_at}, seen {sorted(seen)}, right {right}", flush=True
     )
+    # When the host's agent's diagnoses reached the backend (pid, cause, own cause): the local part of the latency.
+    print(f"    its agent said: {sorted(said.items(), key=lambda kv: kv[1])}", flush=True)
     time.sleep(SETTLE_S)
     return {"fault": fault, "named_s": named_at, "cause_s": cause_at, "right": right}
 

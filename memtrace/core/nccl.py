@@ -104,9 +104,11 @@ class Stat(enum.IntEnum):
     NO_ENTRY = 3
     ABANDONED = 4
     NESTED = 5
+    COMMS = 6  # communicator records queued
+    COMMS_DROPPED = 7  # communicator records the ring could not take
 
 
-STAT_COUNT = 6
+STAT_COUNT = 8
 
 
 class TotalsKey(ctypes.Structure):
@@ -172,3 +174,82 @@ class CallTotals:
     errors: int = 0
     bytes_unknown: int = 0  # calls whose datatype NCCL did not define: bytes not known
     duration_ns: int = 0
+
+
+# ---- communicators (nccl.h: enum nc_comm_kind, struct nc_comm_event) ----
+
+
+class CommKind(enum.IntEnum):
+    INIT_RANK = 0
+    INIT_RANK_CONFIG = 1
+    INIT_ALL = 2
+    SPLIT = 3
+    COUNT = 4  # ncclCommCount: the communicator's size
+    USER_RANK = 5  # ncclCommUserRank: this process's rank in it
+
+    @property
+    def makes(self) -> bool:
+        """Does the call make a communicator (else it asks about one)?"""
+        return self not in (CommKind.COUNT, CommKind.USER_RANK)
+
+
+COMM_KIND_COUNT = 6
+UNIQUE_ID_BYTES = 128
+INIT_ALL_MAX = 8  # ncclCommInitAll: handles read per call
+
+# struct nc_comm_event, decoded in batches (192 bytes).
+COMM_EVENT_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"),
+        ("start_ns", "<u8"),
+        ("comm", "<u8"),
+        ("parent", "<u8"),
+        ("unique_id", "u1", (UNIQUE_ID_BYTES,)),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("ret", "<i4"),
+        ("rank", "<i4"),
+        ("nranks", "<i4"),
+        ("color", "<i4"),
+        ("key", "<i4"),
+        ("kind", "u1"),
+        ("pad", "u1", (3,)),
+    ]
+)
+
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+
+
+def fnv1a64(data: bytes, h: int = _FNV_OFFSET) -> int:
+    """64-bit FNV-1a of `data` (from `h`, to continue a hash)."""
+    for b in data:
+        h = ((h ^ b) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def comm_id_of_unique_id(unique_id: bytes) -> int:
+    """A communicator's id: the 64-bit FNV-1a of the 128 bytes of the
+    ncclUniqueId every rank passed to ncclCommInitRank(Config). The same in
+    every rank on every host; the id's bytes (NCCL's magic and the root's
+    address) are not exported."""
+    return fnv1a64(bytes(unique_id))
+
+
+def comm_id_of_split(parent: int, color: int) -> int:
+    """ncclCommSplit's child: its parent's id continued with the color
+    (32-bit, little-endian), the same in every rank that chose that color."""
+    return fnv1a64(color.to_bytes(4, "little", signed=True), fnv1a64(parent.to_bytes(8, "little")))
+
+
+def comm_id_of_init_all(pid: int, start_ns: int, array: int) -> int:
+    """ncclCommInitAll's communicator, one process's alone: its process
+    (pid, start) and the array NCCL wrote the handles to."""
+    return fnv1a64(
+        b"init_all" + pid.to_bytes(4, "little") + start_ns.to_bytes(8, "little") + array.to_bytes(8, "little")
+    )
+
+
+def comm_id_text(comm_id: int) -> str:
+    """As exported: 16 hex digits."""
+    return f"{comm_id:016x}"

@@ -10,11 +10,14 @@ the fold's dispatch table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from memtrace.core.ids import ProcessInfo, ProcessKey
+from memtrace.core.nccl import COMM_EVENT_DTYPE
+
+NO_COMMS = np.zeros(0, COMM_EVENT_DTYPE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,12 +91,15 @@ class Exited:
 @dataclass(frozen=True, eq=False)
 class Collectives:
     """The NCCL sensor's events (core/nccl.EVENT_DTYPE), complete up to
-    `complete_until_ns` (CLOCK_MONOTONIC), and the processes with libnccl
-    mapped (whose waits may follow collectives)."""
+    `complete_until_ns` (CLOCK_MONOTONIC), the processes with libnccl
+    mapped (whose waits may follow collectives), and the communicators made
+    or asked about since the last (core/nccl.COMM_EVENT_DTYPE), which come
+    before the events in time."""
 
     events: np.ndarray
     complete_until_ns: int
     users: frozenset[ProcessKey]
+    comms: np.ndarray = field(default_factory=lambda: NO_COMMS)
 
 
 Notice = Events | ProcessMet | Held | Missed | LaunchesMissed | Execed | Exited | Collectives

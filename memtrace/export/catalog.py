@@ -682,12 +682,18 @@ PROCESS_RESOURCE = (
         "memtrace.job.id",
         "the job it belongs to, the same in every rank on every host, from its launcher's variables: "
         "TORCHELASTIC_RUN_ID, else SLURM_JOB_ID.SLURM_STEP_ID, else MASTER_ADDR:MASTER_PORT (a loopback "
-        "address prefixed with the host's name); absent when no launcher started it",
+        "address prefixed with the host's name); where no launcher named it, its NCCL communicator: "
+        "`nccl-` and `memtrace.nccl.comm_id`; absent when neither did",
+    ),
+    Attribute(
+        "memtrace.job.id.source",
+        "where the process has an NCCL communicator, which named the job: `launcher` or `nccl`",
     ),
     Attribute(
         "memtrace.job.launcher",
         "whose variables said so: `torchelastic`, `slurm`, `rendezvous` (MASTER_ADDR), or where only a rank "
-        "was given `torch`, `openmpi`, `mpich`, `kubernetes-indexed-job`",
+        "was given `torch`, `openmpi`, `mpich`, `kubernetes-indexed-job`; `nccl` where only its NCCL "
+        "communicator said",
     ),
     Attribute(
         "memtrace.job.rank",
@@ -695,6 +701,22 @@ PROCESS_RESOURCE = (
     ),
     Attribute("memtrace.job.world_size", "the job's ranks: WORLD_SIZE or its launcher's equivalent"),
     Attribute("memtrace.job.local_rank", "its rank on its host: LOCAL_RANK or its launcher's equivalent"),
+    Attribute(
+        "memtrace.nccl.comm_id",
+        "its NCCL communicator, read from the calls that made it: 16 hex digits of the 64-bit FNV-1a hash of "
+        "the 128-byte ncclUniqueId given to ncclCommInitRank(Config), the same in every rank on every host; "
+        "for ncclCommSplit, the parent's id continued with the color (32-bit little-endian); of a process's "
+        "communicators, the one with the most ranks (the first made among equals)",
+    ),
+    Attribute(
+        "memtrace.nccl.rank",
+        "its rank in that communicator: ncclCommInitRank's argument, or for a split the answer of "
+        "ncclCommUserRank where the process asked (absent: not known)",
+    ),
+    Attribute(
+        "memtrace.nccl.nranks",
+        "that communicator's ranks: ncclCommInitRank's argument, or ncclCommCount's answer for a split",
+    ),
     Attribute("host.name", "the host's name", semconv=True),
     Attribute("k8s.node.name", "from NODE_NAME (the DaemonSet sets it)", semconv=True),
     Attribute("service.name", "memtrace", semconv=True),

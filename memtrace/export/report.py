@@ -170,6 +170,25 @@ def job(attributes: dict[str, str | int]) -> schema.Job | None:
         out["world_size"] = size
     if isinstance(local, int):
         out["local_rank"] = local
+    if "id.source" in j:
+        out["source"] = str(j["id.source"])
+    return out
+
+
+NCCL_PREFIX = "memtrace.nccl."
+
+
+def nccl(attributes: dict[str, str | int]) -> schema.NcclIdentity | None:
+    """A process's NCCL communicator from its resource attributes (model/communicators.py)."""
+    comm = attributes.get(NCCL_PREFIX + "comm_id")
+    if comm is None:
+        return None
+    out = schema.NcclIdentity(comm_id=str(comm))
+    rank, nranks = attributes.get(NCCL_PREFIX + "rank"), attributes.get(NCCL_PREFIX + "nranks")
+    if isinstance(rank, int):
+        out["rank"] = rank
+    if isinstance(nranks, int):
+        out["nranks"] = nranks
     return out
 
 
@@ -177,18 +196,20 @@ def processes(model: Model) -> list[schema.ProcessRow]:
     out = []
     for key, p in sorted(model.processes.items()):
         cid, pod = p.attributes.get("container.id"), p.attributes.get("k8s.pod.uid")
-        out.append(
-            schema.ProcessRow(
-                pid=key.pid,
-                start_time_unix_nano=p.start_ns,
-                process=p.name,
-                executable=p.exe,
-                container_id=str(cid) if cid is not None else None,
-                pod_uid=str(pod) if pod is not None else None,
-                job=job(p.attributes),
-                exited=p.exited,
-            )
+        row = schema.ProcessRow(
+            pid=key.pid,
+            start_time_unix_nano=p.start_ns,
+            process=p.name,
+            executable=p.exe,
+            container_id=str(cid) if cid is not None else None,
+            pod_uid=str(pod) if pod is not None else None,
+            job=job(p.attributes),
+            exited=p.exited,
         )
+        comm = nccl(p.attributes)
+        if comm is not None:
+            row["nccl"] = comm
+        out.append(row)
     return out
 
 

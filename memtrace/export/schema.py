@@ -937,6 +937,23 @@ class Job(TypedDict):
     rank: NotRequired[Annotated[int, "its rank"]]
     world_size: NotRequired[Annotated[int, "the job's ranks"]]
     local_rank: NotRequired[Annotated[int, "its rank on its host"]]
+    source: NotRequired[
+        Annotated[
+            str,
+            "where the process has an NCCL communicator, which named the job: `launcher` (its variables) or "
+            "`nccl` (no launcher named it: the communicator did, and `launcher` is `nccl` where none gave a rank)",
+        ]
+    ]
+
+
+class NcclIdentity(TypedDict):
+    """The NCCL communicator a process is in, read from the calls that made
+    it (no change to the job): of its communicators, the one with the most
+    ranks. docs/metrics.md says how the id is made."""
+
+    comm_id: Annotated[str, "the communicator: 16 hex digits, the same in every rank on every host"]
+    rank: NotRequired[Annotated[int, "its rank in it (absent: not known, a split NCCL was never asked about)"]]
+    nranks: NotRequired[Annotated[int, "its ranks"]]
 
 
 class ProcessRow(TypedDict):
@@ -949,7 +966,8 @@ class ProcessRow(TypedDict):
     executable: Annotated[str, "its executable's path, read when memtrace met it (empty: gone first)"]
     container_id: Annotated[str | None, "from its cgroup (null: not in a container)"]
     pod_uid: Annotated[str | None, "its Kubernetes pod, from its cgroup (null: none)"]
-    job: Annotated[Job | None, "its job and rank (null: no launcher's variables)"]
+    job: Annotated[Job | None, "its job and rank (null: no launcher's variables and no NCCL communicator)"]
+    nccl: NotRequired[Annotated[NcclIdentity, "its NCCL communicator (absent: it made none memtrace saw)"]]
     exited: Annotated[bool, "it has exited"]
 
 

@@ -37,6 +37,8 @@ from memtrace.core.notices import (
 from memtrace.core.overhead import Overhead, TrapCost
 from memtrace.model.book import _DRIVER
 from memtrace.model.collectives import WaitAttributor, sync_scopes
+from memtrace.model.communicators import Communicators
+from memtrace.model.communicators import attributes as comm_attributes
 from memtrace.model.copies import add_copies, exact_sums, resolve, what_copies_touch
 from memtrace.model.memory import memory_calls
 from memtrace.model.process import (
@@ -127,6 +129,10 @@ class Model:
         # start is not known, 0, stands for the next process of its pid).
         self._nccl_users: set[ProcessKey] = set()
         self.collectives_unmatched = 0  # NCCL events of a pid the model has no live process for
+        # The NCCL communicators each process made (model/communicators.py), and the
+        # attributes they gave it (taken again when its communicators change).
+        self.communicators = Communicators()
+        self._comm_attributes: dict[ProcessKey, frozenset[str]] = {}
         self._by_pid: dict[int, ProcessKey] = {}  # the latest process of each pid
         self.trap_cost: TrapCost | None = None  # what a probe's trap costs on this host, once measured
 
@@ -153,6 +159,8 @@ class Model:
                 self._by_pid[key.pid] = key
             if key in self._nccl_users or ProcessKey(key.pid, 0) in self._nccl_users:
                 self.collective_waits.setdefault(key, WaitAttributor())
+            if self.communicators.of(key):
+                self._name_communicator(p)
         return p
 
     def tracing_from(self, boot_ns: int) -> None:
@@ -188,6 +196,7 @@ class Model:
                     self.process_exited(n.key, n.cpu_ns)
                 case Collectives():
                     self.add_collectives(n.events, n.complete_until_ns, n.users)
+                    self.add_communicators(n.comms, n.events)
         if batches:
             self.add_events(batches[0] if len(batches) == 1 else np.concatenate(batches))
 
@@ -312,6 +321,32 @@ class Model:
                 t.add(_NO_EVENTS, ev)
         for att in self.collective_waits.values():
             att.advance(complete_until_ns)
+
+    def add_communicators(self, records: np.ndarray, events: np.ndarray | None = None) -> None:
+        """The NCCL sensor's communicator records (COMM_EVENT_DTYPE of
+        memtrace.core.nccl), and the collectives made since (counted by
+        communicator): a process's communicator names it on every signal
+        (model/communicators.py). A process the model has not met yet is
+        named when it is met."""
+        for key in sorted(self.communicators.add(records)):
+            p = self.processes.get(key)
+            if p is not None:
+                self._name_communicator(p)
+        if events is not None and len(events):
+            self.communicators.count_calls(events)
+
+    def _name_communicator(self, p: Process) -> None:
+        """The process's attributes with its communicator's (replacing those
+        an earlier one gave): one dict swapped whole, for lock-free readers."""
+        main = self.communicators.main(p.key)
+        if main is None:
+            return
+        given = self._comm_attributes.get(p.key, frozenset())
+        base = {k: v for k, v in p.attributes.items() if k not in given}
+        launcher = {k: v for k, v in base.items() if k.startswith("memtrace.job.")}
+        mine = comm_attributes(main, launcher)
+        p.attributes = {**base, **mine}
+        self._comm_attributes[p.key] = frozenset(mine)
 
     def _add_syncs(self, b: np.ndarray, proc: np.ndarray, procs: list[Process], values: list[Grouped]) -> None:
         """Waits into their stats; their durations into `values`, for their histograms."""
@@ -443,6 +478,8 @@ class Model:
         self.processes.pop(key, None)
         self.step_trackers.pop(key, None)
         self.collective_waits.pop(key, None)
+        self.communicators.forget(key)
+        self._comm_attributes.pop(key, None)
         self._nccl_users.discard(key)
         self._nccl_users.discard(ProcessKey(key.pid, 0))
         if self._by_pid.get(key.pid) == key:

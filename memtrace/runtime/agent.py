@@ -634,10 +634,12 @@ class Agent:
 
     def job_of(self, key: ProcessKey) -> dict[str, str | int]:
         """A process's job and rank (memtrace.job.*, read from its launcher's
-        variables when memtrace met it); empty if none or not met. Lock-free:
-        a process's attributes are set once, before it enters the model."""
+        variables when memtrace met it, or from its NCCL communicator) and its
+        communicator (memtrace.nccl.*); empty if none or not met. Lock-free:
+        a process's attributes are set before it enters the model, and a
+        communicator's are swapped in whole (model/aggregate.py)."""
         p = self.model.processes.get(key)
-        return {k: v for k, v in p.attributes.items() if k.startswith("memtrace.job.")} if p else {}
+        return {k: v for k, v in p.attributes.items() if k.startswith(("memtrace.job.", "memtrace.nccl."))} if p else {}
 
     def processes(self) -> set[ProcessKey]:
         """The processes the model has met (for the host signals; no lock:

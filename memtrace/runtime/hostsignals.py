@@ -56,8 +56,8 @@ import numpy as np
 
 from memtrace.core.errors import MemtraceError
 from memtrace.core.ids import ProcessKey
+from memtrace.core.nccl import COMM_EVENT_DTYPE, Collective
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
-from memtrace.core.nccl import Collective
 from memtrace.core.notices import Collectives, Execed
 from memtrace.core.procfiles import Candidate
 from memtrace.core.sensor import Sensor
@@ -551,7 +551,9 @@ class HostSignals:
         # margin of its last waits (60 rounds in 50 ms) must still have them
         # judged (the control thread's 100 ms polls used to delay that sample).
         complete_until = time.monotonic_ns() - (0 if final else COMPLETE_MARGIN_NS)
-        # With no libnccl attached (most hosts) its ring and maps are empty: not read.
+        # With no libnccl attached (most hosts) its rings and maps are empty: not read.
+        # Communicators first: a communicator is made before the collectives on it.
+        comms = s.poll_comms() if s.attachments else np.zeros(0, COMM_EVENT_DTYPE)
         batches = [s.poll()] if s.attachments else [np.zeros(0, NCCL_EVENT_DTYPE)]
         # Look for a newly loaded libnccl in new processes at once, in the others every scan_s
         # (a /proc/PID/maps read each), or followed_scan_s where the CUDA sensor reports them.
@@ -568,6 +570,8 @@ class HostSignals:
                     self._nccl_since.setdefault(self._key_of(pid), now)
             log.info("attached to %d new NCCL file(s) while sampling", len(s.attachments) - before)
         if s.attachments:
+            more = s.poll_comms()
+            comms = np.concatenate([comms, more]) if len(more) else comms
             batches.append(s.poll())
         if look and s.attachments:
             fids = set(s.attachments)
@@ -588,11 +592,13 @@ class HostSignals:
             events = events[np.isin(events["pid"], list(pids))]
             self._nccl_users.update(np.unique(events["pid"]).tolist())
         self._nccl_users &= pids
-        # With no collective and no process that has libnccl mapped, the model has nothing to
-        # match a wait to: nothing is handed over (most hosts' every sample, at no cost).
-        if self._on_collectives is not None and (len(events) or self._nccl_users):
+        if len(comms):
+            comms = comms[np.isin(comms["pid"], list(pids))]
+        # With no collective, no communicator and no process that has libnccl mapped, the model
+        # has nothing to match a wait to: nothing is handed over (most hosts' every sample, at no cost).
+        if self._on_collectives is not None and (len(events) or self._nccl_users or len(comms)):
             users = frozenset(self._key_of(pid) for pid in self._nccl_users)
-            self._on_collectives(Collectives(events, complete_until, users))
+            self._on_collectives(Collectives(events, complete_until, users, comms))
         totals = {k: t for k, t in s.totals().items() if k[0].pid in pids}
         if not s.attachments:
             totals = {}

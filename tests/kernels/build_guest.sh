@@ -35,11 +35,15 @@ for t in sh mount poweroff echo uname cat; do ln -sf busybox "$r/bin/$t"; done
 fx=$repo/tests/fixtures
 $cc -O2 -Wall -fno-ipa-icf -fno-inline -static -DFAKE_DIRECT -I "$fx" -o "$r/workload" \
   "$fx/workload.c" "$fx/runtime.c" "$fx/driver.c" -lpthread
+# An NCCL rank calling the test NCCL directly: the communicator probes' arguments on this arch.
+$cc -O2 -Wall -fno-ipa-icf -fno-inline -static -DNCCL_DIRECT -I "$fx" -o "$r/nccl_comm" \
+  "$fx/nccl_comm.c" "$fx/nccl.c" 2>/dev/null
 $cc -O2 -static -I "$repo/bpf" -o "$r/harness" "$here/harness.c" $libs 2>/dev/null
 cp "$repo/memtrace/bpf/memtrace.$arch.bpf.o" "$r/right.bpf.o"
 cp "$repo/memtrace/bpf/memtrace.$other.bpf.o" "$r/wrong.bpf.o"
 for s in sched nccl; do cp "$repo/memtrace/bpf/$s.$arch.bpf.o" "$r/$s.bpf.o"; done
 PYTHONPATH=$repo "${PYTHON:-$repo/.venv/bin/python}" "$here/plan.py" "$r/workload" /workload > "$r/plan"
+PYTHONPATH=$repo "${PYTHON:-$repo/.venv/bin/python}" "$here/plan.py" --nccl "$r/nccl_comm" /nccl_comm > "$r/nccl_plan"
 cat > "$r/init" <<'INIT'
 #!/bin/sh
 mount -t proc proc /proc
@@ -53,6 +57,9 @@ for obj in right wrong; do
   echo "MT-RUN-END $obj"
 done
 for s in sched nccl; do /harness --load /$s.bpf.o; done
+echo "MT-RUN nccl"
+/harness --nccl /nccl.bpf.o /nccl_plan /nccl_comm direct - 1 4
+echo "MT-RUN-END nccl"
 echo MT-END
 poweroff -f
 INIT

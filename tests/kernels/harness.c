@@ -5,6 +5,13 @@
  *   harness OBJECT PLAN WORKLOAD [ARGS...]
  *   harness --load OBJECT        another sensor's object: load it, attach its
  *                                tracepoint programs, print "MT-LOAD OBJECT err"
+ *   harness --nccl OBJECT PLAN WORKLOAD [ARGS...]
+ *                                the NCCL sensor's communicator probes: PLAN
+ *                                lines "PATH OFFSET COOKIE COMM" (COMM 1: a
+ *                                communicator call, by the agent's plan); each
+ *                                record of the `comms` ring printed as "MT-COMM
+ *                                pid kind ret rank nranks color key comm parent
+ *                                ID-HEX", the stats as "MT-NSTAT idx value"
  *
  * PLAN holds one probe a line, "PATH OFFSET COOKIE RETURN", written on the
  * host by memtrace.bpfsource.probe_plan (the agent's own symbol table and
@@ -26,6 +33,7 @@
 #include <bpf/btf.h>
 #include <bpf/libbpf.h>
 #include "memtrace.h"
+#include "nccl.h"
 
 static long events;
 
@@ -117,8 +125,105 @@ static int load_only(const char *path)
 	return 0;
 }
 
+static int on_comm(void *ctx, void *data, size_t size)
+{
+	const struct nc_comm_event *e = data;
+
+	(void)ctx;
+	if (size < sizeof(*e))
+		return 0;
+	printf("MT-COMM %u %u %d %d %d %d %d %llu %llu ", e->pid, e->kind, e->ret, e->rank, e->nranks, e->color,
+	       e->key, (unsigned long long)e->comm, (unsigned long long)e->parent);
+	for (int i = 0; i < NC_UNIQUE_ID_BYTES; i++)
+		printf("%02x", e->unique_id[i]);
+	printf("\n");
+	return 0;
+}
+
+/* The workload forked gated, traced (by pid; its start taken by BPF at its first call) before it execs. */
+static pid_t start_gated(int map_fd, char **argv, int *gate_w)
+{
+	int gate[2];
+	if (pipe(gate))
+		die("pipe");
+	pid_t child = fork();
+	if (child == 0) {
+		char c;
+		close(gate[1]);
+		if (read(gate[0], &c, 1) != 1)
+			_exit(125);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	close(gate[0]);
+	__u32 pid = child;
+	__u64 start = 0;
+	if (bpf_map_update_elem(map_fd, &pid, &start, BPF_ANY))
+		die("trace pid");
+	*gate_w = gate[1];
+	return child;
+}
+
+static int run_nccl(char **argv)
+{
+	struct bpf_object *obj = bpf_object__open_file(argv[0], NULL);
+	if (!obj)
+		die("open object");
+	set_rodata(obj, "filter_pids", 1);
+	if (bpf_object__load(obj))
+		die("load object");
+	FILE *plan = fopen(argv[1], "r");
+	char path[512];
+	unsigned long off;
+	unsigned long long cookie;
+	int probes = 0, comm;
+	struct bpf_program *enter = bpf_object__find_program_by_name(obj, "nc_comm_enter");
+	struct bpf_program *ret = bpf_object__find_program_by_name(obj, "nc_comm_return");
+	if (!plan)
+		die("open plan");
+	while (fscanf(plan, "%511s %lu %llu %d", path, &off, &cookie, &comm) == 4) {
+		LIBBPF_OPTS(bpf_uprobe_opts, o, .bpf_cookie = cookie);
+		if (!comm)
+			continue;
+		if (!bpf_program__attach_uprobe_opts(enter, -1, path, off, &o))
+			die("attach entry");
+		o.retprobe = true;
+		if (!bpf_program__attach_uprobe_opts(ret, -1, path, off, &o))
+			die("attach return");
+		probes++;
+	}
+	printf("MT-PROBES %d\n", probes);
+	fflush(stdout);
+	struct ring_buffer *rb =
+		ring_buffer__new(bpf_map__fd(bpf_object__find_map_by_name(obj, "comms")), on_comm, NULL, NULL);
+	int gate, status;
+	pid_t child = start_gated(bpf_map__fd(bpf_object__find_map_by_name(obj, "traced")), argv + 2, &gate);
+	if (write(gate, "g", 1) != 1)
+		die("release");
+	while (waitpid(child, &status, WNOHANG) == 0) {
+		ring_buffer__consume(rb);
+		usleep(5000);
+	}
+	ring_buffer__consume(rb);
+	int ncpu = libbpf_num_possible_cpus();
+	__u64 vals[ncpu];
+	int sfd = bpf_map__fd(bpf_object__find_map_by_name(obj, "stats"));
+	for (__u32 i = 0; i < NC_STAT_COUNT; i++) {
+		__u64 sum = 0;
+		if (bpf_map_lookup_elem(sfd, &i, vals) == 0)
+			for (int c = 0; c < ncpu; c++)
+				sum += vals[c];
+		printf("MT-NSTAT %u %llu\n", i, (unsigned long long)sum);
+	}
+	printf("MT-EXIT %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+	fflush(stdout);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc >= 5 && strcmp(argv[1], "--nccl") == 0)
+		return run_nccl(argv + 2);
 	if (argc == 3 && strcmp(argv[1], "--load") == 0) {
 		printf("MT-LOAD %s %d\n", argv[2], load_only(argv[2]));
 		return 0;

@@ -12,6 +12,14 @@ Signatures (nccl.h, NCCL 2.x), argument indices 1-based:
   ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream)   (NCCL 2.28+)
   ncclGroupStart(), ncclGroupEnd()
 
+Communicators (nc_comm_enter / nc_comm_return, cookie: enum nc_comm_kind):
+  ncclCommInitRank(comm*, nranks, ncclUniqueId commId [by value], rank)
+  ncclCommInitRankConfig(comm*, nranks, commId, rank, config)
+  ncclCommInitAll(comms*, ndev, devlist)
+  ncclCommSplit(comm, color, key, newcomm*, config)   (NCCL 2.18+)
+  ncclCommCount(comm, count*), ncclCommUserRank(comm, rank*)
+Where each argument is, by architecture, is the BPF side's (nccl.h).
+
 ncclBcast (in-place broadcast) is not probed: NCCL implements it by calling
 ncclBroadcast, which is, so each broadcast is counted once. The `pncclX`
 profiling aliases share their function's code and are not probed either.
@@ -22,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtrace.bpf import elf
-from memtrace.core.nccl import Collective, cookie
+from memtrace.core.nccl import Collective, CommKind, cookie
 
 C = Collective
 
@@ -41,7 +49,18 @@ SYMBOLS: dict[str, int] = {
     "ncclGroupEnd": cookie(C.GROUP_END),
 }
 
+# symbol -> cookie (its kind) of the communicator calls
+COMM_SYMBOLS: dict[str, int] = {
+    "ncclCommInitRank": CommKind.INIT_RANK,
+    "ncclCommInitRankConfig": CommKind.INIT_RANK_CONFIG,
+    "ncclCommInitAll": CommKind.INIT_ALL,
+    "ncclCommSplit": CommKind.SPLIT,
+    "ncclCommCount": CommKind.COUNT,
+    "ncclCommUserRank": CommKind.USER_RANK,
+}
+
 PROGRAMS = (("nc_enter", False), ("nc_return", True))
+COMM_PROGRAMS = (("nc_comm_enter", False), ("nc_comm_return", True))
 
 
 @dataclass(frozen=True)
@@ -49,14 +68,20 @@ class Probe:
     symbol: str
     offset: int  # file offset of the function
     cookie: int
+    comm: bool = False  # a communicator call (COMM_PROGRAMS), else a collective (PROGRAMS)
+
+    @property
+    def programs(self) -> tuple[tuple[str, bool], ...]:
+        return COMM_PROGRAMS if self.comm else PROGRAMS
 
 
 def probe_plan(path: str) -> list[Probe]:
     """The probes for one file: each NCCL symbol it defines, one per code
     address (two names of one function would count a call twice)."""
+    table = {**SYMBOLS, **COMM_SYMBOLS}
     with open(path, "rb") as f:
-        offsets = elf.function_offsets(f, SYMBOLS)
+        offsets = elf.function_offsets(f, table)
     by_offset: dict[int, str] = {}
-    for sym in sorted(offsets, key=lambda s: (SYMBOLS[s] & 0xFF, s)):
+    for sym in sorted(offsets, key=lambda s: (s in COMM_SYMBOLS, table[s] & 0xFF, s)):
         by_offset.setdefault(offsets[sym], sym)
-    return [Probe(sym, off, SYMBOLS[sym]) for off, sym in sorted(by_offset.items())]
+    return [Probe(sym, off, table[sym], sym in COMM_SYMBOLS) for off, sym in sorted(by_offset.items())]

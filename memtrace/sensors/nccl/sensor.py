@@ -29,6 +29,7 @@ from memtrace.bpf.ringbuf import EventRing
 from memtrace.core.errors import AttachError
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import (
+    COMM_EVENT_DTYPE,
     EVENT_DTYPE,
     F_BYTES_UNKNOWN,
     STAT_COUNT,
@@ -40,11 +41,12 @@ from memtrace.core.nccl import (
 )
 from memtrace.core.procfiles import FileId, pids
 from memtrace.sensors.nccl.discovery import mapped_nccl
-from memtrace.sensors.nccl.plan import PROGRAMS, probe_plan
+from memtrace.sensors.nccl.plan import COMM_PROGRAMS, PROGRAMS, probe_plan
 
 log = logging.getLogger("memtrace")
 
 DEFAULT_RING_BYTES = 4 << 20
+COMM_RING_BYTES = 256 << 10  # communicator records: a few per process
 
 
 def object_path(arch: str | None = None) -> Path:
@@ -67,6 +69,7 @@ class NcclSensor:
         self.attachments: dict[FileId, NcclAttachment] = {}
         self.obj: BpfObject | None = None
         self.ring: EventRing | None = None
+        self.comm_ring: EventRing | None = None
         self._maps: dict[str, Map] = {}
         self._links: list[Link] = []
         self._seen: dict[tuple[ProcessKey, Collective], CallTotals] = {}
@@ -87,7 +90,7 @@ class NcclSensor:
             # One link per program and library where the kernel has multi-uprobes (as the CUDA sensor).
             self.multi = uprobe_multi_supported()
             if self.multi:
-                for prog, _ret in PROGRAMS:
+                for prog, _ret in PROGRAMS + COMM_PROGRAMS:
                     obj.load_for_uprobe_multi(prog)
             obj.load()
             self._maps = {n: obj.map(n) for n in ("lost", "stats", "traced", "inflight", "group_depth")}
@@ -96,6 +99,7 @@ class NcclSensor:
             for prog in ("nc_fork", "nc_exit"):
                 self._links.append(obj.attach(prog))
             self.ring = EventRing(obj.map("events").fd, self.ring_bytes, EVENT_DTYPE)
+            self.comm_ring = EventRing(obj.map("comms").fd, COMM_RING_BYTES, COMM_EVENT_DTYPE)
         except BaseException:
             self.close()
             raise
@@ -106,9 +110,10 @@ class NcclSensor:
         destroy_links([link for a in self.attachments.values() for link in a.links])
         for a in self.attachments.values():
             a.links.clear()
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
+        for ring in (self.ring, self.comm_ring):
+            if ring is not None:
+                ring.close()
+        self.ring = self.comm_ring = None
         if self.obj is not None:
             self.obj.close()
             self.obj = None
@@ -149,12 +154,16 @@ class NcclSensor:
         att = NcclAttachment(fid, name or path, {p.symbol: p.offset for p in plan})
         try:
             if self.multi:
-                for prog, ret in sorted(PROGRAMS, key=lambda pr: not pr[1]):  # returns first (CUDA sensor)
-                    offsets, cookies = [p.offset for p in plan], [p.cookie for p in plan]
-                    att.links.append(self.obj.attach_uprobe_multi(prog, path, offsets, cookies, ret))
+                for programs in (PROGRAMS, COMM_PROGRAMS):
+                    part = [p for p in plan if p.programs == programs]
+                    if not part:
+                        continue
+                    for prog, ret in sorted(programs, key=lambda pr: not pr[1]):  # returns first (CUDA sensor)
+                        offsets, cookies = [p.offset for p in part], [p.cookie for p in part]
+                        att.links.append(self.obj.attach_uprobe_multi(prog, path, offsets, cookies, ret))
             else:
                 for p in plan:
-                    for prog, ret in PROGRAMS:
+                    for prog, ret in p.programs:
                         att.links.append(self.obj.attach_uprobe(prog, path, p.offset, p.cookie, ret))
         except AttachError as e:
             destroy_links(att.links)
@@ -184,6 +193,12 @@ class NcclSensor:
         if len(batch):
             self._count(batch)
         return batch
+
+    def poll_comms(self) -> np.ndarray:
+        """Every communicator record queued since the last call, as a
+        COMM_EVENT_DTYPE array (communicators made, sizes and ranks asked)."""
+        assert self.comm_ring is not None, "start() first"
+        return self.comm_ring.read()
 
     def _count(self, batch: np.ndarray) -> None:
         who = (batch["pid"].astype(np.uint64) << np.uint64(8)) | batch["coll"].astype(np.uint64)
