@@ -327,6 +327,24 @@ def test_a_saturated_link_in_the_jobs_namespace_is_nic_contention() -> None:
     assert d.diagnoses[0].evidence["interface"] == "eth0" and d.diagnoses[0].evidence["utilization"] == 0.98
 
 
+def test_a_cause_whose_evidence_comes_seconds_later_renames_the_first() -> None:
+    """A flow floods the job's link: its steps wait on the network at once (the GPU idles, as
+    when input is slow), while the shaper's queue and its drops build for seconds before
+    they show. The first name, input starvation, gives way to nic_contention when they do,
+    4 s into the slowdown; its first name is kept."""
+    ns = 4026532000
+    quiet = LinkWindow(ns, "eth0", 0.2, 0, 0, 0)
+    busy = LinkWindow(ns, "eth0", 0.98, 3, 450, 1 << 20)
+    windows = [([replace(w, netns=ns)], replace(h, links=[quiet])) for (w,), h in healthy(30)]
+    for i in range(30, 50):
+        w = proc(20.0, netns=ns)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i, links=[busy if i >= 39 else quiet])))
+    d, made = run(windows)
+    assert made[0] == (31, "input_starvation") and made[-1][1] == "nic_contention", made
+    assert d.diagnoses[0].evidence["first_named"] == "input_starvation"
+
+
 def test_the_slow_rank_is_named_a_straggler_and_its_peers_wait_for_it() -> None:
     ranks = [ProcessKey(100 + r, 1) for r in range(4)]
 

@@ -71,7 +71,7 @@ SLOW_RATIO = 1.2
 DETECT_AFTER = 2
 CLEAR_RATIO = 1.1
 CLEAR_AFTER = 4
-REFINE_WINDOWS = 4  # NVML's slow readings (link width) come every second or so
+REFINE_WINDOWS = 20  # 10 s: NVML's slow readings (link width) come every second or so, a NIC's queue grows for seconds
 MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline holds this many windows
 NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviations above the baseline
 # A server's class of work never seen, larger than a known one, takes at most the known one's
