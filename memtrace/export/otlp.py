@@ -50,6 +50,7 @@ from memtrace.export.catalog import Kind, MetricSpec
 from memtrace.export.config import HistogramKind, PushConfig, Temporality
 from memtrace.model import Model, describe
 from memtrace.model.host import GpuSeries, HostBook
+from memtrace.model.memory import PodDeviceMemory, device_memory_views, nvml_used_by_pid
 from memtrace.model.process import Process
 
 SCOPE = InstrumentationScope(name="memtrace", version=__version__)
@@ -411,6 +412,20 @@ class MetricsBuilder:
                     points.setdefault(spec, []).append(_number(la, start, now, v))
         return [self._metric(spec, pts) for spec, pts in points.items()]
 
+    def _pod_memory_metrics(self, pods: list[PodDeviceMemory], start: int, now: int) -> list[Metric]:
+        """Each pod's device memory, its processes' summed (model/memory.device_memory_views)."""
+        points: dict[MetricSpec, list[NumberDataPoint]] = {}
+        for pod in pods:
+            la = {"k8s.pod.uid": pod.pod_uid}
+            for spec, v in (
+                (cat.POD_MEMORY_IN_USE, pod.traced_bytes),
+                (cat.POD_MEMORY_NVML_USED, pod.nvml_bytes),
+                (cat.POD_MEMORY_UNATTRIBUTED, pod.unattributed_bytes),
+            ):
+                if v is not None:
+                    points.setdefault(spec, []).append(_number(la, start, now, v))
+        return [self._metric(spec, pts) for spec, pts in points.items()]
+
     def _nvlink_sums(self, host: HostBook, pp: _Points) -> None:
         """Each NVLink's bytes and errors since the agent first sampled it, on the agent's resource."""
         for g in sorted(host.gpus.values(), key=lambda g: g.index):
@@ -487,6 +502,10 @@ class MetricsBuilder:
         for f in findings:
             found.setdefault(f.key, []).append(f)
 
+        by_process, by_pod = device_memory_views(
+            model.processes, nvml_used_by_pid(g.processes for g in host.gpus.values()) if host is not None else {}
+        )
+        nvml_memory = {v.key: v for v in by_process if v.nvml_bytes is not None}
         new_base = _Base(
             dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes), dict(self.base.time_ns)
         )
@@ -566,6 +585,10 @@ class MetricsBuilder:
                 gauge(cat.MEMORY_OUTSTANDING, {}, m.outstanding)
             if proc.book.pinned_bytes:
                 gauge(cat.MEMORY_PINNED_HOST, {}, proc.book.pinned_bytes)
+            mv = nvml_memory.get(key)
+            if mv is not None and mv.nvml_bytes is not None and mv.unattributed_bytes is not None:
+                gauge(cat.MEMORY_NVML_USED, {}, mv.nvml_bytes)
+                gauge(cat.MEMORY_UNATTRIBUTED, {}, mv.unattributed_bytes)
             cost = model.overhead(key)
             if cost is not None:
                 sums(("traps", key), {}, (cat.PROBE_TRAPS,), (cost.traps,))
@@ -614,6 +637,7 @@ class MetricsBuilder:
             gauges[cat.AGENT_DRAIN_GAP] = float(drain_gap_s)
         health = [self._metric(spec, [_number({}, hstart, now, int(v))]) for spec, v in hv.items()]
         health += [self._metric(spec, [_number({}, hstart, now, v)]) for spec, v in gauges.items()]
+        health.extend(self._pod_memory_metrics(by_pod, hstart, now))
         if host is not None:
             health.extend(self._gpu_metrics(host, hstart, now))
             agent_points = _Points(self, new_base, windows, starting, now, self.start_ns, self.start_ns, None)
