@@ -547,3 +547,22 @@ def test_process_utilisation_is_each_process_share(tmp_path: Path, fakenvml: Pat
         {"pid": 4242, "sm_percent": 71, "memory_percent": 30},
     ]
     assert out["steps"][1]["gpus"][0]["process_utilization"] == [] and out["steps"][1]["errors"] == {}
+
+
+def test_sm_and_memory_clocks_are_read_at_every_sample_and_none_where_unsupported(
+    tmp_path: Path, fakenvml: Path
+) -> None:
+    """The clocks are read at every sample, detailed or not (DETAIL_EVERY=3: the second and third
+    are not); a GPU whose driver does not answer them has None, never 0."""
+    steps = [
+        script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY, clock_sm=sm, clock_mem=mem), **gpu(1, **HEALTHY))
+        for sm, mem in ((1980, 2619), (1410, 2619), (345, 1593))
+    ]
+    out = sample(tmp_path, steps, fakenvml, env={"DETAIL_EVERY": "3"})
+    got = [[(g["detail"], g["sm_clock_mhz"], g["memory_clock_mhz"]) for g in s["gpus"]] for s in out["steps"]]
+    assert got == [
+        [(True, 1980, 2619), (True, None, None)],
+        [(False, 1410, 2619), (False, None, None)],
+        [(False, 345, 1593), (False, None, None)],
+    ]
+    assert out["steps"][-1]["errors"] == {}

@@ -131,6 +131,8 @@ class GpuSample:
     temperature_celsius: int | None = None
     power_milliwatts: int | None = None
     clock_event_mask: int | None = None
+    sm_clock_mhz: int | None = None  # the SM and memory clocks now (nvmlDeviceGetClockInfo), at every sample
+    memory_clock_mhz: int | None = None
     ecc_corrected_volatile: int | None = None  # since the driver loaded
     ecc_uncorrected_volatile: int | None = None
     xids: tuple[int, ...] = ()  # XID critical errors raised since the previous sample, in order

@@ -196,6 +196,8 @@ def gpu_row(g: GpuSeries, pids: set[int] | None) -> schema.GpuRow:
         lost_samples=g.lost_samples,
         sm_utilization_percent=_mean_max(g.sm),
         memory_utilization_percent=_mean_max(g.mem_util),
+        sm_clock_mhz=_mean_max(g.sm_clock),
+        memory_clock_mhz=_mean_max(g.memory_clock),
         memory_used_bytes=_mean_max(g.memory_used),
         memory_total_bytes=None if last is None else last.memory_total_bytes,
         temperature_celsius=_mean_max(g.temperature),

@@ -580,6 +580,10 @@ class GpuRow(TypedDict):
         MeanMax | None, "SM utilisation, read at 10 Hz at most (null: NVML could not say)"
     ]
     memory_utilization_percent: Annotated[MeanMax | None, "memory controller utilisation"]
+    sm_clock_mhz: Annotated[
+        MeanMax | None, "SM clock (MHz) at each sample: low under load means throttling (null: NVML could not say)"
+    ]
+    memory_clock_mhz: Annotated[MeanMax | None, "memory clock (MHz) at each sample"]
     memory_used_bytes: Annotated[MeanMax | None, "GPU memory in use"]
     memory_total_bytes: Annotated[int | None, "GPU memory in all"]
     temperature_celsius: Annotated[MeanMax | None, "temperature"]

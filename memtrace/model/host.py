@@ -148,6 +148,8 @@ class GpuSeries:
     lost_samples: int = 0
     sm: Series = field(default_factory=Series)
     mem_util: Series = field(default_factory=Series)
+    sm_clock: Series = field(default_factory=Series)  # MHz, at every sample
+    memory_clock: Series = field(default_factory=Series)
     memory_used: Series = field(default_factory=Series)
     temperature: Series = field(default_factory=Series)
     power: Series = field(default_factory=Series)
@@ -184,6 +186,8 @@ class GpuSeries:
         n = s.utilization_readings if s.utilization_readings is not None else 1
         self.sm.add(s.sm_utilization_percent, n, s.sm_utilization_max)
         self.mem_util.add(s.memory_utilization_percent, n, s.memory_utilization_max)
+        self.sm_clock.add(s.sm_clock_mhz)
+        self.memory_clock.add(s.memory_clock_mhz)
         self.xids.extend(s.xids)
         if s.clock_event_mask is not None:
             self.reasons.update(s.clock_event_reasons or ())

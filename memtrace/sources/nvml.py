@@ -330,8 +330,9 @@ class NvmlSource:
     def poll(self, detail: bool | None = None, fast: FastWindow | None = None) -> list[GpuSample]:
         """One reading of every GPU, with the XIDs raised since the previous call.
 
-        Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
-        temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
+        Utilisation, clock-event reasons, the SM and memory clocks, XIDs and loss are read at every
+        call; the rest (PCIe, memory, temperature, power, ECC, processes) at every detail_every-th
+        call, starting with the first:
         NVML itself refreshes those at about 1 Hz or slower. Where the driver has no PCIe byte
         counters, NVML estimates PCIe throughput over 20 ms per call and blocks that long
         (docs/design/evidence.md#nvml-pcie): one such GPU is estimated per detailed sample, in turn, so the
@@ -456,6 +457,8 @@ class NvmlSource:
                 if util is not None:
                     base.update(sm_utilization_percent=int(util.gpu), memory_utilization_percent=int(util.memory))
                 base["clock_event_mask"] = self._clock_events(h)
+            base["sm_clock_mhz"] = self._read("sm clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
+            base["memory_clock_mhz"] = self._read("memory clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM)
             if detail:
                 self._detail(g, base, estimate)
         except _Lost:
