@@ -764,7 +764,7 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     def gpu(t: int, tx: int, rx: int) -> GpuSample:
         # GPM, two NVLinks (one down at the end), remapped rows, a MIG instance.
         links = (NvLink(0, True, tx, rx, 2 * t, t, 0), NvLink(1, t < 2, 0, 0, 0, 0, 0))
-        mig = MigInstance(0, "MIG-a", 1, 0, GIB, 10 * GIB)
+        mig = MigInstance(0, "MIG-a", 1, 0, GIB, 10 * GIB, (), 55.0, 20.0, 30.0, 10.0)
         return GpuSample(
             index=0, uuid="GPU-a", name="G", bus_id="", time_ns=t * 10**9, pcie_tx_bytes=tx, pcie_rx_bytes=rx,
             pcie_replay_count=7, link_generation=5, link_width=16, max_link_generation=5, max_link_width=16,

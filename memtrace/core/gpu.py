@@ -91,6 +91,12 @@ class MigInstance:
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     processes: tuple[GpuProcess, ...] = ()
+    # Its own GPM activity over the interval between detailed samples (nvmlGpmMigSampleGet), as the
+    # GPU's: None where its GPU has no GPM, or at the first sample.
+    sm_active_percent: float | None = None
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    dram_bandwidth_percent: float | None = None
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,7 @@ QDISC_HANDLE = Attribute("memtrace.qdisc.handle", "its handle, major:minor in he
 COPY = (DIRECTION, API, LAYER, MODE, HOST_MEMORY)
 SYNC = (API, LAYER, SYNC_KIND)
 GPU = (HW_ID, HW_NAME, HW_TYPE, GPU_INDEX)
+GPU_OR_MIG = (*GPU, MIG_ID)  # a MIG instance's series carry its UUID beside its GPU's attributes
 LINK = (INTERFACE, NETNS, HOST_NAMESPACE)
 QDISC = (INTERFACE, NETNS, QDISC_KIND, QDISC_HANDLE)
 
@@ -452,7 +453,7 @@ GPU_SM_ACTIVE = _m(
     "Share of SMs busy over the last GPM interval (about 1 s): tells a starved GPU from a busy one",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_SM_OCCUPANCY = _m(
     "memtrace.gpu.sm.occupancy",
@@ -461,7 +462,7 @@ GPU_SM_OCCUPANCY = _m(
     "Warps resident on the SMs, of the most they can hold, over the last GPM interval",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_TENSOR_ACTIVE = _m(
     "memtrace.gpu.tensor.active",
@@ -470,7 +471,7 @@ GPU_TENSOR_ACTIVE = _m(
     "Share of SM cycles with any tensor pipe busy over the last GPM interval",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_DRAM_ACTIVE = _m(
     "memtrace.gpu.dram.active",
@@ -479,7 +480,7 @@ GPU_DRAM_ACTIVE = _m(
     "DRAM bandwidth used, of its peak, over the last GPM interval",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_NVLINK_IO = _m(
     "memtrace.gpu.nvlink.io",

@@ -14,7 +14,7 @@ from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import Collective
 from memtrace.core.netdev import QdiscSample
 from memtrace.export import schema
-from memtrace.model.host import ByteCounter, GpuSeries, HostBook, NvLinkSeries, SensorState, Series
+from memtrace.model.host import ByteCounter, GpuSeries, HostBook, MigSeries, NvLinkSeries, SensorState, Series
 
 TOP_PREEMPTORS = 5
 IDLE_PREEMPTOR = "(idle: own CPU quota)"  # a preemptor cgroup of 0: the CPU idled under the process's quota
@@ -239,14 +239,41 @@ def gpu_row(g: GpuSeries, pids: set[int] | None) -> schema.GpuRow:
                 memory_used_bytes=m.memory_used_bytes,
                 memory_total_bytes=m.memory_total_bytes,
                 pids=sorted(p.pid for p in m.processes),
+                **_mig_over_run(g, g.mig_instances.get(m.uuid), pids),
             )
             for m in (() if last is None else last.mig_instances)
         ],
     )
 
 
-def _activity(g: GpuSeries) -> schema.GpuActivity | None:
-    if not g.gpm_supported:
+class _MigOverRun(TypedDict):
+    memory_used_over_run: schema.MeanMax | None
+    processes: list[schema.GpuProcess]
+    activity: schema.GpuActivity | None
+
+
+def _mig_over_run(g: GpuSeries, m: MigSeries | None, pids: set[int] | None) -> _MigOverRun:
+    """A MIG instance's rows over the run, as a device of its own (the GPU's GPM says whether it has any)."""
+    if m is None:
+        return _MigOverRun(memory_used_over_run=None, processes=[], activity=None)
+    return _MigOverRun(
+        memory_used_over_run=_mean_max(m.memory_used),
+        processes=[
+            schema.GpuProcess(
+                pid=pid,
+                used_memory_bytes=used,
+                mig_uuid=m.uuid,
+                sm_percent=_mean_max(g.process_sm[pid]) if pid in g.process_sm else None,
+            )
+            for pid, used in sorted(m.processes.items())
+            if pids is None or pid in pids
+        ],
+        activity=_activity(m) if g.gpm_supported else None,
+    )
+
+
+def _activity(g: GpuSeries | MigSeries) -> schema.GpuActivity | None:
+    if isinstance(g, GpuSeries) and not g.gpm_supported:
         return None
     return schema.GpuActivity(
         sm_active_percent=_mean_max(g.sm_active),

@@ -42,7 +42,7 @@ from memtrace.analysis.findings import Finding, Thresholds
 from memtrace.analysis.findings import compute as compute_findings
 from memtrace.core import apis
 from memtrace.core.abi import Stat
-from memtrace.core.gpu import GpuSample
+from memtrace.core.gpu import GpuSample, MigInstance
 from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey, iso8601_ns
 from memtrace.export import catalog as cat
@@ -108,7 +108,12 @@ def _gpm_values(last: GpuSample) -> dict[MetricSpec, float | None]:
     """A GPU's GPM activity at its last detailed sample, as shares; whether it has GPM at all."""
     if last.gpm_supported is None:
         return {}
-    out: dict[MetricSpec, float | None] = {cat.GPU_GPM_SUPPORTED: float(last.gpm_supported)}
+    return {cat.GPU_GPM_SUPPORTED: float(last.gpm_supported), **_gpm_shares(last)}
+
+
+def _gpm_shares(last: GpuSample | MigInstance) -> dict[MetricSpec, float | None]:
+    """A GPU's or MIG instance's GPM activity at its last detailed sample, as shares."""
+    out: dict[MetricSpec, float | None] = {}
     for spec, v in (
         (cat.GPU_SM_ACTIVE, last.sm_active_percent),
         (cat.GPU_SM_OCCUPANCY, last.sm_occupancy_percent),
@@ -401,7 +406,8 @@ class MetricsBuilder:
                 for m in last.mig_instances:
                     mig = {**la, "memtrace.mig.id": m.uuid}
                     for spec, mv in ((cat.GPU_MIG_MEMORY_USAGE, m.memory_used_bytes),
-                                     (cat.GPU_MIG_MEMORY_LIMIT, m.memory_total_bytes)):  # fmt: skip
+                                     (cat.GPU_MIG_MEMORY_LIMIT, m.memory_total_bytes),
+                                     *_gpm_shares(m).items()):  # fmt: skip
                         if mv is not None:
                             points.setdefault(spec, []).append(_number(mig, start, now, mv))
             for link in g.nvlinks.values():

@@ -553,6 +553,14 @@ class MigInstanceRow(TypedDict):
     memory_used_bytes: Annotated[int | None, "its memory in use"]
     memory_total_bytes: Annotated[int | None, "its memory in all"]
     pids: Annotated[list[int], "the processes on it"]
+    memory_used_over_run: Annotated[MeanMax | None, "its memory in use over the detailed samples"]
+    processes: Annotated[
+        list[GpuProcess], "the traced processes seen on it during the run, with NVML's count of their memory there"
+    ]
+    activity: Annotated[
+        GpuActivity | None,
+        "its own SM, tensor and DRAM activity (nvmlGpmMigSampleGet by its GPU instance; null: its GPU has no GPM)",
+    ]
 
 
 class GpuRow(TypedDict):

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from memtrace.core.cpu import CpuStats
-from memtrace.core.gpu import GpuSample, counter_delta
+from memtrace.core.gpu import GpuSample, MigInstance, counter_delta
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import CallTotals, Collective
 from memtrace.core.netdev import (
@@ -122,6 +122,28 @@ NVLINK_ERRORS = ("crc_errors", "replay_errors", "recovery_errors")
 
 
 @dataclass
+class MigSeries:
+    """A MIG instance over the run, as its own device: its memory, processes and GPM activity."""
+
+    uuid: str
+    memory_used: Series = field(default_factory=Series)
+    sm_active: Series = field(default_factory=Series)
+    sm_occupancy: Series = field(default_factory=Series)
+    tensor_active: Series = field(default_factory=Series)
+    dram_bandwidth: Series = field(default_factory=Series)
+    processes: dict[int, int | None] = field(default_factory=dict)  # pid -> its memory there, last sample
+
+    def add(self, m: MigInstance) -> None:
+        self.memory_used.add(m.memory_used_bytes)
+        self.sm_active.add(m.sm_active_percent)
+        self.sm_occupancy.add(m.sm_occupancy_percent)
+        self.tensor_active.add(m.tensor_active_percent)
+        self.dram_bandwidth.add(m.dram_bandwidth_percent)
+        for p in m.processes:
+            self.processes[p.pid] = p.used_memory_bytes
+
+
+@dataclass
 class NvLinkSeries:
     """One NVLink over the run: its bytes (exact, from the driver's counters), the increase of each
     error counter, and how often it was down."""
@@ -175,6 +197,7 @@ class GpuSeries:
     nvlinks: dict[int, NvLinkSeries] = field(default_factory=dict)
     mig: dict[int, str] = field(default_factory=dict)  # pid -> the MIG instance it was last seen on
     process_sm: dict[int, Series] = field(default_factory=dict)  # pid -> its SM share (percent)
+    mig_instances: dict[str, MigSeries] = field(default_factory=dict)  # by UUID, as first seen
 
     def add(self, s: GpuSample) -> None:
         self.samples += 1
@@ -232,6 +255,8 @@ class GpuSeries:
         self.dram_bandwidth.add(s.dram_bandwidth_percent)
         for u in s.process_utilization:
             self.process_sm.setdefault(u.pid, Series()).add(u.sm_percent)
+        for m in s.mig_instances:
+            self.mig_instances.setdefault(m.uuid, MigSeries(m.uuid)).add(m)
         self._add_links(prev, s)
 
     def _add_links(self, prev: GpuSample | None, s: GpuSample) -> None:
