@@ -104,7 +104,7 @@ class SizeQuantiles(TypedDict):
 
 
 class DeviceMemoryRow(TypedDict):
-    """One row per process that allocated, freed or pinned memory."""
+    """One row per process that allocated, freed or pinned memory, or that NVML lists on a GPU."""
 
     pid: Annotated[int, _PID]
     start_time_unix_nano: Annotated[int, _START]
