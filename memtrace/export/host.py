@@ -226,7 +226,7 @@ def gpu_row(g: GpuSeries, pids: set[int] | None) -> schema.GpuRow:
             if pids is None or pid in pids
         ],
         gpm=g.gpm_supported,
-        activity=_activity(g),
+        activity=_activity(g, g.gpm_supported),
         nvlinks=[_nvlink_row(link) for _, link in sorted(g.nvlinks.items())],
         remapped_rows=_remapped(last),
         mig_enabled=None if last is None else last.mig_enabled,
@@ -268,12 +268,13 @@ def _mig_over_run(g: GpuSeries, m: MigSeries | None, pids: set[int] | None) -> _
             for pid, used in sorted(m.processes.items())
             if pids is None or pid in pids
         ],
-        activity=_activity(m) if g.gpm_supported else None,
+        activity=_activity(m, g.gpm_supported),
     )
 
 
-def _activity(g: GpuSeries | MigSeries) -> schema.GpuActivity | None:
-    if isinstance(g, GpuSeries) and not g.gpm_supported:
+def _activity(g: GpuSeries | MigSeries, gpm: bool | None) -> schema.GpuActivity | None:
+    """A GPU's or MIG instance's GPM activity; None where its GPU has no GPM (`gpm`)."""
+    if not gpm:
         return None
     return schema.GpuActivity(
         sm_active_percent=_mean_max(g.sm_active),
