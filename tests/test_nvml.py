@@ -547,3 +547,56 @@ def test_process_utilisation_is_each_process_share(tmp_path: Path, fakenvml: Pat
         {"pid": 4242, "sm_percent": 71, "memory_percent": 30},
     ]
     assert out["steps"][1]["gpus"][0]["process_utilization"] == [] and out["steps"][1]["errors"] == {}
+
+
+def test_sm_and_memory_clocks_are_read_at_every_sample_and_none_where_unsupported(
+    tmp_path: Path, fakenvml: Path
+) -> None:
+    """The clocks are read at every sample, detailed or not (DETAIL_EVERY=3: the second and third
+    are not); a GPU whose driver does not answer them has None, never 0."""
+    steps = [
+        script(count=2, **gpu(0, uuid="GPU-aaaa", **HEALTHY, clock_sm=sm, clock_mem=mem), **gpu(1, **HEALTHY))
+        for sm, mem in ((1980, 2619), (1410, 2619), (345, 1593))
+    ]
+    out = sample(tmp_path, steps, fakenvml, env={"DETAIL_EVERY": "3"})
+    got = [[(g["detail"], g["sm_clock_mhz"], g["memory_clock_mhz"]) for g in s["gpus"]] for s in out["steps"]]
+    assert got == [
+        [(True, 1980, 2619), (True, None, None)],
+        [(False, 1410, 2619), (False, None, None)],
+        [(False, 345, 1593), (False, None, None)],
+    ]
+    assert out["steps"][-1]["errors"] == {}
+
+
+def test_each_mig_instance_has_its_own_gpm_activity_by_its_gpu_instance(tmp_path: Path, fakenvml: Path) -> None:
+    """A GPM GPU in MIG mode: each instance's activity is its own (nvmlGpmMigSampleGet by its GPU
+    instance id), from the second detailed sample on; an instance whose metrics the driver does not
+    count has None. On a GPU without GPM, instances have none, and nothing is an error."""
+
+    def step(sm0: float, sm3: float, gpm: int) -> str:
+        return script(
+            count=1,
+            **gpu(
+                0, uuid="GPU-aaaa", **HEALTHY, gpm=gpm, gpm_sm=90, mig=1,
+                mig0__uuid="MIG-1111", mig0__gi=1, mig0__ci=0, mig0__gpm_sm=sm0, mig0__gpm_tensor=sm0 / 2,
+                mig0__procs=f"501:{GIB}",
+                mig3__uuid="MIG-3333", mig3__gi=5, mig3__ci=0, mig3__gpm_sm=sm3,
+                mig5__uuid="MIG-5555", mig5__gi=7, mig5__ci=0,
+            ),
+        )  # fmt: skip
+
+    out = sample(tmp_path, [step(10, 20, 1), step(70.5, 3.25, 1), step(1, 2, 1)], fakenvml)
+    got = [
+        [(m["uuid"], m["sm_active_percent"], m["tensor_active_percent"]) for m in s["gpus"][0]["mig_instances"]]
+        for s in out["steps"]
+    ]
+    assert got == [
+        [("MIG-1111", None, None), ("MIG-3333", None, None), ("MIG-5555", None, None)],
+        [("MIG-1111", 70.5, 35.25), ("MIG-3333", 3.25, None), ("MIG-5555", None, None)],
+        [("MIG-1111", 1.0, 0.5), ("MIG-3333", 2.0, None), ("MIG-5555", None, None)],
+    ]
+    assert [s["gpus"][0]["sm_active_percent"] for s in out["steps"]] == [None, 90.0, 90.0]  # the GPU's own
+    assert all(s["errors"] == {} for s in out["steps"])
+    off = sample(tmp_path, [step(10, 20, 0), step(70.5, 3.25, 0)], fakenvml)
+    assert all(m["sm_active_percent"] is None for s in off["steps"] for m in s["gpus"][0]["mig_instances"])
+    assert all(s["errors"] == {} for s in off["steps"])

@@ -713,7 +713,7 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     from test_steps import loop
 
     from memtrace.core.cpu import CpuStats
-    from memtrace.core.gpu import GpuSample, MigInstance, NvLink, RemappedRows
+    from memtrace.core.gpu import GpuProcess, GpuSample, MigInstance, NvLink, RemappedRows
     from memtrace.core.nccl import EVENT_DTYPE as NCCL_DTYPE
     from memtrace.core.nccl import CallTotals, Collective
     from memtrace.core.netdev import InterfaceSample, Netns, NetSnapshot, QdiscSample
@@ -738,6 +738,7 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     m.add_events(_rows(b, [{"api": 22, "direction": Direction.D2D, "bytes": 4096, "duration_ns": 1000}]))
     ka = next(k for k in m.processes if k.pid == a)
     kb = next(k for k in m.processes if k.pid == b)
+    m.processes[ka].attributes["k8s.pod.uid"] = "0b8e8f2a-1c1d-4e5f-9a0b-123456789abc"  # in a pod
     m.trap_cost = TrapCost(2e-6, 4e-6)
     m.set_traps(ka, 20)
     m.set_launches(ka, {100: 1000})
@@ -763,7 +764,7 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
     def gpu(t: int, tx: int, rx: int) -> GpuSample:
         # GPM, two NVLinks (one down at the end), remapped rows, a MIG instance.
         links = (NvLink(0, True, tx, rx, 2 * t, t, 0), NvLink(1, t < 2, 0, 0, 0, 0, 0))
-        mig = MigInstance(0, "MIG-a", 1, 0, GIB, 10 * GIB)
+        mig = MigInstance(0, "MIG-a", 1, 0, GIB, 10 * GIB, (), 55.0, 20.0, 30.0, 10.0)
         return GpuSample(
             index=0, uuid="GPU-a", name="G", bus_id="", time_ns=t * 10**9, pcie_tx_bytes=tx, pcie_rx_bytes=rx,
             pcie_replay_count=7, link_generation=5, link_width=16, max_link_generation=5, max_link_width=16,
@@ -771,7 +772,7 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
             temperature_celsius=64, power_milliwatts=412345, clock_event_mask=0,
             gpm_supported=True, sm_active_percent=80.0, sm_occupancy_percent=40.0, tensor_active_percent=60.0,
             dram_bandwidth_percent=30.0, nvlinks=links, remapped_rows=RemappedRows(2, 1, True, False),
-            mig_enabled=True, mig_instances=(mig,),
+            mig_enabled=True, mig_instances=(mig,), processes=(GpuProcess(a, 0, "GPU-a", 300 << 20),),
         )  # fmt: skip
 
     def net(t: int, k: int) -> NetSnapshot:
@@ -958,9 +959,11 @@ def test_a_builds_findings_carry_their_text_and_its_metric_only_their_code() -> 
     figures) and the fix would make a new series at every change."""
     _, batch = rich_build()
     points = [p for x, _ in emitted(batch)["memtrace.finding"] for p in x.data.data_points]
-    assert sorted(p.attributes["finding"] for p in points) == ["overhead_budget_exceeded", "pageable_h2d"]
+    # The GPU's uncorrectable remapped row is found on the process NVML lists on it.
+    codes = ["gpu_memory_uncorrectable", "overhead_budget_exceeded", "pageable_h2d"]
+    assert sorted(p.attributes["finding"] for p in points) == codes
     assert all(set(p.attributes) == {"finding"} for p in points)
-    assert sorted(f.code for f in batch.findings) == ["overhead_budget_exceeded", "pageable_h2d"]
+    assert sorted(f.code for f in batch.findings) == codes
     assert all(f.summary and f.fix for f in batch.findings)
 
 

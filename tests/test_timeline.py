@@ -203,7 +203,7 @@ def _nvml_env(fakenvml: Path, tmp: Path) -> dict[str, str]:
     from test_nvml import HEALTHY, gpu, script
 
     path = tmp / "nvml.script"
-    path.write_text(script(count=1, **gpu(0, uuid="GPU-timeline", **HEALTHY)))
+    path.write_text(script(count=1, **gpu(0, uuid="GPU-timeline", **HEALTHY, clock_sm=1755, clock_mem=2619)))
     return {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(path)}
 
 
@@ -305,6 +305,10 @@ def test_every_counter_track_matches_the_json_summary_of_the_same_run(traced_loo
         pts = tr.counter(name, group=group)
         checked.add(name)
         assert pts and all(0 <= v <= g[key]["max"] for _, v in pts)
+    for name, key, mhz in (("SM clock", "sm_clock_mhz", 1755), ("memory clock", "memory_clock_mhz", 2619)):
+        pts = tr.counter(name, group=group)
+        checked.add(name)
+        assert pts and {v for _, v in pts} == {g[key]["mean"]} == {g[key]["max"]} == {mhz}
     assert all(v == 0 for _, v in tr.counter("throttled", group=group)) and g["throttled_share"] == 0
     assert all(v == 0 for _, v in tr.counter("clock event reasons", group=group)) and g["clock_event_reasons"] == []
     assert all(v == 0 for _, v in tr.counter("lost", group=group)) and g["lost_samples"] == 0

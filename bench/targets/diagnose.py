@@ -48,6 +48,13 @@ instruction) and lasts to the end:
                     work, and the others wait for it      -> straggler
                     (on the slowed rank; its peers may be named stragglers'
                     waiters, which is right, not false)
+  nvlink_contention slow_rank's data-parallel job, its GPU with two NVLinks
+                    whose driver counters (the test NVML's, rewritten every
+                    0.2 s) carry its gradients at 2 GiB/s; at onset others'
+                    peer traffic adds 4 GiB/s on them and every rank's wait
+                    for its all-reduce grows (the control file's gpu=2 on
+                    every rank: the fake GPU's work before the barrier, which
+                    memtrace sees as the collective's wait) -> nvlink_contention
   none              nothing (healthy control)                 -> no diagnosis
 
 In every trial the emulated link counts the bytes through it and the test
@@ -102,6 +109,7 @@ EXPECTED = {
     "nic_contention": "nic_contention",
     "memory_pressure": "host_memory_pressure",
     "slow_rank": "straggler",
+    "nvlink_contention": "nvlink_contention",
     "none": "none",
 }
 # Faults run only when asked for (--faults): the zoo's (diagnose_zoo.py).
@@ -233,6 +241,40 @@ def nvml_script(link: Path, **over: object) -> str:
     """The test NVML's script: one healthy GPU (tests/test_nvml.py's), its PCIe byte counters
     those of the emulated link, with `over` changed."""
     return script(count=1, driver="580.0", **gpu(0, uuid="GPU-bench", **{**HEALTHY, "pcie_link": link, **over}))
+
+
+NVLINK_JOB, NVLINK_OTHERS = 2 << 30, 4 << 30  # nvlink_contention: bytes a second on the links, the job's and others'
+
+
+class NvLinkTraffic:
+    """nvlink_contention: rewrites the test NVML's script every 0.2 s, GPU 0 with two NVLinks whose
+    driver counters (KiB each way, split over the links) grow at the job's rate plus `others`."""
+
+    def __init__(self, script: Path, link: Path) -> None:
+        self.others = 0
+        self._script, self._link = script, link
+        self._kib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._write()
+        self._thread.start()
+
+    def _write(self) -> None:
+        per_link = int(self._kib) // 2
+        counters = {f"nvlink{n}__{d}": per_link for n in (0, 1) for d in ("tx", "rx")}
+        write_atomic(self._script, nvml_script(self._link, nvlinks=2, **counters))
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            self._kib += (NVLINK_JOB + self.others) * (now - last) / 1024
+            last = now
+            self._write()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -446,11 +488,11 @@ def trial(
     if fault == "competing_copier":
         copier = f"{fc / 'trainjob'} -t {seconds} -L 0 -w 0 -k 0 -c 16 -b 8388608"
         argv = ["sh", "-c", f'"$@" & (sleep {at:.3f}; exec {copier}) & wait', "sh", *job]
-    elif fault == "slow_rank":
+    elif fault in ("slow_rank", "nvlink_contention"):
         (tmp / "barrier").write_bytes(bytes(8))
         ranks = []
         if spec.rank is None:
-            raise SystemExit(f"slow_rank: {spec.shape} has no data-parallel job")
+            raise SystemExit(f"{fault}: {spec.shape} has no data-parallel job")
         for r in range(RANKS):
             (tmp / f"control{r}").write_text("gpu=1 loader=1\n")
             ctl = tmp / f"control{r}"
@@ -501,6 +543,7 @@ def trial(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    links = NvLinkTraffic(script, link) if fault == "nvlink_contention" else None
     try:
         # From the job's start, not the agent's: the agent takes a second or
         # so to load and attach, and a fault before the engine's baseline
@@ -540,10 +583,16 @@ def trial(
         elif fault == "slow_rank":
             slowed = pid_with_env("TRAINJOB_CONTROL", str(tmp / "control0"), spec.comm)
             (tmp / "control0").write_text(f"gpu=1 loader={SLOW_LOADER}\n")
+        elif fault == "nvlink_contention" and links is not None:
+            links.others = NVLINK_OTHERS
+            for r in range(RANKS):
+                (tmp / f"control{r}").write_text("gpu=2 loader=1\n")
         elif fault in ("nic_contention", "nic_late", "nic_setns") and net is not None:
             hog = subprocess.Popen(net.in_a(["taskset", "-c", "0", sys.executable, "-c", BULK]), start_new_session=True)
         agent.wait(timeout=seconds * 3 + 60)
     finally:
+        if links is not None:
+            links.close()
         if hog is not None:
             os.killpg(hog.pid, signal.SIGKILL)  # the shell and its loops
             hog.wait()

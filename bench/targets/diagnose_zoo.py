@@ -74,12 +74,13 @@ SHORT = {  # the causes in the matrices (80 columns)
     "nic_contention": "nic",
     "pcie_contention": "pcie",
     "straggler": "straggler",
+    "nvlink_contention": "nvlink",
     "unknown": "unknown",
     "ambiguous": "ambiguous",
 }
 NOT_ON = {  # what a shape has not: a data loader and its data set, ranks
-    "pool": {"slow_rank"},
-    **dict.fromkeys(SERVING, {"slow_loader", "memory_pressure", "slow_rank"}),
+    "pool": {"slow_rank", "nvlink_contention"},
+    **dict.fromkeys(SERVING, {"slow_loader", "memory_pressure", "slow_rank", "nvlink_contention"}),
 }
 
 

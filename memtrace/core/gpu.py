@@ -91,6 +91,12 @@ class MigInstance:
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     processes: tuple[GpuProcess, ...] = ()
+    # Its own GPM activity over the interval between detailed samples (nvmlGpmMigSampleGet), as the
+    # GPU's: None where its GPU has no GPM, or at the first sample.
+    sm_active_percent: float | None = None
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    dram_bandwidth_percent: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,8 @@ class GpuSample:
     temperature_celsius: int | None = None
     power_milliwatts: int | None = None
     clock_event_mask: int | None = None
+    sm_clock_mhz: int | None = None  # the SM and memory clocks now (nvmlDeviceGetClockInfo), at every sample
+    memory_clock_mhz: int | None = None
     ecc_corrected_volatile: int | None = None  # since the driver loaded
     ecc_uncorrected_volatile: int | None = None
     xids: tuple[int, ...] = ()  # XID critical errors raised since the previous sample, in order

@@ -145,6 +145,7 @@ NVLINK = Attribute("memtrace.nvlink", "the NVLink's number on its GPU")
 NVLINK_ERROR = Attribute("error.type", "crc (flit and data CRC), replay or recovery", semconv=True)
 REMAP_CAUSE = Attribute("memtrace.remap.cause", "correctable or uncorrectable: the errors the rows were remapped for")
 MIG_ID = Attribute("memtrace.mig.id", "the MIG instance's UUID (MIG-...)")
+POD_UID = Attribute("k8s.pod.uid", "the pod, from its processes' cgroups", semconv=True)
 NETWORK_DIRECTION = Attribute("network.io.direction", "receive or transmit", semconv=True)
 INTERFACE = Attribute("network.interface.name", "the interface's name in its namespace", semconv=True)
 NETNS = Attribute("memtrace.netns", "the inode of the interface's network namespace")
@@ -155,6 +156,7 @@ QDISC_HANDLE = Attribute("memtrace.qdisc.handle", "its handle, major:minor in he
 COPY = (DIRECTION, API, LAYER, MODE, HOST_MEMORY)
 SYNC = (API, LAYER, SYNC_KIND)
 GPU = (HW_ID, HW_NAME, HW_TYPE, GPU_INDEX)
+GPU_OR_MIG = (*GPU, MIG_ID)  # a MIG instance's series carry its UUID beside its GPU's attributes
 LINK = (INTERFACE, NETNS, HOST_NAMESPACE)
 QDISC = (INTERFACE, NETNS, QDISC_KIND, QDISC_HANDLE)
 
@@ -252,6 +254,22 @@ MEMORY_OUTSTANDING = _m(
 )
 MEMORY_PINNED_HOST = _m(
     "gpu.memory.pinned_host", _G, "By", "Page-locked host memory allocated or registered now", Signal.memory
+)
+MEMORY_NVML_USED = _m(
+    "gpu.memory.nvml_used",
+    _G,
+    "By",
+    "Device memory NVML counts for the process (usedGpuMemory, over its GPUs, at the last detailed sample): "
+    "its CUDA context, what its allocator holds, and memory allocated through calls memtrace does not probe",
+    Signal.memory,
+)
+MEMORY_UNATTRIBUTED = _m(
+    "gpu.memory.unattributed",
+    _G,
+    "By",
+    "gpu.memory.nvml_used less gpu.memory.in_use: what no probed allocation explains, mostly the CUDA context "
+    "(below zero for a moment: NVML's figure is up to a sample old)",
+    Signal.memory,
 )
 
 STEPS = _m("memtrace.steps", _S, "{step}", "Steps (iterations) inferred from the process's call stream", Signal.steps)
@@ -435,7 +453,7 @@ GPU_SM_ACTIVE = _m(
     "Share of SMs busy over the last GPM interval (about 1 s): tells a starved GPU from a busy one",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_SM_OCCUPANCY = _m(
     "memtrace.gpu.sm.occupancy",
@@ -444,7 +462,7 @@ GPU_SM_OCCUPANCY = _m(
     "Warps resident on the SMs, of the most they can hold, over the last GPM interval",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_TENSOR_ACTIVE = _m(
     "memtrace.gpu.tensor.active",
@@ -453,7 +471,7 @@ GPU_TENSOR_ACTIVE = _m(
     "Share of SM cycles with any tensor pipe busy over the last GPM interval",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_DRAM_ACTIVE = _m(
     "memtrace.gpu.dram.active",
@@ -462,7 +480,7 @@ GPU_DRAM_ACTIVE = _m(
     "DRAM bandwidth used, of its peak, over the last GPM interval",
     Signal.gpu,
     _A,
-    GPU,
+    GPU_OR_MIG,
 )
 GPU_NVLINK_IO = _m(
     "memtrace.gpu.nvlink.io",
@@ -523,6 +541,33 @@ GPU_MIG_MEMORY_USAGE = _m(
 )
 GPU_MIG_MEMORY_LIMIT = _m(
     "memtrace.gpu.mig.memory.limit", _G, "By", "Memory size of the MIG instance", Signal.gpu, _A, (*GPU, MIG_ID)
+)
+POD_MEMORY_IN_USE = _m(
+    "memtrace.pod.gpu.memory.in_use",
+    _G,
+    "By",
+    "gpu.memory.in_use summed over the pod's traced processes",
+    Signal.memory,
+    _A,
+    (POD_UID,),
+)
+POD_MEMORY_NVML_USED = _m(
+    "memtrace.pod.gpu.memory.nvml_used",
+    _G,
+    "By",
+    "gpu.memory.nvml_used summed over the pod's traced processes (those NVML gives a figure for)",
+    Signal.memory,
+    _A,
+    (POD_UID,),
+)
+POD_MEMORY_UNATTRIBUTED = _m(
+    "memtrace.pod.gpu.memory.unattributed",
+    _G,
+    "By",
+    "gpu.memory.unattributed summed over the pod's traced processes: device memory no probed allocation explains",
+    Signal.memory,
+    _A,
+    (POD_UID,),
 )
 
 NETWORK_IO = _m(

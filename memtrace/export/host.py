@@ -14,7 +14,7 @@ from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import Collective
 from memtrace.core.netdev import QdiscSample
 from memtrace.export import schema
-from memtrace.model.host import ByteCounter, GpuSeries, HostBook, NvLinkSeries, SensorState, Series
+from memtrace.model.host import ByteCounter, GpuSeries, HostBook, MigSeries, NvLinkSeries, SensorState, Series
 
 TOP_PREEMPTORS = 5
 IDLE_PREEMPTOR = "(idle: own CPU quota)"  # a preemptor cgroup of 0: the CPU idled under the process's quota
@@ -196,6 +196,8 @@ def gpu_row(g: GpuSeries, pids: set[int] | None) -> schema.GpuRow:
         lost_samples=g.lost_samples,
         sm_utilization_percent=_mean_max(g.sm),
         memory_utilization_percent=_mean_max(g.mem_util),
+        sm_clock_mhz=_mean_max(g.sm_clock),
+        memory_clock_mhz=_mean_max(g.memory_clock),
         memory_used_bytes=_mean_max(g.memory_used),
         memory_total_bytes=None if last is None else last.memory_total_bytes,
         temperature_celsius=_mean_max(g.temperature),
@@ -224,7 +226,7 @@ def gpu_row(g: GpuSeries, pids: set[int] | None) -> schema.GpuRow:
             if pids is None or pid in pids
         ],
         gpm=g.gpm_supported,
-        activity=_activity(g),
+        activity=_activity(g, g.gpm_supported),
         nvlinks=[_nvlink_row(link) for _, link in sorted(g.nvlinks.items())],
         remapped_rows=_remapped(last),
         mig_enabled=None if last is None else last.mig_enabled,
@@ -237,14 +239,42 @@ def gpu_row(g: GpuSeries, pids: set[int] | None) -> schema.GpuRow:
                 memory_used_bytes=m.memory_used_bytes,
                 memory_total_bytes=m.memory_total_bytes,
                 pids=sorted(p.pid for p in m.processes),
+                **_mig_over_run(g, g.mig_instances.get(m.uuid), pids),
             )
             for m in (() if last is None else last.mig_instances)
         ],
     )
 
 
-def _activity(g: GpuSeries) -> schema.GpuActivity | None:
-    if not g.gpm_supported:
+class _MigOverRun(TypedDict):
+    memory_used_over_run: schema.MeanMax | None
+    processes: list[schema.GpuProcess]
+    activity: schema.GpuActivity | None
+
+
+def _mig_over_run(g: GpuSeries, m: MigSeries | None, pids: set[int] | None) -> _MigOverRun:
+    """A MIG instance's rows over the run, as a device of its own (the GPU's GPM says whether it has any)."""
+    if m is None:
+        return _MigOverRun(memory_used_over_run=None, processes=[], activity=None)
+    return _MigOverRun(
+        memory_used_over_run=_mean_max(m.memory_used),
+        processes=[
+            schema.GpuProcess(
+                pid=pid,
+                used_memory_bytes=used,
+                mig_uuid=m.uuid,
+                sm_percent=_mean_max(g.process_sm[pid]) if pid in g.process_sm else None,
+            )
+            for pid, used in sorted(m.processes.items())
+            if pids is None or pid in pids
+        ],
+        activity=_activity(m, g.gpm_supported),
+    )
+
+
+def _activity(g: GpuSeries | MigSeries, gpm: bool | None) -> schema.GpuActivity | None:
+    """A GPU's or MIG instance's GPM activity; None where its GPU has no GPM (`gpm`)."""
+    if not gpm:
         return None
     return schema.GpuActivity(
         sm_active_percent=_mean_max(g.sm_active),

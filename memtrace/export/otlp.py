@@ -42,7 +42,7 @@ from memtrace.analysis.findings import Finding, Thresholds
 from memtrace.analysis.findings import compute as compute_findings
 from memtrace.core import apis
 from memtrace.core.abi import Stat
-from memtrace.core.gpu import GpuSample
+from memtrace.core.gpu import GpuSample, MigInstance
 from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey, iso8601_ns
 from memtrace.export import catalog as cat
@@ -50,6 +50,7 @@ from memtrace.export.catalog import Kind, MetricSpec
 from memtrace.export.config import HistogramKind, PushConfig, Temporality
 from memtrace.model import Model, describe
 from memtrace.model.host import GpuSeries, HostBook
+from memtrace.model.memory import PodDeviceMemory, device_memory_views, nvml_used_by_pid
 from memtrace.model.process import Process
 
 SCOPE = InstrumentationScope(name="memtrace", version=__version__)
@@ -107,7 +108,12 @@ def _gpm_values(last: GpuSample) -> dict[MetricSpec, float | None]:
     """A GPU's GPM activity at its last detailed sample, as shares; whether it has GPM at all."""
     if last.gpm_supported is None:
         return {}
-    out: dict[MetricSpec, float | None] = {cat.GPU_GPM_SUPPORTED: float(last.gpm_supported)}
+    return {cat.GPU_GPM_SUPPORTED: float(last.gpm_supported), **_gpm_shares(last)}
+
+
+def _gpm_shares(last: GpuSample | MigInstance) -> dict[MetricSpec, float | None]:
+    """A GPU's or MIG instance's GPM activity at its last detailed sample, as shares."""
+    out: dict[MetricSpec, float | None] = {}
     for spec, v in (
         (cat.GPU_SM_ACTIVE, last.sm_active_percent),
         (cat.GPU_SM_OCCUPANCY, last.sm_occupancy_percent),
@@ -400,13 +406,28 @@ class MetricsBuilder:
                 for m in last.mig_instances:
                     mig = {**la, "memtrace.mig.id": m.uuid}
                     for spec, mv in ((cat.GPU_MIG_MEMORY_USAGE, m.memory_used_bytes),
-                                     (cat.GPU_MIG_MEMORY_LIMIT, m.memory_total_bytes)):  # fmt: skip
+                                     (cat.GPU_MIG_MEMORY_LIMIT, m.memory_total_bytes),
+                                     *_gpm_shares(m).items()):  # fmt: skip
                         if mv is not None:
                             points.setdefault(spec, []).append(_number(mig, start, now, mv))
             for link in g.nvlinks.values():
                 up = _number({**la, "memtrace.nvlink": link.link}, start, now, float(link.active))
                 points.setdefault(cat.GPU_NVLINK_UP, []).append(up)
             for spec, v in values.items():
+                if v is not None:
+                    points.setdefault(spec, []).append(_number(la, start, now, v))
+        return [self._metric(spec, pts) for spec, pts in points.items()]
+
+    def _pod_memory_metrics(self, pods: list[PodDeviceMemory], start: int, now: int) -> list[Metric]:
+        """Each pod's device memory, its processes' summed (model/memory.device_memory_views)."""
+        points: dict[MetricSpec, list[NumberDataPoint]] = {}
+        for pod in pods:
+            la = {"k8s.pod.uid": pod.pod_uid}
+            for spec, v in (
+                (cat.POD_MEMORY_IN_USE, pod.traced_bytes),
+                (cat.POD_MEMORY_NVML_USED, pod.nvml_bytes),
+                (cat.POD_MEMORY_UNATTRIBUTED, pod.unattributed_bytes),
+            ):
                 if v is not None:
                     points.setdefault(spec, []).append(_number(la, start, now, v))
         return [self._metric(spec, pts) for spec, pts in points.items()]
@@ -487,6 +508,10 @@ class MetricsBuilder:
         for f in findings:
             found.setdefault(f.key, []).append(f)
 
+        by_process, by_pod = device_memory_views(
+            model.processes, nvml_used_by_pid(g.processes for g in host.gpus.values()) if host is not None else {}
+        )
+        nvml_memory = {v.key: v for v in by_process if v.nvml_bytes is not None}
         new_base = _Base(
             dict(self.base.totals), dict(self.base.durations), dict(self.base.sizes), dict(self.base.time_ns)
         )
@@ -566,6 +591,10 @@ class MetricsBuilder:
                 gauge(cat.MEMORY_OUTSTANDING, {}, m.outstanding)
             if proc.book.pinned_bytes:
                 gauge(cat.MEMORY_PINNED_HOST, {}, proc.book.pinned_bytes)
+            mv = nvml_memory.get(key)
+            if mv is not None and mv.nvml_bytes is not None and mv.unattributed_bytes is not None:
+                gauge(cat.MEMORY_NVML_USED, {}, mv.nvml_bytes)
+                gauge(cat.MEMORY_UNATTRIBUTED, {}, mv.unattributed_bytes)
             cost = model.overhead(key)
             if cost is not None:
                 sums(("traps", key), {}, (cat.PROBE_TRAPS,), (cost.traps,))
@@ -614,6 +643,7 @@ class MetricsBuilder:
             gauges[cat.AGENT_DRAIN_GAP] = float(drain_gap_s)
         health = [self._metric(spec, [_number({}, hstart, now, int(v))]) for spec, v in hv.items()]
         health += [self._metric(spec, [_number({}, hstart, now, v)]) for spec, v in gauges.items()]
+        health.extend(self._pod_memory_metrics(by_pod, hstart, now))
         if host is not None:
             health.extend(self._gpu_metrics(host, hstart, now))
             agent_points = _Points(self, new_base, windows, starting, now, self.start_ns, self.start_ns, None)

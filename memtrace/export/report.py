@@ -30,6 +30,7 @@ from memtrace.export.schema import SCHEMA_VERSION
 from memtrace.export.text import pageable_share
 from memtrace.model import Model, describe
 from memtrace.model.host import HostBook
+from memtrace.model.memory import PodDeviceMemory, ProcessDeviceMemory, device_memory_views, nvml_used_by_pid
 from memtrace.model.steps import StepStats
 
 __all__ = ["SCHEMA_VERSION", "Library", "print_table", "say", "summary"]
@@ -127,6 +128,9 @@ def summary(
     if stack_counts is not None:
         agent["stacks"] = stack_counts
     copies, totals = memcpy(model)
+    memory_views = device_memory_views(
+        model.processes, nvml_used_by_pid(g.processes for g in book.gpus.values()) if book is not None else {}
+    )
     sites: _Stacks = {} if stacks is None else {"stacks": stacks}
     cmd: _Command = {"command": command} if command else {}
     return schema.Summary(
@@ -137,7 +141,8 @@ def summary(
         simulated=any(a.simulated for a in libraries),
         memcpy=copies,
         totals=totals,
-        device_memory=device_memory(model),
+        device_memory=device_memory(model, memory_views),
+        pods=pods(memory_views[1]),
         synchronization=synchronization(model),
         launches=launches(model),
         overhead=overhead(model, thresholds.overhead_budget),
@@ -326,11 +331,17 @@ def overhead(model: Model, budget: float | None) -> list[schema.OverheadRow]:
     return out
 
 
-def device_memory(model: Model) -> list[schema.DeviceMemoryRow]:
+def device_memory(
+    model: Model, views: tuple[list[ProcessDeviceMemory], list[PodDeviceMemory]] = ([], [])
+) -> list[schema.DeviceMemoryRow]:
+    """One row per process that allocated, freed or pinned memory, or that NVML lists on a GPU;
+    `views`: memtrace's and NVML's figures side by side (model/memory.device_memory_views)."""
+    nvml = {v.key: v for v in views[0] if v.nvml_bytes is not None}
     out = []
     for key, p in sorted(model.processes.items()):
         m = p.memory
-        if not (m.allocations or m.frees or m.unknown_frees or m.failed_allocations or p.book.pinned_bytes):
+        v = nvml.get(key)
+        if not (m.allocations or m.frees or m.unknown_frees or m.failed_allocations or p.book.pinned_bytes or v):
             continue
         out.append(
             schema.DeviceMemoryRow(
@@ -353,9 +364,24 @@ def device_memory(model: Model) -> list[schema.DeviceMemoryRow]:
                 pinned_host_bytes=p.book.pinned_bytes,
                 lost_calls=p.lost_memory_calls(),
                 traced_from_start=p.complete,
+                nvml_used_bytes=None if v is None else v.nvml_bytes,
+                unattributed_bytes=None if v is None else v.unattributed_bytes,
             )
         )
     return out
+
+
+def pods(views: list[PodDeviceMemory]) -> list[schema.PodMemoryRow]:
+    return [
+        schema.PodMemoryRow(
+            pod_uid=v.pod_uid,
+            pids=list(v.pids),
+            in_use_bytes=v.traced_bytes,
+            nvml_used_bytes=v.nvml_bytes,
+            unattributed_bytes=v.unattributed_bytes,
+        )
+        for v in views
+    ]
 
 
 def synchronization(model: Model) -> list[schema.SyncRow]:

@@ -104,7 +104,7 @@ class SizeQuantiles(TypedDict):
 
 
 class DeviceMemoryRow(TypedDict):
-    """One row per process that allocated, freed or pinned memory."""
+    """One row per process that allocated, freed or pinned memory, or that NVML lists on a GPU."""
 
     pid: Annotated[int, _PID]
     start_time_unix_nano: Annotated[int, _START]
@@ -128,6 +128,28 @@ class DeviceMemoryRow(TypedDict):
         "mapped CUDA): its unknown_frees were of addresses never allocated, or freed twice; false: "
         "attached to while it ran, they may be of memory allocated before",
     ]
+    nvml_used_bytes: Annotated[
+        int | None,
+        "what NVML counts for it (usedGpuMemory) over its GPUs at their last sample: its CUDA context, "
+        "memory its allocator holds, memory allocated through calls memtrace does not probe (null: NVML "
+        "does not list it, or cannot say)",
+    ]
+    unattributed_bytes: Annotated[
+        int | None,
+        "nvml_used_bytes less in_use_bytes: what no probed allocation explains, mostly the CUDA context "
+        "(below zero for a moment: NVML's figure is up to a sample old; null: no NVML figure)",
+    ]
+
+
+class PodMemoryRow(TypedDict):
+    """A Kubernetes pod's device memory: its traced processes' (`device_memory` rows with its
+    `pod_uid`), summed. A process NVML gives no figure for counts in `in_use_bytes` only."""
+
+    pod_uid: Annotated[str, "the pod (k8s.pod.uid, from its processes' cgroups)"]
+    pids: Annotated[list[int], "its processes that allocated device memory or that NVML lists"]
+    in_use_bytes: Annotated[int, "allocated through the probed calls and not freed, now"]
+    nvml_used_bytes: Annotated[int | None, "what NVML counts for them (null: it gave no figure for any)"]
+    unattributed_bytes: Annotated[int | None, "the sum of its processes' unattributed_bytes"]
 
 
 # ---- synchronization ----
@@ -531,6 +553,14 @@ class MigInstanceRow(TypedDict):
     memory_used_bytes: Annotated[int | None, "its memory in use"]
     memory_total_bytes: Annotated[int | None, "its memory in all"]
     pids: Annotated[list[int], "the processes on it"]
+    memory_used_over_run: Annotated[MeanMax | None, "its memory in use over the detailed samples"]
+    processes: Annotated[
+        list[GpuProcess], "the traced processes seen on it during the run, with NVML's count of their memory there"
+    ]
+    activity: Annotated[
+        GpuActivity | None,
+        "its own SM, tensor and DRAM activity (nvmlGpmMigSampleGet by its GPU instance; null: its GPU has no GPM)",
+    ]
 
 
 class GpuRow(TypedDict):
@@ -558,6 +588,10 @@ class GpuRow(TypedDict):
         MeanMax | None, "SM utilisation, read at 10 Hz at most (null: NVML could not say)"
     ]
     memory_utilization_percent: Annotated[MeanMax | None, "memory controller utilisation"]
+    sm_clock_mhz: Annotated[
+        MeanMax | None, "SM clock (MHz) at each sample: low under load means throttling (null: NVML could not say)"
+    ]
+    memory_clock_mhz: Annotated[MeanMax | None, "memory clock (MHz) at each sample"]
     memory_used_bytes: Annotated[MeanMax | None, "GPU memory in use"]
     memory_total_bytes: Annotated[int | None, "GPU memory in all"]
     temperature_celsius: Annotated[MeanMax | None, "temperature"]
@@ -986,6 +1020,7 @@ class Summary(TypedDict):
     memcpy: Annotated[list[CopyRow], "one row per (process, api, direction, host_memory)"]
     totals: Annotated[dict[str, DirectionTotals], "every process's copies, by direction"]
     device_memory: Annotated[list[DeviceMemoryRow], "per process: device allocations and pinned host memory"]
+    pods: Annotated[list[PodMemoryRow], "per Kubernetes pod: its processes' device memory, by memtrace and NVML"]
     synchronization: Annotated[list[SyncRow], "per process and api: the host waiting for the GPU"]
     launches: Annotated[list[LaunchRow], "per process and api: kernel and graph launches"]
     overhead: Annotated[list[OverheadRow], "per process: what memtrace's probes cost it (estimated)"]

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from memtrace.core.cpu import CpuStats
-from memtrace.core.gpu import GpuSample, counter_delta
+from memtrace.core.gpu import GpuSample, MigInstance, counter_delta
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import CallTotals, Collective
 from memtrace.core.netdev import (
@@ -122,6 +122,28 @@ NVLINK_ERRORS = ("crc_errors", "replay_errors", "recovery_errors")
 
 
 @dataclass
+class MigSeries:
+    """A MIG instance over the run, as its own device: its memory, processes and GPM activity."""
+
+    uuid: str
+    memory_used: Series = field(default_factory=Series)
+    sm_active: Series = field(default_factory=Series)
+    sm_occupancy: Series = field(default_factory=Series)
+    tensor_active: Series = field(default_factory=Series)
+    dram_bandwidth: Series = field(default_factory=Series)
+    processes: dict[int, int | None] = field(default_factory=dict)  # pid -> its memory there, last sample
+
+    def add(self, m: MigInstance) -> None:
+        self.memory_used.add(m.memory_used_bytes)
+        self.sm_active.add(m.sm_active_percent)
+        self.sm_occupancy.add(m.sm_occupancy_percent)
+        self.tensor_active.add(m.tensor_active_percent)
+        self.dram_bandwidth.add(m.dram_bandwidth_percent)
+        for p in m.processes:
+            self.processes[p.pid] = p.used_memory_bytes
+
+
+@dataclass
 class NvLinkSeries:
     """One NVLink over the run: its bytes (exact, from the driver's counters), the increase of each
     error counter, and how often it was down."""
@@ -148,6 +170,8 @@ class GpuSeries:
     lost_samples: int = 0
     sm: Series = field(default_factory=Series)
     mem_util: Series = field(default_factory=Series)
+    sm_clock: Series = field(default_factory=Series)  # MHz, at every sample
+    memory_clock: Series = field(default_factory=Series)
     memory_used: Series = field(default_factory=Series)
     temperature: Series = field(default_factory=Series)
     power: Series = field(default_factory=Series)
@@ -173,6 +197,7 @@ class GpuSeries:
     nvlinks: dict[int, NvLinkSeries] = field(default_factory=dict)
     mig: dict[int, str] = field(default_factory=dict)  # pid -> the MIG instance it was last seen on
     process_sm: dict[int, Series] = field(default_factory=dict)  # pid -> its SM share (percent)
+    mig_instances: dict[str, MigSeries] = field(default_factory=dict)  # by UUID, as first seen
 
     def add(self, s: GpuSample) -> None:
         self.samples += 1
@@ -184,6 +209,8 @@ class GpuSeries:
         n = s.utilization_readings if s.utilization_readings is not None else 1
         self.sm.add(s.sm_utilization_percent, n, s.sm_utilization_max)
         self.mem_util.add(s.memory_utilization_percent, n, s.memory_utilization_max)
+        self.sm_clock.add(s.sm_clock_mhz)
+        self.memory_clock.add(s.memory_clock_mhz)
         self.xids.extend(s.xids)
         if s.clock_event_mask is not None:
             self.reasons.update(s.clock_event_reasons or ())
@@ -228,6 +255,8 @@ class GpuSeries:
         self.dram_bandwidth.add(s.dram_bandwidth_percent)
         for u in s.process_utilization:
             self.process_sm.setdefault(u.pid, Series()).add(u.sm_percent)
+        for m in s.mig_instances:
+            self.mig_instances.setdefault(m.uuid, MigSeries(m.uuid)).add(m)
         self._add_links(prev, s)
 
     def _add_links(self, prev: GpuSample | None, s: GpuSample) -> None:

@@ -1,8 +1,26 @@
 """Device memory and host registrations, as the model folds them: each
 memory call's effect on its process's accounting (allocations, frees,
-VMM handles and mappings) and on its address book. No I/O."""
+VMM handles and mappings) and on its address book; and each process's
+device memory beside NVML's, rolled up to pods. No I/O.
+
+Two counts of a process's device memory, and why they differ:
+memtrace's probes count what the process allocated through the CUDA calls
+and has not freed (`DeviceMemory.in_use_bytes`); NVML counts what the
+driver holds for the process on each GPU (nvmlDeviceGetComputeRunningProcesses'
+usedGpuMemory). NVML's is larger by the CUDA context (its code, stacks and
+heaps: hundreds of MiB on a real GPU, before any allocation) and by memory
+allocated through calls memtrace does not probe; a caching allocator
+(PyTorch's) keeps freed blocks allocated, so both count them and neither
+says they are free for the job. `unattributed` is NVML's less memtrace's:
+what no probed allocation explains. It can be below zero for a moment:
+NVML's figure is from the last detailed sample (about a second old),
+memtrace's is now.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -10,6 +28,7 @@ from memtrace.core import apis
 from memtrace.core.abi import Family
 from memtrace.core.apis import MemOp
 from memtrace.core.enums import Allocation, HostMemory
+from memtrace.core.ids import ProcessKey
 from memtrace.model.book import _DEVICE, _MANAGED, _PINNED, BookChanges
 from memtrace.model.process import Process, SiteKey, SiteStats
 
@@ -140,3 +159,86 @@ def memory_call(
         if handle is not None and (Allocation.VMM_HANDLE, handle) in mem.live:
             mem.retained[handle] = mem.retained.get(handle, 0) + 1
     return None
+
+
+POD_UID = "k8s.pod.uid"  # the resource attribute identity derives from the process's cgroup (sources/procfs)
+
+
+@dataclass(frozen=True)
+class ProcessDeviceMemory:
+    """One process's device memory by memtrace's probes and by NVML, side by side."""
+
+    key: ProcessKey
+    pod_uid: str | None
+    traced_bytes: int  # allocated through the probed calls and not freed, now
+    nvml_bytes: int | None  # NVML's usedGpuMemory over the GPUs that list it (None: none gave a figure)
+
+    @property
+    def unattributed_bytes(self) -> int | None:
+        """NVML's less memtrace's: the CUDA context and memory no probed call allocated."""
+        return None if self.nvml_bytes is None else self.nvml_bytes - self.traced_bytes
+
+
+@dataclass(frozen=True)
+class PodDeviceMemory:
+    """A pod's processes' device memory, summed: `nvml_bytes` over those NVML gave a figure for."""
+
+    pod_uid: str
+    pids: tuple[int, ...]
+    traced_bytes: int
+    nvml_bytes: int | None
+    unattributed_bytes: int | None  # the sum of its processes' (those NVML gave a figure for)
+
+
+def nvml_used_by_pid(gpus: Iterable[Mapping[int, int | None]]) -> dict[int, int | None]:
+    """Each pid's NVML memory over all GPUs (each GPU's pid -> usedGpuMemory at its last sample;
+    None where NVML could not say); None for a pid no GPU gave a figure for."""
+    out: dict[int, int | None] = {}
+    for procs in gpus:
+        for pid, used in procs.items():
+            before = out.get(pid)
+            out[pid] = before if used is None else (before or 0) + used
+    return out
+
+
+def device_memory_views(
+    processes: Mapping[ProcessKey, Process], nvml_used: Mapping[int, int | None]
+) -> tuple[list[ProcessDeviceMemory], list[PodDeviceMemory]]:
+    """Per process (those that allocated, or that NVML lists), memtrace's and NVML's figures; and per
+    pod (`k8s.pod.uid`), the sums of its processes'. A pid NVML lists is matched to the newest
+    process of that pid the model holds (NVML knows pids, not start times)."""
+    newest: dict[int, ProcessKey] = {}
+    for key in processes:
+        if key.pid not in newest or key.start_ns > newest[key.pid].start_ns:
+            newest[key.pid] = key
+    rows = []
+    for key, p in sorted(processes.items()):
+        listed = newest[key.pid] == key and key.pid in nvml_used
+        if not (p.memory.allocations or listed):
+            continue
+        pod = p.attributes.get(POD_UID)
+        rows.append(
+            ProcessDeviceMemory(
+                key=key,
+                pod_uid=None if pod is None else str(pod),
+                traced_bytes=p.memory.in_use_bytes,
+                nvml_bytes=nvml_used.get(key.pid) if listed else None,
+            )
+        )
+    pods: dict[str, list[ProcessDeviceMemory]] = {}
+    for r in rows:
+        if r.pod_uid is not None:
+            pods.setdefault(r.pod_uid, []).append(r)
+    out = []
+    for uid, members in sorted(pods.items()):
+        known = [m for m in members if m.nvml_bytes is not None]
+        out.append(
+            PodDeviceMemory(
+                pod_uid=uid,
+                pids=tuple(sorted(m.key.pid for m in members)),
+                traced_bytes=sum(m.traced_bytes for m in members),
+                nvml_bytes=sum(m.nvml_bytes or 0 for m in known) if known else None,
+                unattributed_bytes=sum(m.unattributed_bytes or 0 for m in known) if known else None,
+            )
+        )
+    return rows, out

@@ -131,6 +131,10 @@ def book_readings(book: HostBook) -> list[Reading]:
             out.append(Reading(group, "SM utilisation", "%", s.sm_utilization_percent))
         if s.memory_utilization_percent is not None:
             out.append(Reading(group, "memory utilisation", "%", s.memory_utilization_percent))
+        if s.sm_clock_mhz is not None:
+            out.append(Reading(group, "SM clock", "MHz", s.sm_clock_mhz))
+        if s.memory_clock_mhz is not None:
+            out.append(Reading(group, "memory clock", "MHz", s.memory_clock_mhz))
         if s.clock_event_mask is not None:
             out.append(Reading(group, "throttled", "bool", 1.0 if s.throttled else 0.0))
             out.append(Reading(group, "clock event reasons", "mask", float(s.clock_event_mask)))

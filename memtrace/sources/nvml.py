@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from memtrace.core.errors import MemtraceError
@@ -74,6 +74,15 @@ class _Lost(Exception):
 
 
 @dataclass
+class _GpmState:
+    """Two GPM sample buffers of one device (a GPU, or a MIG instance by its GPU instance id),
+    allocated once: the previous sample and the next."""
+
+    samples: list[Any]
+    ready: bool = False  # samples[0] holds a sample of this device
+
+
+@dataclass
 class _Gpu:
     index: int
     handle: Any  # None: lost before it could be opened
@@ -88,8 +97,8 @@ class _Gpu:
     # samples, instead of nvmlDeviceGetPcieThroughput's 20 ms window (which also blocks 20 ms a call).
     pcie_counters: bool = False
     gpm: bool = False  # the GPU has GPM (nvmlGpmQueryDeviceSupport)
-    gpm_samples: list[Any] | None = None  # [previous, next]: two GPM sample buffers, allocated once
-    gpm_ready: bool = False  # the previous buffer holds a sample of this GPU
+    gpm_state: _GpmState | None = None  # the GPU's GPM buffers
+    mig_gpm: dict[int, _GpmState] = field(default_factory=dict)  # each MIG instance's, by GPU instance id
     links: tuple[int, ...] = ()  # its NVLinks
     util_seen: int = 0  # the newest per-process utilisation sample read (microseconds since 1970)
 
@@ -272,12 +281,14 @@ class NvmlSource:
                 return
             self._closed = True
             for g in self._gpus:
-                for buf in g.gpm_samples or ():
-                    try:
-                        self._nvml.nvmlGpmSampleFree(buf)
-                    except self._nvml.NVMLError:
-                        pass
-                g.gpm_samples = None
+                for state in [*([g.gpm_state] if g.gpm_state else []), *g.mig_gpm.values()]:
+                    for buf in state.samples:
+                        try:
+                            self._nvml.nvmlGpmSampleFree(buf)
+                        except self._nvml.NVMLError:
+                            pass
+                g.gpm_state = None
+                g.mig_gpm.clear()
             try:
                 if self._events is not None:
                     self._nvml.nvmlEventSetFree(self._events)
@@ -330,8 +341,9 @@ class NvmlSource:
     def poll(self, detail: bool | None = None, fast: FastWindow | None = None) -> list[GpuSample]:
         """One reading of every GPU, with the XIDs raised since the previous call.
 
-        Utilisation, clock-event reasons, XIDs and loss are read at every call; the rest (PCIe, memory,
-        temperature, power, ECC, processes) at every detail_every-th call, starting with the first:
+        Utilisation, clock-event reasons, the SM and memory clocks, XIDs and loss are read at every
+        call; the rest (PCIe, memory, temperature, power, ECC, processes) at every detail_every-th
+        call, starting with the first:
         NVML itself refreshes those at about 1 Hz or slower. Where the driver has no PCIe byte
         counters, NVML estimates PCIe throughput over 20 ms per call and blocks that long
         (docs/design/evidence.md#nvml-pcie): one such GPU is estimated per detailed sample, in turn, so the
@@ -456,10 +468,13 @@ class NvmlSource:
                 if util is not None:
                     base.update(sm_utilization_percent=int(util.gpu), memory_utilization_percent=int(util.memory))
                 base["clock_event_mask"] = self._clock_events(h)
+            base["sm_clock_mhz"] = self._read("sm clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
+            base["memory_clock_mhz"] = self._read("memory clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM)
             if detail:
                 self._detail(g, base, estimate)
         except _Lost:
-            g.gpm_ready = False  # the next GPM sample starts a new interval
+            for state in [*([g.gpm_state] if g.gpm_state else []), *g.mig_gpm.values()]:
+                state.ready = False  # the next GPM sample starts a new interval
             if not g.lost:
                 g.lost = True
                 self.lost_count += 1
@@ -526,18 +541,29 @@ class NvmlSource:
         out["gpm_supported"] = g.gpm
         if not g.gpm:
             return
+        if g.gpm_state is None:
+            g.gpm_state = self._gpm_state()
+        if g.gpm_state is not None:
+            out.update(self._gpm_interval(g.gpm_state, lambda buf: self._nvml.nvmlGpmSampleGet(g.handle, buf)))
+
+    def _gpm_state(self) -> _GpmState | None:
         nvml = self._nvml
-        if g.gpm_samples is None:
-            try:
-                g.gpm_samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
-            except nvml.NVMLError as e:
-                self.errors[f"gpm: {e}"] += 1
-                return
-        previous, current = g.gpm_samples
-        if self._read("gpm sample", nvml.nvmlGpmSampleGet, g.handle, current) is None:
-            g.gpm_ready = False
-            return
-        if g.gpm_ready:
+        try:
+            return _GpmState([nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()])
+        except nvml.NVMLError as e:
+            self.errors[f"gpm: {e}"] += 1
+            return None
+
+    def _gpm_interval(self, state: _GpmState, take: Callable[[Any], Any]) -> dict[str, float]:
+        """Take a sample into the next buffer (`take(buffer)`); the metrics between the previous
+        sample and it (none at the first)."""
+        nvml = self._nvml
+        previous, current = state.samples
+        if self._read("gpm sample", take, current) is None:
+            state.ready = False
+            return {}
+        out: dict[str, float] = {}
+        if state.ready:
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
             request.numMetrics = len(GPM_METRICS)
@@ -551,8 +577,22 @@ class NvmlSource:
                         out[name] = float(m.value)
                     elif m.nvmlReturn != _NOT_SUPPORTED:
                         self.errors[f"gpm {name}: {nvml.NVMLError(m.nvmlReturn)}"] += 1
-        g.gpm_samples = [current, previous]
-        g.gpm_ready = True
+        state.samples = [current, previous]
+        state.ready = True
+        return out
+
+    def _mig_gpm(self, g: _Gpu, gpu_instance: int | None) -> dict[str, float]:
+        """A MIG instance's own GPM activity since the previous detailed sample
+        (nvmlGpmMigSampleGet on its GPU, by its GPU instance id)."""
+        if not g.gpm or gpu_instance is None:
+            return {}
+        state = g.mig_gpm.get(gpu_instance)
+        if state is None:
+            state = self._gpm_state()
+            if state is None:
+                return {}
+            g.mig_gpm[gpu_instance] = state
+        return self._gpm_interval(state, lambda buf: self._nvml.nvmlGpmMigSampleGet(g.handle, gpu_instance, buf))
 
     def _nvlink(self, h: Any, link: int) -> NvLink:
         nvml = self._nvml
@@ -618,6 +658,7 @@ class NvmlSource:
                     memory_used_bytes=None if mem is None else int(mem.used),
                     memory_total_bytes=None if mem is None else int(mem.total),
                     processes=tuple(_process(p, g, mig_uuid) for p in procs),
+                    **self._mig_gpm(g, None if gi is None else int(gi)),
                 )
             )
         return tuple(out)
