@@ -420,4 +420,3 @@ def test_a_cpu_hog_on_a_servers_cpu_is_diagnosed_per_unit_of_work(fakecuda: Path
     assert d is not None and d["cause"] == "cpu_interference", (doc["diagnoses"], windows)
     assert d["evidence"]["unit"] == "iteration" and "at equal work" in d["symptom"]
     assert "python" in d["evidence"]["taken_by"]["process"]
-
