@@ -12,9 +12,15 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from memtrace.sensors.nccl import NcclSensor
+
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
@@ -205,3 +211,26 @@ def remove_cgroup(d: Path) -> None:
                 pass
         time.sleep(0.01)
     d.rmdir()
+
+
+@pytest.fixture(params=["multi", "single"])
+def nccl_sensor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NcclSensor]:
+    """The NCCL sensor (tests/test_nccl_sensor.py, test_nccl_comms.py), attached with a
+    multi-uprobe link per program (this kernel has them),
+    and one link per probe (older kernels, MEMTRACE_UPROBE_MULTI=0)."""
+    from memtrace.sensors.nccl import NcclSensor  # here: conftest is imported by every test run
+
+    if request.param == "single":
+        monkeypatch.setenv("MEMTRACE_UPROBE_MULTI", "0")
+    s = NcclSensor()
+    s.start()
+    assert s.multi == (request.param == "multi")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def libnccl(fakecuda: Path) -> str:
+    """The test libnccl.so.2 (NCCL's real signatures)."""
+    return str(fakecuda / "nccl" / "libnccl.so.2")

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import memtrace_cmd
+from conftest import libnccl, memtrace_cmd
 
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import CommKind, Stat, comm_id_of_split, comm_id_of_unique_id, comm_id_text
@@ -23,22 +22,6 @@ from memtrace.model.communicators import Communicators
 from memtrace.sensors.nccl import NcclSensor
 
 pytestmark = pytest.mark.bpf
-
-
-@pytest.fixture(params=["multi", "single"])
-def sensor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NcclSensor]:
-    if request.param == "single":
-        monkeypatch.setenv("MEMTRACE_UPROBE_MULTI", "0")
-    s = NcclSensor()
-    s.start()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def libnccl(fakecuda: Path) -> str:
-    return str(fakecuda / "nccl" / "libnccl.so.2")
 
 
 def unique_id(tmp_path: Path, name: str = "id") -> tuple[Path, bytes]:
@@ -80,13 +63,13 @@ def key_of(records: np.ndarray, pid: int) -> ProcessKey:
 
 @pytest.mark.parametrize("how", ["init_rank", "init_rank_config"])
 def test_two_ranks_of_one_communicator_get_its_id_and_their_own_ranks(
-    sensor: NcclSensor, fakecuda: Path, tmp_path: Path, how: str
+    nccl_sensor: NcclSensor, fakecuda: Path, tmp_path: Path, how: str
 ) -> None:
-    att = sensor.attach(libnccl(fakecuda))
+    att = nccl_sensor.attach(libnccl(fakecuda))
     assert att is not None and {"ncclCommInitRank", "ncclCommSplit", "ncclCommUserRank"} <= set(att.symbols)
     idfile, raw = unique_id(tmp_path)
     extra = ("config",) if how == "init_rank_config" else ()
-    truth, records, events = run_ranks(sensor, fakecuda, tmp_path, idfile, [0, 1], 2, *extra)
+    truth, records, events = run_ranks(nccl_sensor, fakecuda, tmp_path, idfile, [0, 1], 2, *extra)
     model = Communicators()
     model.add(records)
     model.count_calls(events)
@@ -116,19 +99,19 @@ def test_two_ranks_of_one_communicator_get_its_id_and_their_own_ranks(
     # Ranks with another color are in another child.
     subs = {t["color"]: model.of(key_of(records, t["pid"]))[t["sub"]].id for t in truth}
     assert len(subs) == 2 and len(set(subs.values())) == 2
-    st = sensor.stats()
+    st = nccl_sensor.stats()
     assert st[Stat.COMMS] == len(records) and st[Stat.COMMS_DROPPED] == 0
     # Each rank: two inits (one failed), two splits, two InitAll handles, two answers.
     assert len(records) == 2 * 8
 
 
-def test_another_unique_id_is_another_communicator(sensor: NcclSensor, fakecuda: Path, tmp_path: Path) -> None:
-    sensor.attach(libnccl(fakecuda))
+def test_another_unique_id_is_another_communicator(nccl_sensor: NcclSensor, fakecuda: Path, tmp_path: Path) -> None:
+    nccl_sensor.attach(libnccl(fakecuda))
     ids = [unique_id(tmp_path, f"id{i}") for i in range(2)]
     model = Communicators()
     got = []
     for path, _raw in ids:
-        (t,), records, _ = run_ranks(sensor, fakecuda, tmp_path, path, [0], 4)
+        (t,), records, _ = run_ranks(nccl_sensor, fakecuda, tmp_path, path, [0], 4)
         model.add(records)
         main = model.main(key_of(records, t["pid"]))
         assert main is not None

@@ -8,13 +8,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, libnccl
 
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import F_GROUPED, Collective, Stat
@@ -25,25 +24,6 @@ pytestmark = pytest.mark.bpf
 
 LABELS = {c.label: c for c in Collective}
 COMM = 0x12340000
-
-
-@pytest.fixture(params=["multi", "single"])
-def sensor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NcclSensor]:
-    """Attached with a multi-uprobe link per program (this kernel has them),
-    and one link per probe (older kernels, MEMTRACE_UPROBE_MULTI=0)."""
-    if request.param == "single":
-        monkeypatch.setenv("MEMTRACE_UPROBE_MULTI", "0")
-    s = NcclSensor()
-    s.start()
-    assert s.multi == (request.param == "multi")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def libnccl(fakecuda: Path) -> str:
-    return str(fakecuda / "nccl" / "libnccl.so.2")
 
 
 def run_workload(
@@ -83,28 +63,28 @@ def expected(truth: dict[str, Any]) -> dict[Collective, tuple[int, int, int, int
 
 
 def test_calls_and_bytes_per_collective_match_the_workload_exactly(
-    sensor: NcclSensor, fakecuda: Path, tmp_path: Path
+    nccl_sensor: NcclSensor, fakecuda: Path, tmp_path: Path
 ) -> None:
-    att = sensor.attach(libnccl(fakecuda))
+    att = nccl_sensor.attach(libnccl(fakecuda))
     assert att is not None and "ncclAllReduce" in att.symbols and "ncclBcast" not in att.symbols
     # the same file by another name: one inode, probes attached once (else every call would count twice)
     (tmp_path / "libnccl.so.2").symlink_to(libnccl(fakecuda))
-    assert sensor.attach(str(tmp_path / "libnccl.so.2")) is att
-    truth, events = run_workload(sensor, fakecuda, tmp_path, 300)
-    assert observed(sensor, truth["pid"]) == expected(truth)
+    assert nccl_sensor.attach(str(tmp_path / "libnccl.so.2")) is att
+    truth, events = run_workload(nccl_sensor, fakecuda, tmp_path, 300)
+    assert observed(nccl_sensor, truth["pid"]) == expected(truth)
     # Every collective of the test library, grouped calls and group ends included.
     assert set(expected(truth)) == set(Collective)
-    st = sensor.stats()
+    st = nccl_sensor.stats()
     assert st[Stat.EVENTS] >= len(events) and st[Stat.DROPPED] == 0 and st[Stat.NO_ENTRY] == 0
     # each all_to_all of the test library is a group of two sends and two receives: counted once, as the outer call
     assert st[Stat.NESTED] == 6 * 300
 
 
 def test_each_event_carries_its_stream_communicator_peer_and_group(
-    sensor: NcclSensor, fakecuda: Path, tmp_path: Path
+    nccl_sensor: NcclSensor, fakecuda: Path, tmp_path: Path
 ) -> None:
-    sensor.attach(libnccl(fakecuda))
-    truth, ev = run_workload(sensor, fakecuda, tmp_path, 20)
+    nccl_sensor.attach(libnccl(fakecuda))
+    truth, ev = run_workload(nccl_sensor, fakecuda, tmp_path, 20)
     rows = {LABELS[r["collective"]]: r for r in truth["collectives"]}
     for c, r in rows.items():
         mine = ev[ev["coll"] == c]
@@ -129,11 +109,11 @@ def test_each_event_carries_its_stream_communicator_peer_and_group(
     assert set(failed["ret"].tolist()) == {4} and len(failed) == rows[Collective.ALLREDUCE]["errors"]
 
 
-def test_library_unloaded_and_loaded_again_mid_run(sensor: NcclSensor, fakecuda: Path, tmp_path: Path) -> None:
-    sensor.attach(libnccl(fakecuda))
-    truth, _ = run_workload(sensor, fakecuda, tmp_path, 200, "reload")
+def test_library_unloaded_and_loaded_again_mid_run(nccl_sensor: NcclSensor, fakecuda: Path, tmp_path: Path) -> None:
+    nccl_sensor.attach(libnccl(fakecuda))
+    truth, _ = run_workload(nccl_sensor, fakecuda, tmp_path, 200, "reload")
     assert truth["unloaded"] == 1  # dlclose really unmapped it
-    assert observed(sensor, truth["pid"]) == expected(truth)
+    assert observed(nccl_sensor, truth["pid"]) == expected(truth)
 
 
 def test_scan_finds_libnccl_in_a_running_process_and_traces_only_it(fakecuda: Path, tmp_path: Path) -> None:
@@ -179,15 +159,15 @@ def test_scan_finds_libnccl_in_a_running_process_and_traces_only_it(fakecuda: Pa
         s.close()
 
 
-def test_a_host_without_nccl_leaves_the_sensor_idle(sensor: NcclSensor, fakecuda: Path) -> None:
-    assert sensor.scan([os.getpid()]) == 0
+def test_a_host_without_nccl_leaves_the_sensor_idle(nccl_sensor: NcclSensor, fakecuda: Path) -> None:
+    assert nccl_sensor.scan([os.getpid()]) == 0
     # a library that defines none of NCCL's symbols: nothing to attach, no error
-    assert sensor.attach(str(fakecuda / "lib" / "libcuda.so.1")) is None
-    assert sensor.attach(str(fakecuda / "no-such-libnccl.so.2")) is None
+    assert nccl_sensor.attach(str(fakecuda / "lib" / "libcuda.so.1")) is None
+    assert nccl_sensor.attach(str(fakecuda / "no-such-libnccl.so.2")) is None
     subprocess.run([str(fakecuda / "workload"), "10"], check=True, capture_output=True)
-    assert len(sensor.poll()) == 0
-    assert sensor.totals() == {}
-    assert sensor.attachments == {}
+    assert len(nccl_sensor.poll()) == 0
+    assert nccl_sensor.totals() == {}
+    assert nccl_sensor.attachments == {}
 
 
 def test_calls_the_ring_cannot_take_are_counted_in_the_kernel(fakecuda: Path, tmp_path: Path) -> None:
