@@ -526,7 +526,7 @@ class Diagnoser:
             if s.since_detect <= REFINE_WINDOWS:
                 return self._refine(s, base, host, peers)
             return None
-        if mean > SLOW_RATIO * base and not _within_noise(s, w, mean, base):
+        if self._slow(s, w, mean):
             s.slow.append((w, host))
             if len(s.slow) >= DETECT_AFTER:
                 return self._detect(s, base, host, peers)
@@ -540,6 +540,8 @@ class Diagnoser:
 
     @staticmethod
     def _slow(s: _Seen, w: ProcWindow, mean: float) -> bool:
+        """A window SLOW_RATIO over the normal ones' median and past a server's noise; never
+        before MIN_JUDGE normal windows."""
         if len(s.normal) < MIN_JUDGE:
             return False
         base = statistics.median(s.normal)
