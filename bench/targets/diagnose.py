@@ -19,8 +19,9 @@ instruction) and lasts to the end:
 
   cpu_hog           two busy loops on the job's CPU (a neighbour's
                     parallel build)                           -> cpu_interference
-  cpu_quota         the job moved into a cgroup at 20% of a CPU
-                    (it uses about 40% of one)                -> cpu_interference
+  cpu_quota         the job moved into a cgroup at half the CPU it used
+                    over half a second (at most 20% of one; trainjob uses
+                    about 40%)                                -> cpu_interference
   gpu_thermal       the test NVML reports thermal throttling and the
                     fake GPU's kernels take 2x as long        -> gpu_throttling
   pcie_degraded     the test NVML reports the link at x8 of x16 and the
@@ -312,9 +313,31 @@ class Trial:
     steady_threads: dict[str, float] = field(default_factory=dict)  # each agent thread's CPU over steady_wall_s
 
 
-def cpu_quota_cgroup() -> BenchCgroup:
-    """A cpu cgroup at 20% of one CPU (the job uses about 40% of one)."""
-    return BenchCgroup("cpu", {"cpu.max": "20000 100000"}, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "20000"})
+def cpu_quota_cgroup(share: float = 0.2) -> BenchCgroup:
+    """A cpu cgroup at `share` of one CPU (trainjob uses about 40% of one)."""
+    q = str(max(int(share * 100_000), 1000))
+    return BenchCgroup("cpu", {"cpu.max": f"{q} 100000"}, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": q})
+
+
+def cpu_used(pid: int, seconds: float = 0.5) -> float | None:
+    """The share of one CPU a process's threads ran on over the next `seconds` (their
+    schedstat on-CPU ns); None if it is gone."""
+
+    def on_cpu() -> int:
+        total = 0
+        for t in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((t / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
+
+    try:
+        before = on_cpu()
+        time.sleep(seconds)
+        return (on_cpu() - before) / (seconds * 1e9)
+    except OSError:
+        return None
 
 
 def memory_cgroup() -> BenchCgroup:
@@ -550,6 +573,11 @@ def trial(
         # (MIN_BASELINE windows) would be learnt as the job's normal.
         began = job_started(agent, start + 30, spec.comm)
         settle_at[:] = [began + SETTLED_S, began + seconds - ENDING_S]
+        if fault == "cpu_quota":
+            # Half of what it uses, measured before the onset (the zoo's jobs use 10-60% of a
+            # CPU: a fixed 20% left some unthrottled).
+            pid = job_pid(spec.comm)
+            used = cpu_used(pid) if pid is not None else None
         spec.onset(began, at)
         t.onset_ns = time.time_ns()
         t.onset_mono_ns = time.monotonic_ns()
@@ -558,9 +586,8 @@ def trial(
                 ["taskset", "-c", CPU, "sh", "-c", "while :; do :; done & while :; do :; done"], start_new_session=True
             )
         elif fault == "cpu_quota":
-            pid = job_pid(spec.comm)
-            if pid is not None:
-                quota = cpu_quota_cgroup()
+            if pid is not None and used is not None:
+                quota = cpu_quota_cgroup(min(used / 2, 0.2))
                 quota.add(pid)
         elif fault == "memory_pressure":
             pid = job_pid(spec.comm)

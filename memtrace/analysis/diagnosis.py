@@ -97,6 +97,9 @@ class Margins:
     # throttled by its own CPU quota is a clear cause.
     runq_rise: float = 0.05
     runq_times: float = 2.0
+    # ... or 5 points more of its CPUs' time stolen by the hypervisor (another VM), and at least double.
+    steal_rise: float = 0.05
+    steal_times: float = 2.0
     quota_score: float = 2.0
     # pcie_contention: PCIe replays newly frequent (times the baseline's rate, and a floor per window) ...
     replays_score: float = 2.5
@@ -118,6 +121,9 @@ class Margins:
     # named where the run queue or the memory stall share rose this much (the host work was starved).
     idle_rise: float = 0.10
     host_starved: float = 0.05
+    # ... and the run queue's growth per step at least half the step's growth (a job that does more
+    # host work waits more for a shared CPU; that wait is not what slowed it).
+    host_starved_of_growth: float = 0.5
     # nic_contention: a link at least this busy, 30 points busier than before, or 20 more packets a
     # window held or dropped by its qdisc.
     link_busy: float = 0.8
@@ -160,6 +166,9 @@ FIXES = {
     "raise the quota (cpu.max, resources.limits.cpu)",
     "cpu_quota": "raise the job's CPU limit (cgroup cpu.max, Kubernetes resources.limits.cpu): the quota, "
     "not another process, is what stops it",
+    "cpu_steal": "the VM's host is oversubscribed: the hypervisor runs other VMs on this one's CPUs (steal "
+    "time). Move the job to a dedicated or larger instance, or ask the provider; nothing inside this VM "
+    "can take the CPUs back",
     "nic_contention": "move the bulk flow off the job's link, give the job a link or traffic class of its "
     "own, or rate-limit the other traffic",
     "pcie_contention": "keep other copiers off this GPU's PCIe link (or schedule them apart); a link trained "
@@ -202,6 +211,9 @@ class ProcWindow:
     off_cpu_ns: int = 0
     preemptors: dict[int, tuple[int, str, str]] = field(default_factory=dict)  # cgroup -> (wait ns, path, comm)
     quota_throttled_ns: int = 0
+    # The share of the window the hypervisor ran another VM on the CPUs it may run on (steal
+    # time, sources/steal.py; None: not read, or not a VM's kernel).
+    steal_share: float | None = None
     # Its memory cgroup (or one above) reclaiming at its limit, times in the
     # window (None: no memory controller counts for it).
     memory_limit_hits: int | None = None
@@ -437,6 +449,26 @@ def _memory_limit_newly_hit(
     return hb, ha
 
 
+def _runq_explains(before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]) -> bool:
+    """The run queue's growth per step is at least MARGINS.host_starved_of_growth of the step's own
+    growth (True where the steps or the run queue are not known: the share's rise alone decides)."""
+
+    def per_step(ws: list[tuple[ProcWindow, HostWindow]]) -> tuple[float, float] | None:
+        known = [w for w, _ in ws if w.runq_ns is not None and w.steps]
+        n = sum(w.steps for w in known)
+        return (sum(w.runq_ns or 0 for w in known) / n, sum(w.step_ns for w in known) / n) if n else None
+
+    b, a = per_step(before), per_step(after)
+    if b is None or a is None or a[1] <= b[1]:
+        return True
+    return a[0] - b[0] >= MARGINS.host_starved_of_growth * (a[1] - b[1])
+
+
+def _steal_share(ws: list[ProcWindow]) -> float | None:
+    known = [w.steal_share for w in ws if w.steal_share is not None]
+    return sum(known) / len(known) if known else None
+
+
 def _cpu_share(ws: list[ProcWindow]) -> float | None:
     known = [w for w in ws if w.runq_ns is not None]
     if not known:
@@ -653,30 +685,42 @@ class Diagnoser:
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], _p: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
         b, a = _cpu_share([w for w, _ in before]), _cpu_share([w for w, _ in after])
-        if a is None or b is None:
+        sb, sa = _steal_share([w for w, _ in before]), _steal_share([w for w, _ in after])
+        if (a is None or b is None) and (sa is None or sb is None):
             return None
-        rise = a - b
         throttled = sum(w.quota_throttled_ns for w, _ in after)
         waits: dict[int, list[Any]] = {}
         for w, _ in after:
             for cg, (ns, path, comm) in w.preemptors.items():
                 v = waits.setdefault(cg, [0, path, comm])
                 v[0] += ns
-        ev: dict[str, Any] = {"run_queue_share_before": round(b, 4), "run_queue_share": round(a, 4)}
+        ev: dict[str, Any] = {}
+        score = 0.0
         fix_key = "cpu_interference"
-        if waits:
-            cg, (ns, path, comm) = max(waits.items(), key=lambda kv: kv[1][0])
-            if cg == 0:
-                ev["taken_by"] = "its own CPU quota (the CPU went idle while it waited)"
-                fix_key = "cpu_quota"
-            else:
-                ev["taken_by"] = {"cgroup_id": cg, "cgroup": path, "process": comm}
+        if a is not None and b is not None:
+            ev = {"run_queue_share_before": round(b, 4), "run_queue_share": round(a, 4)}
+            score = (a - b) / MARGINS.runq_rise if a >= MARGINS.runq_times * b else 0.0
+            if waits:
+                cg, (ns, path, comm) = max(waits.items(), key=lambda kv: kv[1][0])
+                if cg == 0:
+                    ev["taken_by"] = "its own CPU quota (the CPU went idle while it waited)"
+                    fix_key = "cpu_quota"
+                else:
+                    ev["taken_by"] = {"cgroup_id": cg, "cgroup": path, "process": comm}
+        if sa is not None and sb is not None and sa > 0:
+            # The hypervisor ran another VM on its CPUs: its task stayed on them (no run queue, no
+            # preemptor), its work took longer.
+            ev["steal_share_before"], ev["steal_share"] = round(sb, 4), round(sa, 4)
+            stolen = (sa - sb) / MARGINS.steal_rise if sa >= MARGINS.steal_times * sb else 0.0
+            if stolen > score:
+                score = stolen
+                ev["taken_by"] = "the hypervisor: another VM on this machine (steal time)"
+                fix_key = "cpu_steal"
         if throttled:
             ev["quota_throttled_seconds"] = throttled / 1e9
             ev["taken_by"] = "its own CPU quota"
             fix_key = "cpu_quota"
         ev["fix_key"] = fix_key
-        score = rise / MARGINS.runq_rise if a >= MARGINS.runq_times * b else 0.0
         if throttled:
             score = max(score, MARGINS.quota_score)
         return score, "cpu_interference", ev
@@ -802,7 +846,12 @@ class Diagnoser:
 
         (ib, hb), (ia, ha) = idle_host(before), idle_host(after)
         cpu_b, cpu_a = _cpu_share([w for w, _ in before]), _cpu_share([w for w, _ in after])
-        if cpu_a is not None and cpu_b is not None and cpu_a - cpu_b >= MARGINS.host_starved:
+        if (
+            cpu_a is not None
+            and cpu_b is not None
+            and cpu_a - cpu_b >= MARGINS.host_starved
+            and _runq_explains(before, after)
+        ):
             return 0.0, "input_starvation", {}  # the host work slowed for want of a CPU: not the input
         stall_b, stall_a = _stall_share(before), _stall_share(after)
         if stall_a is not None and stall_b is not None and stall_a - stall_b >= MARGINS.host_starved:

@@ -31,6 +31,7 @@ from memtrace.runtime.agent import Agent
 from memtrace.runtime.hostsignals import HostSignals
 from memtrace.sources.cgroup import CgroupNames
 from memtrace.sources.psi import Stall
+from memtrace.sources.steal import Steal, share
 
 log = logging.getLogger("memtrace")
 
@@ -96,6 +97,8 @@ class LiveDiagnosis:
         self._prev_links: dict[Any, tuple[int, ...]] = {}
         self.failures = 0
         self._stall = Stall("memory")
+        self._steal = Steal()
+        self._prev_steal: dict[int, int] | None = None
 
     @property
     def diagnoses(self) -> list[Diagnosis]:
@@ -199,6 +202,7 @@ class LiveDiagnosis:
         if stall is not None and self._prev_stall is not None:
             hw.memory_stall_ns = (stall - self._prev_stall) * 1000
         self._prev_stall = stall
+        self._steal_shares(procs, seconds)
         with self.host.lock:
             book = self.host.book
             calls: dict[ProcessKey, int] = {}
@@ -241,6 +245,8 @@ class LiveDiagnosis:
             log.debug("diagnosis window: %.2f s; GPUs %s; memory stall %s ns", hw.seconds, gpus, hw.memory_stall_ns)
             for key, w in procs.items():
                 mean = f"{w.step_ns / w.steps * 1e-6:.3g} ms" if w.steps else "no steps"
+                if w.steal_share:
+                    mean += f", {w.steal_share:.1%} stolen"
                 log.debug("diagnosis window: pid %d %s: %s; %s", key.pid, w.name, mean, self.engine.state(key))
         names = CgroupNames() if made else None
         for diag in made:
@@ -256,6 +262,20 @@ class LiveDiagnosis:
             if self.on_diagnosis is not None:
                 self.on_diagnosis(diag)
         return made
+
+    def _steal_shares(self, procs: dict[ProcessKey, ProcWindow], seconds: float) -> None:
+        """Each process's share of the window the hypervisor stole from the CPUs it may run on
+        (its affinity now: a CPU manager may move it)."""
+        steal = self._steal.read()
+        before, self._prev_steal = self._prev_steal, steal
+        if steal is None or before is None or not any(steal.values()):
+            return  # not a VM (no steal ever): nothing to weigh
+        for key, w in procs.items():
+            try:
+                cpus = os.sched_getaffinity(key.pid)
+            except OSError:
+                continue  # gone, or in a pid namespace this agent cannot see into
+            w.steal_share = share(before, steal, cpus, seconds)
 
     @staticmethod
     def _comm(pid: int, comm: str) -> str:
