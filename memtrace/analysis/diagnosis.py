@@ -401,16 +401,18 @@ def _within_noise(s: _Seen, w: ProcWindow, value: float, base: float) -> bool:
     return value - base <= NOISE_Z * sigma / math.sqrt(max(_iterations(w), 1))
 
 
-def _symptom_value(s: _Seen, w: ProcWindow) -> float | None:
+def _symptom_value(s: _Seen, w: ProcWindow) -> tuple[float | None, bool]:
     """What a window is judged by: a training job's mean step (ns), or a
     server's busy time at equal work over its baseline (1: as before), the
     iterations of classes never seen over their bound where that is more (a
     slowdown that queues requests makes batches of new classes: were they
-    left out, the few iterations of known classes would judge the window)."""
+    left out, the few iterations of known classes would judge the window).
+    And whether it is only that bound (a server's window of no known class)."""
     if not w.serving:
-        return _step_mean(w)
-    ratios = [r for r in (_work_ratio(s, w), _bounded_ratio(s, w)) if r is not None]
-    return max(ratios) if ratios else None
+        return _step_mean(w), False
+    known = _work_ratio(s, w)
+    ratios = [r for r in (known, _bounded_ratio(s, w)) if r is not None]
+    return (max(ratios) if ratios else None), known is None
 
 
 def _share(part: int, whole: int) -> float:
@@ -529,9 +531,9 @@ class Diagnoser:
             s.normal_windows.clear()
             s.unit.clear()
             s.slow, s.serving = [], w.serving
-        mean = s.last = _symptom_value(s, w)
-        # Only classes of work never seen: judged against their bound, never learnt as a ratio.
-        bounded = w.serving and _work_ratio(s, w) is None
+        # Only classes of work never seen (bounded): judged against their bound, never learnt as a ratio.
+        mean, bounded = _symptom_value(s, w)
+        s.last = mean
         if mean is None or (bounded and s.active is None and not self._slow(s, w, mean)):
             if w.serving and s.active is None:
                 _learn_work(s, w)  # classes never seen, not slow by their bound: learnt
@@ -582,7 +584,7 @@ class Diagnoser:
     def _detect(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis:
         first, first_host = s.slow[0]
         w = s.slow[-1][0]
-        slow_mean = statistics.median(m for m in (_symptom_value(s, x) for x, _ in s.slow) if m is not None)
+        slow_mean = statistics.median(m for m, _ in (_symptom_value(s, x) for x, _ in s.slow) if m is not None)
         ratio = slow_mean / base
         onset = first_host.end_ns - int(first_host.seconds * 1e9) + first_host.wall_offset_ns
         now = host.end_ns + host.wall_offset_ns
