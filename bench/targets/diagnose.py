@@ -463,6 +463,19 @@ def job_started(agent: subprocess.Popen[bytes], deadline: float, comm: str = "tr
     return time.monotonic()
 
 
+def start_copier(fifo: Path) -> None:
+    """Let the copier waiting on `fifo` go (its shell reads a line); never blocks: a copier
+    whose shell is gone has no reader (ENXIO), and then nothing starts."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"go\n")
+    finally:
+        os.close(fd)
+
+
 def job_pid(comm: str = "trainjob") -> int | None:
     """The job's process under `memtrace run` (one trial runs at a time)."""
     for d in Path("/proc").iterdir():
@@ -490,7 +503,7 @@ def trial(
     out = tmp / "summary.json"
     at = rnd.uniform(0.35, 0.65) * seconds
     spec = made or trainjob(fc, seconds)
-    at = spec.onset_at(at)  # a competing copier's start too (sh's sleep, below)
+    at = spec.onset_at(at)
     t.shape = spec.shape
     net: NetPair | None = None
     data = tmp / "dataset"
@@ -509,8 +522,15 @@ def trial(
     t.job = "" if made is None else " ".join(Path(a).name if "/" in a else a for a in spec.argv)
     libs = str(nvml)
     if fault == "competing_copier":
+        # Started at the onset, whenever the job's own schedule puts it (a checkpoint's start, a
+        # load change): it waits on a FIFO the benchmark writes to then (a drawn sleep started it
+        # before a checkpoint shape's onset, and its right diagnosis counted as false).
         copier = f"{fc / 'trainjob'} -t {seconds} -L 0 -w 0 -k 0 -c 16 -b 8388608"
-        argv = ["sh", "-c", f'"$@" & (sleep {at:.3f}; exec {copier}) & wait', "sh", *job]
+        go = tmp / "go"
+        if go.exists():
+            go.unlink()
+        os.mkfifo(go)
+        argv = ["sh", "-c", f'"$@" & (read _ < {go}; exec {copier}) & wait', "sh", *job]
     elif fault in ("slow_rank", "nvlink_contention"):
         (tmp / "barrier").write_bytes(bytes(8))
         ranks = []
@@ -581,7 +601,9 @@ def trial(
         spec.onset(began, at)
         t.onset_ns = time.time_ns()
         t.onset_mono_ns = time.monotonic_ns()
-        if fault == "cpu_hog":
+        if fault == "competing_copier":
+            start_copier(tmp / "go")
+        elif fault == "cpu_hog":
             hog = subprocess.Popen(
                 ["taskset", "-c", CPU, "sh", "-c", "while :; do :; done & while :; do :; done"], start_new_session=True
             )
