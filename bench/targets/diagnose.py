@@ -304,6 +304,7 @@ class Trial:
     detect_s: float | None = None
     name_s: float | None = None
     false: list[str] = field(default_factory=list)
+    false_evidence: list[dict] = field(default_factory=list)  # each false diagnosis's evidence, in order
     agent_cpu_s: float = 0.0
     wall_s: float = 0.0
     steady_cpu_s: float = 0.0  # the agent's CPU from SETTLED_S after its start to its last reading
@@ -686,6 +687,7 @@ def trial(
             continue  # a rank that waits for the slowed one, named so: right
         if fault == "none" or d["detected_time_unix_nano"] < t.onset_ns or d["pid"] not in job_pids:
             t.false.append(d["cause"])
+            t.false_evidence.append(d["evidence"])
             continue
         if t.predicted == "none":
             t.predicted = d["cause"]
