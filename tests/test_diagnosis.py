@@ -413,6 +413,36 @@ def test_the_slow_rank_is_named_a_straggler_and_its_peers_wait_for_it() -> None:
     assert by_pid[100].evidence["waits_for_pid"] == 102
 
 
+def test_ranks_waiting_for_a_rank_in_its_checkpoint_are_its_waiters_not_starved() -> None:
+    """The slow rank's loading is slower, and in every other window it is in a checkpoint's
+    serialisation (no step ends in it). Its peers wait in their collectives, their GPUs idle
+    (input_starvation's signal, and its score the higher). Judged against the peers of one
+    window, a waiting rank whose window held no step of the slow one had none to wait for, and
+    was named input_starvation; over the slowdown's windows, it waits for rank 102."""
+    ranks = [ProcessKey(100 + r, 1) for r in range(3)]
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for r, key in enumerate(ranks):
+            w = proc(18.0 if slow else 10.0, key=key)
+            if slow and r == 2:
+                w.collective_ns = int(w.step_ns * 0.05)
+                if i % 2:
+                    w.steps = w.step_ns = w.collective_ns = 0  # in its checkpoint
+            elif slow:
+                w.collective_ns = int(w.step_ns * 0.5)
+                w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.8), int(w.step_ns * 0.8)
+            else:
+                w.collective_ns = int(w.step_ns * 0.1)
+            ws.append(w)
+        return ws, host(i)
+
+    d, made = run(thirty_then_six(window))
+    by_pid = {x.key.pid: x for x in d.diagnoses}
+    assert {by_pid[p].cause for p in (100, 101)} == {"straggler"}, made
+    assert by_pid[100].evidence["waits_for_pid"] == by_pid[101].evidence["waits_for_pid"] == 102
+
+
 def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as_evidence() -> None:
     """The slowed rank's own signals say input starvation (its GPU idles while
     its host work grew); its peers wait for it in collectives. The job's cause

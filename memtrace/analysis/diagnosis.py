@@ -50,7 +50,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memtrace.core.ids import ProcessKey
@@ -513,12 +513,32 @@ class Diagnoser:
         jobs: dict[tuple[str, int], list[ProcWindow]] = {}
         for w in procs:
             jobs.setdefault(_job_of(w), []).append(w)
+        for w in procs:  # every process's window first: a rank's peers' are read with its own
+            self.seen.setdefault(w.key, _Seen()).windows.append((w, host))
         for w in procs:
-            s = self.seen.setdefault(w.key, _Seen())
-            s.windows.append((w, host))
-            d = self._symptom(s, w, host, jobs.get(_job_of(w), []))
+            d = self._symptom(self.seen[w.key], w, host, jobs.get(_job_of(w), []))
             if d is not None:
                 out.append(d)
+        return out
+
+    def _over_slowdown(self, s: _Seen, peers: list[ProcWindow]) -> list[ProcWindow]:
+        """Each peer's windows over this process's slow ones, summed into one: a rank judged by
+        one window's peers misses a peer that made no step in it (a checkpoint's serialisation,
+        an evaluation) and compares a peer's noise, not its slowdown."""
+        t0, t1 = s.slow[0][1].end_ns, s.slow[-1][1].end_ns
+        out = []
+        for p in peers:
+            seen = self.seen.get(p.key)
+            ws = [w for w, h in seen.windows if t0 <= h.end_ns <= t1] if seen is not None else []
+            ws = ws or [p]
+            out.append(
+                replace(
+                    p,
+                    steps=sum(w.steps for w in ws),
+                    step_ns=sum(w.step_ns for w in ws),
+                    collective_ns=sum(w.collective_ns for w in ws),
+                )
+            )
         return out
 
     # ---- the symptom ----
@@ -588,7 +608,7 @@ class Diagnoser:
         ratio = slow_mean / base
         onset = first_host.end_ns - int(first_host.seconds * 1e9) + first_host.wall_offset_ns
         now = host.end_ns + host.wall_offset_ns
-        cause, evidence = self._cause(s, peers)
+        cause, evidence = self._cause(s, self._over_slowdown(s, peers))
         if w.serving:
             symptom = f"iteration time at equal work {ratio:.1f}x its baseline (a server: per class of work)"
             measured: dict[str, Any] = {
@@ -621,7 +641,7 @@ class Diagnoser:
         """A window or two later, with more evidence: re-name an unknown or weakly named cause."""
         d = s.active
         assert d is not None
-        cause, evidence = self._cause(s, peers)
+        cause, evidence = self._cause(s, self._over_slowdown(s, peers))
         if cause == d.cause or cause == "unknown":
             return None
         if d.cause != "unknown" and evidence.get("score", 0) < d.evidence.get("score", 0) * MARGINS.rename:
