@@ -605,7 +605,12 @@ def test_events_and_profiles_reach_the_real_collector_over_either_protocol(proto
         wait_port(col.grpc_port)
         port = col.http_port if protocol == "http/protobuf" else col.grpc_port
         cfg = resolve({}, endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=5)
-        job = {"memtrace.job.id": "job-7", "memtrace.job.rank": 3}
+        job = {
+            "memtrace.job.id": "job-7",
+            "memtrace.job.rank": 3,
+            "memtrace.nccl.comm_id": "5f1d",
+            "memtrace.nccl.rank": 3,
+        }
         events = Events(cfg, {"service.name": "memtrace"}, lambda key: job)
         events.findings([_finding(0.30, "30% of H2D bytes came from pageable memory")])
         events.shutdown()
@@ -621,8 +626,9 @@ def test_events_and_profiles_reach_the_real_collector_over_either_protocol(proto
 
         want = (["30% of H2D bytes came from pageable memory"], [("copies", 3), ("copy_bytes", 12288)])
         assert wait_for(arrived, want, timeout=30) == want, col.log_path.read_text()[-3000:]
-        said = logs.records[0]["attributes"]  # the process's job and rank, as its metrics carry them
+        said = logs.records[0]["attributes"]  # the process's job, rank and communicator, as its metrics carry them
         assert (said["memtrace.job.id"], said["memtrace.job.rank"]) == ("job-7", 3)
+        assert (said["memtrace.nccl.comm_id"], said["memtrace.nccl.rank"]) == ("5f1d", 3)
     finally:
         col.stop()
         logs.stop()
