@@ -443,6 +443,44 @@ def test_ranks_waiting_for_a_rank_in_its_checkpoint_are_its_waiters_not_starved(
     assert by_pid[100].evidence["waits_for_pid"] == by_pid[101].evidence["waits_for_pid"] == 102
 
 
+def test_a_fault_that_starts_with_a_checkpoint_is_judged_by_the_steps_after_it() -> None:
+    """Every rank checkpoints at the onset: a window with no step, then one whose only step is
+    the 590 ms serialisation. Then rank 102's loading is slower and its peers wait for it. The
+    checkpoint's step is held out: the slowdown is 1.8x (not 16x, the median of it and a slow
+    window), and each waiting rank is judged by the windows after it, waiting for 102."""
+    ranks = [ProcessKey(100 + r, 1) for r in range(3)]
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for r, key in enumerate(ranks):
+            w = proc(18.0 if slow else 10.0, key=key)
+            w.collective_ns = int(w.step_ns * (0.05 if (slow and r == 2) else (0.5 if slow else 0.1)))
+            if i == 30:
+                w.steps = w.step_ns = w.collective_ns = 0  # all in the checkpoint's serialisation
+            elif i == 31:
+                w.steps, w.step_ns, w.longest_ns, w.collective_ns = 1, 590 * MS, 590 * MS, 6 * MS
+            ws.append(w)
+        return ws, host(i)
+
+    d, made = run(thirty_then_six(window))
+    by_pid = {x.key.pid: x for x in d.diagnoses}
+    assert {x.cause for x in by_pid.values()} == {"straggler"}, made
+    assert by_pid[100].evidence["waits_for_pid"] == by_pid[101].evidence["waits_for_pid"] == 102
+    assert by_pid[102].ratio == pytest.approx(1.8, rel=0.05)
+
+
+def test_steps_longer_than_a_window_window_after_window_are_judged() -> None:
+    """A loop that stalls to one 600 ms step a window (from twenty steps) is not a checkpoint:
+    held two windows, judged at the third."""
+    windows = healthy(30)
+    for i in range(30, 40):
+        w = proc(10.0)
+        w.steps, w.step_ns, w.longest_ns = 1, 600 * MS, 600 * MS
+        windows.append(([w], host(i)))
+    _, made = run(windows)
+    assert made == [(33, "unknown")]
+
+
 def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as_evidence() -> None:
     """The slowed rank's own signals say input starvation (its GPU idles while
     its host work grew); its peers wait for it in collectives. The job's cause

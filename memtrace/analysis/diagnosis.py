@@ -63,6 +63,7 @@ MIN_BASELINE = 6  # before this many, no judgement
 # baseline being built (a fault in a job's first seconds is not learnt as its normal), and
 # enough of them in a row are a slowdown.
 MIN_JUDGE = 4
+HOLD_PHASES = 3  # a third window in a row of one step longer than a window is judged
 TRIM_FROM = 4  # a training window of this many steps or more is judged without its longest
 # A fault that halves one of three resources a step uses in equal parts slows
 # it by a sixth to a third; a healthy job's half-second means stay within a
@@ -314,6 +315,7 @@ class _Seen:
     active: Diagnosis | None = None
     since_detect: int = 0
     calm: int = 0
+    held: int = 0  # windows in a row held out as one step longer than a window (_phase)
 
 
 def _step_mean(w: ProcWindow) -> float | None:
@@ -326,6 +328,22 @@ def _step_mean(w: ProcWindow) -> float | None:
     if w.steps >= TRIM_FROM and 0 < w.longest_ns < w.step_ns:
         return (w.step_ns - w.longest_ns) / (w.steps - 1)
     return w.step_ns / w.steps
+
+
+def _phase(s: _Seen, w: ProcWindow) -> bool:
+    """A training window of a step longer than a window, in a job that makes TRIM_FROM steps a
+    window or more: a checkpoint's serialisation or an evaluation ended in it (its own window
+    held no step), too few steps beside it to judge it without its longest. It is no evidence of
+    the loop's pace, either way: held out, for up to HOLD_PHASES - 1 windows in a row (steps that
+    long window after window are the loop's). A fault that starts with a checkpoint (the zoo's
+    checkpoint shape) was otherwise judged with it: 8.4x for 1.35x, and its evidence weighed by
+    that one step."""
+    if w.serving or not w.steps or w.steps >= TRIM_FROM or len(s.normal_windows) < MIN_JUDGE:
+        return False
+    longest = w.longest_ns or w.step_ns // w.steps
+    if longest < WINDOW_S * 1e9:
+        return False
+    return statistics.median(x.steps for x, _ in s.normal_windows) >= TRIM_FROM
 
 
 def _work_ratio(s: _Seen, w: ProcWindow) -> float | None:
@@ -551,6 +569,12 @@ class Diagnoser:
             s.normal_windows.clear()
             s.unit.clear()
             s.slow, s.serving = [], w.serving
+        if _phase(s, w):
+            s.held += 1
+            if s.held < HOLD_PHASES:
+                return None  # neither slow nor normal: the slow windows around it stay in a row
+        else:
+            s.held = 0
         # Only classes of work never seen (bounded): judged against their bound, never learnt as a ratio.
         mean, bounded = _symptom_value(s, w)
         s.last = mean
@@ -931,7 +955,15 @@ class Diagnoser:
     def _straggler(
         before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]], peers: list[ProcWindow]
     ) -> tuple[float, str, dict[str, Any]] | None:
-        me = after[-1][0]
+        # Itself over the slowdown, as its peers are (_over_slowdown): its last window alone may be
+        # one in which it made no step (a checkpoint's serialisation).
+        last = after[-1][0]
+        me = replace(
+            last,
+            steps=sum(w.steps for w, _ in after),
+            step_ns=sum(w.step_ns for w, _ in after),
+            collective_ns=sum(w.collective_ns for w, _ in after),
+        )
         # Its peers: its job's other ranks (observe) that step and make collectives.
         others = [p for p in peers if p.key != me.key and p.steps and p.collective_ns]
         if not others or not any(w.collective_ns for w, _ in before):

@@ -247,6 +247,8 @@ class LiveDiagnosis:
                 mean = f"{w.step_ns / w.steps * 1e-6:.3g} ms" if w.steps else "no steps"
                 if w.steal_share:
                     mean += f", {w.steal_share:.1%} stolen"
+                if w.collective_ns and w.step_ns:
+                    mean += f", {w.collective_ns / w.step_ns:.0%} in collectives"
                 log.debug("diagnosis window: pid %d %s: %s; %s", key.pid, w.name, mean, self.engine.state(key))
         names = CgroupNames() if made else None
         for diag in made:
