@@ -305,6 +305,10 @@ class Trial:
     name_s: float | None = None
     false: list[str] = field(default_factory=list)
     false_evidence: list[dict] = field(default_factory=list)  # each false diagnosis's evidence, in order
+    # The share of the VM's CPUs the hypervisor ran other VMs on (steal), from the job's start to the
+    # onset and from the onset to the job's end: a noisy neighbour the benchmark did not inject.
+    steal_before: float | None = None
+    steal_after: float | None = None
     agent_cpu_s: float = 0.0
     wall_s: float = 0.0
     steady_cpu_s: float = 0.0  # the agent's CPU from SETTLED_S after its start to its last reading
@@ -464,6 +468,27 @@ def job_started(agent: subprocess.Popen[bytes], deadline: float, comm: str = "tr
     return time.monotonic()
 
 
+def host_steal_ns() -> int | None:
+    """Every CPU's steal time so far (ns), from /proc/stat; None where it has none."""
+    try:
+        line = Path("/proc/stat").read_text().splitlines()[0].split()
+        return int(line[8]) * (1_000_000_000 // os.sysconf("SC_CLK_TCK")) if len(line) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def steal_shares(stolen: list[tuple[float, int | None]]) -> tuple[float | None, float | None]:
+    """The share of the CPUs stolen between the readings (start, onset, end): before and after the onset."""
+    out: list[float | None] = []
+    for (t0, a), (t1, b) in zip(stolen, stolen[1:], strict=False):
+        if a is None or b is None or t1 <= t0:
+            out.append(None)
+        else:
+            out.append(round((b - a) / ((t1 - t0) * 1e9 * (os.cpu_count() or 1)), 4))
+    out += [None, None]
+    return out[0], out[1]
+
+
 def start_copier(fifo: Path) -> None:
     """Let the copier waiting on `fifo` go (its shell reads a line); never blocks: a copier
     whose shell is gone has no reader (ENXIO), and then nothing starts."""
@@ -593,6 +618,7 @@ def trial(
         # so to load and attach, and a fault before the engine's baseline
         # (MIN_BASELINE windows) would be learnt as the job's normal.
         began = job_started(agent, start + 30, spec.comm)
+        stolen = [(time.monotonic(), host_steal_ns())]
         settle_at[:] = [began + SETTLED_S, began + seconds - ENDING_S]
         if fault == "cpu_quota":
             # Half of what it uses, measured before the onset (the zoo's jobs use 10-60% of a
@@ -602,6 +628,7 @@ def trial(
         spec.onset(began, at)
         t.onset_ns = time.time_ns()
         t.onset_mono_ns = time.monotonic_ns()
+        stolen.append((time.monotonic(), host_steal_ns()))
         if fault == "competing_copier":
             start_copier(tmp / "go")
         elif fault == "cpu_hog":
@@ -640,6 +667,8 @@ def trial(
         elif fault in ("nic_contention", "nic_late", "nic_setns") and net is not None:
             hog = subprocess.Popen(net.in_a(["taskset", "-c", "0", sys.executable, "-c", BULK]), start_new_session=True)
         agent.wait(timeout=seconds * 3 + 60)
+        stolen.append((time.monotonic(), host_steal_ns()))
+        t.steal_before, t.steal_after = steal_shares(stolen)
     finally:
         if links is not None:
             links.close()

@@ -244,6 +244,7 @@ def run_trials(args: argparse.Namespace, keep: Path | None) -> list[Trial]:
                 + (f" job {t.slowdown:.2f}x" if t.slowdown is not None else "")
                 + (f" detected {t.detect_s:.2f} s after onset" if t.detect_s is not None else "")
                 + (f"; false: {t.false}" if t.false else "")
+                + (f"; the hypervisor stole {t.steal_before:.0%} -> {t.steal_after:.0%}" if stole(t) else "")
                 + f"\n    {t.job}"
                 + (f"\n    evidence: {json.dumps(t.evidence)}" if t.evidence and t.predicted != CAUSE[fault] else ""),
                 flush=True,
@@ -259,6 +260,14 @@ def kept(path: Path) -> list[Trial]:
 
 
 SLOWED = 1.1  # a fault that slowed the job less (its own median step, diagnose.job_slowdown) may go unseen
+
+
+STOLE = 0.05  # the engine's margin for steal (analysis/diagnosis.Margins.steal_rise)
+
+
+def stole(t: Trial) -> bool:
+    """The VM's steal rose by STOLE or more after the onset: another VM took its CPUs."""
+    return t.steal_before is not None and t.steal_after is not None and t.steal_after - t.steal_before >= STOLE
 
 
 def slowed(t: Trial) -> bool:
@@ -296,6 +305,12 @@ def report(trials: list[Trial], rec: Record, what: str) -> None:
         unslowed = [t for t in mine if t.fault != "none" and t.predicted != CAUSE[t.fault] and not slowed(t)]
         if unslowed:
             print(f"  missed, the job not slowed {SLOWED:g}x by its own clock: " + ", ".join(t.fault for t in unslowed))
+        confounded = [t for t in mine if t.predicted != CAUSE.get(t.fault, "none") and stole(t)]
+        if confounded:
+            print(
+                f"  wrong with the hypervisor's steal {STOLE:.0%} or more up after the onset (a noisy"
+                " neighbour not injected): " + ", ".join(f"{t.fault} -> {t.predicted}" for t in confounded)
+            )
     m, rows = diagnose.confusion(trials)
     print()
     diagnose.print_confusion(m, rows, f"all shapes: {len(trials)} trials", SHORT)
