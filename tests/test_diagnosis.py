@@ -183,15 +183,30 @@ def test_a_cpu_quota_squeeze_is_named_as_the_quota() -> None:
 
 def test_cpus_stolen_by_the_hypervisor_are_cpu_interference_by_steal_time() -> None:
     """On a VM, another VM on the same host takes its CPUs: the job stays on them (no run queue,
-    no preemptor), only slower. The steal share of its CPUs rose from 1% to 30%: named, with the
-    hypervisor as what took them, and its own fix (nothing in the VM takes them back)."""
+    no preemptor), only slower. The steal share of its CPUs rose from 1% to 50% while it was on
+    them 38% of its time: 19% of its time taken, named, with the hypervisor as what took them, and
+    its own fix (nothing in the VM takes them back)."""
     windows = [([proc(10.0, steal_share=0.01)], host(i)) for i in range(30)]
-    windows += [([proc(14.0, steal_share=0.3)], host(i)) for i in range(30, 36)]
+    windows += [([proc(14.0, steal_share=0.5)], host(i)) for i in range(30, 36)]
     d, made = run(windows)
     assert made == [(31, "cpu_interference")]
     (x,) = d.diagnoses
-    assert "hypervisor" in x.evidence["taken_by"] and x.evidence["steal_share"] == pytest.approx(0.3)
-    assert x.evidence["steal_share_before"] == pytest.approx(0.01) and "dedicated" in x.fix
+    assert "hypervisor" in x.evidence["taken_by"] and x.evidence["cpu_steal_share"] == pytest.approx(0.5)
+    assert x.evidence["stolen_share"] == pytest.approx(0.5 * 0.38, rel=0.01) and "dedicated" in x.fix
+
+
+def test_steal_on_the_cpus_of_a_job_seldom_on_them_is_not_its_cause() -> None:
+    """The same steal for a job on its CPU 4% of its time (it waits for its GPU): 2% of its time
+    taken, not what slowed it 1.4x. Its GPU's reported throttling is."""
+
+    def idle(ms: float, steal: float) -> ProcWindow:
+        return proc(ms, steal_share=steal, on_cpu_ns=int(W_NS * 0.04), off_cpu_ns=int(W_NS * 0.94))
+
+    windows = [([idle(10.0, 0.01)], host(i)) for i in range(30)]
+    hot = [GpuWindow(0, "GPU-a", True, ("hw_thermal_slowdown",), 0, 16, 16, 5, 5)]
+    windows += [([idle(14.0, 0.5)], host(i, gpus=hot)) for i in range(30, 36)]
+    d, made = run(windows)
+    assert made == [(31, "gpu_throttling")] and d.diagnoses[0].evidence["candidates"]["cpu_interference"] < 1
 
 
 def test_steal_time_that_did_not_move_explains_nothing() -> None:

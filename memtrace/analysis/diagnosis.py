@@ -98,7 +98,8 @@ class Margins:
     # throttled by its own CPU quota is a clear cause.
     runq_rise: float = 0.05
     runq_times: float = 2.0
-    # ... or 5 points more of its CPUs' time stolen by the hypervisor (another VM), and at least double.
+    # ... or 5 points more of its time stolen by the hypervisor (another VM) while on its CPUs, and
+    # at least double.
     steal_rise: float = 0.05
     steal_times: float = 2.0
     quota_score: float = 2.0
@@ -485,8 +486,18 @@ def _runq_explains(before: list[tuple[ProcWindow, HostWindow]], after: list[tupl
 
 
 def _steal_share(ws: list[ProcWindow]) -> float | None:
-    known = [w.steal_share for w in ws if w.steal_share is not None]
-    return sum(known) / len(known) if known else None
+    """The share of a process's time the hypervisor took from it: the steal share of its CPUs
+    over the time it was on them (a GPU-bound job that is seldom on a CPU loses little to it),
+    of its time on CPU, off CPU and in the run queue, as _cpu_share's; where the sched sensor
+    has no reading for it, its CPUs' steal share."""
+    known = [w for w in ws if w.steal_share is not None]
+    if not known:
+        return None
+    timed = [w for w in known if w.runq_ns is not None]
+    if len(timed) < len(known):
+        return sum(w.steal_share or 0.0 for w in known) / len(known)
+    whole = sum((w.runq_ns or 0) + w.on_cpu_ns + w.off_cpu_ns for w in timed)
+    return _share(int(sum((w.steal_share or 0.0) * w.on_cpu_ns for w in timed)), whole)
 
 
 def _cpu_share(ws: list[ProcWindow]) -> float | None:
@@ -755,8 +766,10 @@ class Diagnoser:
                     ev["taken_by"] = {"cgroup_id": cg, "cgroup": path, "process": comm}
         if sa is not None and sb is not None and sa > 0:
             # The hypervisor ran another VM on its CPUs: its task stayed on them (no run queue, no
-            # preemptor), its work took longer.
-            ev["steal_share_before"], ev["steal_share"] = round(sb, 4), round(sa, 4)
+            # preemptor), its work took longer. Its share of the process's time.
+            ev["stolen_share_before"], ev["stolen_share"] = round(sb, 4), round(sa, 4)
+            cpus = [w.steal_share for w, _ in after if w.steal_share is not None]
+            ev["cpu_steal_share"] = round(sum(cpus) / len(cpus), 4)
             stolen = (sa - sb) / MARGINS.steal_rise if sa >= MARGINS.steal_times * sb else 0.0
             if stolen > score:
                 score = stolen
