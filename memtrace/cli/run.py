@@ -207,7 +207,8 @@ def trace_and_report(
             ring_bytes=ring_bytes(ring_size),
             hold_nccl=host,
             stacks=stacks,
-            launch_events=timeline is not None,  # each launch a slice (docs/timeline.md)
+            # each launch a slice in a Perfetto trace (docs/timeline.md); the HTML page draws none
+            launch_events=timeline is not None and not timeline.endswith(".html"),
         )
         budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:
