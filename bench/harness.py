@@ -446,18 +446,19 @@ def _proc_mb(path: str, fieldname: str) -> float:
 # ---- memtrace's agent: every benchmark builds it here ----
 
 
-def cuda_agent(*, only_traced: bool = False, detach_in_background: bool = True) -> Agent:
+def cuda_agent(*, only_traced: bool = False, detach_in_background: bool = True, launch_events: bool = False) -> Agent:
     """memtrace's agent in this process with its CUDA sensor alone (no host
     signals, no diagnosis, no budget): host-wide as `memtrace push` traces,
     or, `only_traced`, only the processes given to trace_pid and their
     children, as `memtrace run` does. `detach_in_background=False`: closing
-    it waits until its probes are gone, so the next round finds none."""
+    it waits until its probes are gone, so the next round finds none.
+    `launch_events`: a record per launch, as `run --timeline` has it."""
     from memtrace.bpf import detach
     from memtrace.runtime.agent import Agent
     from memtrace.sensors.cuda import Options
 
     detach.DETACH_IN_BACKGROUND = detach_in_background
-    return Agent(Options(only_traced=only_traced))
+    return Agent(Options(only_traced=only_traced, launch_events=launch_events))
 
 
 @contextlib.contextmanager

@@ -50,6 +50,28 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Set by user space before load: take the caller's stack at copies and memory calls (memtrace.h). */
 const volatile bool capture_stacks = false;
 
+/* Set by user space before load when a timeline is recorded (`run
+ * --timeline`): each launch whose process has every launch probed is also a
+ * record on the ring (its slice). Off, the verifier drops the branch and a
+ * launch is the one trap and the counter it always was. */
+const volatile bool launch_events = false;
+
+/* A launch's record: entry time, no duration (there is no return probe:
+ * a second trap per launch), its stream and its function or graph in `dst`
+ * where the cookie names them. The count in `counts` stays the truth; a
+ * record the ring cannot take is counted in MT_STAT_LAUNCH_DROPPED. */
+static __always_inline void launch_event(struct pt_regs *ctx, __u64 id, __u64 start, __u64 cookie, __u64 ts)
+{
+	struct args a = {};
+
+	load_args(ctx, &a);
+	if (queue_event(id, start, cookie, ts, 0, 0, arg_at(&a, ck(cookie, MT_CK_STREAM_SHIFT)),
+			arg_at(&a, ck(cookie, MT_CK_DST_SHIFT)), 0, 0, 0, 0, 0))
+		stat_inc(MT_STAT_LAUNCH_EVENTS);
+	else
+		stat_inc(MT_STAT_LAUNCH_DROPPED);
+}
+
 /*
  * Entry of every probed call but launches: stash what the return needs.
  * A driver call made by the runtime on the same thread is the runtime
@@ -224,9 +246,13 @@ int BPF_KPROBE(mt_launch)
 	c = bpf_map_lookup_elem(&counts, &tk);
 	if (c) {
 		__sync_fetch_and_add(c, 1);
+		if (launch_events && !sample) /* a sampled process's launches stay an estimate: no slices */
+			launch_event(ctx, id, tk.start_ns, cookie, bpf_ktime_get_ns());
 		return 0;
 	}
 	introduce(id, tk.start_ns); /* its first launch of this api: maybe its first event */
+	if (launch_events && !sample)
+		launch_event(ctx, id, tk.start_ns, cookie, bpf_ktime_get_ns());
 	if (bpf_map_update_elem(&counts, &tk, &one, BPF_NOEXIST)) {
 		c = bpf_map_lookup_elem(&counts, &tk); /* another thread made it */
 		if (c)

@@ -49,7 +49,8 @@ enum mt_family {
 	MT_FAM_COPY = 0, /* a memory copy: bytes, direction, both pointers */
 	MT_FAM_MEM = 1,  /* allocation, free, host registration, VMM map/unmap */
 	MT_FAM_SYNC = 2, /* a synchronisation wait: its duration */
-	MT_FAM_LAUNCH = 3, /* a kernel or graph launch: counted in the kernel, entry only */
+	MT_FAM_LAUNCH = 3, /* a kernel or graph launch: counted in the kernel, entry only; with
+			    * launch_events also one record (ts, stream, function in dst, no duration) */
 };
 
 /* MT_FAM_MEM flags (the DIRSRC nibble). */
@@ -214,7 +215,9 @@ enum mt_stat {
 	MT_STAT_PY_THREAD_READS = 19, /* reads of a process's memory to find the calling thread's
 				       * state and its frame: two or three where the thread's
 				       * last walk found it */
-	MT_STAT_COUNT = 20,
+	MT_STAT_LAUNCH_EVENTS = 20,   /* launch events queued (launch_events on: a timeline is recorded) */
+	MT_STAT_LAUNCH_DROPPED = 21,  /* launch events the ring could not take: counted, no slice */
+	MT_STAT_COUNT = 22,
 };
 
 /* Control events: what user space must act on. */

@@ -288,7 +288,8 @@ def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tm
         "nvlinks": 2,
         "remapped": "0,0,0,0",
     }  # GPM, NVLink and row remapping to read
-    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counts, **hopper)))
+    clocks = {"clock_sm": 1755, "clock_mem": 2619}  # MHz, as the timeline's tracks and the JSON rows have them
+    nvml_script.write_text(script(count=1, **gpu(0, uuid="GPU-aaaa", **HEALTHY, **counts, **hopper, **clocks)))
     env = {"LD_LIBRARY_PATH": str(fakenvml), "FAKE_NVML_SCRIPT": str(nvml_script)}
     vm = VictoriaMetrics(tmp_path)
     push = start_push(["--endpoint", vm.otlp, "--interval", "0.5", "--host-interval", "0.1"], env=env)
@@ -320,6 +321,8 @@ def test_push_sends_cpu_time_and_gpu_readings(fakecuda: Path, fakenvml: Path, tm
         assert one(f'{{__name__=~"memtrace_gpu_pcie_link_width.*",{g}}}') == 16
         assert one(f'{{__name__=~"memtrace_gpu_throttled.*",{g}}}') == 0
         assert one(f'{{__name__=~"memtrace_gpu_pcie_replays.*",{g}}}') == 0
+        assert one(f'{{__name__=~"memtrace_gpu_sm_clock.*",{g}}}') == 1755
+        assert one(f'{{__name__=~"memtrace_gpu_memory_clock.*",{g}}}') == 2619
         # The GPU moves 7 GiB out and 5 bytes in: hw.gpu.io carries exactly that since the agent started.
         moved = {"pcie_tx_count": 10**12 + 7 * GIB, "pcie_rx_count": 10**9 + 5}
         tmp = nvml_script.with_suffix(".tmp")

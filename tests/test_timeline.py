@@ -116,8 +116,17 @@ def decode(path: Path) -> Decoded:
             out.counters[te.track_uuid].append((p.timestamp, te.double_counter_value))
         elif te.type == TrackEvent.TYPE_INSTANT:
             cats = list(te.categories)
+            stack = open_[te.track_uuid]  # an instant on a thread track is a zero-length slice there
             out.instants.append(
-                {"name": te.name, "category": cats, "args": args, "ts": p.timestamp, "track": te.track_uuid}
+                {
+                    "name": te.name,
+                    "category": cats,
+                    "args": args,
+                    "ts": p.timestamp,
+                    "track": te.track_uuid,
+                    "depth": len(stack),
+                    "parent": stack[-1] if stack else None,
+                }
             )
     assert all(not v for v in open_.values()), "a slice was begun and never ended"
     return out
@@ -264,6 +273,47 @@ def test_run_timeline_has_one_slice_per_copy_in_order_with_its_bytes_nested_in_i
     allocs = [s for s in mine if s["category"] == ["memory"]]
     assert sorted(s["name"] for s in allocs) == ["device_alloc", "host_alloc"]
     assert all(any(f[1].endswith("timeline_loop.py") for f in s["frames"]) for s in copies)
+
+
+@pytest.mark.bpf
+def test_run_timeline_has_one_launch_slice_per_launch_in_call_order_nested_in_its_step(
+    traced_loop: tuple[dict, dict, Decoded],
+) -> None:
+    """Launches were all probed (no budget sampling at this rate): each is a
+    zero-length slice (an instant) on its thread, at its entry, with its
+    stream and function; their number is the workload's own count and the
+    kernel's, and among the thread's copies and waits they come in the
+    order the loop made them, each inside its step."""
+    doc, truth, tr = traced_loop
+    pid, tid = truth["pid"], truth["tid"]
+    launches = [i for i in tr.instants if i["category"] == ["launch"]]
+    assert all(tr.thread_of(i["track"]) == (pid, tid) for i in launches)
+    assert len(launches) == truth["launches"] == sum(r["launches"] for r in doc["launches"] if r["pid"] == pid)
+    (row,) = [r for r in doc["launches"] if r["pid"] == pid]
+    assert row["estimated"] is False  # counted, not sampled: slices, and the counter says "counted"
+    assert all(i["name"] == "kernel launch" and i["args"]["api"] == "cuLaunchKernel" for i in launches)
+    assert all(i["args"]["stream"] == truth["stream"] and i["args"]["function"] == truth["kernel"] for i in launches)
+    # Order: the thread's copies, launches and waits by time are the loop's own sequence.
+    mine = [s for s in tr.slices if tr.thread_of(s["track"]) == (pid, tid) and s["category"] in (["copy"], ["wait"])]
+    calls = [(s["ts"], s["args"].get("direction", "wait"), s) for s in mine] + [
+        (i["ts"], "launch", i) for i in launches
+    ]
+    calls.sort(key=lambda c: c[0])
+    assert [c[1] for c in calls] == truth["sequence"]
+    # Nesting: a launch made after the loop's k-th wait is in step k, whose slice is
+    # steps[k - 1] (the first step, before any wait, has none); it is inside no call.
+    steps = sorted(
+        (s for s in tr.slices if s["category"] == ["step"] and tr.thread_of(s["track"]) == (pid, tid)),
+        key=lambda s: s["ts"],
+    )
+    waits = 0
+    for _, what, s in calls:
+        if what == "wait":
+            waits += 1
+        elif what == "launch" and waits == 0:
+            assert s["parent"] is None and s["depth"] == 0, s
+        elif what == "launch":
+            assert s["parent"] is steps[waits - 1] and s["depth"] == 1, s
 
 
 @pytest.mark.bpf

@@ -18,6 +18,8 @@ one run, rounds alternating, it is measured
   before     the previous hot path (git ae32709): copies summed into a kernel
              hash at return and written to the ring; launches probed like copies
   memtrace   the agent as shipped
+  timeline   the agent as `run --timeline` has it: a record on the ring per
+             launch (launch_events), drained as ever
 and the per-call cost over untraced is reported (medians over the rounds)
 with the ratio memtrace/floor (target: at most 1.15; the floor is bare-multi
 where memtrace attaches multi-uprobe links, else bare), taken within each
@@ -172,12 +174,15 @@ def main() -> None:
         detach(obj, links)
         return r
 
-    def shipped() -> dict[str, float]:
-        with harness.cuda_agent(detach_in_background=False) as agent:
+    def shipped(launch_events: bool = False) -> dict[str, float]:
+        with harness.cuda_agent(detach_in_background=False, launch_events=launch_events) as agent:
             agent.scan([loop.p.pid])
             with harness.draining(agent, away_from=LOOP_CPU):
                 r = loop.run()
-            assert agent.stats()[Stat.DROPPED] == 0
+            st = agent.stats()
+            assert st[Stat.DROPPED] == 0 and st.get(Stat.LAUNCH_DROPPED, 0) == 0
+            # host-wide: another process's launches may be recorded too, never fewer than the loop's
+            assert (st.get(Stat.LAUNCH_EVENTS, 0) >= a.calls) if launch_events else not st.get(Stat.LAUNCH_EVENTS, 0)
         return r
 
     setups: dict[str, Callable[[], dict[str, float]]] = {
@@ -190,6 +195,7 @@ def main() -> None:
     if before:
         setups["before"] = old_hot_path
     setups["memtrace"] = shipped
+    setups["timeline"] = lambda: shipped(launch_events=True)
     results: dict[str, dict[str, list[float]]] = {s: {k: [] for k in KINDS} for s in setups}
     try:
         for _, setup in harness.alternating(list(setups), a.rounds):
@@ -215,6 +221,12 @@ def main() -> None:
             f"{ratio.range()})  (target {TARGET})"
         )
         rec.add(f"probe cost, {k} ({SYMS[k]})", ratio.median, f"x {floor}", ".3f", TARGET, ratio)
+    tl = Spread.of(harness.ratios(results["timeline"]["launch"], results["memtrace"]["launch"]))
+    print(
+        f"  a launch with its record (run --timeline): +{med['timeline']['launch'] - med['memtrace']['launch']:.0f}"
+        f" ns over memtrace's launch, timeline/memtrace = {tl.median:.3f} ({tl.range()})"
+    )
+    rec.add("probe cost, launch with its timeline record", tl.median, "x memtrace", ".3f", None, tl)
     if "before" in med:
         print(
             "before -> after (ns/call): "

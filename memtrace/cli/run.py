@@ -202,7 +202,14 @@ def trace_and_report(
         for flag, value in (("--folded", folded), ("--pprof", pprof), ("--flamegraph", flamegraph)):
             if value is not None and not stacks:
                 raise BadOption(f"{flag} needs --stacks", f"add --stacks, or leave {flag} out")
-        opts = Options(only_traced=True, ring_bytes=ring_bytes(ring_size), hold_nccl=host, stacks=stacks)
+        opts = Options(
+            only_traced=True,
+            ring_bytes=ring_bytes(ring_size),
+            hold_nccl=host,
+            stacks=stacks,
+            # each launch a slice in a Perfetto trace (docs/timeline.md); the HTML page draws none
+            launch_events=timeline is not None and not timeline.endswith(".html"),
+        )
         budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:
             raise BadOption(f"--host-interval {host_interval} is out of range", "give 0.001 to 60 seconds")

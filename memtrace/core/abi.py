@@ -76,9 +76,11 @@ class Stat(enum.IntEnum):
     PY_FRAMES = 17
     PY_READS = 18
     PY_THREAD_READS = 19
+    LAUNCH_EVENTS = 20
+    LAUNCH_DROPPED = 21
 
 
-STAT_COUNT = 20
+STAT_COUNT = 22
 
 # Batch copies (memtrace.h): the first BATCH_EACH copies one record each,
 # the rest up to BATCH_MAX summed in one record; EV_MORE in an event's

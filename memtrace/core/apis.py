@@ -267,9 +267,29 @@ APIS: tuple[Api, ...] = (
     _sync(91, "cuCtxSynchronize", D, SyncKind.DEVICE, 0),
     _sync(92, "cuEventSynchronize", D, SyncKind.EVENT, 1),
     # ---- launches: driver only, entry only ----
-    Api(100, "cuLaunchKernel", D, LAUNCH, launch=LaunchKind.KERNEL, variants=("cuLaunchKernel" + PZ,)),
-    Api(101, "cuLaunchKernelEx", D, LAUNCH, launch=LaunchKind.KERNEL, variants=("cuLaunchKernelEx" + PZ,)),
-    Api(102, "cuGraphLaunch", D, LAUNCH, launch=LaunchKind.GRAPH, variants=("cuGraphLaunch" + PZ,)),
+    # stream and dst: read only for a launch's record (a timeline is recorded): the
+    # stream, and the function or graph; cuLaunchKernelEx keeps its stream in its config.
+    Api(
+        100,
+        "cuLaunchKernel",
+        D,
+        LAUNCH,
+        stream_arg=9,
+        dst_arg=1,
+        launch=LaunchKind.KERNEL,
+        variants=("cuLaunchKernel" + PZ,),
+    ),
+    Api(101, "cuLaunchKernelEx", D, LAUNCH, dst_arg=2, launch=LaunchKind.KERNEL, variants=("cuLaunchKernelEx" + PZ,)),
+    Api(
+        102,
+        "cuGraphLaunch",
+        D,
+        LAUNCH,
+        stream_arg=2,
+        dst_arg=1,
+        launch=LaunchKind.GRAPH,
+        variants=("cuGraphLaunch" + PZ,),
+    ),
 )
 
 COPY_APIS: tuple[Api, ...] = tuple(a for a in APIS if a.family == COPY)

@@ -102,4 +102,18 @@ class Collectives:
     comms: np.ndarray = field(default_factory=lambda: NO_COMMS)
 
 
-Notice = Events | ProcessMet | Held | Missed | LaunchesMissed | Execed | Exited | Collectives
+@dataclass(frozen=True, eq=False)
+class Launches:
+    """A batch of launch records (core/abi.EVENT_DTYPE: entry time, stream,
+    function in `dst`, no duration), in ring order: made only while a
+    timeline is recorded (cuda Options.launch_events), for its slices. The
+    model counts launches from the kernel's counters, never from these."""
+
+    batch: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.batch)
+
+
+Notice = Events | ProcessMet | Held | Missed | LaunchesMissed | Execed | Exited | Collectives | Launches

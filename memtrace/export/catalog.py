@@ -427,6 +427,9 @@ GPU_THROTTLED = _m(
     "memtrace.gpu.throttled", _G, "1", "1 while power or thermal limits hold the clocks down", Signal.gpu, _A, GPU
 )
 GPU_LOST = _m("memtrace.gpu.lost", _G, "1", "1 while the GPU is off the bus", Signal.gpu, _A, GPU)
+# No hw.gpu clock in the conventions: named as memtrace's other GPU gauges, in MHz as their hw.cpu.speed.
+GPU_SM_CLOCK = _m("memtrace.gpu.sm.clock", _G, "MHz", "SM clock now (NVML)", Signal.gpu, _A, GPU)
+GPU_MEMORY_CLOCK = _m("memtrace.gpu.memory.clock", _G, "MHz", "Memory clock now (NVML)", Signal.gpu, _A, GPU)
 GPU_IO = _m(
     "hw.gpu.io",
     _S,

@@ -381,6 +381,8 @@ class MetricsBuilder:
                 sm = latest.sm_utilization_percent
                 values[cat.GPU_UTILIZATION] = None if sm is None else sm / 100
                 values[cat.GPU_THROTTLED] = None if latest.throttled is None else float(latest.throttled)
+                values[cat.GPU_SM_CLOCK] = latest.sm_clock_mhz  # the clocks the timeline's tracks draw
+                values[cat.GPU_MEMORY_CLOCK] = latest.memory_clock_mhz
             if last is not None:
                 values.update(
                     {

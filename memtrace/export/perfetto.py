@@ -5,8 +5,10 @@ package's protos (no binary needed).
 Tracks: a process track per process and a thread track per thread, named
 as `top` names them (their comm); on a thread, its calls as slices
 (copies, waits, memory calls, collectives), nested in the steps of its
-loop; counter tracks under each process (its launch rate, run queue
-share, off-CPU time, ...), under each GPU and NIC, and for the host; each
+loop, and its launches where they were recorded (instants: zero-length
+slices at the launch's entry; with no return probe there is no duration);
+counter tracks under each process (its launch rate, run queue share,
+off-CPU time, ...), under each GPU and NIC, and for the host; each
 diagnosis, its onset and each finding as instants on the process's track.
 
 One clock: the trace's packets are stamped with CLOCK_MONOTONIC
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from memtrace.core.abi import Direction, Family
-from memtrace.core.apis import api_name
+from memtrace.core.apis import BY_ID, LaunchKind, api_name
 from memtrace.core.enums import HostMemory
 from memtrace.core.nccl import Collective
 from memtrace.core.stacks import NativeFrame, PythonFrame
@@ -34,7 +36,7 @@ MONOTONIC, REALTIME, BOOTTIME = 3, 1, 6  # perfetto's BuiltinClock
 SHARE = 65536  # slice packets encoded (and written) at a time
 SEQUENCE = 1  # every packet is on one sequence: its defaults (the clock) hold for all
 _END, _BEGIN, _POINT = 0, 1, 2
-_CALL, _COLL, _STEP = 0, 1, 2
+_CALL, _COLL, _STEP, _LAUNCH = 0, 1, 2, 3
 _SHIFT = 40  # a slice's reference: kind << _SHIFT | index
 
 CATEGORY = {int(Family.COPY): "copy", int(Family.MEM): "memory", int(Family.SYNC): "wait"}
@@ -136,6 +138,7 @@ class _Wire:
         self.a_str = num(DebugAnnotation, "string_value")
         self.begin = self.type + _varint(TrackEvent.TYPE_SLICE_BEGIN)
         self.end = self.type + _varint(TrackEvent.TYPE_SLICE_END)
+        self.instant = self.type + _varint(TrackEvent.TYPE_INSTANT)
         self._names: dict[str, bytes] = {}
         self._strings: dict[tuple[str, str], bytes] = {}
 
@@ -194,14 +197,17 @@ def packets(tl: Timeline) -> Iterator[bytes]:
 
     ev, coll = tl.events, tl.collectives
     calls = tl.calls()
+    launches = tl.launches()
     nbytes = tl.call_bytes()
 
     # ---- tracks ----
     pids = set(tl.processes) | set(ev["pid"][calls].tolist()) | set(coll["pid"].tolist())
+    pids |= set(ev["pid"][launches].tolist())
     pids |= {s.pid for s in tl.steps} | {c.pid for c in tl.counters if c.pid is not None}
     pids |= {i.pid for i in tl.instants if i.pid is not None}
     threads = set(zip(ev["pid"][calls].tolist(), ev["tid"][calls].tolist(), strict=True))
     threads |= set(zip(coll["pid"].tolist(), coll["tid"].tolist(), strict=True))
+    threads |= set(zip(ev["pid"][launches].tolist(), ev["tid"][launches].tolist(), strict=True))
     threads |= {(s.pid, s.tid) for s in tl.steps} | set(tl.threads)
 
     def descriptor() -> Any:
@@ -250,7 +256,8 @@ def packets(tl: Timeline) -> Iterator[bytes]:
     # ---- what is drawn, in time order ----
     # Slices: per slice (kind, index) its begin and end; at one instant a
     # track's ends come before its begins, inner ends first, outer begins
-    # first (a step ends where its last wait returns).
+    # first (a step ends where its last wait returns). A launch is a point:
+    # after the ends and begins at its instant, so a step begun then holds it.
     c_ts = ev["ts_ns"][calls].astype(np.int64)
     c_end = c_ts + ev["duration_ns"][calls].astype(np.int64)
     k_ts = coll["ts_ns"].astype(np.int64)
@@ -266,13 +273,16 @@ def packets(tl: Timeline) -> Iterator[bytes]:
     ref = kind << _SHIFT | index
     inner = (kind != _STEP).astype(np.int64)
     n = len(ref)
-    ts = np.concatenate([end, begin])
-    what = np.concatenate([np.full(n, _END, np.int64), np.full(n, _BEGIN, np.int64)])
+    l_ts = ev["ts_ns"][launches].astype(np.int64)
+    l_ref = np.int64(_LAUNCH) << _SHIFT | launches.astype(np.int64)
+    zero = np.zeros(len(l_ts), np.int64)
+    ts = np.concatenate([end, begin, l_ts])
+    what = np.concatenate([np.full(n, _END, np.int64), np.full(n, _BEGIN, np.int64), np.full(len(l_ts), _POINT)])
     # ends: later-begun first, then calls before steps; begins: later-ending first, steps before calls
-    tie1 = np.concatenate([-begin, -end])
-    tie2 = np.concatenate([-inner, inner])
+    tie1 = np.concatenate([-begin, -end, zero])
+    tie2 = np.concatenate([-inner, inner, zero])
     order = np.lexsort((tie2, tie1, what, ts))
-    refs_all = np.concatenate([ref, ref])[order]
+    refs_all = np.concatenate([ref, ref, l_ref])[order]
     tss_all = ts[order]
     whats_all = what[order]
 
@@ -357,8 +367,19 @@ def packets(tl: Timeline) -> Iterator[bytes]:
             _annotate(holder, "why", "the loop was recognised after these steps: their bounds are not known apart")
         return bytes(holder.SerializeToString())
 
+    def launch_body(i: int) -> bytes:
+        a = BY_ID.get(api[i])
+        graph = a is not None and a.launch == LaunchKind.GRAPH
+        parts = [w.text(w.category, "launch"), w.text(w.name, "graph launch" if graph else "kernel launch")]
+        parts.append(w.string("api", api_name(api[i])))
+        if stream[i]:
+            parts.append(w.uint("stream", stream[i]))
+        if dst[i]:
+            parts.append(w.uint("graph" if graph else "function", dst[i]))
+        return b"".join(parts)
+
     def track_of(kind: int, i: int) -> int:
-        if kind == _CALL:
+        if kind == _CALL or kind == _LAUNCH:
             return thread_track[(pid_of[i], tid_of[i])]
         if kind == _COLL:
             return thread_track[(c_pid[i], c_tid[i])]
@@ -382,6 +403,9 @@ def packets(tl: Timeline) -> Iterator[bytes]:
                 tb = track_bytes[uuid] = w.track + _varint(uuid)
             if what_ == _END:
                 chunks.append(w.packet(t, w.end + tb))
+                continue
+            if what_ == _POINT:
+                chunks.append(w.packet(t, w.instant + tb + launch_body(i)))
                 continue
             body = call_begin(i) if k == _CALL else coll_begin(i) if k == _COLL else step_begin(i)
             chunks.append(w.packet(t, w.begin + tb + body))

@@ -8,7 +8,9 @@ sched sensor counts in. Wall-clock times (a diagnosis's onset) are turned
 into it with the offset read when the timeline was taken (`wall_offset_ns`).
 
 The calls (copies, waits, memory calls) are the sensor's own events, one
-slice each, in ring order. Steps are found as the model finds them: the
+slice each, in ring order. Launches are records too where they were
+probed while a timeline was recorded (cuda Options.launch_events): entry
+time only, drawn as zero-length slices; never given to the step tracker. Steps are found as the model finds them: the
 stepping thread's events are replayed through a fresh StepTracker
 (model/steps.py), cut after each wait, and a step ends where the tracker
 counts one more; its breakdown is the tracker's own, step by step. Where
@@ -109,6 +111,10 @@ class Timeline:
         more = (self.events["layer"] & EV_MORE) != 0
         return np.flatnonzero(~more & (FAMILY[self.events["api"]] != int(Family.LAUNCH)))
 
+    def launches(self) -> np.ndarray:
+        """Indices of the launch records (made while a timeline is recorded: entry time, no duration)."""
+        return np.flatnonzero(FAMILY[self.events["api"]] == int(Family.LAUNCH))
+
     def call_bytes(self) -> np.ndarray:
         """Each event's bytes, a batch copy's further records added to its first record (per event index)."""
         b: np.ndarray = self.events["bytes"].astype(np.uint64)
@@ -140,7 +146,12 @@ def step_slices(events: np.ndarray, stepping: dict[int, int]) -> list[Step]:
     module's docstring."""
     out: list[Step] = []
     for pid, tid in sorted(stepping.items()):
-        mine = events[(events["pid"] == pid) & (events["tid"] == tid) & ((events["layer"] & EV_MORE) == 0)]
+        mine = events[
+            (events["pid"] == pid)
+            & (events["tid"] == tid)
+            & ((events["layer"] & EV_MORE) == 0)
+            & (FAMILY[events["api"]] != int(Family.LAUNCH))  # launch records: the model never sees them
+        ]
         if not len(mine):
             continue
         waits = np.flatnonzero(WAITS[mine["api"]])

@@ -48,7 +48,7 @@ from memtrace.core.abi import EVENT_DTYPE, Family
 from memtrace.core.enums import HostMemory
 from memtrace.core.ids import ProcessKey
 from memtrace.core.nccl import EVENT_DTYPE as NCCL_EVENT_DTYPE
-from memtrace.core.notices import Collectives, Events, Notice, ProcessMet
+from memtrace.core.notices import Collectives, Events, Launches, Notice, ProcessMet
 from memtrace.export.timeline import FAMILY, CounterTrack, Instant, Timeline, step_slices
 from memtrace.model.host import HostBook
 
@@ -264,7 +264,7 @@ class Recorder:
     def take(self, notices: list[Notice]) -> None:
         """A poll's notices: batches kept by reference, names noted. No per-event work."""
         for n in notices:
-            if isinstance(n, Events):
+            if isinstance(n, (Events, Launches)):  # a launch's record goes with the calls: one bound, one order
                 b = n.batch
                 if len(b):
                     with self._lock:

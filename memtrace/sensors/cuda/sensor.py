@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from memtrace.bpf.detach import destroy_links
 from memtrace.bpf.host import check_kernel, ensure_tracefs, object_path, pid_namespace
 from memtrace.bpf.libbpf import BpfObject, Libbpf, Link, destroy_together, uprobe_multi_supported
 from memtrace.bpf.ringbuf import EventRing
+from memtrace.core import apis
 from memtrace.core.abi import (
     ATTACHED_EXECUTABLE,
     ATTACHED_LIBRARY,
@@ -29,13 +32,14 @@ from memtrace.core.abi import (
     EVENT_DTYPE,
     CtlEvent,
     CtlType,
+    Family,
     HoldState,
     InodeKey,
     Layer,
 )
 from memtrace.core.errors import AttachError, MemtraceError
 from memtrace.core.ids import ProcessInfo, ProcessKey
-from memtrace.core.notices import Events, Exited, Held, LaunchesMissed, Missed, Notice, ProcessMet
+from memtrace.core.notices import Events, Exited, Held, Launches, LaunchesMissed, Missed, Notice, ProcessMet
 from memtrace.core.overhead import EntryKind
 from memtrace.core.procfiles import Candidate, FileId, alive, executable, pids
 from memtrace.sensors.cuda import discovery
@@ -58,6 +62,15 @@ class Options:
     hold_nccl: bool = False  # hold a process mapping a new libnccl too, for Hooks.other_library
     hold_limit_s: float = HOLD_LIMIT_S  # the longest a process is held, whatever the agent does
     stacks: bool = False  # take the caller's stack at copies and allocations (core/stacks.py)
+    # Each launch of a process whose launches are all probed is also a record (a
+    # timeline's slice: `run --timeline`); off, a launch is a trap and a counter.
+    launch_events: bool = False
+
+
+# Per api id: a launch (its records go to the timeline, not the model).
+_LAUNCH = np.zeros(1 << 16, bool)
+for _a in apis.APIS:
+    _LAUNCH[_a.id] = _a.family == Family.LAUNCH
 
 
 def _nothing(_notices: list[Notice]) -> None:
@@ -135,6 +148,7 @@ class CudaSensor:
                 "pidns_dev": ns_dev,
                 "pidns_ino": ns_ino,
                 "capture_stacks": self.opts.stacks,
+                "launch_events": self.opts.launch_events,
             },
         )
         obj.set_max_entries("events", self.opts.ring_bytes)
@@ -345,7 +359,12 @@ class CudaSensor:
             assert self.events is not None
             batch = self.events.read()
             n = len(batch)
-            if n:
+            if n and self.opts.launch_events:
+                launch = _LAUNCH[batch["api"]]
+                if launch.any():
+                    out.append(Launches(batch[launch]))
+                    batch = batch[~launch]
+            if len(batch):
                 out.append(Events(batch))
         out += [x for x in notices if isinstance(x, Exited)]
         if out:

@@ -1,0 +1,84 @@
+"""Launch records: each launch is one record on the events ring only while a
+timeline is recorded (cuda Options.launch_events, set by `run --timeline`);
+otherwise a launch is a trap and a kernel counter, and no launch record
+ever reaches the ring. The records go to the timeline (Launches notices),
+never to the model: its launches come from the kernel's counters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtrace.core.abi import Stat
+from memtrace.core.notices import Events, Launches, Notice
+from memtrace.runtime.agent import Agent
+from memtrace.sensors.cuda import Options
+
+pytestmark = pytest.mark.bpf
+
+LAUNCHES, COPY_EVERY = 2000, 7
+# Waits for a line on stdin, then becomes the launch loop (same pid: traced before it maps libcuda).
+EXEC_WHEN_TOLD = "import os, sys; sys.stdin.readline(); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def _traced_loop(fakecuda: Path, launch_events: bool) -> tuple[list[Notice], dict[Stat, int], int, dict[str, int]]:
+    seen: list[Notice] = []
+    argv = [str(fakecuda / "launchloop"), str(fakecuda / "lib" / "libcuda.so.1"), str(LAUNCHES), "10", str(COPY_EVERY)]
+    w = subprocess.Popen(
+        [sys.executable, "-c", EXEC_WHEN_TOLD, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with Agent(Options(only_traced=True, launch_events=launch_events), recorder=seen.extend) as agent:
+            agent.cuda.trace_pid(w.pid)
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            out, _ = w.communicate(timeout=120)
+            assert w.returncode == 0
+            agent.poll()
+            stats = agent.stats()
+            agent.sync_totals()  # the kernel's launch counts, into the model
+            with agent.lock:
+                agent._fold()
+                launches = sum(sum(p.launches.values()) for p in agent.model.processes.values())
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    words = out.split()
+    truth = {k: int(words[words.index(k) + 1]) for k in ("launches", "copies")}
+    return seen, stats, launches, truth
+
+
+def _count(seen: list[Notice], kind: type) -> int:
+    return sum(len(n.batch) for n in seen if isinstance(n, kind))
+
+
+def test_without_a_timeline_no_launch_record_reaches_the_ring(fakecuda: Path) -> None:
+    seen, stats, launches, truth = _traced_loop(fakecuda, launch_events=False)
+    assert truth["launches"] == LAUNCHES and truth["copies"] > 0
+    assert launches == LAUNCHES  # counted in the kernel, as ever
+    assert stats.get(Stat.LAUNCH_EVENTS, 0) == 0 and stats.get(Stat.LAUNCH_DROPPED, 0) == 0
+    # What the ring delivered is the copies, one record each: nothing else.
+    assert _count(seen, Events) == stats[Stat.EVENTS] == truth["copies"]
+    assert _count(seen, Launches) == 0
+
+
+def test_with_a_timeline_every_launch_is_one_record_and_the_model_still_counts_from_the_kernel(
+    fakecuda: Path,
+) -> None:
+    seen, stats, launches, truth = _traced_loop(fakecuda, launch_events=True)
+    assert stats[Stat.LAUNCH_EVENTS] == truth["launches"] == LAUNCHES
+    assert stats.get(Stat.LAUNCH_DROPPED, 0) == 0
+    assert _count(seen, Launches) == LAUNCHES
+    # The model's events are the copies alone; its launches are the kernel's count, not doubled.
+    assert _count(seen, Events) == stats[Stat.EVENTS] == truth["copies"]
+    assert launches == LAUNCHES
+    recs = np.concatenate([n.batch for n in seen if isinstance(n, Launches)])
+    assert (recs["duration_ns"] == 0).all() and (recs["bytes"] == 0).all()
+    assert (np.diff(recs["ts_ns"].astype(np.int64)) >= 0).all()  # one thread: in call order
+    assert len(set(recs["tid"].tolist())) == 1
