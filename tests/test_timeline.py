@@ -289,6 +289,8 @@ def test_run_timeline_has_one_launch_slice_per_launch_in_call_order_nested_in_it
     launches = [i for i in tr.instants if i["category"] == ["launch"]]
     assert all(tr.thread_of(i["track"]) == (pid, tid) for i in launches)
     assert len(launches) == truth["launches"] == sum(r["launches"] for r in doc["launches"] if r["pid"] == pid)
+    # Every record queued became a slice, and none was lost to a full ring (the JSON would say so).
+    assert (doc["agent"]["launch_events"], doc["agent"]["launch_events_dropped"]) == (len(launches), 0)
     (row,) = [r for r in doc["launches"] if r["pid"] == pid]
     assert row["estimated"] is False  # counted, not sampled: slices, and the counter says "counted"
     assert all(i["name"] == "kernel launch" and i["args"]["api"] == "cuLaunchKernel" for i in launches)

@@ -105,6 +105,8 @@ def summary(
         batch_truncated_calls=stats.get(Stat.BATCH_TRUNCATED, 0),
         # Copies of 3D batches to or from a CUDA array: counted, their bytes not known.
         batch_array_copies=stats.get(Stat.BATCH_ARRAY_COPIES, 0),
+        launch_events=stats.get(Stat.LAUNCH_EVENTS, 0),
+        launch_events_dropped=stats.get(Stat.LAUNCH_DROPPED, 0),
         holds=stats.get(Stat.HOLDS, 0),
         hold_missed=stats.get(Stat.HOLD_MISSED, 0),
         malformed_records=malformed,
