@@ -208,36 +208,71 @@ def test_a_gap_is_settled_once_near_windows_followed_and_the_cost_is_calibrated(
     assert s.report(loop.reading(), COST).launches[API] == loop.launched
 
 
-def test_one_window_a_second_and_never_more_than_the_duty_since_the_first_launch() -> None:
-    """Duty 0.02 (20 ms windows): the steady rhythm is one window a
-    HORIZON_S, so no second holds more than one window's worth of probed
-    time. A start fully probed for 10 ms counts as a window: the next waits
-    until the duty's share of the time since the first launch pays for it
-    (a job of 1.4 s sees no second window), but never more than a period
-    past the steady rhythm."""
+def test_one_window_a_period_and_never_more_than_the_duty_since_the_first_launch() -> None:
+    """Duty 0.02. In its first YOUNG_S a window comes every YOUNG_PERIOD_S
+    (5 ms windows, MIN_ON_S), then one a HORIZON_S (20 ms): no second holds
+    more than (1 + period) x the duty's share of probed time. A start fully
+    probed for 10 ms counts as a window: the next waits until the duty's
+    share of the time since the first launch pays for it, but never more
+    than a period past the steady rhythm."""
     s = _Sampled(1, 0.02, base={}, phase=_Reading(0.01, 0, {}, 0), since=0.0, on_seconds=0.01)
     w = s.on_s()
-    assert w == pytest.approx(0.02)
-    first = s.next_window_at(0.01, w)
-    assert first == pytest.approx((0.01 + w) / 0.02)  # 1.5 s: the duty since the first launch
-    assert first > 0.01 + HORIZON_S - w
-    # Steady: each window closes, the next opens HORIZON_S after the last opened.
+    assert w == pytest.approx(max(bud.MIN_ON_S, 0.02 * bud.YOUNG_PERIOD_S))
+    first = s.next_window_at(0.01)
+    period = max(bud.YOUNG_PERIOD_S, w / 0.02)
+    steady = 0.01 + period - w
+    assert first == pytest.approx(min((0.01 + w) / 0.02, steady + period))  # the debt, a period at most
+    assert first > steady
+    # Steady: each window closes, the next opens a period after the last opened.
     s = _Sampled(1, 0.02, base={}, phase=_Reading(0.0, 0, {}, 0), since=0.0, on_seconds=0.0)
     opened, on = [], []
-    t = s.next_window_at(0.0, w)
-    for _ in range(10):
+    t = s.next_window_at(0.0)
+    for _ in range(20):
+        w = s.on_s(t)
         opened.append(t)
         s.on_seconds += w
         on.append((t, t + w))
-        t = s.next_window_at(t + w, w)
+        t = s.next_window_at(t + w)
+    assert any(a < bud.YOUNG_S for a in opened) and any(a > bud.YOUNG_S + HORIZON_S for a in opened)
     for a, b in zip(opened, opened[1:], strict=False):
-        assert b - a >= HORIZON_S - 1e-9
-    for start, _ in on:  # any second holds one window's worth at most
+        assert b - a >= (bud.YOUNG_PERIOD_S if a < bud.YOUNG_S else HORIZON_S) - 1e-9
+    for start, _ in on:  # any second holds (1 + period) x the duty's share at most
         held = sum(max(0.0, min(e, start + HORIZON_S) - max(b, start)) for b, e in on)
-        assert held <= w + 1e-9
+        assert held <= 0.02 * (HORIZON_S + bud.YOUNG_PERIOD_S) + 1e-9
+    for start, _ in on:  # and, once old, one window's worth
+        if start > bud.YOUNG_S + HORIZON_S:
+            held = sum(max(0.0, min(e, start + HORIZON_S) - max(b, start)) for b, e in on)
+            assert held <= 0.02 * HORIZON_S + 1e-9
     # A debt (a set-up's long windows at a higher duty) is paid a period at a time.
     s = _Sampled(1, 0.02, base={}, phase=_Reading(10.0, 0, {}, 0), since=0.0, on_seconds=3.0)
-    assert s.next_window_at(10.0, w) == pytest.approx(10.0 + HORIZON_S - w + HORIZON_S)
+    w = s.on_s()
+    assert s.next_window_at(10.0) == pytest.approx(10.0 + HORIZON_S - w + HORIZON_S)
+
+
+def test_a_windows_attach_before_its_reading_counts_as_probed() -> None:
+    """Links attached at t=1.000, the window's up-to-date reading at 1.004:
+    those 4 ms were probed, so they count against the duty, and the window
+    ends its length after the attach, not after the reading."""
+    s = _Sampled(1, 0.1, base={}, phase=_Reading(0.5, 0, {}, 0), since=0.0, on_seconds=0.05)
+    s.open_window(_Reading(1.004, 0, {}, 0), attached_at=1.0)
+    assert s.on_seconds == pytest.approx(0.054)
+    assert s.next_toggle == pytest.approx(1.0 + s.on_s(1.004))
+
+
+def test_a_per_call_guess_without_a_spread_is_bounded_by_the_per_cpu_one() -> None:
+    """Every complete interval in one window (no spread between windows),
+    two windows with CPU time: the per-call guess stands, bounded by the
+    per-CPU guess's bound and the distance between the two."""
+    w0 = _Reading(0.0, 0, {API: 0}, 0, (0, 0))
+    w1 = _Reading(0.02, 20_000_000, {API: 1_000}, 6, (600, 2))  # 3 calls, 2 complete intervals of 300
+    g = _Reading(0.5, 500_000_000, {API: 1_000}, 6 + 2 * 80, (600, 2))  # 80 calls unprobed
+    w2 = _Reading(0.52, 522_000_000, {API: 2_000}, 6 + 2 * 83, (600, 2))  # 1,000 launches, no interval
+    free = TrapCost(0.0, 0.0)
+    guess = extrapolate(_Span(w1, g), [_Span(w0, w1), _Span(g, w2)], free)
+    assert guess.basis == "per_call" and guess.total == pytest.approx(300 * 80)
+    cpu = bud._per_cpu(_Span(w1, g), [_Span(w0, w1), _Span(g, w2)], 2_000, {API: 1.0}, free)
+    assert cpu.error is not None
+    assert guess.error == pytest.approx((abs(guess.total - cpu.total) + cpu.error * cpu.total) / guess.total)
 
 
 def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
@@ -253,7 +288,7 @@ def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
     gap = _Sampled(1, 0.5, base={}, phase=_Reading(10.0, 0, {}, 0), since=9.0, on_seconds=0.5, on=False)
     gap.next_toggle = 10.5
     gap.retune(0.01)
-    assert gap.next_toggle == pytest.approx(gap.next_window_at(10.0, 0.01))
+    assert gap.next_toggle == pytest.approx(gap.next_window_at(10.0))
 
 
 # ---- the first weighing, on a real process's CPU clock and made-up counts ----
