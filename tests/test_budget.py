@@ -251,12 +251,22 @@ def test_one_window_a_period_and_never_more_than_the_duty_since_the_first_launch
 
 def test_a_windows_attach_before_its_reading_counts_as_probed() -> None:
     """Links attached at t=1.000, the window's up-to-date reading at 1.004:
-    those 4 ms were probed, so they count against the duty, and the window
-    ends its length after the attach, not after the reading."""
-    s = _Sampled(1, 0.1, base={}, phase=_Reading(0.5, 0, {}, 0), since=0.0, on_seconds=0.05)
+    those 4 ms were probed, so they count against the duty, but the window
+    counts launches for its whole length from its reading (a lead of 4 ms
+    left 5 ms windows of a loop under load 1-2 ms long: a copy or none in
+    them, launches per call off by 13-23%). The next window is put off by
+    all of its probed time: a period is its lead and length over the duty."""
+    s = _Sampled(1, 0.02, base={}, phase=_Reading(0.5, 0, {}, 0), since=0.0, on_seconds=0.0)
     s.open_window(_Reading(1.004, 0, {}, 0), attached_at=1.0)
-    assert s.on_seconds == pytest.approx(0.054)
-    assert s.next_toggle == pytest.approx(1.0 + s.on_s(1.004))
+    assert s.on_seconds == pytest.approx(0.004)
+    w = s.on_s(1.004)
+    assert s.next_toggle == pytest.approx(1.004 + w)
+    s.close_window(_Reading(1.004 + w, 0, {}, 0), COST, final=True)
+    probed = 0.004 + w
+    assert s.on_seconds == pytest.approx(probed) and probed / 0.02 > bud.YOUNG_PERIOD_S
+    # Young, no debt: the next opens a period after this one's attach, its
+    # probed time over the duty (not w / duty: the lead would go unpaid).
+    assert s.next_window_at(1.004 + w) == pytest.approx(1.0 + probed / 0.02)
 
 
 def test_a_per_call_guess_without_a_spread_is_bounded_by_the_per_cpu_one() -> None:
@@ -298,6 +308,7 @@ def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
 class FakeLinks:
     own: dict[int, bool] = field(default_factory=dict)
     off: set[int] = field(default_factory=set)
+    intervals: int = 0  # BPF's complete intervals so far (100 launches each)
 
     def link_off(self, pid: int, off: bool) -> None:
         (self.off.add if off else self.off.discard)(pid)
@@ -317,7 +328,7 @@ class FakeLinks:
         self.own.pop(pid, None)
 
     def sample(self, pid: int) -> tuple[int, int]:
-        return 0, 0  # no exact call: no complete interval
+        return 100 * self.intervals, self.intervals
 
 
 @dataclass
@@ -327,12 +338,13 @@ class FakeMaps:
     per_read: int
     launches: int = 0
     reads: int = 0
+    traps: int = 0
 
     def process_counts(self, key: ProcessKey) -> tuple[dict[int, int], int]:
         self.reads += 1
         if self.reads > 3:  # set-up first: no launch in its first readings
             self.launches += self.per_read
-        return ({API: self.launches} if self.launches else {}), 0
+        return ({API: self.launches} if self.launches else {}), self.traps
 
 
 @dataclass
@@ -404,3 +416,35 @@ def test_a_light_process_keeps_every_launch_probed(spinner: Any, monkeypatch: py
     assert cuda.launch_links.own == {} and key not in b._sampled
     est = b.estimate(key, {API: 7}, 0)
     assert est.launches == {API: 7} and est.duty is None and est.error == 0.0 and est.basis == "counted"
+
+
+def test_a_window_is_held_open_until_it_holds_two_complete_intervals(
+    spinner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window due to close of a loop that makes exact calls is held open,
+    STRETCH_S at a time, while BPF has fewer than MIN_INTERVALS complete
+    intervals in it, up to MAX_ON_S: a window with one copy or none gives
+    no launches per call of its own. A loop that makes no exact call is
+    closed at its length: a longer window would see none either."""
+    key = ProcessKey(spinner.pid, process_start_ticks(spinner.pid) * (1_000_000_000 // os.sysconf("SC_CLK_TCK")))
+    cuda = FakeCuda(FakeMaps(per_read=0, traps=8))
+    b = budget_on(cuda, monkeypatch)
+    now = time.monotonic()
+    first = _Span(_Reading(now - 0.1, 0, {API: 0}, 0), _Reading(now - 0.08, 0, {API: 400}, 8))  # 4 copies
+    s = _Sampled(spinner.pid, 0.005, {API: 400}, _Reading(now, 0, {API: 400}, 8), now - 0.1, 0.02, on=True)
+    s.windows = [first]
+    due = now + bud.MIN_ON_S
+    for intervals in range(bud.MIN_INTERVALS):
+        cuda.launch_links.intervals = intervals
+        assert b._held_open(key, s, due), intervals
+        assert s.next_toggle == pytest.approx(due + bud.STRETCH_S)
+    cuda.launch_links.intervals = bud.MIN_INTERVALS
+    assert not b._held_open(key, s, due)
+    cuda.launch_links.intervals = 0
+    assert not b._held_open(key, s, now + bud.MAX_ON_S)  # long enough: closed as it is
+    s.windows = [_Span(first.start, _Reading(now - 0.08, 0, {API: 400}, 0))]
+    s.phase = _Reading(now, 0, {API: 400}, 0)
+    cuda.maps.traps = 0
+    assert not b._held_open(key, s, due)  # no exact call, in this window or before
+    cuda.maps.traps = 2
+    assert b._held_open(key, s, due)  # its first, in this one

@@ -34,19 +34,25 @@ the second or more of the model's notices and a first window.
 The duty cycle. A process sampled puts the libraries it launches through
 in per-process mode (sensors/cuda/launches.py) with its own links
 detached: it starts in a gap, and the fully probed time before counts as
-its first window. A window (its own links attached) lasts duty x its
-period, at least MIN_ON_S: the period is YOUNG_PERIOD_S for the first
-YOUNG_S of its probed time (a job of a second is seen by several windows
-spread over it, so its gaps are seen from both sides and bounded) and
-HORIZON_S after. The time from a window's attach to its first reading
-(up to a tick, for an up-to-date CPU time) counts as probed. The next
-opens once both hold: one window a period (w / duty apart where MIN_ON_S
-makes w longer than duty x the period), so no second holds more than
-(1 + period) x the duty's share of probed time, under the budget with
-SAFETY; and the windows so far with the next take at most the duty's share
-of the time since its probed time began, so a short job's fully probed
-start is paid from the rest of it (a debt no more than one period at a
-time: after a set-up's long windows the loop is never left unwatched).
+its first window. A window (its own links attached) counts launches for
+duty x its period from its first reading, at least MIN_ON_S: the period
+is YOUNG_PERIOD_S for the first YOUNG_S of its probed time (a job of a
+second is seen by several windows spread over it, so its gaps are seen
+from both sides and bounded) and HORIZON_S after. The time from its
+attach to that reading (up to a tick, for an up-to-date CPU time) is
+probed too, and charged. A window of a loop that makes exact calls stays
+open, up to MAX_ON_S, until it holds MIN_INTERVALS complete intervals:
+one that holds fewer has no launches per call of its own, and launches
+per call counted whole over a call or two are off by a call's worth. The
+next opens once both hold: one window a period (w / duty apart where the
+last window's probed time w, lead and stretch included, is longer than
+duty x the period), so no second holds more than (1 + period) x the
+duty's share of probed time, under the budget with SAFETY (but for a
+window stretched longer than the one before it); and the windows so far
+with the next take at most the duty's share of the time since its probed
+time began, so a short job's fully probed start is paid from the rest of
+it (a debt no more than one period at a time: after a set-up's long
+windows the loop is never left unwatched).
 
 Estimates. Launches are counted in windows, and before sampling began.
 A gap's are extrapolated from the NEAR windows on each side of it (those
@@ -115,6 +121,10 @@ HORIZON_S = 1.0  # the budget holds over any window this long
 YOUNG_S = 2.0
 YOUNG_PERIOD_S = 0.25
 MIN_ON_S = 0.005  # the shortest window (counts are exact at any length; each is an attach in the agent's time)
+# A window of a loop that makes exact calls is held open (read every STRETCH_S) until it
+# holds MIN_INTERVALS complete intervals, up to MAX_ON_S (see the module's doc).
+MAX_ON_S = 0.025
+STRETCH_S = 0.001
 MIN_DUTY = 0.005  # MIN_ON_S a HORIZON_S
 SAFETY = 0.7  # aim this far under the budget: the calibration's error, the windows' edges
 WATCH_S = 0.005  # a process met and not launching yet, or launching for its first HORIZON_S: read this often
@@ -383,6 +393,8 @@ class _Sampled:
     on_seconds: float  # the windows' time, the fully probed time before its first gap included
     on: bool = False
     next_toggle: float = 0.0
+    lead: float = 0.0  # the open window's time from its attach to its first reading
+    last_on: float = 0.0  # the last window's probed time, lead and stretch included
     windows: list[_Span] = field(default_factory=list)  # the last KEEP
     closed: int = 0  # windows closed so far
     counted: dict[int, int] = field(default_factory=dict)  # launches in windows since the first gap
@@ -414,7 +426,7 @@ class _Sampled:
         take at most the duty's share of the time since its probed time
         began, though a debt puts it off by at most one period more."""
         for young in (True, False):
-            window_s = max(MIN_ON_S, self.duty * (YOUNG_PERIOD_S if young else HORIZON_S))
+            window_s = max(MIN_ON_S, self.duty * (YOUNG_PERIOD_S if young else HORIZON_S), self.last_on)
             period = max(YOUNG_PERIOD_S if young else HORIZON_S, window_s / self.duty)
             steady = closed_at + period - window_s
             credit = self.since + (self.on_seconds + window_s) / self.duty
@@ -443,19 +455,24 @@ class _Sampled:
     def open_window(self, gap_end: _Reading, attached_at: float | None = None) -> None:
         """Its links went in at `attached_at`, the window's reading was taken
         at `gap_end` (up to a tick later: an up-to-date CPU time): that time
-        was probed too, so it counts against the duty and the window."""
+        was probed too, so it counts against the duty (and puts the next
+        window off), but the window counts launches from its reading on,
+        for its whole length: a lead of a few ms must not leave a 5 ms
+        window a sliver of the loop."""
         if attached_at is None:
             attached_at = gap_end.t
         self.gaps.append((self.closed, _Span(self.phase, gap_end)))
         self.on, self.phase = True, gap_end
-        self.on_seconds += max(gap_end.t - attached_at, 0.0)
-        self.next_toggle = attached_at + self.on_s(gap_end.t)
+        self.lead = max(gap_end.t - attached_at, 0.0)
+        self.on_seconds += self.lead
+        self.next_toggle = gap_end.t + self.on_s(gap_end.t)
 
     def close_window(self, end: _Reading, cost: TrapCost, final: bool) -> _Span:
         w = _Span(self.phase, end)
         self.windows.append(w)
         self.closed += 1
         self.on_seconds += w.seconds
+        self.last_on, self.lead = self.lead + w.seconds, 0.0
         for a, c in w.launches.items():
             self.counted[a] = self.counted.get(a, 0) + c
         self.on, self.phase = False, end
@@ -803,6 +820,23 @@ class LaunchBudget:
             first_window.cpu_s / first_window.total * 1e6 if first_window.total else 0.0,
         )
 
+    def _held_open(self, key: ProcessKey, s: _Sampled, now: float) -> bool:
+        """Keep a window due to close open a little longer (STRETCH_S) while
+        it holds fewer than MIN_INTERVALS complete intervals, the loop makes
+        exact calls (this window or one before saw one) and it is younger
+        than MAX_ON_S. Its time is charged at its close, putting the next
+        window off as far."""
+        if now - s.phase.t >= MAX_ON_S:
+            return False
+        r = self._read(key)
+        if r is None or r.sample[1] - s.phase.sample[1] >= MIN_INTERVALS:
+            return False
+        if r.traps <= s.phase.traps and not any(w.calls >= 1 for w in s.windows):
+            return False  # a loop with no exact call: a longer window would see none either
+        with self._lock:
+            s.next_toggle = min(now + STRETCH_S, s.phase.t + MAX_ON_S)
+        return True
+
     def _toggle(self, now: float) -> None:
         links = self.cuda.launch_links
         assert links is not None
@@ -813,6 +847,8 @@ class LaunchBudget:
             if s.on and s.duty >= 1.0:
                 with self._lock:
                     s.next_toggle = now + DECIDE_S
+                continue
+            if s.on and self._held_open(key, s, now):
                 continue
             r = self._read(key, fresh=True) if s.on else None
             if s.on and r is not None:
