@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from memtrace.core.errors import AttachError
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
+from memtrace.core.procfiles import FileId
 from memtrace.runtime import budget as bud
 from memtrace.runtime.budget import (
     CAL_ERROR,
@@ -29,6 +31,7 @@ from memtrace.runtime.budget import (
     _Span,
     extrapolate,
 )
+from memtrace.sensors.cuda.launches import LaunchLinks, LaunchTarget, _Own
 from memtrace.sources.procfs import process_start_ticks
 
 API = 100  # cuLaunchKernel
@@ -448,3 +451,72 @@ def test_a_window_is_held_open_until_it_holds_two_complete_intervals(
     assert not b._held_open(key, s, due)  # no exact call, in this window or before
     cuda.maps.traps = 2
     assert b._held_open(key, s, due)  # its first, in this one
+
+
+# ---- a window's links (sensors/cuda/launches.py), on fake maps and links ----
+
+
+@dataclass
+class FakeMap:
+    keys: set[int] = field(default_factory=set)
+
+    def update(self, key: Any, value: Any) -> None:
+        self.keys.add(key.value)
+
+    def delete(self, key: Any) -> None:
+        self.keys.discard(key.value)
+
+
+@dataclass
+class FakeObj:
+    fails: bool
+    made: list[Any] = field(default_factory=list)
+
+    def attach_uprobe_multi(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fails:
+            raise AttachError("gone")
+        link = FakeLink()
+        self.made.append(link)
+        return link
+
+
+@dataclass
+class FakeLink:
+    destroyed: bool = False
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+def test_a_window_never_opens_without_its_links() -> None:
+    """Opening a window whose launch link cannot be attached (the process
+    or its library going) says so and opens no window: BPF would count the
+    exact calls' intervals of a window whose launches no link counted, and
+    the budget would take that for a loop with no launches. A link made to
+    another of its libraries meanwhile goes again."""
+    for fails in (False, True):
+        window = FakeMap()
+        maps = {name: FakeMap() for name in ("launch_own", "launch_linked", "launch_sampling")}
+        obj = FakeObj(fails)
+        links = LaunchLinks(obj, {**maps, "launch_window": window}, lambda: [], lambda fid: None)  # type: ignore[arg-type, dict-item]
+        a, b = FileId(1, 1), FileId(1, 2)
+        for fid in (a, b):
+            links.targets[fid] = LaunchTarget(fid, "libcuda.so.1", (0x10,), (100,))
+        links._procs[7] = _Own(start_ticks=1, libs={a, b}, on=False)
+        assert links.set_on(7, True) is not fails
+        assert (7 in window.keys) is not fails
+        assert links.is_on(7) is not fails
+    # The failing attach came second: none is left attached.
+    obj = FakeObj(False)
+    links = LaunchLinks(obj, {**maps, "launch_window": FakeMap()}, lambda: [], lambda fid: None)  # type: ignore[arg-type, dict-item]
+    calls = iter([True, False])
+    real = links._attach
+    links._attach = lambda pid, t: real(pid, t) if next(calls) else None  # type: ignore[method-assign]
+    for fid in (a, b):
+        links.targets[fid] = LaunchTarget(fid, "libcuda.so.1", (0x10,), (100,))
+    links._procs[7] = _Own(start_ticks=1, libs={a, b}, on=False)
+    assert links.set_on(7, True) is False and not links.is_on(7)
+    deadline = time.monotonic() + 5
+    while not obj.made[0].destroyed and time.monotonic() < deadline:
+        time.sleep(0.01)  # detached on a thread of its own
+    assert len(obj.made) == 1 and obj.made[0].destroyed
