@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from memtrace.core.errors import AttachError
 from memtrace.core.ids import ProcessKey
 from memtrace.core.overhead import TrapCost
+from memtrace.core.procfiles import FileId
 from memtrace.runtime import budget as bud
 from memtrace.runtime.budget import (
     CAL_ERROR,
@@ -29,6 +31,7 @@ from memtrace.runtime.budget import (
     _Span,
     extrapolate,
 )
+from memtrace.sensors.cuda.launches import LaunchLinks, LaunchTarget, _Own
 from memtrace.sources.procfs import process_start_ticks
 
 API = 100  # cuLaunchKernel
@@ -208,36 +211,81 @@ def test_a_gap_is_settled_once_near_windows_followed_and_the_cost_is_calibrated(
     assert s.report(loop.reading(), COST).launches[API] == loop.launched
 
 
-def test_one_window_a_second_and_never_more_than_the_duty_since_the_first_launch() -> None:
-    """Duty 0.02 (20 ms windows): the steady rhythm is one window a
-    HORIZON_S, so no second holds more than one window's worth of probed
-    time. A start fully probed for 10 ms counts as a window: the next waits
-    until the duty's share of the time since the first launch pays for it
-    (a job of 1.4 s sees no second window), but never more than a period
-    past the steady rhythm."""
+def test_one_window_a_period_and_never_more_than_the_duty_since_the_first_launch() -> None:
+    """Duty 0.02. In its first YOUNG_S a window comes every YOUNG_PERIOD_S
+    (5 ms windows, MIN_ON_S), then one a HORIZON_S (20 ms): no second holds
+    more than (1 + period) x the duty's share of probed time. A start fully
+    probed for 10 ms counts as a window: the next waits until the duty's
+    share of the time since the first launch pays for it, but never more
+    than a period past the steady rhythm."""
     s = _Sampled(1, 0.02, base={}, phase=_Reading(0.01, 0, {}, 0), since=0.0, on_seconds=0.01)
     w = s.on_s()
-    assert w == pytest.approx(0.02)
-    first = s.next_window_at(0.01, w)
-    assert first == pytest.approx((0.01 + w) / 0.02)  # 1.5 s: the duty since the first launch
-    assert first > 0.01 + HORIZON_S - w
-    # Steady: each window closes, the next opens HORIZON_S after the last opened.
+    assert w == pytest.approx(max(bud.MIN_ON_S, 0.02 * bud.YOUNG_PERIOD_S))
+    first = s.next_window_at(0.01)
+    period = max(bud.YOUNG_PERIOD_S, w / 0.02)
+    steady = 0.01 + period - w
+    assert first == pytest.approx(min((0.01 + w) / 0.02, steady + period))  # the debt, a period at most
+    assert first > steady
+    # Steady: each window closes, the next opens a period after the last opened.
     s = _Sampled(1, 0.02, base={}, phase=_Reading(0.0, 0, {}, 0), since=0.0, on_seconds=0.0)
     opened, on = [], []
-    t = s.next_window_at(0.0, w)
-    for _ in range(10):
+    t = s.next_window_at(0.0)
+    for _ in range(20):
+        w = s.on_s(t)
         opened.append(t)
         s.on_seconds += w
         on.append((t, t + w))
-        t = s.next_window_at(t + w, w)
+        t = s.next_window_at(t + w)
+    assert any(a < bud.YOUNG_S for a in opened) and any(a > bud.YOUNG_S + HORIZON_S for a in opened)
     for a, b in zip(opened, opened[1:], strict=False):
-        assert b - a >= HORIZON_S - 1e-9
-    for start, _ in on:  # any second holds one window's worth at most
+        assert b - a >= (bud.YOUNG_PERIOD_S if a < bud.YOUNG_S else HORIZON_S) - 1e-9
+    for start, _ in on:  # any second holds (1 + period) x the duty's share at most
         held = sum(max(0.0, min(e, start + HORIZON_S) - max(b, start)) for b, e in on)
-        assert held <= w + 1e-9
+        assert held <= 0.02 * (HORIZON_S + bud.YOUNG_PERIOD_S) + 1e-9
+    for start, _ in on:  # and, once old, one window's worth
+        if start > bud.YOUNG_S + HORIZON_S:
+            held = sum(max(0.0, min(e, start + HORIZON_S) - max(b, start)) for b, e in on)
+            assert held <= 0.02 * HORIZON_S + 1e-9
     # A debt (a set-up's long windows at a higher duty) is paid a period at a time.
     s = _Sampled(1, 0.02, base={}, phase=_Reading(10.0, 0, {}, 0), since=0.0, on_seconds=3.0)
-    assert s.next_window_at(10.0, w) == pytest.approx(10.0 + HORIZON_S - w + HORIZON_S)
+    w = s.on_s()
+    assert s.next_window_at(10.0) == pytest.approx(10.0 + HORIZON_S - w + HORIZON_S)
+
+
+def test_a_windows_attach_before_its_reading_counts_as_probed() -> None:
+    """Links attached at t=1.000, the window's up-to-date reading at 1.004:
+    those 4 ms were probed, so they count against the duty, but the window
+    counts launches for its whole length from its reading (a lead of 4 ms
+    left 5 ms windows of a loop under load 1-2 ms long: a copy or none in
+    them, launches per call off by 13-23%). The next window is put off by
+    all of its probed time: a period is its lead and length over the duty."""
+    s = _Sampled(1, 0.02, base={}, phase=_Reading(0.5, 0, {}, 0), since=0.0, on_seconds=0.0)
+    s.open_window(_Reading(1.004, 0, {}, 0), attached_at=1.0)
+    assert s.on_seconds == pytest.approx(0.004)
+    w = s.on_s(1.004)
+    assert s.next_toggle == pytest.approx(1.004 + w)
+    s.close_window(_Reading(1.004 + w, 0, {}, 0), COST, final=True)
+    probed = 0.004 + w
+    assert s.on_seconds == pytest.approx(probed) and probed / 0.02 > bud.YOUNG_PERIOD_S
+    # Young, no debt: the next opens a period after this one's attach, its
+    # probed time over the duty (not w / duty: the lead would go unpaid).
+    assert s.next_window_at(1.004 + w) == pytest.approx(1.0 + probed / 0.02)
+
+
+def test_a_per_call_guess_without_a_spread_is_bounded_by_the_per_cpu_one() -> None:
+    """Every complete interval in one window (no spread between windows),
+    two windows with CPU time: the per-call guess stands, bounded by the
+    per-CPU guess's bound and the distance between the two."""
+    w0 = _Reading(0.0, 0, {API: 0}, 0, (0, 0))
+    w1 = _Reading(0.02, 20_000_000, {API: 1_000}, 6, (600, 2))  # 3 calls, 2 complete intervals of 300
+    g = _Reading(0.5, 500_000_000, {API: 1_000}, 6 + 2 * 80, (600, 2))  # 80 calls unprobed
+    w2 = _Reading(0.52, 522_000_000, {API: 2_000}, 6 + 2 * 83, (600, 2))  # 1,000 launches, no interval
+    free = TrapCost(0.0, 0.0)
+    guess = extrapolate(_Span(w1, g), [_Span(w0, w1), _Span(g, w2)], free)
+    assert guess.basis == "per_call" and guess.total == pytest.approx(300 * 80)
+    cpu = bud._per_cpu(_Span(w1, g), [_Span(w0, w1), _Span(g, w2)], 2_000, {API: 1.0}, free)
+    assert cpu.error is not None
+    assert guess.error == pytest.approx((abs(guess.total - cpu.total) + cpu.error * cpu.total) / guess.total)
 
 
 def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
@@ -253,7 +301,7 @@ def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
     gap = _Sampled(1, 0.5, base={}, phase=_Reading(10.0, 0, {}, 0), since=9.0, on_seconds=0.5, on=False)
     gap.next_toggle = 10.5
     gap.retune(0.01)
-    assert gap.next_toggle == pytest.approx(gap.next_window_at(10.0, 0.01))
+    assert gap.next_toggle == pytest.approx(gap.next_window_at(10.0))
 
 
 # ---- the first weighing, on a real process's CPU clock and made-up counts ----
@@ -263,6 +311,7 @@ def test_a_lower_duty_ends_an_open_window_at_its_new_length() -> None:
 class FakeLinks:
     own: dict[int, bool] = field(default_factory=dict)
     off: set[int] = field(default_factory=set)
+    intervals: int = 0  # BPF's complete intervals so far (100 launches each)
 
     def link_off(self, pid: int, off: bool) -> None:
         (self.off.add if off else self.off.discard)(pid)
@@ -282,7 +331,7 @@ class FakeLinks:
         self.own.pop(pid, None)
 
     def sample(self, pid: int) -> tuple[int, int]:
-        return 0, 0  # no exact call: no complete interval
+        return 100 * self.intervals, self.intervals
 
 
 @dataclass
@@ -292,12 +341,13 @@ class FakeMaps:
     per_read: int
     launches: int = 0
     reads: int = 0
+    traps: int = 0
 
     def process_counts(self, key: ProcessKey) -> tuple[dict[int, int], int]:
         self.reads += 1
         if self.reads > 3:  # set-up first: no launch in its first readings
             self.launches += self.per_read
-        return ({API: self.launches} if self.launches else {}), 0
+        return ({API: self.launches} if self.launches else {}), self.traps
 
 
 @dataclass
@@ -369,3 +419,104 @@ def test_a_light_process_keeps_every_launch_probed(spinner: Any, monkeypatch: py
     assert cuda.launch_links.own == {} and key not in b._sampled
     est = b.estimate(key, {API: 7}, 0)
     assert est.launches == {API: 7} and est.duty is None and est.error == 0.0 and est.basis == "counted"
+
+
+def test_a_window_is_held_open_until_it_holds_two_complete_intervals(
+    spinner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window due to close of a loop that makes exact calls is held open,
+    STRETCH_S at a time, while BPF has fewer than MIN_INTERVALS complete
+    intervals in it, up to MAX_ON_S: a window with one copy or none gives
+    no launches per call of its own. A loop that makes no exact call is
+    closed at its length: a longer window would see none either."""
+    key = ProcessKey(spinner.pid, process_start_ticks(spinner.pid) * (1_000_000_000 // os.sysconf("SC_CLK_TCK")))
+    cuda = FakeCuda(FakeMaps(per_read=0, traps=8))
+    b = budget_on(cuda, monkeypatch)
+    now = time.monotonic()
+    first = _Span(_Reading(now - 0.1, 0, {API: 0}, 0), _Reading(now - 0.08, 0, {API: 400}, 8))  # 4 copies
+    s = _Sampled(spinner.pid, 0.005, {API: 400}, _Reading(now, 0, {API: 400}, 8), now - 0.1, 0.02, on=True)
+    s.windows = [first]
+    due = now + bud.MIN_ON_S
+    for intervals in range(bud.MIN_INTERVALS):
+        cuda.launch_links.intervals = intervals
+        assert b._held_open(key, s, due), intervals
+        assert s.next_toggle == pytest.approx(due + bud.STRETCH_S)
+    cuda.launch_links.intervals = bud.MIN_INTERVALS
+    assert not b._held_open(key, s, due)
+    cuda.launch_links.intervals = 0
+    assert not b._held_open(key, s, now + bud.MAX_ON_S)  # long enough: closed as it is
+    s.windows = [_Span(first.start, _Reading(now - 0.08, 0, {API: 400}, 0))]
+    s.phase = _Reading(now, 0, {API: 400}, 0)
+    cuda.maps.traps = 0
+    assert not b._held_open(key, s, due)  # no exact call, in this window or before
+    cuda.maps.traps = 2
+    assert b._held_open(key, s, due)  # its first, in this one
+
+
+# ---- a window's links (sensors/cuda/launches.py), on fake maps and links ----
+
+
+@dataclass
+class FakeMap:
+    keys: set[int] = field(default_factory=set)
+
+    def update(self, key: Any, value: Any) -> None:
+        self.keys.add(key.value)
+
+    def delete(self, key: Any) -> None:
+        self.keys.discard(key.value)
+
+
+@dataclass
+class FakeObj:
+    fails: bool
+    made: list[Any] = field(default_factory=list)
+
+    def attach_uprobe_multi(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fails:
+            raise AttachError("gone")
+        link = FakeLink()
+        self.made.append(link)
+        return link
+
+
+@dataclass
+class FakeLink:
+    destroyed: bool = False
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+def test_a_window_never_opens_without_its_links() -> None:
+    """Opening a window whose launch link cannot be attached (the process
+    or its library going) says so and opens no window: BPF would count the
+    exact calls' intervals of a window whose launches no link counted, and
+    the budget would take that for a loop with no launches. A link made to
+    another of its libraries meanwhile goes again."""
+    for fails in (False, True):
+        window = FakeMap()
+        maps = {name: FakeMap() for name in ("launch_own", "launch_linked", "launch_sampling")}
+        obj = FakeObj(fails)
+        links = LaunchLinks(obj, {**maps, "launch_window": window}, lambda: [], lambda fid: None)  # type: ignore[arg-type, dict-item]
+        a, b = FileId(1, 1), FileId(1, 2)
+        for fid in (a, b):
+            links.targets[fid] = LaunchTarget(fid, "libcuda.so.1", (0x10,), (100,))
+        links._procs[7] = _Own(start_ticks=1, libs={a, b}, on=False)
+        assert links.set_on(7, True) is not fails
+        assert (7 in window.keys) is not fails
+        assert links.is_on(7) is not fails
+    # The failing attach came second: none is left attached.
+    obj = FakeObj(False)
+    links = LaunchLinks(obj, {**maps, "launch_window": FakeMap()}, lambda: [], lambda fid: None)  # type: ignore[arg-type, dict-item]
+    calls = iter([True, False])
+    real = links._attach
+    links._attach = lambda pid, t: real(pid, t) if next(calls) else None  # type: ignore[method-assign]
+    for fid in (a, b):
+        links.targets[fid] = LaunchTarget(fid, "libcuda.so.1", (0x10,), (100,))
+    links._procs[7] = _Own(start_ticks=1, libs={a, b}, on=False)
+    assert links.set_on(7, True) is False and not links.is_on(7)
+    deadline = time.monotonic() + 5
+    while not obj.made[0].destroyed and time.monotonic() < deadline:
+        time.sleep(0.01)  # detached on a thread of its own
+    assert len(obj.made) == 1 and obj.made[0].destroyed

@@ -143,13 +143,17 @@ def test_cpu_time_at_exit_counts_every_thread_that_ran(fakecuda: Path, tmp_path:
     assert own <= row["cpu_seconds"] <= own + 0.5
 
 
-def launch_loop(fakecuda: Path, tmp_path: Path, launches: int, work: int, copy_every: int) -> list[str]:
+def launch_loop(
+    fakecuda: Path, tmp_path: Path, launches: int, work: int, copy_every: int, *bursty: int, libs: str = "lib"
+) -> list[str]:
     """The launch loop on a library of its own (a fresh inode: no other
-    test's probes, and its own per-process mode)."""
+    test's probes, and its own per-process mode); `libs` "pushfirst": the
+    test driver built with entries the kernel emulates, as CUDA's. `bursty`:
+    BURST IDLE_US WORK2 (tests/fixtures/launchloop.c)."""
     lib = tmp_path / "lib" / "libcuda.so.1"
     lib.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(fakecuda / "lib" / "libcuda.so.1", lib)
-    return [str(fakecuda / "launchloop"), str(lib), str(launches), str(work), str(copy_every)]
+    shutil.copy(fakecuda / libs / "libcuda.so.1", lib)
+    return [str(fakecuda / "launchloop"), str(lib), str(launches), str(work), str(copy_every), *map(str, bursty)]
 
 
 def loop_truth(doc: dict[str, Any]) -> dict[str, int]:
@@ -227,6 +231,53 @@ def test_a_short_launch_loop_is_sampled_from_its_first_launches(fakecuda: Path, 
         assert abs(launches["launches"] - truth["launches"]) <= launches["error"] * truth["launches"] + 1
     row = one_row(doc)
     assert row["launch_traps"] < truth["launches"] // 2
+
+
+def test_a_short_steady_loop_is_sampled_from_its_start_and_its_estimate_is_bounded(
+    fakecuda: Path, tmp_path: Path
+) -> None:
+    """A job of under a second, launches through entries of CUDA's kind with
+    a copy every 1000: the budget samples it from its first launches and
+    keeps it under budget by its own account; the windows are spread over
+    the job (a window every 0.25 s while it is young), so the gaps are seen
+    from both sides and the estimate states a bound, which holds the loop's
+    own count. The text report marks the count as sampled, with that bound."""
+    argv = launch_loop(fakecuda, tmp_path, 40_000, 10_000, 1000, libs="pushfirst")
+    doc = traced(argv, tmp_path)
+    truth = loop_truth(doc)
+    (launches,) = doc["launches"]
+    assert launches["estimated"] is True
+    assert launches["error"] is not None, launches
+    assert abs(launches["launches"] - truth["launches"]) <= launches["error"] * truth["launches"] + 1, launches
+    row = one_row(doc)
+    assert row["budget"] == 0.01 and 0 < row["launch_duty"] < 1
+    assert row["launch_traps"] < truth["launches"] // 2
+    assert row["over_budget"] is False, row
+    table = subprocess.run(
+        [*memtrace_cmd(), "run", "--no-host", "--", *argv], capture_output=True, text=True, timeout=300
+    )
+    said = " ".join(table.stderr.split())
+    assert "launches:" in said and "kernel (sampled: within " in said and "~" in said, said
+
+
+def test_a_bursty_loop_is_estimated_within_the_bound_it_states(fakecuda: Path, tmp_path: Path) -> None:
+    """Bursts of 2000 launches between 40 ms of idle, twice as fast in its
+    second half: the estimate is within the bound it states, or it says it
+    has none (JSON null, and the text says so), never a bound the truth
+    breaks."""
+    argv = launch_loop(fakecuda, tmp_path, 40_000, 10_000, 1000, 2000, 40_000, 5000, libs="pushfirst")
+    doc = traced(argv, tmp_path)
+    truth = loop_truth(doc)
+    (launches,) = doc["launches"]
+    assert launches["estimated"] is True and "error" in launches
+    if launches["error"] is not None:
+        assert abs(launches["launches"] - truth["launches"]) <= launches["error"] * truth["launches"] + 1, launches
+    assert one_row(doc)["launch_duty"] is not None
+    table = subprocess.run(
+        [*memtrace_cmd(), "run", "--no-host", "--", *argv], capture_output=True, text=True, timeout=300
+    )
+    said = " ".join(table.stderr.split())
+    assert "(sampled: within " in said or "(sampled: error not bounded)" in said, said
 
 
 def test_a_process_over_its_budget_anyway_is_a_finding(fakecuda: Path, tmp_path: Path) -> None:

@@ -714,6 +714,14 @@ def _overhead_line(o: Mapping[str, Any], findings: Sequence[Mapping[str, Any]]) 
     return line
 
 
+def _launch_estimate(who: tuple[int, int, str], sampled: Mapping[tuple[int, int, str], float | None]) -> str:
+    """How far a process's sampled launch count may be from the truth, as said."""
+    if who not in sampled:
+        return ""
+    err = sampled[who]
+    return " (sampled: error not bounded)" if err is None else f" (sampled: within {err:.1%})"
+
+
 def print_sections(doc: Mapping[str, Any], console: Console) -> None:
     """Device memory, waits, launches and findings, under the copy table."""
     if doc.get("device_memory"):
@@ -758,11 +766,17 @@ def print_sections(doc: Mapping[str, Any], console: Console) -> None:
         fit(console, t)
     if doc.get("launches"):
         per: dict[tuple[int, int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        sampled: dict[tuple[int, int, str], float | None] = {}  # estimated: the error bound (None: unbounded)
         for l in doc["launches"]:
-            per[(l["pid"], l.get("start_time_unix_nano", 0), l["process"])][l["kind"]] += l["launches"]
+            who = (l["pid"], l.get("start_time_unix_nano", 0), l["process"])
+            per[who][l["kind"]] += l["launches"]
+            if l.get("estimated"):
+                sampled[who] = l.get("error")
         line = "; ".join(
-            f"{proc or pid}: " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items()))
-            for (pid, _start, proc), kinds in sorted(per.items())
+            f"{who[2] or who[0]}: "
+            + ", ".join(f"{'~' if who in sampled else ''}{n:,} {k}" for k, n in sorted(kinds.items()))
+            + _launch_estimate(who, sampled)
+            for who, kinds in sorted(per.items())
         )
         say(console, f"[bold]launches[/bold]: {line}")
     for f in doc.get("findings", []):

@@ -207,9 +207,9 @@ class LaunchRow(TypedDict):
     error: NotRequired[
         Annotated[
             float | None,
-            "estimated only: how far `launches` may be from the truth, relative (twice the standard error of "
-            "the windows' rates, and the trap cost's part); null: it cannot be bounded (a gap seen by one "
-            "window only, as in a job shorter than its second window)",
+            "estimated only: how far `launches` may be from the truth, relative (a 95% interval of the "
+            "windows' mean rate by Student's t, and the trap cost's part); null: it cannot be bounded (a gap "
+            "seen by one window only, as in a job that ended before its second window)",
         ]
     ]
 

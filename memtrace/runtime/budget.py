@@ -34,14 +34,25 @@ the second or more of the model's notices and a first window.
 The duty cycle. A process sampled puts the libraries it launches through
 in per-process mode (sensors/cuda/launches.py) with its own links
 detached: it starts in a gap, and the fully probed time before counts as
-its first window. A window (its own links attached) lasts duty x
-HORIZON_S, at least MIN_ON_S. The next opens once both hold: one window a
-HORIZON_S (w / duty apart where MIN_ON_S makes w longer than duty x
-HORIZON_S), so no second holds more than one window's worth of probed
-time; and the windows so far with the next take at most the duty's share
-of the time since its probed time began, so a short job's fully probed
-start is paid from the rest of it (a debt no more than one period at a
-time: after a set-up's long windows the loop is never left unwatched).
+its first window. A window (its own links attached) counts launches for
+duty x its period from its first reading, at least MIN_ON_S: the period
+is YOUNG_PERIOD_S for the first YOUNG_S of its probed time (a job of a
+second is seen by several windows spread over it, so its gaps are seen
+from both sides and bounded) and HORIZON_S after. The time from its
+attach to that reading (up to a tick, for an up-to-date CPU time) is
+probed too, and charged. A window of a loop that makes exact calls stays
+open, up to MAX_ON_S, until it holds MIN_INTERVALS complete intervals:
+one that holds fewer has no launches per call of its own, and launches
+per call counted whole over a call or two are off by a call's worth. The
+next opens once both hold: one window a period (w / duty apart where the
+last window's probed time w, lead and stretch included, is longer than
+duty x the period), so no second holds more than (1 + period) x the
+duty's share of probed time, under the budget with SAFETY (but for a
+window stretched longer than the one before it); and the windows so far
+with the next take at most the duty's share of the time since its probed
+time began, so a short job's fully probed start is paid from the rest of
+it (a debt no more than one period at a time: after a set-up's long
+windows the loop is never left unwatched).
 
 Estimates. Launches are counted in windows, and before sampling began.
 A gap's are extrapolated from the NEAR windows on each side of it (those
@@ -68,10 +79,14 @@ inside the window), by one of two clocks that run on unprobed:
   moves the estimate by CAL_ERROR x the launch traps' share of the
   windows' unprobed CPU: a few % where a trap is emulated (as CUDA's
   entries are), tens of % where it is single-stepped on a VM.
-Each process's estimate carries a relative error bound: per gap, twice
-the standard error of its windows' rates (how far the gap's rate may be
-from theirs, were it like them), and per CPU second the calibration's
-part. A gap with fewer than two windows to go by (a job shorter than its
+Each process's estimate carries a relative error bound: per gap, the
+half-width of a 95% interval of its windows' mean rate (Student's t times
+their standard error: two windows warrant a wide one), with a gap's edges
+for a per-call clock, and per CPU second the calibration's part. A per-call
+guess whose windows give no spread (every complete interval in one window)
+is bounded by the per-CPU guess where that one is: the truth lies within
+the per-CPU bound, so within that and the distance between the two.
+A gap with fewer than two windows to go by (a job shorter than its
 second window) has no bound, and the estimate says so (error None),
 never guessed. A gap is settled (its estimate fixed, the windows before
 it let go) once NEAR windows followed it and the trap cost is the
@@ -100,7 +115,16 @@ from memtrace.sources.procfs import is_running, start_ticks_of
 log = logging.getLogger("memtrace")
 
 HORIZON_S = 1.0  # the budget holds over any window this long
+# A sampled process's first YOUNG_S of probed time: a window every YOUNG_PERIOD_S (duty x it
+# long), so that a job of a second is seen by several windows spread over it, not one at its
+# start (a gap seen from one side, unbounded); after it, one a HORIZON_S.
+YOUNG_S = 2.0
+YOUNG_PERIOD_S = 0.25
 MIN_ON_S = 0.005  # the shortest window (counts are exact at any length; each is an attach in the agent's time)
+# A window of a loop that makes exact calls is held open (read every STRETCH_S) until it
+# holds MIN_INTERVALS complete intervals, up to MAX_ON_S (see the module's doc).
+MAX_ON_S = 0.025
+STRETCH_S = 0.001
 MIN_DUTY = 0.005  # MIN_ON_S a HORIZON_S
 SAFETY = 0.7  # aim this far under the budget: the calibration's error, the windows' edges
 WATCH_S = 0.005  # a process met and not launching yet, or launching for its first HORIZON_S: read this often
@@ -269,14 +293,21 @@ class _Guess:
         return sum(self.launches.values())
 
 
+# Student's t at 97.5% by degrees of freedom (1..9; 2.0 from 10 up, about the normal's 1.96):
+# a bound from a handful of windows' rates is as wide as that handful warrants.
+_T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26)
+
+
 def _spread(rates: list[float], mean: float) -> float | None:
-    """Twice the standard error of the windows' rates, relative to `mean`
-    (None: fewer than two rates, nothing to say how far a gap's may be)."""
+    """The half-width of a 95% interval of the windows' mean rate (Student's
+    t times its standard error), relative to `mean` (None: fewer than two
+    rates, nothing to say how far a gap's may be)."""
     if len(rates) < 2 or mean <= 0:
         return None
     m = sum(rates) / len(rates)
     sd = math.sqrt(sum((r - m) ** 2 for r in rates) / (len(rates) - 1))
-    return 2 * sd / math.sqrt(len(rates)) / mean
+    t = _T975[len(rates) - 2] if len(rates) - 2 < len(_T975) else 2.0
+    return t * sd / math.sqrt(len(rates)) / mean
 
 
 def _with_edges(err: float | None, calls: float) -> float | None:
@@ -289,13 +320,30 @@ def _with_edges(err: float | None, calls: float) -> float | None:
 
 
 def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
-    """A gap's launches from the windows around it (see the module's doc)."""
+    """A gap's launches from the windows around it (see the module's doc).
+    A per-call guess whose windows give no spread (its intervals all in one
+    window) is bounded by the per-CPU guess where that one is: the truth is
+    within the per-CPU bound of it, so within that bound and the distance
+    between the two of the per-call one."""
     launched = sum(w.total for w in near)
     by_api: dict[int, int] = {}
     for w in near:
         for a, c in w.launches.items():
             by_api[a] = by_api.get(a, 0) + c
     shares = {a: c / launched for a, c in by_api.items() if c} if launched > 0 else {}
+    guess = _per_call(gap, near, launched, shares)
+    if guess is not None and guess.error is not None:
+        return guess
+    cpu = _per_cpu(gap, near, launched, shares, cost)
+    if guess is None:
+        return cpu
+    n, m = guess.total, cpu.total
+    if cpu.error is None or n <= 0:
+        return guess
+    return _Guess(guess.launches, (abs(n - m) + cpu.error * m) / n, guess.basis)
+
+
+def _per_call(gap: _Span, near: list[_Span], launched: int, shares: dict[int, float]) -> _Guess | None:
     intervals = sum(w.intervals for w in near)
     if intervals >= MIN_INTERVALS:
         rate = sum(w.interval_launches for w in near) / intervals
@@ -308,6 +356,10 @@ def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
         n = rate * gap.calls
         err = _spread([w.total / w.calls for w in near if w.calls >= 1], rate) if n > 0 else 0.0
         return _Guess({a: n * s for a, s in shares.items()}, _with_edges(err, gap.calls), PER_CALL)
+    return None
+
+
+def _per_cpu(gap: _Span, near: list[_Span], launched: int, shares: dict[int, float], cost: TrapCost) -> _Guess:
     gap_s = max(gap.unprobed_s(cost), 0.0)
     unprobed = sum(max(w.unprobed_s(cost), 0.0) for w in near)
     if gap_s < MIN_RATE_CPU_S:  # it hardly ran: whatever it launched is within the others' errors
@@ -341,6 +393,8 @@ class _Sampled:
     on_seconds: float  # the windows' time, the fully probed time before its first gap included
     on: bool = False
     next_toggle: float = 0.0
+    lead: float = 0.0  # the open window's time from its attach to its first reading
+    last_on: float = 0.0  # the last window's probed time, lead and stretch included
     windows: list[_Span] = field(default_factory=list)  # the last KEEP
     closed: int = 0  # windows closed so far
     counted: dict[int, int] = field(default_factory=dict)  # launches in windows since the first gap
@@ -354,19 +408,32 @@ class _Sampled:
     ended: float | None = None
     end_cpu_ns: int | None = None
 
-    def on_s(self) -> float:
-        return max(MIN_ON_S, self.duty * HORIZON_S)
+    def young(self, t: float) -> bool:
+        return t - self.since < YOUNG_S
 
-    def next_window_at(self, closed_at: float, window_s: float) -> float:
+    def on_s(self, t: float | None = None) -> float:
+        """A window's length opening at `t` (default: its current phase's
+        start): duty x YOUNG_PERIOD_S while young, duty x HORIZON_S after."""
+        young = self.young(self.phase.t if t is None else t)
+        return max(MIN_ON_S, self.duty * (YOUNG_PERIOD_S if young else HORIZON_S))
+
+    def next_window_at(self, closed_at: float) -> float:
         """When the window after one that closed at `closed_at` may open (see
-        the module's doc): one a HORIZON_S at most; and no sooner than the
-        windows so far and one more `window_s` long take at most the duty's
-        share of the time since its probed time began, though a debt puts it
-        off by at most one period more."""
-        period = max(HORIZON_S, window_s / self.duty)
-        steady = closed_at + period - window_s
-        credit = self.since + (self.on_seconds + window_s) / self.duty
-        return max(steady, min(credit, steady + period))
+        the module's doc): one a period at most (YOUNG_PERIOD_S while young,
+        HORIZON_S after, the first old one a HORIZON_S after the last young
+        one closed: no second holds more than (1 + YOUNG_PERIOD_S) x the
+        duty's share); and no sooner than the windows so far and the next
+        take at most the duty's share of the time since its probed time
+        began, though a debt puts it off by at most one period more."""
+        for young in (True, False):
+            window_s = max(MIN_ON_S, self.duty * (YOUNG_PERIOD_S if young else HORIZON_S), self.last_on)
+            period = max(YOUNG_PERIOD_S if young else HORIZON_S, window_s / self.duty)
+            steady = closed_at + period - window_s
+            credit = self.since + (self.on_seconds + window_s) / self.duty
+            t = max(steady, min(credit, steady + period))
+            if not young or self.young(t):
+                break
+        return t
 
     def retune(self, duty: float) -> None:
         """A new duty from a later weighing. An open window it makes too long
@@ -375,9 +442,9 @@ class _Sampled:
         self.duty = duty
         if self.on:
             if duty < 1.0:
-                self.next_toggle = min(self.next_toggle, self.phase.t + self.on_s())
+                self.next_toggle = min(self.next_toggle, self.phase.t + self.on_s(self.phase.t))
         else:
-            self.next_toggle = self.next_window_at(self.phase.t, self.on_s())
+            self.next_toggle = self.next_window_at(self.phase.t)
 
     def _near(self, after: int, later: bool = True) -> list[_Span]:
         """The windows around a gap that followed `after` windows, as far as kept."""
@@ -385,20 +452,31 @@ class _Sampled:
         lo, hi = max(after - NEAR, first), min(after + NEAR if later else after, self.closed)
         return self.windows[lo - first : hi - first]
 
-    def open_window(self, gap_end: _Reading) -> None:
+    def open_window(self, gap_end: _Reading, attached_at: float | None = None) -> None:
+        """Its links went in at `attached_at`, the window's reading was taken
+        at `gap_end` (up to a tick later: an up-to-date CPU time): that time
+        was probed too, so it counts against the duty (and puts the next
+        window off), but the window counts launches from its reading on,
+        for its whole length: a lead of a few ms must not leave a 5 ms
+        window a sliver of the loop."""
+        if attached_at is None:
+            attached_at = gap_end.t
         self.gaps.append((self.closed, _Span(self.phase, gap_end)))
         self.on, self.phase = True, gap_end
-        self.next_toggle = gap_end.t + self.on_s()
+        self.lead = max(gap_end.t - attached_at, 0.0)
+        self.on_seconds += self.lead
+        self.next_toggle = gap_end.t + self.on_s(gap_end.t)
 
     def close_window(self, end: _Reading, cost: TrapCost, final: bool) -> _Span:
         w = _Span(self.phase, end)
         self.windows.append(w)
         self.closed += 1
         self.on_seconds += w.seconds
+        self.last_on, self.lead = self.lead + w.seconds, 0.0
         for a, c in w.launches.items():
             self.counted[a] = self.counted.get(a, 0) + c
         self.on, self.phase = False, end
-        self.next_toggle = self.next_window_at(end.t, self.on_s())
+        self.next_toggle = self.next_window_at(end.t)
         # A gap with NEAR windows after it is settled, once the cost is the calibrated one.
         while final and self.gaps and self.closed - self.gaps[0][0] >= NEAR:
             after, gap = self.gaps.pop(0)
@@ -729,15 +807,35 @@ class LaunchBudget:
         s = _Sampled(key.pid, duty, dict(start.counts), start, since=start.t - probed, on_seconds=probed)
         s.windows, s.closed = [first_window], 1
         s.decided, s.decided_launches = start, float(start.launches)
-        s.next_toggle = s.next_window_at(start.t, s.on_s())
+        s.next_toggle = s.next_window_at(start.t)
         with self._lock:
             self._sampled[key] = s
         log.info(
-            "pid %d: launch probes sampled (duty %.3f) to keep its overhead budget, %.1f ms fully probed",
+            "pid %d: launch probes sampled (duty %.3f) to keep its overhead budget, %.1f ms fully probed"
+            " (%d launches, %.2f us of CPU a launch)",
             key.pid,
             duty,
             probed * 1e3,
+            first_window.total,
+            first_window.cpu_s / first_window.total * 1e6 if first_window.total else 0.0,
         )
+
+    def _held_open(self, key: ProcessKey, s: _Sampled, now: float) -> bool:
+        """Keep a window due to close open a little longer (STRETCH_S) while
+        it holds fewer than MIN_INTERVALS complete intervals, the loop makes
+        exact calls (this window or one before saw one) and it is younger
+        than MAX_ON_S. Its time is charged at its close, putting the next
+        window off as far."""
+        if now - s.phase.t >= MAX_ON_S:
+            return False
+        r = self._read(key)
+        if r is None or r.sample[1] - s.phase.sample[1] >= MIN_INTERVALS:
+            return False
+        if r.traps <= s.phase.traps and not any(w.calls >= 1 for w in s.windows):
+            return False  # a loop with no exact call: a longer window would see none either
+        with self._lock:
+            s.next_toggle = min(now + STRETCH_S, s.phase.t + MAX_ON_S)
+        return True
 
     def _toggle(self, now: float) -> None:
         links = self.cuda.launch_links
@@ -750,18 +848,28 @@ class LaunchBudget:
                 with self._lock:
                     s.next_toggle = now + DECIDE_S
                 continue
+            if s.on and self._held_open(key, s, now):
+                continue
             r = self._read(key, fresh=True) if s.on else None
             if s.on and r is not None:
                 links.set_on(s.pid, False)  # the window first: counts read before the detach
                 with self._lock:
                     w = s.close_window(r, cost, final)
-                log.debug("pid %d: window %.1f ms, %d launches, %.0f calls", s.pid, w.seconds * 1e3, w.total, w.calls)
+                log.debug(
+                    "pid %d: window %.1f ms, %d launches, %.0f calls, %.2f us of CPU a launch",
+                    s.pid,
+                    w.seconds * 1e3,
+                    w.total,
+                    w.calls,
+                    w.cpu_s / w.total * 1e6 if w.total else 0.0,
+                )
                 continue
+            attached_at = time.monotonic()
             if not s.on and links.set_on(s.pid, True):
                 r = self._read(key, fresh=True)  # the window begins once its links are in
                 if r is not None:
                     with self._lock:
-                        s.open_window(r)
+                        s.open_window(r, attached_at)
                     continue
             with self._lock:  # gone: its exit is on its way
                 s.next_toggle = now + IDLE_DECIDE_S

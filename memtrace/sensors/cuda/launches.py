@@ -198,7 +198,9 @@ class LaunchLinks:
         """Open (attach its own launch links, then open the window BPF
         counts launch intervals in) or close (the window, then detach) a
         process's launch window: the duty cycle. False if the process has
-        no own links (or is gone)."""
+        no own links (or is gone), or one could not be attached: then no
+        window opens (BPF would count its exact calls' intervals with
+        launches no link counted)."""
         pid32 = ctypes.c_uint32(pid)
         with self._lock:
             own = self._procs.get(pid)
@@ -206,11 +208,15 @@ class LaunchLinks:
                 return False
             if on:
                 if not own.on:
-                    own.on = True
+                    made: dict[FileId, Link] = {}
                     for fid in own.libs:
                         link = self._attach(pid, self.targets[fid])
-                        if link is not None:
-                            own.links[fid] = link
+                        if link is None:
+                            detach(list(made.values()))
+                            return False
+                        made[fid] = link
+                    own.on = True
+                    own.links.update(made)
                 self.window_map.update(pid32, ctypes.c_uint8(1))
                 return True
             self.window_map.delete(pid32)
