@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,9 +283,18 @@ class Fleet:
     agents, a collector, VictoriaMetrics and vmalert. A context manager."""
 
     def __init__(
-        self, fx: Path, tmp: Path, hosts: int = 4, ranks: int = 4, interval: float = 1.0, job: str = "fleet-job"
+        self,
+        fx: Path,
+        tmp: Path,
+        hosts: int = 4,
+        ranks: int = 4,
+        interval: float = 1.0,
+        job: str = "fleet-job",
+        tap: Callable[[str], str] | None = None,
     ) -> None:
-        self.fx, self.tmp, self.job = fx, tmp, job
+        # tap: given the collector's OTLP/HTTP endpoint, where the agents push instead (a recorder that
+        # forwards to it: bench/targets/fleet_scale.py).
+        self.fx, self.tmp, self.job, self.tap = fx, tmp, job, tap
         self.tag = str(os.getpid() % 10000)
         self.net = os.getpid() % 200 + 20
         self.fabric = f"mtf{self.tag}sw"
@@ -333,8 +343,9 @@ class Fleet:
             host.wire()
             host.start_spawner()
             host.run([sys.executable, "-c", SINK, host.ip, str(PORT)])
+        endpoint = f"http://127.0.0.1:{self.col.http_port}"
         for host in self.hosts:
-            host.start_push(f"http://127.0.0.1:{self.col.http_port}", self.interval)
+            host.start_push(self.tap(endpoint) if self.tap else endpoint, self.interval)
         self.wait_agents()
 
     def wait_agents(self, timeout: float = 120) -> None:
