@@ -104,7 +104,7 @@ TARGETS = (
     Bench(
         "fleet_scale",
         "fleet_scale.py",
-        quick=("--nodes", "5", "--seconds", "12", "--warm", "10", "--record-seconds", "5"),
+        quick=("--nodes", "5", "--at-default", "10", "--seconds", "12", "--warm", "10", "--record-seconds", "5"),
     ),
 )
 TARGETS_DIR = harness.REPO / "bench" / "targets"
