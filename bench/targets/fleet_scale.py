@@ -54,6 +54,7 @@ import os
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -365,6 +366,16 @@ def replay(port: int, tpls: list[bytes], host: str, nodes: int, period: float, s
     return res
 
 
+def stop(part: Collector | VictoriaMetrics) -> None:
+    """Stopped; killed where it takes over 30 s (a collector with a backlog sends it first)."""
+    try:
+        part.stop()
+    except subprocess.TimeoutExpired:
+        part.proc.kill()
+        part.proc.wait()
+        part.log.close()
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -480,7 +491,7 @@ def run_size(
             time.sleep(0.5)
         after = selfmetrics(tport)
     finally:
-        col.stop()
+        stop(col)
     lags = sorted(res.lag_s) or [0.0]
     size = Size(
         nodes=nodes,
@@ -679,7 +690,7 @@ def main() -> None:
             print(f"queries against {held} nodes (ms, p50 and max of up to {QUERY_TIMES}):", flush=True)
             panels, rules = query_times(vm)
         finally:
-            vm.stop()
+            stop(vm)
     every = meta["interval_s"]
     fit = max((s.nodes for s in done if s.kept_up and s.period == every), default=0)
     for s in done:
