@@ -98,6 +98,15 @@ TARGETS = (
 )
 # The slow rank across hosts on the fleet rig (issue 42): a few minutes at 4 x 4.
 TARGETS = (*TARGETS, Bench("fleet", "fleet.py", quick=("--trials", "1", "--healthy", "10")))
+# What a node costs the fleet, and many nodes the collector and backend (issue 42): real pushes replayed.
+TARGETS = (
+    *TARGETS,
+    Bench(
+        "fleet_scale",
+        "fleet_scale.py",
+        quick=("--nodes", "5", "--at-default", "10", "--seconds", "12", "--warm", "10", "--record-seconds", "5"),
+    ),
+)
 TARGETS_DIR = harness.REPO / "bench" / "targets"
 
 

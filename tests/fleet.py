@@ -25,6 +25,10 @@ Faults, on one host, from `onset()`:
        cpu_interference
   nic  BULK_STREAMS bulk TCP streams from the host to a storage server on
        the fabric (a data set copy) over its NIC -> its ranks, nic_contention
+  gpu  (a Fleet made with gpus=True) the host's GPU throttled: the test NVML
+       its agent reads reports thermal and power throttling at 92 C, and its
+       ranks' kernels take twice as long (trainjob's control file) -> its
+       ranks, gpu_throttling
   none nothing (a healthy control) -> nobody named
 """
 
@@ -38,12 +42,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends import CACHE, Collector, VictoriaMetrics, free_port, wait_port
 from cgroups import make_limited
 from conftest import REPO
+from test_nvml import HEALTHY, gpu, script
 
 RULES = REPO / "deploy" / "prometheus" / "memtrace-fleet-rules.yaml"
 OTELCOL = Path(__file__).with_name("fleet-otelcol.yaml")
@@ -185,6 +191,17 @@ class Host:
         self.spawner: subprocess.Popen[str] | None = None
         self.push: subprocess.Popen[bytes] | None = None
         self.ids = 0
+        # With gpus: its GPU as the test NVML reports it, and how slow its kernels are.
+        self.nvml = fleet.tmp / f"{self.name}.nvml"
+        self.control = fleet.tmp / f"{self.name}.control"
+
+    def set_gpu(self, throttled: bool) -> None:
+        over = {"reasons": 0x20 | 0x40, "temp": 92} if throttled else {}
+        text = script(count=1, driver="580.0", **gpu(0, uuid=f"GPU-{self.name}", **{**HEALTHY, **over}))
+        for path, body in ((self.nvml, text), (self.control, f"gpu={2 if throttled else 1} loader=1\n")):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(body)
+            tmp.replace(path)  # whole, never half-written, to the readers that re-read it
 
     def wire(self) -> None:
         f = self.fleet
@@ -241,13 +258,14 @@ class Host:
     def start_push(self, endpoint: str, interval: float) -> None:
         """Its own agent: its host name (a UTS namespace of its own), the host's processes only."""
         log = open(self.fleet.tmp / f"{self.name}.push.log", "wb")
+        gpus = {"LD_LIBRARY_PATH": str(self.fleet.fx / "nvml"), "FAKE_NVML_SCRIPT": str(self.nvml)}
         memtrace = [sys.executable, "-m", "memtrace", "push", "--endpoint", endpoint, "--interval", str(interval)]
         memtrace += ["--no-recorder", "--pid", str(self.spawner_pid)]
         self.push = subprocess.Popen(
             ["unshare", "--uts", "sh", "-c", f'hostname {self.name} && exec "$@"', "sh", *memtrace],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": str(REPO), **(gpus if self.fleet.gpus else {})},
         )
 
     def close(self) -> None:
@@ -282,9 +300,20 @@ class Fleet:
     agents, a collector, VictoriaMetrics and vmalert. A context manager."""
 
     def __init__(
-        self, fx: Path, tmp: Path, hosts: int = 4, ranks: int = 4, interval: float = 1.0, job: str = "fleet-job"
+        self,
+        fx: Path,
+        tmp: Path,
+        hosts: int = 4,
+        ranks: int = 4,
+        interval: float = 1.0,
+        job: str = "fleet-job",
+        tap: Callable[[str], str] | None = None,
+        gpus: bool = False,
     ) -> None:
-        self.fx, self.tmp, self.job = fx, tmp, job
+        # tap: given the collector's OTLP/HTTP endpoint, where the agents push instead (a recorder that
+        # forwards to it: bench/targets/fleet_scale.py).
+        self.fx, self.tmp, self.job, self.tap, self.gpus = fx, tmp, job, tap, gpus
+        self.throttled: list[Host] = []
         self.tag = str(os.getpid() % 10000)
         self.net = os.getpid() % 200 + 20
         self.fabric = f"mtf{self.tag}sw"
@@ -331,10 +360,13 @@ class Fleet:
             host = Host(self, h)
             self.hosts.append(host)
             host.wire()
+            if self.gpus:
+                host.set_gpu(False)
             host.start_spawner()
             host.run([sys.executable, "-c", SINK, host.ip, str(PORT)])
+        endpoint = f"http://127.0.0.1:{self.col.http_port}"
         for host in self.hosts:
-            host.start_push(f"http://127.0.0.1:{self.col.http_port}", self.interval)
+            host.start_push(self.tap(endpoint) if self.tap else endpoint, self.interval)
         self.wait_agents()
 
     def wait_agents(self, timeout: float = 120) -> None:
@@ -378,6 +410,7 @@ class Fleet:
                     "FAKE_NCCL_RANKS": str(world),
                     "TRAINJOB_PEER": f"{peer.ip}:{PORT}",
                     "WORKLOAD_TRUTH": "/dev/null",
+                    **({"TRAINJOB_CONTROL": str(host.control)} if self.gpus else {}),
                 }
                 _, r.pid = host.run(argv, env, timer_slack_ns=500_000)
                 self.ranks.append(r)
@@ -394,6 +427,9 @@ class Fleet:
         elif fault == "nic":
             bulk = [sys.executable, "-c", BULK, self.storage_ip, str(PORT), str(BULK_STREAMS)]
             self.faults.append((host, host.run(bulk)[0]))
+        elif fault == "gpu" and self.gpus:
+            host.set_gpu(True)
+            self.throttled.append(host)
         elif fault != "none":
             raise ValueError(fault)
 
@@ -401,6 +437,9 @@ class Fleet:
         for host, ident in self.faults:
             host.kill(ident)
         self.faults.clear()
+        for host in self.throttled:
+            host.set_gpu(False)
+        self.throttled.clear()
 
     def named(self) -> list[dict[str, str]]:
         """The ranks the fleet rule names now: each alert's labels."""

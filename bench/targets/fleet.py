@@ -5,11 +5,16 @@ evaluating deploy/prometheus/memtrace-fleet-rules.yaml every second),
 faults injected on one host in turn, a healthy stretch before them:
 
     sudo .venv/bin/python bench/targets/fleet.py [--hosts H] [--ranks R] [--trials N] [--healthy S]
+        [--faults cpu,nic,gpu]
 
   cpu  a busy loop at nice -19 on the CPU one rank is pinned to -> that
        rank, cpu_interference
   nic  eight bulk TCP streams from a host to the next over its NIC (a tbf
        at 80 Mbit/s) -> that host's ranks, nic_contention
+  gpu  the host's GPU throttled: its agent's test NVML reports thermal and
+       power throttling at 92 C, its ranks' kernels take twice as long ->
+       that host's ranks, gpu_throttling (the agents read the test NVML only
+       when this fault is asked for)
 
 Figures: the time from the fault's onset to the rule naming the slow rank
 (p50, p95; vmalert's activeAt of the alert, against the onset's wall
@@ -54,7 +59,7 @@ def alerts(fleet: Fleet) -> list[dict]:
 
 
 def trial(fleet: Fleet, fault: str, host: int) -> dict:
-    expect_cause = {"cpu": "cpu_interference", "nic": "nic_contention"}[fault]
+    expect_cause = {"cpu": "cpu_interference", "nic": "nic_contention", "gpu": "gpu_throttling"}[fault]
     if fault == "cpu":
         want = {str(fleet.victim.rank)}
         host = fleet.victim.host
@@ -98,7 +103,11 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3, help="trials per fault")
     ap.add_argument("--healthy", type=float, default=120.0, help="seconds of healthy running watched")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--faults", default="cpu,nic", help="injected in turn, each --trials times: cpu, nic, gpu")
     args = ap.parse_args()
+    faults = args.faults.split(",")
+    if set(faults) - {"cpu", "nic", "gpu"}:
+        ap.error(f"no fault {args.faults}")
     harness.need_root("fleet")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))  # the rig is taken down on the way out
     rnd = random.Random(args.seed)
@@ -106,7 +115,7 @@ def main() -> None:
     fx = harness.build_fixtures(Path(tempfile.mkdtemp(prefix="memtrace-fleet-fx-")), quiet=True)
     with (
         tempfile.TemporaryDirectory(prefix="memtrace-fleet-") as tmp,
-        Fleet(fx, Path(tmp), args.hosts, args.ranks) as f,
+        Fleet(fx, Path(tmp), args.hosts, args.ranks, gpus="gpu" in faults) as f,
     ):
         f.start_job()
         time.sleep(30)  # warm-up: the agents' baselines and the rule's recent best
@@ -128,7 +137,7 @@ def main() -> None:
         ]
         trials = []
         for _ in range(args.trials):
-            for fault in ("cpu", "nic"):
+            for fault in faults:
                 trials.append(trial(f, fault, rnd.choice([h for h in range(args.hosts) if h != f.victim.host])))
     named = [t["named_s"] for t in trials if t["named_s"] is not None]
     caused = [t["cause_s"] for t in trials if t["cause_s"] is not None]
@@ -140,7 +149,7 @@ def main() -> None:
             else (xs[0] if xs else float("nan"))
         )
 
-    size = f"{args.hosts}x{args.ranks}"
+    size = f"{args.hosts}x{args.ranks}" + ("" if faults == ["cpu", "nic"] else f", {'+'.join(faults)}")
     rec.add(f"slow rank named, p50 ({size})", q(named, 50), "s", ".1f")
     rec.add(f"slow rank named, p95 ({size})", q(named, 95), "s", ".1f")
     rec.add(f"named with its cause, p50 ({size})", q(caused, 50), "s", ".1f")
