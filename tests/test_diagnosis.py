@@ -228,6 +228,22 @@ def test_gpu_throttling_is_named_from_nvml_clock_events() -> None:
     assert d.diagnoses[0].evidence["clock_event_reasons"] == ["hw_thermal_slowdown", "sw_thermal_slowdown"]
 
 
+def test_throttling_that_began_in_the_baselines_last_windows_is_still_the_cause() -> None:
+    """The GPU throttles from window 24; an evaluation's shorter steps (and windows under 1.2x)
+    are learnt as normal, throttled, before the slowdown is detected. Judged against a baseline
+    (its last 20 windows) 30% throttled it was a standing condition, and the slowdown unknown
+    (the zoo's eval shape); the throttle began six windows before: gpu_throttling. Throttled
+    all along, it is not the cause."""
+    hot = [GpuWindow(0, "GPU-a", True, ("hw_thermal_slowdown",), 0, 16, 16, 5, 5)]
+    windows = healthy(24) + [([proc(10.5)], host(i, gpus=hot)) for i in range(24, 30)]
+    windows += [([proc(14.0)], host(i, gpus=hot)) for i in range(30, 36)]
+    _, made = run(windows)
+    assert made == [(31, "gpu_throttling")]
+    always = [([proc(10.0 if i < 30 else 14.0)], host(i, gpus=hot)) for i in range(36)]
+    _, made = run(always)
+    assert made == [(31, "unknown")]
+
+
 def test_a_link_trained_narrower_is_pcie_contention_with_the_link() -> None:
     windows = healthy(30)
     narrow = GpuWindow(0, "GPU-a", False, (), 0, 8, 16, 5, 5)

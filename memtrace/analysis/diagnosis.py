@@ -94,6 +94,7 @@ class Margins:
     most: float = 0.5  # a share of the slow windows that is most of them
     few: float = 0.25  # a share of the baseline windows that is few of them
     reported: float = 3.0  # a fault NVML reports: throttling, a link trained narrower
+    onset_windows: int = 6  # a reported fault in the baseline's last windows, no more, began with the slowdown
     # cpu_interference: 5 points of the process's time more in the run queue, and at least double;
     # throttled by its own CPU quota is a clear cause.
     runq_rise: float = 0.05
@@ -794,7 +795,7 @@ class Diagnoser:
         idx: dict[str, int] = {}
         for uuid in {g.uuid for _, h in after for g in h.gpus}:
             if _share_of(after, uuid, lambda g: bool(g.throttled)) >= MARGINS.most and (
-                _share_of(before, uuid, lambda g: bool(g.throttled)) <= MARGINS.few
+                _share_of(_before_onset(before, uuid), uuid, lambda g: bool(g.throttled)) <= MARGINS.few
             ):
                 for _, h in after:
                     for g in h.gpus:
@@ -1037,6 +1038,21 @@ def _share_of(ws: list[tuple[ProcWindow, HostWindow]], uuid: str, pred: Callable
     """The share of these windows in which this GPU met pred."""
     seen = [pred(g) for _, h in ws for g in h.gpus if g.uuid == uuid]
     return sum(seen) / len(seen) if seen else 0.0
+
+
+def _before_onset(before: list[tuple[ProcWindow, HostWindow]], uuid: str) -> list[tuple[ProcWindow, HostWindow]]:
+    """The normal windows before this GPU's throttling began: without their last ones throttled
+    where those are at most MARGINS.onset_windows (a throttle that began a few windows before the
+    slowdown, whose windows were not slow enough to hold out: an evaluation's shorter steps, a
+    slowdown under 1.2x at first). A throttle longer than that is a standing one: all are kept."""
+
+    def throttled(h: HostWindow) -> bool:
+        return any(g.uuid == uuid and g.throttled for g in h.gpus)
+
+    tail = 0
+    while tail < len(before) and throttled(before[-1 - tail][1]):
+        tail += 1
+    return before[:-tail] if 0 < tail <= MARGINS.onset_windows and tail < len(before) else before
 
 
 def _narrow(g: GpuWindow) -> bool:
