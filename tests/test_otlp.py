@@ -769,8 +769,9 @@ def rich_build(cfg_kw: dict | None = None):  # type: ignore[no-untyped-def]
             index=0, uuid="GPU-a", name="G", bus_id="", time_ns=t * 10**9, pcie_tx_bytes=tx, pcie_rx_bytes=rx,
             pcie_replay_count=7, link_generation=5, link_width=16, max_link_generation=5, max_link_width=16,
             sm_utilization_percent=97, memory_used_bytes=20 * GIB, memory_total_bytes=80 * GIB,
-            temperature_celsius=64, power_milliwatts=412345, clock_event_mask=0,
-            gpm_supported=True, sm_active_percent=80.0, sm_occupancy_percent=40.0, tensor_active_percent=60.0,
+            temperature_celsius=64, power_milliwatts=412345, clock_event_mask=0, sm_clock_mhz=1755,
+            memory_clock_mhz=2619, gpm_supported=True, sm_active_percent=80.0, sm_occupancy_percent=40.0,
+            tensor_active_percent=60.0,
             dram_bandwidth_percent=30.0, nvlinks=links, remapped_rows=RemappedRows(2, 1, True, False),
             mig_enabled=True, mig_instances=(mig,), processes=(GpuProcess(a, 0, "GPU-a", 300 << 20),),
         )  # fmt: skip
