@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import time
+import weakref
 from pathlib import Path
 
 from memtrace.core.ids import ProcessInfo, ProcessKey
@@ -253,6 +254,39 @@ def driver_mapped(key: ProcessKey, proc: Path = Path("/proc")) -> list[tuple[int
     except OSError:
         return []
     return driver_ranges(text) if is_running(key, proc) else []
+
+
+class KeptFile:
+    """A /proc (or cgroup) file read again and again: kept open, each reading preads from its
+    start (such a file is made anew at offset 0), several times cheaper than an open, read and
+    close (docs/design/evidence.md#pread). One that fails is closed, and opened again at the next
+    reading; its descriptor is closed with the reader too."""
+
+    CHUNK = 65536
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._closer: weakref.finalize[[int], KeptFile] | None = None
+
+    def read(self) -> bytes | None:
+        """The file's content now; None where it cannot be opened or read."""
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._closer = weakref.finalize(self, os.close, self._fd)
+            chunks = [os.pread(self._fd, self.CHUNK, 0)]
+            while len(chunks[-1]) == self.CHUNK:  # a large one (/proc/stat of many CPUs)
+                chunks.append(os.pread(self._fd, self.CHUNK, self.CHUNK * len(chunks)))
+        except OSError:
+            self.close()
+            return None
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()  # closes the fd once, however often it is called
+        self._fd = self._closer = None
 
 
 class CpuReader:

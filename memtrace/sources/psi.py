@@ -5,9 +5,9 @@ without it, or booted with psi=0)."""
 
 from __future__ import annotations
 
-import os
-import weakref
 from pathlib import Path
+
+from memtrace.sources.procfs import KeptFile
 
 PROC = Path("/proc/pressure")
 
@@ -25,26 +25,16 @@ class Stall:
     """A pressure file read again and again, as the live diagnosis does
     twice a second: kept open, each reading one pread from its start (a
     pressure file is made anew at offset 0), several times cheaper than an
-    open, read and close (docs/design/evidence.md#pread). A file that fails is opened again at the next reading."""
+    open, read and close (sources/procfs.KeptFile). A file that fails is opened again at the next reading."""
 
     def __init__(self, resource: str = "memory", path: Path | None = None) -> None:
         self.path = path or PROC / resource
-        self._fd: int | None = None
-        self._closer: weakref.finalize[[int], Stall] | None = None
+        self._file = KeptFile(self.path)
 
     def read_us(self) -> int | None:
         """Cumulative microseconds in which some task stalled; None: no PSI here (now)."""
-        try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-                self._closer = weakref.finalize(self, os.close, self._fd)
-            data = os.pread(self._fd, 4096, 0)
-        except OSError:
-            self.close()
-            return None
-        return _some_total(data.decode("ascii", "replace"))
+        data = self._file.read()
+        return None if data is None else _some_total(data.decode("ascii", "replace"))
 
     def close(self) -> None:
-        if self._closer is not None:
-            self._closer()  # closes the fd once, however often it is called
-        self._fd = self._closer = None
+        self._file.close()

@@ -8,8 +8,9 @@ cloud VM it is the noisy neighbour the guest cannot see otherwise
 from __future__ import annotations
 
 import os
-import weakref
 from pathlib import Path
+
+from memtrace.sources.procfs import KeptFile
 
 STAT = Path("/proc/stat")
 
@@ -28,38 +29,21 @@ def parse(text: str, ns_per_tick: int) -> dict[int, int]:
 
 
 class Steal:
-    """/proc/stat read again and again (twice a second by the live diagnosis): kept
-    open, each reading one pread from its start, as sources/psi.Stall does."""
+    """/proc/stat read again and again (twice a second by the live diagnosis): kept open, each
+    reading one pread from its start (sources/procfs.KeptFile), as sources/psi.Stall does."""
 
     def __init__(self, path: Path = STAT) -> None:
         self.path = path
         self.ns_per_tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-        self._fd: int | None = None
-        self._closer: weakref.finalize[[int], Steal] | None = None
+        self._file = KeptFile(path)
 
     def read(self) -> dict[int, int] | None:
         """Each CPU's cumulative steal ns; None where /proc/stat cannot be read."""
-        try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-                self._closer = weakref.finalize(self, os.close, self._fd)
-            chunks = []
-            offset = 0
-            while True:  # a host of many CPUs has a /proc/stat of many pages
-                data = os.pread(self._fd, 65536, offset)
-                if not data:
-                    break
-                chunks.append(data)
-                offset += len(data)
-        except OSError:
-            self.close()
-            return None
-        return parse(b"".join(chunks).decode("ascii", "replace"), self.ns_per_tick)
+        data = self._file.read()
+        return None if data is None else parse(data.decode("ascii", "replace"), self.ns_per_tick)
 
     def close(self) -> None:
-        if self._closer is not None:
-            self._closer()
-        self._fd = self._closer = None
+        self._file.close()
 
 
 def share(
