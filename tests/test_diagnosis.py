@@ -425,18 +425,19 @@ def test_a_cause_whose_evidence_comes_seconds_later_renames_the_first() -> None:
     assert d.diagnoses[0].evidence["first_named"] == "input_starvation"
 
 
+def straggling(n: int, slow: bool) -> list[ProcWindow]:
+    """A window of n ranks (pids 100...) in lockstep: steps of 10 ms, a tenth in collectives; if
+    slow, 18 ms steps in which rank 102 spends 5% in collectives and the others, waiting for it, half."""
+    ws = []
+    for r in range(n):
+        w = proc(18.0 if slow else 10.0, key=ProcessKey(100 + r, 1))
+        w.collective_ns = int(w.step_ns * (0.05 if (slow and r == 2) else (0.5 if slow else 0.1)))
+        ws.append(w)
+    return ws
+
+
 def test_the_slow_rank_is_named_a_straggler_and_its_peers_wait_for_it() -> None:
-    ranks = [ProcessKey(100 + r, 1) for r in range(4)]
-
-    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
-        ws = []
-        for r, key in enumerate(ranks):
-            w = proc(18.0 if slow else 10.0, key=key)
-            w.collective_ns = int(w.step_ns * (0.05 if (slow and r == 2) else (0.5 if slow else 0.1)))
-            ws.append(w)
-        return ws, host(i)
-
-    windows = thirty_then_six(window)
+    windows = thirty_then_six(lambda i, slow: (straggling(4, slow), host(i)))
     d, made = run(windows)
     assert {c for _, c in made} == {"straggler"} and len(made) == 4
     by_pid = {x.key.pid: x for x in d.diagnoses}
@@ -479,18 +480,14 @@ def test_a_fault_that_starts_with_a_checkpoint_is_judged_by_the_steps_after_it()
     the 590 ms serialisation. Then rank 102's loading is slower and its peers wait for it. The
     checkpoint's step is held out: the slowdown is 1.8x (not 16x, the median of it and a slow
     window), and each waiting rank is judged by the windows after it, waiting for 102."""
-    ranks = [ProcessKey(100 + r, 1) for r in range(3)]
 
     def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
-        ws = []
-        for r, key in enumerate(ranks):
-            w = proc(18.0 if slow else 10.0, key=key)
-            w.collective_ns = int(w.step_ns * (0.05 if (slow and r == 2) else (0.5 if slow else 0.1)))
+        ws = straggling(3, slow)
+        for w in ws:
             if i == 30:
                 w.steps = w.step_ns = w.collective_ns = 0  # all in the checkpoint's serialisation
             elif i == 31:
                 w.steps, w.step_ns, w.longest_ns, w.collective_ns = 1, 590 * MS, 590 * MS, 6 * MS
-            ws.append(w)
         return ws, host(i)
 
     d, made = run(thirty_then_six(window))

@@ -471,6 +471,17 @@ def _memory_limit_newly_hit(
     return hb, ha
 
 
+def _summed(w: ProcWindow, ws: list[ProcWindow]) -> ProcWindow:
+    """`w` with the steps, step time and collective time of the windows `ws` summed: a rank
+    over a slowdown, as the straggler scorer compares ranks."""
+    return replace(
+        w,
+        steps=sum(x.steps for x in ws),
+        step_ns=sum(x.step_ns for x in ws),
+        collective_ns=sum(x.collective_ns for x in ws),
+    )
+
+
 def _runq_explains(before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]) -> bool:
     """The run queue's growth per step is at least MARGINS.host_starved_of_growth of the step's own
     growth (True where the steps or the run queue are not known: the share's rise alone decides)."""
@@ -560,15 +571,7 @@ class Diagnoser:
         for p in peers:
             seen = self.seen.get(p.key)
             ws = [w for w, h in seen.windows if t0 <= h.end_ns <= t1] if seen is not None else []
-            ws = ws or [p]
-            out.append(
-                replace(
-                    p,
-                    steps=sum(w.steps for w in ws),
-                    step_ns=sum(w.step_ns for w in ws),
-                    collective_ns=sum(w.collective_ns for w in ws),
-                )
-            )
+            out.append(_summed(p, ws or [p]))
         return out
 
     # ---- the symptom ----
@@ -971,13 +974,7 @@ class Diagnoser:
     ) -> tuple[float, str, dict[str, Any]] | None:
         # Itself over the slowdown, as its peers are (_over_slowdown): its last window alone may be
         # one in which it made no step (a checkpoint's serialisation).
-        last = after[-1][0]
-        me = replace(
-            last,
-            steps=sum(w.steps for w, _ in after),
-            step_ns=sum(w.step_ns for w, _ in after),
-            collective_ns=sum(w.collective_ns for w, _ in after),
-        )
+        me = _summed(after[-1][0], [w for w, _ in after])
         # Its peers: its job's other ranks (observe) that step and make collectives.
         others = [p for p in peers if p.key != me.key and p.steps and p.collective_ns]
         if not others or not any(w.collective_ns for w, _ in before):
