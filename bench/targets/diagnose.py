@@ -94,6 +94,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import harness
 from bench.harness import REPO, CpuWindow, Reading, Record, Target
+from memtrace.sources.steal import Steal
 
 sys.path.insert(0, str(REPO / "tests"))
 from cgroups import make_limited
@@ -469,12 +470,10 @@ def job_started(agent: subprocess.Popen[bytes], deadline: float, comm: str = "tr
 
 
 def host_steal_ns() -> int | None:
-    """Every CPU's steal time so far (ns), from /proc/stat; None where it has none."""
-    try:
-        line = Path("/proc/stat").read_text().splitlines()[0].split()
-        return int(line[8]) * (1_000_000_000 // os.sysconf("SC_CLK_TCK")) if len(line) > 8 else None
-    except (OSError, ValueError, IndexError):
-        return None
+    """Every CPU's steal time so far (ns), as the agent reads it (sources/steal.py); None where
+    /proc/stat has none."""
+    per_cpu = Steal().read()
+    return sum(per_cpu.values()) if per_cpu else None
 
 
 def steal_shares(stolen: list[tuple[float, int | None]]) -> tuple[float | None, float | None]:
