@@ -11,7 +11,12 @@
  * histograms, and on-CPU time. A switch-out counts as involuntary exactly
  * when the kernel counts it in nivcsw (preempted, or still TASK_RUNNING),
  * and then the task switched in is charged as the preemptor: its cgroup (v2)
- * and process, with the run-queue wait that followed. A thread's exit
+ * and process, with the run-queue wait that followed. A wait after a wakeup
+ * is charged to the task that held the CPU until the thread got it (another
+ * process's), as runqslower names it: on a kernel whose scheduler lets the
+ * running task finish its slice before a woken one (EEVDF's run to parity),
+ * a neighbour delays a thread that sleeps often mostly there, without ever
+ * preempting it. A thread's exit
  * settles what it ran too, as its last switch-out may never be delivered.
  *
  * Two rare events keep user space's idea of who the process is current,
@@ -193,7 +198,9 @@ static __always_inline void put_thread(__u32 tid, struct sc_thread *t)
 		stat_inc(SC_STAT_THREADS_FULL);
 }
 
-static __always_inline void charge_preemptor(__u32 tgid, __u64 start, struct task_struct *next, __u64 cgid)
+/* The entry of the cgroup whose task `next` held a traced process's CPU, its
+ * last task named (created at zero if new; NULL if the map is full). */
+static __always_inline struct sc_preempt *holder(__u32 tgid, __u64 start, struct task_struct *next, __u64 cgid)
 {
 	struct sc_preempt_key key = { .cgroup_id = cgid, .start_ns = start, .tgid = tgid };
 	struct sc_preempt *v;
@@ -202,22 +209,30 @@ static __always_inline void charge_preemptor(__u32 tgid, __u64 start, struct tas
 
 	z = bpf_map_lookup_elem(&zero, &zk);
 	if (!z)
-		return;
+		return NULL;
 	v = lookup_or_try_init(&preempts, &key, &z->preempt);
 	if (!v) {
 		stat_inc(SC_STAT_PREEMPT_FULL);
-		return;
+		return NULL;
 	}
-	__sync_fetch_and_add(&v->count, 1);
 	/* The cgroup is named by a user process that preempted: kernel threads
 	 * sharing it (kworkers, rcu, some of them doing uprobe work for memtrace
 	 * itself) are the host's housekeeping, named only until one is seen. */
 	kthread = (BPF_CORE_READ(next, flags) & SC_PF_KTHREAD) ? 1 : 0;
 	if (kthread && v->last_tgid && !v->last_kthread)
-		return;
+		return v;
 	v->last_tgid = BPF_CORE_READ(next, tgid);
 	v->last_kthread = kthread;
 	BPF_CORE_READ_STR_INTO(&v->last_comm, next, comm);
+	return v;
+}
+
+static __always_inline void charge_preemptor(__u32 tgid, __u64 start, struct task_struct *next, __u64 cgid)
+{
+	struct sc_preempt *v = holder(tgid, start, next, cgid);
+
+	if (v)
+		__sync_fetch_and_add(&v->count, 1);
 }
 
 /* Switches a task made since its thread's last event that never reached
@@ -256,12 +271,13 @@ static __always_inline void count_gap(struct sc_missed m, bool state_says)
  * t->exec), settled at this one: it ran for what its runtime grew by (the
  * kernel's own figure, exact even when switches were never delivered); the
  * rest of the interval it waited, where its state says, if it was waiting:
- * off CPU, or queued (after a preemption: charged to the preemptor too).
+ * off CPU, or queued (after a preemption: charged to the preemptor too;
+ * after a wakeup: returned, for on_cpu to charge to who held the CPU).
  * Across switches never delivered (`m`) it was off CPU in stretches between
  * its runs, in states never seen: blocked if one of those switches was
  * voluntary, else queued; the time joins the totals, not the histograms
  * (it is not one interval) nor a preemptor (never seen). */
-static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u64 exec, __u64 now, struct sc_missed m)
+static __always_inline __u64 settle(struct sc_proc *p, struct sc_thread *t, __u64 exec, __u64 now, struct sc_missed m)
 {
 	struct sc_preempt_key key = { .cgroup_id = t->preempt_cgroup, .start_ns = t->start, .tgid = t->tgid };
 	__u64 ran = exec > t->exec ? exec - t->exec : 0, wait;
@@ -270,24 +286,26 @@ static __always_inline void settle(struct sc_proc *p, struct sc_thread *t, __u64
 	if (ran)
 		__sync_fetch_and_add(&p->oncpu_ns, ran);
 	if (now <= t->ts + ran)
-		return;
+		return 0;
 	wait = now - t->ts - ran;
 	if (m.v || m.iv) {
 		__sync_fetch_and_add(m.v ? &p->offcpu_ns : &p->runq_ns, wait);
-		return;
+		return 0;
 	}
 	if (t->state == SC_T_RUNNING) /* what is left is the clocks' difference, not a wait */
-		return;
+		return 0;
 	if (t->state == SC_T_BLOCKED) {
 		add_offcpu(p, wait);
-		return;
+		return 0;
 	}
 	add_runq(p, wait);
 	if (t->state == SC_T_PREEMPTED) {
 		v = bpf_map_lookup_elem(&preempts, &key);
 		if (v)
 			__sync_fetch_and_add(&v->wait_ns, wait);
+		return 0;
 	}
+	return wait; /* queued after a wakeup: for the caller to charge to who held the CPU */
 }
 
 static __always_inline void switch_out(struct task_struct *prev, __u64 start, struct task_struct *next, bool preempt,
@@ -345,20 +363,26 @@ static __always_inline void switch_out(struct task_struct *prev, __u64 start, st
 		put_thread(tid, &n);
 }
 
-/* The thread is on a CPU now: switched in, or (at_exit) exiting. Its
- * interval since its last event is settled; it runs from here. */
-static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 now, bool at_exit)
+/* The thread is on a CPU now: switched in after `prev`, or (prev NULL)
+ * exiting. Its interval since its last event is settled; it runs from here.
+ * A wait in the run queue after a wakeup is charged to who held the CPU:
+ * the task that ran last before it (prev, as runqslower names it), unless
+ * that is the idle task or a thread of its own process. Its wait joins that
+ * cgroup's entry, not its count of switches (the kernel's nivcsw, exact). */
+static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 now, struct task_struct *prev)
 {
 	__u32 tid = task->pid, tgid = task->tgid;
 	struct sc_thread *t = thread_of(tid, tgid, start);
 	__u64 exec = task->se.sum_exec_runtime;
 	struct sc_thread n = { .ts = now, .exec = exec, .start = start, .tgid = tgid, .state = SC_T_RUNNING,
 			       .nvcsw = task->nvcsw, .nivcsw = task->nivcsw };
+	struct sc_preempt *v;
 	struct sc_missed m;
 	struct sc_proc *p;
+	__u64 queued;
 
 	if (!t) {
-		if (!at_exit) {
+		if (prev) {
 			stat_inc(SC_STAT_UNTRACKED);
 			put_thread(tid, &n);
 		}
@@ -369,8 +393,13 @@ static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 
 		/* Switched in while running (a switch-out never traced), or running
 		 * at exit while switched out (a switch-in never traced): a gap. */
 		m = missed_switches(p, t, task, 0, 0);
-		count_gap(m, (t->state == SC_T_RUNNING) != at_exit);
-		settle(p, t, exec, now, m);
+		count_gap(m, (t->state == SC_T_RUNNING) != !prev);
+		queued = settle(p, t, exec, now, m);
+		if (queued && prev && prev->pid && prev->tgid != tgid) {
+			v = holder(tgid, start, prev, BPF_CORE_READ(prev, cgroups, dfl_cgrp, kn, id));
+			if (v)
+				__sync_fetch_and_add(&v->wait_ns, queued);
+		}
 	}
 	*t = n; /* its preemptor, if any, had its wait in settle */
 }
@@ -387,7 +416,7 @@ int BPF_PROG(sc_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (out)
 		switch_out(prev, out, next, preempt, prev_state, now);
 	if (in)
-		on_cpu(next, in, now, false);
+		on_cpu(next, in, now, prev);
 	return 0;
 }
 
@@ -453,7 +482,7 @@ int BPF_PROG(sc_exit, struct task_struct *task)
 	__u64 start = traced_start(task);
 
 	if (start)
-		on_cpu(task, start, bpf_ktime_get_ns(), true);
+		on_cpu(task, start, bpf_ktime_get_ns(), NULL);
 	return 0;
 }
 

@@ -47,7 +47,9 @@ struct sc_proc {
 
 /* Who took the CPU from a traced process: key (traced process, cgroup of the
  * task switched in when a traced thread was preempted; 0 when that task is the
- * CPU's idle task, as when the thread's own CPU quota throttled it). */
+ * CPU's idle task, as when the thread's own CPU quota throttled it; or of the
+ * task of another process that held the CPU while a woken traced thread
+ * waited for it). */
 struct sc_preempt_key {
 	__u64 cgroup_id;
 	__u64 start_ns; /* the traced process's (struct sc_proc_key) */
@@ -57,8 +59,9 @@ struct sc_preempt_key {
 
 struct sc_preempt {
 	__u64 count;   /* involuntary switches of the traced process in favour of this cgroup */
-	__u64 wait_ns; /* run-queue wait of the traced threads that followed them */
-	__u32 last_tgid; /* the last preempting process seen (0: the idle task) */
+	__u64 wait_ns; /* run-queue wait of the traced threads that followed them, and after their
+			* wakeups while this cgroup's task held the CPU */
+	__u32 last_tgid; /* the last preempting (or holding) process seen (0: the idle task) */
 	char last_comm[SC_COMM_LEN];
 	__u32 last_kthread; /* it was a kernel thread: named only until a user process preempts */
 };

@@ -247,6 +247,48 @@ def test_a_competing_spinner_shows_as_run_queue_wait_charged_to_its_cgroup(
     assert final.runq_ns >= 0.5 * truth["gap_ns"], report
 
 
+def test_a_woken_threads_wait_behind_a_neighbour_is_charged_to_the_neighbour(
+    sensor: SchedSensor, workload_bin: Path, hog_cgroup: Path
+) -> None:
+    """A thread that sleeps often (a server between requests) and works briefly is seldom
+    preempted: a spinner on its CPU delays it after its wakeups, while the spinner finishes
+    its slice (EEVDF's run to parity). That wait is charged to the spinner's cgroup, as the
+    task that held the CPU; its switches stay the kernel's count of preemptions."""
+    hog = subprocess.Popen(
+        ["sh", "-c", f"echo $$ > {hog_cgroup}/cgroup.procs && exec taskset -c {CPU} {workload_bin} hog"],
+        start_new_session=True,
+    )
+    w = None
+    try:
+        favour(hog.pid)
+        while not (hog_cgroup / "cgroup.procs").read_text().strip():
+            time.sleep(0.001)
+        w = Workload([str(workload_bin), "wake", "400", "2", "100"])
+        traced(sensor, w.pid)
+        k0 = ctxt_switches(w.pid)
+        w.go()
+        truth = w.result()
+        st, k1 = stats_of(sensor, w.pid), ctxt_switches(w.pid)
+    finally:
+        hog.kill()
+        hog.wait()
+        if w is not None:
+            w.kill()
+    hog_id = cgroup_id("/" + hog_cgroup.name)
+    report = {"st": st, "truth": truth, "kernel": (k0, k1), "hog": hog_id}
+    print(report)
+    (part,) = [p for p in st.preemptors if p.cgroup_id == hog_id]
+    assert part.last_pid == hog.pid and part.last_comm == "sched_workload", report
+    # Its sleeps ended late by everything it waited for a CPU after them, and more (the
+    # timer's slack): the sensor's run-queue time is within that, and nearly all of it is
+    # the spinner's, whatever share of it followed a preemption.
+    assert 0 < st.runq_ns <= truth["late_ns"], report
+    assert sum(p.wait_ns for p in st.preemptors) <= st.runq_ns, report
+    assert part.wait_ns >= 0.5 * st.runq_ns, report
+    # A wait after a wakeup is no switch: the counts stay the kernel's involuntary switches.
+    assert sum(p.count for p in st.preemptors) == st.involuntary == k1[1] - k0[1], report
+
+
 def test_a_cpu_quota_squeeze_is_told_apart_from_another_cgroup(
     sensor: SchedSensor, workload_bin: Path, quota_cgroup: Path
 ) -> None:

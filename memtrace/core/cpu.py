@@ -93,7 +93,7 @@ class CpuStats:
             voluntary=self.voluntary - before.voluntary,
             involuntary=self.involuntary - before.involuntary,
             cgroup_id=self.cgroup_id,
-            preemptors=tuple(sorted(pre, key=lambda p: -p.count)),
+            preemptors=tuple(sorted(pre, key=lambda p: (-p.wait_ns, -p.count))),
             execs=self.execs - before.execs,
             moves=self.moves - before.moves,
         )

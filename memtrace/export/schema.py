@@ -407,14 +407,21 @@ class CpuQuota(TypedDict):
 
 
 class Preemptor(TypedDict):
-    """Who took the CPU from the process: one cgroup."""
+    """Who took the CPU from the process: one cgroup, by preempting it or by holding the CPU while
+    the process, woken, waited for it."""
 
     cgroup_id: Annotated[int, "the cgroup (v2 id); 0: nobody, the CPU idled (the process's own quota throttled it)"]
     cgroup: Annotated[str | None, "its path (null: not known)"]
     switches: Annotated[int, "involuntary switches of the process in its favour"]
-    run_queue_seconds: Annotated[float, "the process's run-queue wait that followed"]
+    run_queue_seconds: Annotated[
+        float,
+        "the process's run-queue wait that followed them, and after its wakeups while that cgroup's task"
+        " held the CPU (the task that ran last before it: another process's)",
+    ]
     last_pid: Annotated[
-        int, "the last user process of that cgroup to preempt it (a kernel thread only while none has; 0: idle)"
+        int,
+        "the last user process of that cgroup to preempt it or hold its CPU (a kernel thread only while none has;"
+        " 0: idle)",
     ]
     last_process: Annotated[str, "that process's command name"]
     memtrace: Annotated[bool, "true: that process is memtrace itself (its own threads took the CPU)"]
@@ -463,7 +470,7 @@ class CpuRow(TypedDict):
     cgroup_id: Annotated[int, "its own cgroup (v2 id), as last seen at a switch"]
     cgroup: Annotated[str | None, "that cgroup's path (null: not known)"]
     cpu_quota: Annotated[CpuQuota | None, "the CPU quota over it (null: not read)"]
-    preempted_by: Annotated[list[Preemptor], "who took the CPU from it, most switches first (the top 5)"]
+    preempted_by: Annotated[list[Preemptor], "who took the CPU from it, most run-queue wait first (the top 5)"]
     netns: Annotated[int | None, "the network namespace it was in at the last sample, by inode (null: not read)"]
     placements: Annotated[
         list[Placement], "where it was measured: a span per network namespace and cgroup it was in, oldest first"
