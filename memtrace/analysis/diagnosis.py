@@ -318,6 +318,8 @@ class _Seen:
     since_detect: int = 0
     calm: int = 0
     held: int = 0  # windows in a row held out as one step longer than a window (_phase)
+    # Those windows, kept until the hold runs out: then they were the loop's pace, and are judged.
+    held_windows: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)
 
 
 def _step_mean(w: ProcWindow) -> float | None:
@@ -542,7 +544,8 @@ class Diagnoser:
             known = f"{len(s.normal)} windows, {classes} classes known"
             return f"serving, at equal work {last}; {base} of {known}, {len(s.slow)} slow{active}"
         base = f"baseline {statistics.median(s.normal) * 1e-6:.3g} ms" if s.normal else "no baseline"
-        return f"{base} of {len(s.normal)} windows, {len(s.slow)} slow{active}"
+        held = f", {len(s.held_windows)} held (a step longer than a window)" if s.held_windows else ""
+        return f"{base} of {len(s.normal)} windows, {len(s.slow)} slow{held}{active}"
 
     def observe(self, procs: list[ProcWindow], host: HostWindow) -> list[Diagnosis]:
         """Fold one window; returns the diagnoses made (or re-named) in it."""
@@ -587,9 +590,19 @@ class Diagnoser:
         if _phase(s, w):
             s.held += 1
             if s.held < HOLD_PHASES:
+                s.held_windows.append((w, host))
                 return None  # neither slow nor normal: the slow windows around it stay in a row
+        elif s.held and not w.steps and not w.serving and len(s.held_windows) < 2 * HOLD_PHASES:
+            # A step still in progress between steps longer than a window: the hold goes on (a loop
+            # at one step in two windows was otherwise held for good, never judged again).
+            s.held_windows.append((w, host))
+            return None
         else:
-            s.held = 0
+            s.held, s.held_windows = 0, []
+        # The hold ran out (steps that long window after window): the windows held were the loop's
+        # pace too. Slow with this one, they are slow windows: counted, and their signals evidence
+        # (a job slowed past one step a window had its first seconds of evidence dropped).
+        held, s.held_windows = s.held_windows, []
         # Only classes of work never seen (bounded): judged against their bound, never learnt as a ratio.
         mean, bounded = _symptom_value(s, w)
         s.last = mean
@@ -609,7 +622,7 @@ class Diagnoser:
         base = statistics.median(s.normal)
         if s.active is not None:
             s.since_detect += 1
-            s.slow.append((w, host))
+            s.slow += [*held, (w, host)]
             if mean <= CLEAR_RATIO * base:
                 s.calm += 1
                 if s.calm >= CLEAR_AFTER:
@@ -620,7 +633,7 @@ class Diagnoser:
                 return self._refine(s, base, host, peers)
             return None
         if self._slow(s, w, mean):
-            s.slow.append((w, host))
+            s.slow += [*held, (w, host)]
             if len(s.slow) >= DETECT_AFTER:
                 return self._detect(s, base, host, peers)
             return None
@@ -683,7 +696,10 @@ class Diagnoser:
         cause, evidence = self._cause(s, self._over_slowdown(s, peers))
         if cause == d.cause or cause == "unknown":
             return None
-        if d.cause != "unknown" and evidence.get("score", 0) < d.evidence.get("score", 0) * MARGINS.rename:
+        # Against the first name's score now, over the same windows: evidence that came later (a
+        # memory limit's hits, read once a second) may withdraw it (its scorer then says 0).
+        first_now = evidence.get("candidates", {}).get(d.cause, d.evidence.get("score", 0))
+        if d.cause != "unknown" and evidence.get("score", 0) < first_now * MARGINS.rename:
             return None
         first = d.cause
         d.cause = cause
