@@ -432,6 +432,34 @@ def test_a_gpu_idling_while_the_host_loads_data_is_input_starvation() -> None:
     assert ev["gpu_idle_share"] == pytest.approx(0.55, abs=0.01) and ev["gpu_idle_share_before"] == pytest.approx(0.1)
 
 
+def accumulating(host_ms: float, wait_ms: float, idle_ms: float) -> ProcWindow:
+    """A window of optimizer steps of four micro-batches that read no loss (only the optimizer's
+    step waits): host_ms of the host's own work a step (loading three batches, launching),
+    wait_ms in copies and the wait, idle_ms of GPU idle seen (from the wait's return to the
+    first copy: the first batch's loading only)."""
+    step_ms = host_ms + wait_ms
+    w = proc(step_ms)
+    w.host_ns, w.gpu_idle_ns = int(w.steps * host_ms * MS), int(w.steps * idle_ms * MS)
+    return w
+
+
+def test_a_slower_loader_between_micro_batches_is_input_starvation() -> None:
+    """bench/diagnose_zoo's slow_loader on accumulation -A 3 -a (seed 2: unknown, input 0.95):
+    the loading of four batches went from 20 to 80 ms a step; the GPU idles through it, but
+    memtrace sees only the first batch's (from the optimizer's wait to the next copy), 5 ms to
+    20 ms, a share 8 points up (11% to 19%). The host made the step's growth, the copies and
+    the wait did not grow: the GPU's work per step is as before, and it idled through the host's
+    growth (at least 62% of the step). A step that grew in its waits instead is not input."""
+    windows = [([accumulating(20.0, 25.0, 5.0)], host(i)) for i in range(30)]
+    slow = windows + [([accumulating(80.0, 25.0, 20.0)], host(i)) for i in range(30, 36)]
+    d, made = run(slow)
+    assert made == [(31, "input_starvation")], made
+    assert d.diagnoses[0].evidence["gpu_idle_share_at_least"] == pytest.approx((5 + 60) / 105, rel=0.02)
+    waited = windows + [([accumulating(20.0, 85.0, 5.0)], host(i)) for i in range(30, 36)]
+    _, made = run(waited)
+    assert made == [(31, "unknown")], made
+
+
 def test_a_saturated_link_in_the_jobs_namespace_is_nic_contention() -> None:
     ns = 4026532000
     quiet = LinkWindow(ns, "eth0", 0.2, 0, 0, 0)

@@ -499,6 +499,35 @@ def _runq_explains(before: list[tuple[ProcWindow, HostWindow]], after: list[tupl
     return a[0] - b[0] >= MARGINS.host_starved_of_growth * (a[1] - b[1])
 
 
+def _unseen_idle(
+    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]
+) -> float | None:
+    """The GPU's idle share after, at least, where most of the step's growth is the host's own
+    work (MARGINS.most): the rest of the step (copies, waits, collectives) grew by less, so the
+    GPU's work per step grew by no more than that, and it idled through the host's growth. Its
+    idle is measured only from a wait's return to the next work given it: a loop that gives it
+    work between waits (micro-batches accumulated with no loss read, each loaded while the last
+    one's kernels ran) idles unseen between them. None: the host did not make most of the growth."""
+
+    def per_step(ws: list[tuple[ProcWindow, HostWindow]]) -> tuple[float, float, float] | None:
+        n = sum(w.steps for w, _ in ws)
+        if not n:
+            return None
+        return (
+            sum(w.step_ns for w, _ in ws) / n,
+            sum(w.gpu_idle_ns for w, _ in ws) / n,
+            sum(w.host_ns for w, _ in ws) / n,
+        )
+
+    b, a = per_step(before), per_step(after)
+    if b is None or a is None:
+        return None
+    grew, host_grew = a[0] - b[0], a[2] - b[2]
+    if grew <= 0 or host_grew < MARGINS.most * grew:
+        return None
+    return (b[1] + min(grew, host_grew)) / a[0]
+
+
 def _steal_share(ws: list[ProcWindow]) -> float | None:
     """The share of a process's time the hypervisor took from it: the steal share of its CPUs
     over the time it was on them (a GPU-bound job that is seldom on a CPU loses little to it),
@@ -943,6 +972,10 @@ class Diagnoser:
             "host_share_before": round(hb, 4),
             "host_share": round(ha, 4),
         }
+        unseen = _unseen_idle(before, after)
+        if unseen is not None and unseen > ia:
+            ev["gpu_idle_share_at_least"] = round(unseen, 4)
+            ia = unseen
         return ((ia - ib) / MARGINS.idle_rise if ha > hb else 0.0), "input_starvation", ev
 
     @staticmethod
