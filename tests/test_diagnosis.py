@@ -349,6 +349,43 @@ def test_a_loader_slowed_at_its_own_memory_limit_is_memory_pressure_without_psi(
     assert ev["limit_hits_per_second"] == pytest.approx(800.0) and ev["limit_hits_per_second_before"] == 0.0
 
 
+def test_memory_limit_hits_read_a_second_late_withdraw_input_starvation() -> None:
+    """bench/diagnose's memory_pressure on a job moved into a limited cgroup at the onset: the
+    host samples cgroups once a second, and its first reading in the new cgroup is where its
+    count starts, so the hits show a window or two after the slowdown was named from the GPU
+    idling for the slower loading (input_starvation, scored 3.5 there). Then the memory scorer
+    names the limit (2.0) and the input scorer withdraws (the host work stalled at the limit):
+    renamed host_memory_pressure, its first name kept, though 2.0 is under 1.5x the first
+    name's score when it was named."""
+    windows = loading_slowed(0, 0)
+    for i, (procs, _h) in enumerate(windows):
+        if i >= 33:
+            procs[0].memory_limit_hits = 800
+    d, made = run(windows)
+    assert made[0] == (31, "input_starvation") and made[-1][1] == "host_memory_pressure", made
+    assert d.diagnoses[0].evidence["first_named"] == "input_starvation"
+
+
+def test_a_loop_stepping_once_in_two_windows_is_judged_through_its_stepless_windows() -> None:
+    """A job of twenty steps a window slowed to one 800 ms step in two windows (a data set
+    thrashing under a memory limit): windows of one long step, held as a checkpoint's would be,
+    between windows of none. A window of no step continues the hold (a step in progress): the
+    third long step is judged, the slowdown detected then, and the limit's hits, read in a
+    window of no step, are its evidence."""
+    windows = [([proc(25.0, memory_limit_hits=0)], host(i)) for i in range(30)]
+    for i in range(30, 44):
+        w = proc(25.0, memory_limit_hits=500 if i == 31 else 0)
+        if i % 2:
+            w.steps = w.step_ns = w.gpu_idle_ns = w.host_ns = w.copy_bytes = w.copy_ns = 0
+        else:
+            w.steps, w.step_ns, w.longest_ns = 1, 800 * MS, 800 * MS
+            w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.8), int(w.step_ns * 0.9)
+        windows.append(([w], host(i)))
+    d, made = run(windows)
+    assert made == [(34, "host_memory_pressure")], made
+    assert d.diagnoses[0].onset_ns == host(30).end_ns - W_NS + host(30).wall_offset_ns
+
+
 def test_a_job_that_always_runs_at_its_memory_limit_is_not_blamed_on_it() -> None:
     """Hits at the same rate before and after (a PyTorch job's page cache at
     its pod's limit all along): no new cause there; the loading is."""
@@ -393,6 +430,34 @@ def test_a_gpu_idling_while_the_host_loads_data_is_input_starvation() -> None:
     assert made == [(31, "input_starvation")]
     ev = d.diagnoses[0].evidence
     assert ev["gpu_idle_share"] == pytest.approx(0.55, abs=0.01) and ev["gpu_idle_share_before"] == pytest.approx(0.1)
+
+
+def accumulating(host_ms: float, wait_ms: float, idle_ms: float) -> ProcWindow:
+    """A window of optimizer steps of four micro-batches that read no loss (only the optimizer's
+    step waits): host_ms of the host's own work a step (loading three batches, launching),
+    wait_ms in copies and the wait, idle_ms of GPU idle seen (from the wait's return to the
+    first copy: the first batch's loading only)."""
+    step_ms = host_ms + wait_ms
+    w = proc(step_ms)
+    w.host_ns, w.gpu_idle_ns = int(w.steps * host_ms * MS), int(w.steps * idle_ms * MS)
+    return w
+
+
+def test_a_slower_loader_between_micro_batches_is_input_starvation() -> None:
+    """bench/diagnose_zoo's slow_loader on accumulation -A 3 -a (seed 2: unknown, input 0.95):
+    the loading of four batches went from 20 to 80 ms a step; the GPU idles through it, but
+    memtrace sees only the first batch's (from the optimizer's wait to the next copy), 5 ms to
+    20 ms, a share 8 points up (11% to 19%). The host made the step's growth, the copies and
+    the wait did not grow: the GPU's work per step is as before, and it idled through the host's
+    growth (at least 62% of the step). A step that grew in its waits instead is not input."""
+    windows = [([accumulating(20.0, 25.0, 5.0)], host(i)) for i in range(30)]
+    slow = windows + [([accumulating(80.0, 25.0, 20.0)], host(i)) for i in range(30, 36)]
+    d, made = run(slow)
+    assert made == [(31, "input_starvation")], made
+    assert d.diagnoses[0].evidence["gpu_idle_share_at_least"] == pytest.approx((5 + 60) / 105, rel=0.02)
+    waited = windows + [([accumulating(20.0, 85.0, 5.0)], host(i)) for i in range(30, 36)]
+    _, made = run(waited)
+    assert made == [(31, "unknown")], made
 
 
 def test_a_saturated_link_in_the_jobs_namespace_is_nic_contention() -> None:
@@ -506,7 +571,25 @@ def test_steps_longer_than_a_window_window_after_window_are_judged() -> None:
         w.steps, w.step_ns, w.longest_ns = 1, 600 * MS, 600 * MS
         windows.append(([w], host(i)))
     _, made = run(windows)
-    assert made == [(33, "unknown")]
+    assert made == [(32, "unknown")]
+
+
+def test_a_slowdown_past_a_step_a_window_is_judged_with_the_windows_held() -> None:
+    """A job of four 120 ms steps a window whose data set starts thrashing under its memory limit
+    (bench/diagnose_zoo's memory_pressure on the accumulation shape, 5x): one 600 ms step a
+    window. Its first two such windows are held (a checkpoint's would be); at the third, the hold
+    runs out and they were the loop's pace: slow windows, the slowdown's onset and its evidence.
+    The limit was hit in those two only (its first reclaim, then steady refaults PSI barely
+    sees): named host_memory_pressure, at the third window, from the first."""
+    windows = [([proc(120.0, memory_limit_hits=0)], host(i)) for i in range(30)]
+    for i in range(30, 40):
+        w = proc(120.0, memory_limit_hits=400 if i < 32 else 0)
+        w.steps, w.step_ns, w.longest_ns = 1, 600 * MS, 600 * MS
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.8), int(w.step_ns * 0.9)
+        windows.append(([w], host(i)))
+    d, made = run(windows)
+    assert made == [(32, "host_memory_pressure")]
+    assert d.diagnoses[0].onset_ns == host(30).end_ns - W_NS + host(30).wall_offset_ns
 
 
 def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as_evidence() -> None:

@@ -318,6 +318,8 @@ class _Seen:
     since_detect: int = 0
     calm: int = 0
     held: int = 0  # windows in a row held out as one step longer than a window (_phase)
+    # Those windows, kept until the hold runs out: then they were the loop's pace, and are judged.
+    held_windows: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)
 
 
 def _step_mean(w: ProcWindow) -> float | None:
@@ -497,6 +499,35 @@ def _runq_explains(before: list[tuple[ProcWindow, HostWindow]], after: list[tupl
     return a[0] - b[0] >= MARGINS.host_starved_of_growth * (a[1] - b[1])
 
 
+def _unseen_idle(
+    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]
+) -> float | None:
+    """The GPU's idle share after, at least, where most of the step's growth is the host's own
+    work (MARGINS.most): the rest of the step (copies, waits, collectives) grew by less, so the
+    GPU's work per step grew by no more than that, and it idled through the host's growth. Its
+    idle is measured only from a wait's return to the next work given it: a loop that gives it
+    work between waits (micro-batches accumulated with no loss read, each loaded while the last
+    one's kernels ran) idles unseen between them. None: the host did not make most of the growth."""
+
+    def per_step(ws: list[tuple[ProcWindow, HostWindow]]) -> tuple[float, float, float] | None:
+        n = sum(w.steps for w, _ in ws)
+        if not n:
+            return None
+        return (
+            sum(w.step_ns for w, _ in ws) / n,
+            sum(w.gpu_idle_ns for w, _ in ws) / n,
+            sum(w.host_ns for w, _ in ws) / n,
+        )
+
+    b, a = per_step(before), per_step(after)
+    if b is None or a is None:
+        return None
+    grew, host_grew = a[0] - b[0], a[2] - b[2]
+    if grew <= 0 or host_grew < MARGINS.most * grew:
+        return None
+    return (b[1] + min(grew, host_grew)) / a[0]
+
+
 def _steal_share(ws: list[ProcWindow]) -> float | None:
     """The share of a process's time the hypervisor took from it: the steal share of its CPUs
     over the time it was on them (a GPU-bound job that is seldom on a CPU loses little to it),
@@ -542,7 +573,8 @@ class Diagnoser:
             known = f"{len(s.normal)} windows, {classes} classes known"
             return f"serving, at equal work {last}; {base} of {known}, {len(s.slow)} slow{active}"
         base = f"baseline {statistics.median(s.normal) * 1e-6:.3g} ms" if s.normal else "no baseline"
-        return f"{base} of {len(s.normal)} windows, {len(s.slow)} slow{active}"
+        held = f", {len(s.held_windows)} held (a step longer than a window)" if s.held_windows else ""
+        return f"{base} of {len(s.normal)} windows, {len(s.slow)} slow{held}{active}"
 
     def observe(self, procs: list[ProcWindow], host: HostWindow) -> list[Diagnosis]:
         """Fold one window; returns the diagnoses made (or re-named) in it."""
@@ -587,9 +619,19 @@ class Diagnoser:
         if _phase(s, w):
             s.held += 1
             if s.held < HOLD_PHASES:
+                s.held_windows.append((w, host))
                 return None  # neither slow nor normal: the slow windows around it stay in a row
+        elif s.held and not w.steps and not w.serving and len(s.held_windows) < 2 * HOLD_PHASES:
+            # A step still in progress between steps longer than a window: the hold goes on (a loop
+            # at one step in two windows was otherwise held for good, never judged again).
+            s.held_windows.append((w, host))
+            return None
         else:
-            s.held = 0
+            s.held, s.held_windows = 0, []
+        # The hold ran out (steps that long window after window): the windows held were the loop's
+        # pace too. Slow with this one, they are slow windows: counted, and their signals evidence
+        # (a job slowed past one step a window had its first seconds of evidence dropped).
+        held, s.held_windows = s.held_windows, []
         # Only classes of work never seen (bounded): judged against their bound, never learnt as a ratio.
         mean, bounded = _symptom_value(s, w)
         s.last = mean
@@ -609,7 +651,7 @@ class Diagnoser:
         base = statistics.median(s.normal)
         if s.active is not None:
             s.since_detect += 1
-            s.slow.append((w, host))
+            s.slow += [*held, (w, host)]
             if mean <= CLEAR_RATIO * base:
                 s.calm += 1
                 if s.calm >= CLEAR_AFTER:
@@ -620,7 +662,7 @@ class Diagnoser:
                 return self._refine(s, base, host, peers)
             return None
         if self._slow(s, w, mean):
-            s.slow.append((w, host))
+            s.slow += [*held, (w, host)]
             if len(s.slow) >= DETECT_AFTER:
                 return self._detect(s, base, host, peers)
             return None
@@ -683,7 +725,10 @@ class Diagnoser:
         cause, evidence = self._cause(s, self._over_slowdown(s, peers))
         if cause == d.cause or cause == "unknown":
             return None
-        if d.cause != "unknown" and evidence.get("score", 0) < d.evidence.get("score", 0) * MARGINS.rename:
+        # Against the first name's score now, over the same windows: evidence that came later (a
+        # memory limit's hits, read once a second) may withdraw it (its scorer then says 0).
+        first_now = evidence.get("candidates", {}).get(d.cause, d.evidence.get("score", 0))
+        if d.cause != "unknown" and evidence.get("score", 0) < first_now * MARGINS.rename:
             return None
         first = d.cause
         d.cause = cause
@@ -927,6 +972,10 @@ class Diagnoser:
             "host_share_before": round(hb, 4),
             "host_share": round(ha, 4),
         }
+        unseen = _unseen_idle(before, after)
+        if unseen is not None and unseen > ia:
+            ev["gpu_idle_share_at_least"] = round(unseen, 4)
+            ia = unseen
         return ((ia - ib) / MARGINS.idle_rise if ha > hb else 0.0), "input_starvation", ev
 
     @staticmethod

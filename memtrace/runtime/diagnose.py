@@ -249,6 +249,8 @@ class LiveDiagnosis:
                     mean += f", {w.steal_share:.1%} stolen"
                 if w.collective_ns and w.step_ns:
                     mean += f", {w.collective_ns / w.step_ns:.0%} in collectives"
+                if w.memory_limit_hits:
+                    mean += f", {w.memory_limit_hits} memory limit hits"
                 log.debug("diagnosis window: pid %d %s: %s; %s", key.pid, w.name, mean, self.engine.state(key))
         names = CgroupNames() if made else None
         for diag in made:
