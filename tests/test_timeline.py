@@ -276,34 +276,48 @@ def test_run_timeline_has_one_slice_per_copy_in_order_with_its_bytes_nested_in_i
 
 
 @pytest.mark.bpf
-def test_run_timeline_has_one_launch_slice_per_launch_in_call_order_nested_in_its_step(
+def test_run_timeline_has_one_launch_slice_per_launch_timed_inside_the_call_on_its_stream_nested_in_its_step(
     traced_loop: tuple[dict, dict, Decoded],
 ) -> None:
     """Launches were all probed (no budget sampling at this rate): each is a
-    zero-length slice (an instant) on its thread, at its entry, with its
-    stream and function; their number is the workload's own count and the
-    kernel's, and among the thread's copies and waits they come in the
-    order the loop made them, each inside its step."""
+    slice on its thread from the driver launch's entry to its return (the
+    return probe `run --timeline` adds), with its API, stream and function;
+    their number is the workload's own count and the kernel's; among the
+    thread's copies and waits they come in the order the loop made them,
+    each inside its step and inside no call; and each lies between the
+    clock readings the workload took just before and just after its call.
+    cuLaunchKernelEx's stream is the one in its CUlaunchConfig."""
     doc, truth, tr = traced_loop
     pid, tid = truth["pid"], truth["tid"]
-    launches = [i for i in tr.instants if i["category"] == ["launch"]]
-    assert all(tr.thread_of(i["track"]) == (pid, tid) for i in launches)
-    assert len(launches) == truth["launches"] == sum(r["launches"] for r in doc["launches"] if r["pid"] == pid)
+    want = truth["launch_calls"]
+    launches = sorted((s for s in tr.slices if s["category"] == ["launch"]), key=lambda s: s["ts"])
+    assert not [i for i in tr.instants if i["category"] == ["launch"]]  # slices, not instants
+    assert all(tr.thread_of(s["track"]) == (pid, tid) for s in launches)
+    assert len(launches) == len(want) == truth["launches"]
+    assert len(launches) == sum(r["launches"] for r in doc["launches"] if r["pid"] == pid)
     # Every record queued became a slice, and none was lost to a full ring (the JSON would say so).
     assert (doc["agent"]["launch_events"], doc["agent"]["launch_events_dropped"]) == (len(launches), 0)
-    (row,) = [r for r in doc["launches"] if r["pid"] == pid]
-    assert row["estimated"] is False  # counted, not sampled: slices, and the counter says "counted"
-    assert all(i["name"] == "kernel launch" and i["args"]["api"] == "cuLaunchKernel" for i in launches)
-    assert all(i["args"]["stream"] == truth["stream"] and i["args"]["function"] == truth["kernel"] for i in launches)
+    rows = [r for r in doc["launches"] if r["pid"] == pid]
+    assert rows and all(r["estimated"] is False for r in rows)  # counted, not sampled: slices
+    assert {w["api"] for w in want} == {"cuLaunchKernel", "cuLaunchKernelEx"}
+    for s, w in zip(launches, want, strict=True):
+        assert s["name"] == "kernel launch" and s["args"]["api"] == w["api"], (s, w)
+        assert (s["args"]["stream"], s["args"]["function"]) == (w["stream"], w["function"]), (s, w)
+        assert "error" not in s["args"]
+        # The host-side time of the launch: inside the workload's own readings around its call.
+        assert w["before"] <= s["ts"] < s["end"] <= w["after"], (s, w)
     # Order: the thread's copies, launches and waits by time are the loop's own sequence.
     mine = [s for s in tr.slices if tr.thread_of(s["track"]) == (pid, tid) and s["category"] in (["copy"], ["wait"])]
     calls = [(s["ts"], s["args"].get("direction", "wait"), s) for s in mine] + [
-        (i["ts"], "launch", i) for i in launches
+        (s["ts"], "launch", s) for s in launches
     ]
     calls.sort(key=lambda c: c[0])
     assert [c[1] for c in calls] == truth["sequence"]
+    # No two of them overlap: a launch is inside no call, and no call inside a launch.
+    for (_, _, a), (_, _, b) in zip(calls, calls[1:], strict=False):
+        assert a["end"] <= b["ts"], (a, b)
     # Nesting: a launch made after the loop's k-th wait is in step k, whose slice is
-    # steps[k - 1] (the first step, before any wait, has none); it is inside no call.
+    # steps[k - 1] (the first step, before any wait, has none).
     steps = sorted(
         (s for s in tr.slices if s["category"] == ["step"] and tr.thread_of(s["track"]) == (pid, tid)),
         key=lambda s: s["ts"],
@@ -316,6 +330,7 @@ def test_run_timeline_has_one_launch_slice_per_launch_in_call_order_nested_in_it
             assert s["parent"] is None and s["depth"] == 0, s
         elif what == "launch":
             assert s["parent"] is steps[waits - 1] and s["depth"] == 1, s
+            assert steps[waits - 1]["ts"] <= s["ts"] and s["end"] <= steps[waits - 1]["end"]
 
 
 @pytest.mark.bpf
