@@ -92,3 +92,31 @@ def test_with_a_timeline_every_launch_is_one_record_and_the_model_still_counts_f
     assert (ends[:-1] <= recs["ts_ns"][1:].astype(np.int64)).all()  # one thread: each returned before the next
     assert (np.diff(recs["ts_ns"].astype(np.int64)) >= 0).all()  # one thread: in call order
     assert len(set(recs["tid"].tolist())) == 1
+
+
+def test_a_sampled_processs_launches_are_its_estimated_rate_counter_not_slices(fakecuda: Path, tmp_path: Path) -> None:
+    """`run --timeline` on a launch loop the overhead budget samples from its
+    first launches (test_overhead's short steady loop): its launches are
+    counted by estimate, and the trace says so on its launch counters; the
+    launch slices are only those made before the budget took its probes
+    (every one of them queued and drawn), far fewer than the loop made."""
+    from test_overhead import launch_loop, loop_truth, one_row, traced
+    from test_timeline import decode
+
+    argv = launch_loop(fakecuda, tmp_path, 40_000, 10_000, 1000, libs="pushfirst")
+    trace = tmp_path / "run.pftrace"
+    doc = traced(argv, tmp_path, "--timeline", str(trace))
+    truth = loop_truth(doc)
+    (row,) = doc["launches"]
+    assert row["estimated"] is True and 0 < one_row(doc)["launch_duty"] < 1
+    tr = decode(trace)
+    slices = [s for s in tr.slices if s["category"] == ["launch"]]
+    assert len(slices) == doc["agent"]["launch_events"] and doc["agent"]["launch_events_dropped"] == 0
+    assert len(slices) < truth["launches"] // 2
+    pid = row["pid"]
+    counters = {
+        d.name
+        for d in tr.tracks.values()
+        if d.HasField("counter") and tr.tracks[d.parent_uuid].process.pid == pid and d.name.startswith("launch")
+    }
+    assert counters and all("[estimated: sampled by the overhead budget at " in n for n in counters), counters
