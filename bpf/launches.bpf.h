@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * Launches and traps counted in the kernel (memtrace.bpf.c), and the
- * overhead budget's launch sampling: per-process launch links, the windows
- * they are open, and the launches between two exact calls.
+ * Launches and traps counted in the kernel (memtrace.bpf.c), the overhead
+ * budget's launch sampling: per-process launch links, the windows they are
+ * open, and the launches between two exact calls; and, while a timeline is
+ * recorded, each launch's record: its entry, stream and function, made a
+ * record with its host-side duration by the return probe.
  */
 #ifndef __MEMTRACE_LAUNCHES_BPF_H
 #define __MEMTRACE_LAUNCHES_BPF_H
 
 #include "common.bpf.h"
 #include "inflight.bpf.h"
+#include "uargs.h"
+#include "events.bpf.h"
 
 /* Launches per (pid, api): counted here, no event (the hot path). */
 struct {
@@ -135,6 +139,83 @@ static __always_inline void launch_interval(__u32 tgid)
 	} else {
 		s->primed = 1;
 	}
+}
+
+/*
+ * A timeline's launch slices. Set by user space before load when a
+ * timeline is recorded (`run --timeline`): each launch of a process whose
+ * launches are all probed (not sampled by the budget) is stashed at entry,
+ * and its return probe (mt_launch_return, attached only then) queues it as
+ * one record: entry time, host-side duration, stream, function or graph
+ * (`dst`), result. Off, the verifier drops these branches and a launch is
+ * the one entry trap and the counter it always was. The count in `counts`
+ * stays the truth; a record the ring cannot take is counted in
+ * MT_STAT_LAUNCH_DROPPED.
+ */
+const volatile bool launch_events = false;
+
+struct mt_launch_entry {
+	__u64 ts;
+	__u64 cookie;
+	__u64 start_ns; /* the process's (struct mt_proc_key) */
+	__u64 stream;
+	__u64 function; /* or the graph */
+};
+
+/* Launches in flight, by thread id: one at a time per thread. LRU, and
+ * deleted at return and at the thread's exit: nothing grows. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct mt_launch_entry);
+} launch_entries SEC(".maps");
+
+/* The launch's stream: its argument, or (MT_LAUNCH_STREAM_IN_CONFIG,
+ * cuLaunchKernelEx) the hStream of the CUlaunchConfig it points to. */
+static __always_inline __u64 launch_stream(const struct args *a, __u64 cookie)
+{
+	__u64 v = arg_at(a, ck(cookie, MT_CK_STREAM_SHIFT)), stream = 0;
+
+	if (!(ck(cookie, MT_CK_DIRSRC_SHIFT) & MT_LAUNCH_STREAM_IN_CONFIG))
+		return v;
+	if (!v || bpf_probe_read_user(&stream, sizeof(stream), (void *)(v + MT_LCFG_STREAM_OFF)))
+		return 0;
+	return stream;
+}
+
+/* At a launch's entry (launch_events on, its process not sampled). */
+static __always_inline void launch_enter(struct pt_regs *ctx, __u64 id, __u64 start, __u64 cookie)
+{
+	struct mt_launch_entry e = {};
+	struct args a = {};
+	__u32 tid = (__u32)id;
+
+	load_args(ctx, &a);
+	e.cookie = cookie;
+	e.start_ns = start;
+	e.stream = launch_stream(&a, cookie);
+	e.function = arg_at(&a, ck(cookie, MT_CK_DST_SHIFT));
+	e.ts = bpf_ktime_get_ns();
+	bpf_map_update_elem(&launch_entries, &tid, &e, BPF_ANY);
+}
+
+/* At its return: the record, with the result the call returned. */
+static __always_inline void launch_return(__u64 now, __u64 id, __u64 cookie, __s32 ret)
+{
+	__u32 tid = (__u32)id;
+	struct mt_launch_entry *e = bpf_map_lookup_elem(&launch_entries, &tid);
+
+	if (!e)
+		return; /* entered before the return probe was attached, or sampled */
+	if ((e->cookie & 0xffff) == (cookie & 0xffff)) {
+		if (queue_event(id, e->start_ns, e->cookie, e->ts, now - e->ts, 0, e->stream, e->function, 0, ret, 0,
+				0, 0))
+			stat_inc(MT_STAT_LAUNCH_EVENTS);
+		else
+			stat_inc(MT_STAT_LAUNCH_DROPPED);
+	}
+	bpf_map_delete_elem(&launch_entries, &tid);
 }
 
 #endif /* __MEMTRACE_LAUNCHES_BPF_H */

@@ -9,7 +9,8 @@
  * `events` ring, submitted without wakeup (user space drains it on a
  * timer: wakeups from uprobe context lose hits on current kernels); a call
  * the ring cannot take is counted in `lost`, so user space's totals stay
- * exact. Launches are counted in the kernel by an entry-only probe.
+ * exact. Launches are counted in the kernel by an entry-only probe (and,
+ * while a timeline is recorded, timed by a return probe: launches.bpf.h).
  *
  * A tracepoint on mmap holds a process (SIGSTOP) that maps the code of a
  * CUDA library whose inode has no probes yet (or whose executable was not
@@ -49,28 +50,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Set by user space before load: take the caller's stack at copies and memory calls (memtrace.h). */
 const volatile bool capture_stacks = false;
-
-/* Set by user space before load when a timeline is recorded (`run
- * --timeline`): each launch whose process has every launch probed is also a
- * record on the ring (its slice). Off, the verifier drops the branch and a
- * launch is the one trap and the counter it always was. */
-const volatile bool launch_events = false;
-
-/* A launch's record: entry time, no duration (there is no return probe:
- * a second trap per launch), its stream and its function or graph in `dst`
- * where the cookie names them. The count in `counts` stays the truth; a
- * record the ring cannot take is counted in MT_STAT_LAUNCH_DROPPED. */
-static __always_inline void launch_event(struct pt_regs *ctx, __u64 id, __u64 start, __u64 cookie, __u64 ts)
-{
-	struct args a = {};
-
-	load_args(ctx, &a);
-	if (queue_event(id, start, cookie, ts, 0, 0, arg_at(&a, ck(cookie, MT_CK_STREAM_SHIFT)),
-			arg_at(&a, ck(cookie, MT_CK_DST_SHIFT)), 0, 0, 0, 0, 0))
-		stat_inc(MT_STAT_LAUNCH_EVENTS);
-	else
-		stat_inc(MT_STAT_LAUNCH_DROPPED);
-}
 
 /*
  * Entry of every probed call but launches: stash what the return needs.
@@ -247,12 +226,12 @@ int BPF_KPROBE(mt_launch)
 	if (c) {
 		__sync_fetch_and_add(c, 1);
 		if (launch_events && !sample) /* a sampled process's launches stay an estimate: no slices */
-			launch_event(ctx, id, tk.start_ns, cookie, bpf_ktime_get_ns());
+			launch_enter(ctx, id, tk.start_ns, cookie);
 		return 0;
 	}
 	introduce(id, tk.start_ns); /* its first launch of this api: maybe its first event */
 	if (launch_events && !sample)
-		launch_event(ctx, id, tk.start_ns, cookie, bpf_ktime_get_ns());
+		launch_enter(ctx, id, tk.start_ns, cookie);
 	if (bpf_map_update_elem(&counts, &tk, &one, BPF_NOEXIST)) {
 		c = bpf_map_lookup_elem(&counts, &tk); /* another thread made it */
 		if (c)
@@ -260,6 +239,18 @@ int BPF_KPROBE(mt_launch)
 		else
 			stat_inc(MT_STAT_COUNTS_FULL);
 	}
+	return 0;
+}
+
+/* A launch's return, attached only while a timeline is recorded
+ * (launch_events): its record, with its host-side duration. */
+SEC("uretprobe")
+int BPF_KRETPROBE(mt_launch_return)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (launch_events)
+		launch_return(now, current_id(), bpf_get_attach_cookie(ctx), (__s32)PT_REGS_RC(ctx));
 	return 0;
 }
 
@@ -347,6 +338,8 @@ int BPF_PROG(mt_exit, struct task_struct *p)
 	key = ((__u64)tid << 1) | MT_LAYER_DRIVER;
 	if (drop_inflight(key))
 		stat_inc(MT_STAT_ABANDONED);
+	if (launch_events)
+		bpf_map_delete_elem(&launch_entries, &tid);
 
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0; /* other threads of the process live on */

@@ -50,11 +50,20 @@ enum mt_family {
 	MT_FAM_MEM = 1,  /* allocation, free, host registration, VMM map/unmap */
 	MT_FAM_SYNC = 2, /* a synchronisation wait: its duration */
 	MT_FAM_LAUNCH = 3, /* a kernel or graph launch: counted in the kernel, entry only; with
-			    * launch_events also one record (ts, stream, function in dst, no duration) */
+			    * launch_events a return probe too, and one record per launch (entry,
+			    * host-side duration, stream, function or graph in dst, result) */
 };
 
 /* MT_FAM_MEM flags (the DIRSRC nibble). */
 #define MT_MEM_AUX_DEREF 0x1 /* AUX is a pointer to a size_t written by the call (pitch) */
+
+/* MT_FAM_LAUNCH flags (the DIRSRC nibble). */
+#define MT_LAUNCH_STREAM_IN_CONFIG 0x1 /* STREAM is a CUlaunchConfig pointer: the stream is its hStream */
+
+/* CUlaunchConfig (cuda.h, 64-bit; cuLaunchKernelEx's first argument): seven
+ * unsigned ints, then hStream aligned to 8, attrs, numAttrs: 56 bytes. */
+#define MT_LCFG_STREAM_OFF 32
+#define MT_LCFG_SIZE 56
 
 /*
  * bpf_cookie layout: one generic program serves every copy symbol, and the

@@ -65,6 +65,7 @@ int main(void) {
   C(MT_LAYER_RUNTIME); C(MT_LAYER_DRIVER); C(MT_DIRSRC_FIXED); C(MT_DIRSRC_KIND); C(MT_DIRSRC_DESC2D);
   C(MT_DIRSRC_DESC3D); C(MT_DIRSRC_PARMS3D); C(MT_FAM_COPY); C(MT_FAM_MEM); C(MT_FAM_SYNC); C(MT_FAM_LAUNCH);
   C(MT_MEM_AUX_DEREF); C(MT_STAT_COUNTS_FULL); C(MT_API_TRAPS);
+  C(MT_LAUNCH_STREAM_IN_CONFIG); C(MT_LCFG_STREAM_OFF); C(MT_LCFG_SIZE);
   C(MT_STAT_EVENTS); C(MT_STAT_DROPPED); C(MT_STAT_TOTALS_FULL); C(MT_STAT_INFLIGHT_FULL); C(MT_STAT_NESTED);
   C(MT_STAT_ABANDONED); C(MT_STAT_HOLDS); C(MT_STAT_HOLD_MISSED); C(MT_STAT_CTL_DROPPED); C(MT_STAT_COUNT);
   C(MT_STAT_NESTED_SAME); C(MT_STAT_UNRETURNED); C(MT_STAT_BATCH_TRUNCATED); C(MT_DIRSRC_BATCH);
@@ -132,6 +133,8 @@ int main(void) {
   printf("\"cudart B3D depth\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, extent.depth));
   printf("\"cudart B3D extent end\": %zu,\n", offsetof(struct cudaMemcpy3DBatchOp, srcAccessOrder));
   printf("\"cudart B3D sizeof\": %zu,\n", sizeof(struct cudaMemcpy3DBatchOp));
+  printf("\"cuda LCFG hStream\": %zu,\n", offsetof(CUlaunchConfig, hStream));
+  printf("\"cuda LCFG sizeof\": %zu,\n", sizeof(CUlaunchConfig));
   printf("\"cuda operand pointer\": %d,\n", (int)CU_MEMCPY_OPERAND_TYPE_POINTER);
   printf("\"cudart operand pointer\": %d\n}\n", (int)cudaMemcpyOperandTypePointer);
   return 0;
@@ -232,6 +235,7 @@ def test_enums_match(header: dict[str, int]) -> None:
     for fam in abi.Family:
         assert header[f"MT_FAM_{fam.name}"] == fam.value
     assert header["MT_MEM_AUX_DEREF"] == abi.MEM_AUX_DEREF
+    assert header["MT_LAUNCH_STREAM_IN_CONFIG"] == abi.LAUNCH_STREAM_IN_CONFIG
     for name in ("STACK_DEPTH", "STACKS_MAX", "BATCH_EACH", "BATCH_MAX", "EV_MORE", "EV_SUM", "EV_LAYER"):
         assert header[f"MT_{name}"] == getattr(abi, name), name
 
@@ -270,10 +274,13 @@ def test_cookie_and_descriptor_constants_match(header: dict[str, int]) -> None:
         ("MT_P3D_DEPTH_OFF", "cuda P3D depth"),
         ("MT_P3D_KIND_OFF", "cuda P3D kind"),
         ("MT_P3D_SIZE", "cuda P3D sizeof"),
+        ("MT_LCFG_STREAM_OFF", "cuda LCFG hStream"),
+        ("MT_LCFG_SIZE", "cuda LCFG sizeof"),
     )
     for mine, theirs in descriptors:
         assert header[mine] == header[theirs], mine
-    assert {mine for mine, _ in descriptors} == {k for k in header if k.startswith(("MT_M2D_", "MT_M3D_", "MT_P3D_"))}
+    prefixes = ("MT_M2D_", "MT_M3D_", "MT_P3D_", "MT_LCFG_")
+    assert {mine for mine, _ in descriptors} == {k for k in header if k.startswith(prefixes)}
     for lib in ("cuda", "cudart"):  # 3D batch operations: one layout for both
         for mine, theirs in (
             ("MT_B3D_SRC_TYPE_OFF", "src.type"),
@@ -297,7 +304,8 @@ def test_cookies_decode_to_the_table() -> None:
         assert c & 0xFFFF == a.id
         assert (c >> abi.CK_BYTES_SHIFT) & 0xF == a.bytes_arg
         assert (c >> abi.CK_MUL_SHIFT) & 0xF == a.mul_arg
-        assert (c >> abi.CK_DIRSRC_SHIFT) & 0xF == (a.mem_flags if mem else a.dirsrc)
+        launch = a.family == abi.Family.LAUNCH
+        assert (c >> abi.CK_DIRSRC_SHIFT) & 0xF == (a.mem_flags if mem else a.launch_flags if launch else a.dirsrc)
         assert (c >> abi.CK_DIRARG_SHIFT) & 0xF == (a.out_arg if mem else a.dirval)
         assert (c >> abi.CK_STREAM_SHIFT) & 0xF == a.stream_arg
         assert (c >> abi.CK_LAYER_SHIFT) & 1 == a.layer

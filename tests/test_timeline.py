@@ -178,6 +178,19 @@ def test_the_recorders_directory_keeps_the_newest_traces_under_its_cap(tmp_path:
     assert left == sorted(paths[-len(left) :]) and paths[-1] in left  # the oldest went first
 
 
+def test_a_counter_track_says_what_its_latest_reading_is_once_launches_are_sampled() -> None:
+    """A process's launch counter began counted and the budget sampled it
+    later: the track is marked estimated (its latest reading's note), not
+    left saying counted."""
+    from memtrace.runtime.recorder import Reading
+
+    rec = Recorder(RecorderOptions(seconds=math.inf, max_bytes=1 << 20))
+    rec._point(Reading("launches", "launch rate", "1/s", 10.0, 7, False, "counted"), 1_000)
+    rec._point(Reading("launches", "launch rate", "1/s", 12.0, 7, False, "estimated: sampled at 20%"), 2_000)
+    (s,) = rec._series.values()
+    assert s.track.note == "estimated: sampled at 20%" and list(s.points) == [(1_000, 10.0), (2_000, 12.0)]
+
+
 def test_steps_of_a_loop_tile_its_waits_and_carry_the_trackers_breakdown() -> None:
     """A synthetic loop: each step's copies and wait nest in the slice the
     replayed tracker closes, which ends at the wait's return; its breakdown adds up to it."""
@@ -220,8 +233,11 @@ def _run(fakecuda: Path, tmp: Path, out: str, extra_env: dict[str, str], *flags:
     truth = tmp / "truth.jsonl"
     summary = tmp / "summary.json"
     argv = [sys.executable, str(FIXTURES / "timeline_loop.py"), str(fakecuda / "lib"), "--steps", "60"]
+    # The budget off: every launch probed, so each is a slice (a sampled process's are its
+    # estimated counter alone: tests/test_timeline_launches.py), whatever this VM's trap costs.
+    cmd = [*memtrace_cmd(), "run", "--format", "json", "-o", str(summary), "--overhead-budget", "off"]
     p = subprocess.run(
-        [*memtrace_cmd(), "run", "--format", "json", "-o", str(summary), *flags, "--timeline", out, "--", *argv],
+        [*cmd, *flags, "--timeline", out, "--", *argv],
         env=dict(os.environ, WORKLOAD_TRUTH=str(truth), **extra_env),
         capture_output=True,
         text=True,
@@ -276,34 +292,48 @@ def test_run_timeline_has_one_slice_per_copy_in_order_with_its_bytes_nested_in_i
 
 
 @pytest.mark.bpf
-def test_run_timeline_has_one_launch_slice_per_launch_in_call_order_nested_in_its_step(
+def test_run_timeline_has_one_launch_slice_per_launch_timed_inside_the_call_on_its_stream_nested_in_its_step(
     traced_loop: tuple[dict, dict, Decoded],
 ) -> None:
-    """Launches were all probed (no budget sampling at this rate): each is a
-    zero-length slice (an instant) on its thread, at its entry, with its
-    stream and function; their number is the workload's own count and the
-    kernel's, and among the thread's copies and waits they come in the
-    order the loop made them, each inside its step."""
+    """Launches were all probed (the budget off): each is a
+    slice on its thread from the driver launch's entry to its return (the
+    return probe `run --timeline` adds), with its API, stream and function;
+    their number is the workload's own count and the kernel's; among the
+    thread's copies and waits they come in the order the loop made them,
+    each inside its step and inside no call; and each lies between the
+    clock readings the workload took just before and just after its call.
+    cuLaunchKernelEx's stream is the one in its CUlaunchConfig."""
     doc, truth, tr = traced_loop
     pid, tid = truth["pid"], truth["tid"]
-    launches = [i for i in tr.instants if i["category"] == ["launch"]]
-    assert all(tr.thread_of(i["track"]) == (pid, tid) for i in launches)
-    assert len(launches) == truth["launches"] == sum(r["launches"] for r in doc["launches"] if r["pid"] == pid)
+    want = truth["launch_calls"]
+    launches = sorted((s for s in tr.slices if s["category"] == ["launch"]), key=lambda s: s["ts"])
+    assert not [i for i in tr.instants if i["category"] == ["launch"]]  # slices, not instants
+    assert all(tr.thread_of(s["track"]) == (pid, tid) for s in launches)
+    assert len(launches) == len(want) == truth["launches"], (doc["launches"], doc["agent"])
+    assert len(launches) == sum(r["launches"] for r in doc["launches"] if r["pid"] == pid)
     # Every record queued became a slice, and none was lost to a full ring (the JSON would say so).
     assert (doc["agent"]["launch_events"], doc["agent"]["launch_events_dropped"]) == (len(launches), 0)
-    (row,) = [r for r in doc["launches"] if r["pid"] == pid]
-    assert row["estimated"] is False  # counted, not sampled: slices, and the counter says "counted"
-    assert all(i["name"] == "kernel launch" and i["args"]["api"] == "cuLaunchKernel" for i in launches)
-    assert all(i["args"]["stream"] == truth["stream"] and i["args"]["function"] == truth["kernel"] for i in launches)
+    rows = [r for r in doc["launches"] if r["pid"] == pid]
+    assert rows and all(r["estimated"] is False for r in rows)  # counted, not sampled: slices
+    assert {w["api"] for w in want} == {"cuLaunchKernel", "cuLaunchKernelEx"}
+    for s, w in zip(launches, want, strict=True):
+        assert s["name"] == "kernel launch" and s["args"]["api"] == w["api"], (s, w)
+        assert (s["args"]["stream"], s["args"]["function"]) == (w["stream"], w["function"]), (s, w)
+        assert "error" not in s["args"]
+        # The host-side time of the launch: inside the workload's own readings around its call.
+        assert w["before"] <= s["ts"] < s["end"] <= w["after"], (s, w)
     # Order: the thread's copies, launches and waits by time are the loop's own sequence.
     mine = [s for s in tr.slices if tr.thread_of(s["track"]) == (pid, tid) and s["category"] in (["copy"], ["wait"])]
     calls = [(s["ts"], s["args"].get("direction", "wait"), s) for s in mine] + [
-        (i["ts"], "launch", i) for i in launches
+        (s["ts"], "launch", s) for s in launches
     ]
     calls.sort(key=lambda c: c[0])
     assert [c[1] for c in calls] == truth["sequence"]
+    # No two of them overlap: a launch is inside no call, and no call inside a launch.
+    for (_, _, a), (_, _, b) in zip(calls, calls[1:], strict=False):
+        assert a["end"] <= b["ts"], (a, b)
     # Nesting: a launch made after the loop's k-th wait is in step k, whose slice is
-    # steps[k - 1] (the first step, before any wait, has none); it is inside no call.
+    # steps[k - 1] (the first step, before any wait, has none).
     steps = sorted(
         (s for s in tr.slices if s["category"] == ["step"] and tr.thread_of(s["track"]) == (pid, tid)),
         key=lambda s: s["ts"],
@@ -316,6 +346,7 @@ def test_run_timeline_has_one_launch_slice_per_launch_in_call_order_nested_in_it
             assert s["parent"] is None and s["depth"] == 0, s
         elif what == "launch":
             assert s["parent"] is steps[waits - 1] and s["depth"] == 1, s
+            assert steps[waits - 1]["ts"] <= s["ts"] and s["end"] <= steps[waits - 1]["end"]
 
 
 @pytest.mark.bpf
@@ -403,7 +434,8 @@ def test_the_html_timeline_draws_each_step_copy_and_wait_in_a_real_browser(fakec
         lanes = json.loads(
             b.eval(
                 "JSON.stringify([...document.querySelectorAll('g.lane')].map(g => ({lane: g.dataset.lane, "
-                "pid: +g.dataset.pid, calls: +g.dataset.calls, bytes: +g.dataset.bytes, rects: [...g.querySelectorAll"
+                "pid: +g.dataset.pid, calls: +g.dataset.calls, bytes: +g.dataset.bytes, stream: g.dataset.stream, "
+                "mode: g.dataset.mode, rects: [...g.querySelectorAll"
                 "('rect')].map(r => ({n: +r.dataset.n, b: +r.dataset.beginNs, e: +r.dataset.endNs, "
                 "x: r.getBoundingClientRect().left, w: r.getBoundingClientRect().width, "
                 "y: r.getBoundingClientRect().top, h: r.getBoundingClientRect().height}))})))"
@@ -424,6 +456,18 @@ def test_the_html_timeline_draws_each_step_copy_and_wait_in_a_real_browser(fakec
         assert by[(pid, "steps")]["calls"] == truth["steps"] - 1 == len(by[(pid, "steps")]["rects"])
         for lane in by.values():
             assert sum(r["n"] for r in lane["rects"]) == lane["calls"]
+        # A launch lane per stream (the workload's own streams, cuLaunchKernelEx's from its config), each
+        # launch a slice (few of them), every slice drawn where one of that stream's calls was made.
+        launch_lanes = {int(l["stream"]): l for l in lanes if l["pid"] == pid and l.get("stream") is not None}
+        want: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for w in truth["launch_calls"]:
+            want[w["stream"]].append(w)
+        assert {k: v["calls"] for k, v in launch_lanes.items()} == {k: len(v) for k, v in want.items()}, doc["launches"]
+        assert len(want) == 4 and all(v["mode"] == "slices" for v in launch_lanes.values())
+        for stream, ln in launch_lanes.items():
+            assert ln["lane"] == f"launches {stream:#x}"
+            for r in ln["rects"]:
+                assert any(w["before"] <= r["b"] <= w["after"] for w in want[stream]), (stream, r)
         scale = svg["width"] / (svg["t1"] - svg["t0"])
         for lane in by.values():
             for r in lane["rects"]:
@@ -439,6 +483,72 @@ def test_the_html_timeline_draws_each_step_copy_and_wait_in_a_real_browser(fakec
     png = (tmp_path / "timeline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert doc["steps"][0]["steps"] == truth["steps"] - 1
+
+
+@pytest.mark.e2e
+def test_the_html_timeline_draws_a_busy_streams_launches_as_their_rate_in_a_real_browser(tmp_path: Path) -> None:
+    """A stream with more launches than the page draws one by one is drawn
+    as its rate: each bar holds the launches begun in its time, as high as
+    their number against the lane's busiest bar, where its time says; a
+    quiet stream keeps its slices. Saves a screenshot (tmp_path)."""
+    from browser import Browser
+
+    from memtrace.export.timeline_html import LAUNCH_SLICES, render
+
+    t0, span = 10**12, 2 * 10**9
+    rng = np.random.default_rng(3)
+    # Stream 0x10: a burst at 40k/s for the first quarter, then 5k/s; stream 0x20: a few launches.
+    busy = np.sort(np.concatenate([rng.uniform(0, span / 4, 20_000), rng.uniform(span / 4, span, 7_500)]))
+    quiet = np.sort(rng.uniform(0, span, LAUNCH_SLICES // 4))
+    ts = np.concatenate([busy, quiet]).astype(np.int64) + t0
+    b = np.zeros(len(ts), EVENT_DTYPE)
+    b["ts_ns"], b["duration_ns"], b["api"], b["pid"], b["tid"] = ts, 3000, 100, 42, 42  # cuLaunchKernel
+    b["stream"] = [0x10] * len(busy) + [0x20] * len(quiet)
+    order = np.argsort(b["ts_ns"], kind="stable")
+    tl = Timeline(events=b[order], processes={42: "launcher"}, start_ns=t0, end_ns=t0 + span)
+    out = tmp_path / "launches.html"
+    out.write_text(render(tl))
+    with Browser(width=1500, height=400) as br:
+        br.open(out)
+        assert br.exceptions == []
+        lanes = json.loads(
+            br.eval(
+                "JSON.stringify([...document.querySelectorAll('g.lane')].map(g => ({lane: g.dataset.lane, "
+                "stream: +g.dataset.stream, mode: g.dataset.mode, calls: +g.dataset.calls, peak: +g.dataset.peak, "
+                "rects: [...g.querySelectorAll('rect')].map(r => ({n: +r.dataset.n, b: +r.dataset.beginNs, "
+                "e: +r.dataset.endNs, x: r.getBoundingClientRect().left, w: r.getBoundingClientRect().width, "
+                "h: r.getBoundingClientRect().height, bottom: r.getBoundingClientRect().bottom}))})))"
+            )
+        )
+        svg = json.loads(
+            br.eval(
+                "(() => {const s = document.getElementById('timeline'); const r = s.getBoundingClientRect();"
+                "return JSON.stringify({left: r.left, label: +s.dataset.labelPx, width: +s.dataset.widthPx})})()"
+            )
+        )
+        br.screenshot(tmp_path / "launches.png")
+    by = {ln["stream"]: ln for ln in lanes}
+    assert set(by) == {0x10, 0x20}
+    rate, few = by[0x10], by[0x20]
+    assert (rate["mode"], few["mode"]) == ("rate", "slices")
+    assert rate["calls"] == len(busy) and few["calls"] == len(quiet) == sum(r["n"] for r in few["rects"])
+    # Each bar: the launches begun in its time, exactly; drawn at its time; as high as its share of the peak.
+    begun = np.sort(b["ts_ns"][b["stream"] == 0x10].astype(np.int64))
+    assert sum(r["n"] for r in rate["rects"]) == len(busy)
+    scale = svg["width"] / span
+    full = max(r["h"] for r in rate["rects"])
+    assert rate["peak"] == max(r["n"] for r in rate["rects"])
+    for r in rate["rects"]:
+        inside = np.searchsorted(begun, r["e"]) - np.searchsorted(begun, r["b"])
+        assert r["n"] == inside, r
+        assert abs(r["x"] - (svg["left"] + svg["label"] + (r["b"] - t0) * scale)) <= 1.0, r
+        assert r["h"] == pytest.approx(max(full * r["n"] / rate["peak"], 1.0), abs=0.6), r
+    assert len({r["bottom"] for r in rate["rects"]}) == 1  # bars stand on one baseline
+    # The burst reads as the burst: the first quarter's bars are taller than the rest's.
+    first = [r["h"] for r in rate["rects"] if r["b"] < t0 + span // 4 - span // 100]
+    rest = [r["h"] for r in rate["rects"] if r["b"] > t0 + span // 4 + span // 100]
+    assert min(first) > max(rest)
+    assert (tmp_path / "launches.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---- the flight recorder in push: a diagnosis's window, and a snapshot on demand ----

@@ -18,8 +18,9 @@ one run, rounds alternating, it is measured
   before     the previous hot path (git ae32709): copies summed into a kernel
              hash at return and written to the ring; launches probed like copies
   memtrace   the agent as shipped
-  timeline   the agent as `run --timeline` has it: a record on the ring per
-             launch (launch_events), drained as ever
+  timeline   the agent as `run --timeline` has it (launch_events): each launch
+             also timed by a return probe on the launch symbol, and one record
+             on the ring per launch at its return (its slice), drained as ever
 and the per-call cost over untraced is reported (medians over the rounds)
 with the ratio memtrace/floor (target: at most 1.15; the floor is bare-multi
 where memtrace attaches multi-uprobe links, else bare), taken within each
@@ -223,10 +224,11 @@ def main() -> None:
         rec.add(f"probe cost, {k} ({SYMS[k]})", ratio.median, f"x {floor}", ".3f", TARGET, ratio)
     tl = Spread.of(harness.ratios(results["timeline"]["launch"], results["memtrace"]["launch"]))
     print(
-        f"  a launch with its record (run --timeline): +{med['timeline']['launch'] - med['memtrace']['launch']:.0f}"
-        f" ns over memtrace's launch, timeline/memtrace = {tl.median:.3f} ({tl.range()})"
+        f"  a launch with its slice (run --timeline: a return probe and a record): "
+        f"+{med['timeline']['launch'] - med['memtrace']['launch']:.0f} ns over memtrace's launch, "
+        f"timeline/memtrace = {tl.median:.3f} ({tl.range()})"
     )
-    rec.add("probe cost, launch with its timeline record", tl.median, "x memtrace", ".3f", None, tl)
+    rec.add("probe cost, launch with its timeline slice", tl.median, "x memtrace", ".3f", None, tl)
     if "before" in med:
         print(
             "before -> after (ns/call): "

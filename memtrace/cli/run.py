@@ -207,8 +207,8 @@ def trace_and_report(
             ring_bytes=ring_bytes(ring_size),
             hold_nccl=host,
             stacks=stacks,
-            # each launch a slice in a Perfetto trace (docs/timeline.md); the HTML page draws none
-            launch_events=timeline is not None and not timeline.endswith(".html"),
+            # each launch a slice (docs/timeline.md): in a Perfetto trace, and in the HTML page's launch lanes
+            launch_events=timeline is not None,
         )
         budget_share = overhead_budget(budget)
         if not 0.001 <= host_interval <= 60:

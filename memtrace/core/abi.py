@@ -53,6 +53,7 @@ class Family(enum.IntEnum):
 
 
 MEM_AUX_DEREF = 0x1
+LAUNCH_STREAM_IN_CONFIG = 0x1  # a launch's STREAM is a CUlaunchConfig pointer: its hStream
 
 
 class Stat(enum.IntEnum):

@@ -35,6 +35,7 @@ from memtrace.core.abi import (
     CK_MUL_SHIFT,
     CK_SRC_SHIFT,
     CK_STREAM_SHIFT,
+    LAUNCH_STREAM_IN_CONFIG,
     MEM_AUX_DEREF,
     Direction,
     DirSrc,
@@ -89,6 +90,7 @@ class Api:
     op: MemOp | None = None
     sync: SyncKind | None = None
     launch: LaunchKind | None = None
+    launch_flags: int = 0  # LAUNCH_STREAM_IN_CONFIG: stream_arg points to a CUlaunchConfig
     variants: tuple[str, ...] = ()
 
     @property
@@ -105,7 +107,7 @@ class Api:
 
     def cookie(self) -> int:
         mem = self.family == Family.MEM
-        dirsrc = self.mem_flags if mem else int(self.dirsrc)
+        dirsrc = self.mem_flags if mem else self.launch_flags if self.family == LAUNCH else int(self.dirsrc)
         dirval = self.out_arg if mem else self.dirval
         for v in (self.bytes_arg, self.mul_arg, dirsrc, dirval, self.stream_arg, self.dst_arg, self.src_arg):
             assert 0 <= v <= 0xF
@@ -268,7 +270,7 @@ APIS: tuple[Api, ...] = (
     _sync(92, "cuEventSynchronize", D, SyncKind.EVENT, 1),
     # ---- launches: driver only, entry only ----
     # stream and dst: read only for a launch's record (a timeline is recorded): the
-    # stream, and the function or graph; cuLaunchKernelEx keeps its stream in its config.
+    # stream, and the function or graph; cuLaunchKernelEx keeps its stream in its config (hStream).
     Api(
         100,
         "cuLaunchKernel",
@@ -279,7 +281,17 @@ APIS: tuple[Api, ...] = (
         launch=LaunchKind.KERNEL,
         variants=("cuLaunchKernel" + PZ,),
     ),
-    Api(101, "cuLaunchKernelEx", D, LAUNCH, dst_arg=2, launch=LaunchKind.KERNEL, variants=("cuLaunchKernelEx" + PZ,)),
+    Api(
+        101,
+        "cuLaunchKernelEx",
+        D,
+        LAUNCH,
+        stream_arg=1,
+        dst_arg=2,
+        launch=LaunchKind.KERNEL,
+        launch_flags=LAUNCH_STREAM_IN_CONFIG,
+        variants=("cuLaunchKernelEx" + PZ,),
+    ),
     Api(
         102,
         "cuGraphLaunch",

@@ -5,8 +5,10 @@ package's protos (no binary needed).
 Tracks: a process track per process and a thread track per thread, named
 as `top` names them (their comm); on a thread, its calls as slices
 (copies, waits, memory calls, collectives), nested in the steps of its
-loop, and its launches where they were recorded (instants: zero-length
-slices at the launch's entry; with no return probe there is no duration);
+loop, and its launches where they were probed (slices from the launch's
+entry to its return: the host-side time the driver took to queue it, with
+its stream, function or graph, and API; a sampled process's launches are
+its launch rate counter, marked so, and no slices);
 counter tracks under each process (its launch rate, run queue share,
 off-CPU time, ...), under each GPU and NIC, and for the host; each
 diagnosis, its onset and each finding as instants on the process's track.
@@ -35,7 +37,7 @@ from memtrace.export.timeline import FAMILY, MEM_OP, Timeline
 MONOTONIC, REALTIME, BOOTTIME = 3, 1, 6  # perfetto's BuiltinClock
 SHARE = 65536  # slice packets encoded (and written) at a time
 SEQUENCE = 1  # every packet is on one sequence: its defaults (the clock) hold for all
-_END, _BEGIN, _POINT = 0, 1, 2
+_END, _BEGIN = 0, 1
 _CALL, _COLL, _STEP, _LAUNCH = 0, 1, 2, 3
 _SHIFT = 40  # a slice's reference: kind << _SHIFT | index
 
@@ -138,7 +140,6 @@ class _Wire:
         self.a_str = num(DebugAnnotation, "string_value")
         self.begin = self.type + _varint(TrackEvent.TYPE_SLICE_BEGIN)
         self.end = self.type + _varint(TrackEvent.TYPE_SLICE_END)
-        self.instant = self.type + _varint(TrackEvent.TYPE_INSTANT)
         self._names: dict[str, bytes] = {}
         self._strings: dict[tuple[str, str], bytes] = {}
 
@@ -256,33 +257,37 @@ def packets(tl: Timeline) -> Iterator[bytes]:
     # ---- what is drawn, in time order ----
     # Slices: per slice (kind, index) its begin and end; at one instant a
     # track's ends come before its begins, inner ends first, outer begins
-    # first (a step ends where its last wait returns). A launch is a point:
-    # after the ends and begins at its instant, so a step begun then holds it.
+    # first (a step ends where its last wait returns). Launches are slices
+    # like calls (entry to return, on their thread).
     c_ts = ev["ts_ns"][calls].astype(np.int64)
     c_end = c_ts + ev["duration_ns"][calls].astype(np.int64)
     k_ts = coll["ts_ns"].astype(np.int64)
     k_end = k_ts + coll["duration_ns"].astype(np.int64)
     s_ts = np.array([s.start_ns for s in tl.steps], np.int64)
     s_end = np.array([s.end_ns for s in tl.steps], np.int64)
-    begin = np.concatenate([c_ts, k_ts, s_ts])
-    end = np.concatenate([c_end, k_end, s_end])
+    l_ts = ev["ts_ns"][launches].astype(np.int64)
+    l_end = l_ts + ev["duration_ns"][launches].astype(np.int64)
+    begin = np.concatenate([c_ts, k_ts, s_ts, l_ts])
+    end = np.concatenate([c_end, k_end, s_end, l_end])
     kind = np.concatenate(
-        [np.full(len(c_ts), _CALL, np.int64), np.full(len(k_ts), _COLL, np.int64), np.full(len(s_ts), _STEP, np.int64)]
+        [
+            np.full(len(c_ts), _CALL, np.int64),
+            np.full(len(k_ts), _COLL, np.int64),
+            np.full(len(s_ts), _STEP, np.int64),
+            np.full(len(l_ts), _LAUNCH, np.int64),
+        ]
     )
-    index = np.concatenate([calls, np.arange(len(k_ts)), np.arange(len(s_ts))]).astype(np.int64)
+    index = np.concatenate([calls, np.arange(len(k_ts)), np.arange(len(s_ts)), launches]).astype(np.int64)
     ref = kind << _SHIFT | index
     inner = (kind != _STEP).astype(np.int64)
     n = len(ref)
-    l_ts = ev["ts_ns"][launches].astype(np.int64)
-    l_ref = np.int64(_LAUNCH) << _SHIFT | launches.astype(np.int64)
-    zero = np.zeros(len(l_ts), np.int64)
-    ts = np.concatenate([end, begin, l_ts])
-    what = np.concatenate([np.full(n, _END, np.int64), np.full(n, _BEGIN, np.int64), np.full(len(l_ts), _POINT)])
+    ts = np.concatenate([end, begin])
+    what = np.concatenate([np.full(n, _END, np.int64), np.full(n, _BEGIN, np.int64)])
     # ends: later-begun first, then calls before steps; begins: later-ending first, steps before calls
-    tie1 = np.concatenate([-begin, -end, zero])
-    tie2 = np.concatenate([-inner, inner, zero])
+    tie1 = np.concatenate([-begin, -end])
+    tie2 = np.concatenate([-inner, inner])
     order = np.lexsort((tie2, tie1, what, ts))
-    refs_all = np.concatenate([ref, ref, l_ref])[order]
+    refs_all = np.concatenate([ref, ref])[order]
     tss_all = ts[order]
     whats_all = what[order]
 
@@ -367,15 +372,15 @@ def packets(tl: Timeline) -> Iterator[bytes]:
             _annotate(holder, "why", "the loop was recognised after these steps: their bounds are not known apart")
         return bytes(holder.SerializeToString())
 
-    def launch_body(i: int) -> bytes:
+    def launch_begin(i: int) -> bytes:
         a = BY_ID.get(api[i])
         graph = a is not None and a.launch == LaunchKind.GRAPH
         parts = [w.text(w.category, "launch"), w.text(w.name, "graph launch" if graph else "kernel launch")]
-        parts.append(w.string("api", api_name(api[i])))
-        if stream[i]:
-            parts.append(w.uint("stream", stream[i]))
+        parts += [w.string("api", api_name(api[i])), w.uint("stream", stream[i])]  # 0: the default stream
         if dst[i]:
             parts.append(w.uint("graph" if graph else "function", dst[i]))
+        if ret[i]:
+            parts.append(w.uint("error", ret[i]))
         return b"".join(parts)
 
     def track_of(kind: int, i: int) -> int:
@@ -404,10 +409,12 @@ def packets(tl: Timeline) -> Iterator[bytes]:
             if what_ == _END:
                 chunks.append(w.packet(t, w.end + tb))
                 continue
-            if what_ == _POINT:
-                chunks.append(w.packet(t, w.instant + tb + launch_body(i)))
-                continue
-            body = call_begin(i) if k == _CALL else coll_begin(i) if k == _COLL else step_begin(i)
+            if k == _CALL:
+                body = call_begin(i)
+            elif k == _LAUNCH:
+                body = launch_begin(i)
+            else:
+                body = coll_begin(i) if k == _COLL else step_begin(i)
             chunks.append(w.packet(t, w.begin + tb + body))
         yield b"".join(chunks)
 

@@ -936,9 +936,9 @@ class Agent(TypedDict):
         int, "batch copies of more than 1024 copies: the bytes past the 1024th are not counted"
     ]
     batch_array_copies: Annotated[int, "copies of 3D batches to or from a CUDA array: counted, their bytes not known"]
-    launch_events: Annotated[int, "launch records queued for `run --timeline FILE.pftrace` (each a launch's instant)"]
+    launch_events: Annotated[int, "launch records queued for `run --timeline` (each a launch's slice, entry to return)"]
     launch_events_dropped: Annotated[
-        int, "launch records lost to a full ring: the launches counted, their instants missing from the timeline"
+        int, "launch records lost to a full ring: the launches counted, their slices missing from the timeline"
     ]
     holds: Annotated[int, "processes held until their library was attached"]
     hold_missed: Annotated[int, "processes that ran on before their library's probes were in"]

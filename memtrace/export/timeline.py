@@ -9,8 +9,11 @@ into it with the offset read when the timeline was taken (`wall_offset_ns`).
 
 The calls (copies, waits, memory calls) are the sensor's own events, one
 slice each, in ring order. Launches are records too where they were
-probed while a timeline was recorded (cuda Options.launch_events): entry
-time only, drawn as zero-length slices; never given to the step tracker. Steps are found as the model finds them: the
+probed while a timeline was recorded (cuda Options.launch_events): from
+entry to return (a return probe on the launch symbols then, and only
+then), with their stream and function; never given to the step tracker.
+A process whose launches the overhead budget samples has none: its launch
+rate counter says "estimated". Steps are found as the model finds them: the
 stepping thread's events are replayed through a fresh StepTracker
 (model/steps.py), cut after each wait, and a step ends where the tracker
 counts one more; its breakdown is the tracker's own, step by step. Where
@@ -112,7 +115,7 @@ class Timeline:
         return np.flatnonzero(~more & (FAMILY[self.events["api"]] != int(Family.LAUNCH)))
 
     def launches(self) -> np.ndarray:
-        """Indices of the launch records (made while a timeline is recorded: entry time, no duration)."""
+        """Indices of the launch records (made while a timeline is recorded: entry time, host-side duration)."""
         return np.flatnonzero(FAMILY[self.events["api"]] == int(Family.LAUNCH))
 
     def call_bytes(self) -> np.ndarray:

@@ -5,11 +5,15 @@ opens it as a file.
 Per process, one lane each for its steps (coloured by how long each took
 against the process's median step: the slow ones stand out), its copies
 by direction (H2D, D2H, D2D, the rest), its waits, its collectives and
-its memory calls; each diagnosis as a band from its onset to its
-detection, across every lane, with its cause. A hover names what is under
-the pointer. Calls narrower than a pixel are drawn merged with their
-neighbours in the lane (the tooltip says how many), so the page stays
-small whatever the run made.
+its memory calls, and one lane per stream for its launches (where they
+were probed: `run --timeline` records them); each diagnosis as a band
+from its onset to its detection, across every lane, with its cause. A
+hover names what is under the pointer. Calls narrower than a pixel are
+drawn merged with their neighbours in the lane (the tooltip says how
+many), so the page stays small whatever the run made. A stream with more
+launches than LAUNCH_SLICES is drawn as its launch rate instead: a bar
+every RATE_PX pixels, as high as its launches there against the lane's
+busiest bar (the tooltip says how many, and the rate).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ COLOURS = {
     "memory": "#bab0ac",
 }
 LANES = tuple(COLOURS)
+LAUNCH_COLOUR = "#8c6bb1"
+LAUNCH_SLICES = 400  # a stream's launches drawn one by one up to this many; its rate above
+RATE_PX = 4  # px of time per bar of a launch rate
 
 
 def _bytes(n: int) -> str:
@@ -64,6 +71,7 @@ class _Lane:
     name: str
     spans: list[tuple[int, int, int, str]] = field(default_factory=list)  # begin, end, bytes, tooltip
     colours: list[str] = field(default_factory=list)  # per span (steps), else the lane's
+    stream: int | None = None  # a launch lane's stream
 
 
 def _copy_lane(d: int) -> str:
@@ -115,6 +123,14 @@ def render(tl: Timeline, title: str = "") -> str:
         lane(int(coll["pid"][i]), "collectives").spans.append(
             (begin, end, b, f"{name} {_bytes(b)}, {_secs(end - begin)}")
         )
+    launches = tl.launches()
+    for i in launches.tolist():
+        pid, begin, stream = int(ev["pid"][i]), int(ev["ts_ns"][i]), int(ev["stream"][i])
+        end = begin + int(ev["duration_ns"][i])
+        name = f"launches {stream:#x}"
+        ln = lane(pid, name)
+        ln.stream = stream
+        ln.spans.append((begin, end, 0, f"{api_name(int(ev['api'][i]))} on stream {stream:#x}, {_secs(end - begin)}"))
     by_pid: dict[int, list[int]] = {}
     for s in tl.steps:
         if s.steps == 1:
@@ -144,6 +160,10 @@ def render(tl: Timeline, title: str = "") -> str:
             if drawn is None:
                 continue
             rows.append(_draw_lane(drawn, pid, y, x))
+            y += LANE
+        for ln in sorted((v for v in lanes[pid].values() if v.stream is not None), key=lambda v: v.stream or 0):
+            few = len(ln.spans) <= LAUNCH_SLICES
+            rows.append(_draw_lane(ln, pid, y, x) if few else _draw_rate(ln, pid, y, t0, t1))
             y += LANE
         y += GAP
     height = y + 30
@@ -182,7 +202,9 @@ rect.s:hover {{ stroke: #000; }}
 {"".join(marks)}
 </svg>
 <p>Times are CLOCK_MONOTONIC, from {_secs(0)} at the left edge to {_secs(t1 - t0)}; hover for detail.
-Steps are redder the slower they were than the process's median step.</p>
+Steps are redder the slower they were than the process's median step. A launch lane is one stream's
+launches: each from its call's entry to its return where few, else their rate (bars as high as the
+launches they hold, against the lane's busiest).</p>
 </body></html>
 """
 
@@ -206,7 +228,7 @@ def _draw_lane(ln: _Lane, pid: int, y: int, x: object) -> str:
         else:
             b = sum(spans[j][2] for j in cur)
             tip = f"{len(cur)} {ln.name} calls" + (f", {_bytes(b)}" if b else "")
-        colour = ln.colours[cur[0]] if ln.colours else COLOURS[ln.name]
+        colour = ln.colours[cur[0]] if ln.colours else COLOURS.get(ln.name, LAUNCH_COLOUR)
         width = max(cur_x1 - cur_x0, 1.0)
         if ln.name == "steps" and width > 3.0:
             width -= 1.0  # a hairline between steps wide enough to spare it
@@ -231,7 +253,42 @@ def _draw_lane(ln: _Lane, pid: int, y: int, x: object) -> str:
     flush()
     return (
         f'<g class="lane" data-lane="{ln.name}" data-pid="{pid}" data-calls="{len(spans)}" '
-        f'data-bytes="{total_bytes}"><text x="14" y="{y + 15}">{ln.name}</text>{"".join(out)}</g>'
+        f'data-bytes="{total_bytes}"{_stream_attrs(ln, "slices")}><text x="14" y="{y + 15}">{ln.name}</text>'
+        f"{''.join(out)}</g>"
+    )
+
+
+def _stream_attrs(ln: _Lane, mode: str) -> str:
+    return "" if ln.stream is None else f' data-stream="{ln.stream}" data-mode="{mode}"'
+
+
+def _draw_rate(ln: _Lane, pid: int, y: int, t0: int, t1: int) -> str:
+    """A launch lane as its rate: the launches begun in each RATE_PX pixels of
+    time, a bar each (none where none), as high as its count against the busiest."""
+    bins = -(-WIDTH // RATE_PX)
+    per = (t1 - t0) * RATE_PX / WIDTH  # ns a bar
+    edges = t0 + (np.arange(bins + 1) * per).astype(np.int64)  # a bar holds the launches begun in [its edge, the next)
+    begins = np.array([s[0] for s in ln.spans], np.int64)
+    k = np.clip(np.searchsorted(edges, begins, side="right") - 1, 0, bins - 1)
+    counts = np.bincount(k, minlength=bins)
+    peak = int(counts.max()) if len(counts) else 0
+    out: list[str] = []
+    full = LANE - 6
+    for b in np.flatnonzero(counts).tolist():
+        n = int(counts[b])
+        lo, hi = int(edges[b]), int(edges[b + 1])
+        rate = n / (per / 1e9)
+        h = max(full * n / peak, 1.0)
+        tip = f"{n} launches in {_secs(per)} on stream {ln.stream or 0:#x}: {rate:,.0f}/s"
+        out.append(
+            f'<rect class="s" x="{LABEL + b * RATE_PX:.2f}" y="{y + 3 + full - h:.2f}" width="{RATE_PX}" '
+            f'height="{h:.2f}" fill="{LAUNCH_COLOUR}" data-n="{n}" data-begin-ns="{lo}" data-end-ns="{hi}" '
+            f'data-rate="{rate:.1f}"><title>{html.escape(tip)}</title></rect>'
+        )
+    return (
+        f'<g class="lane" data-lane="{ln.name}" data-pid="{pid}" data-calls="{len(ln.spans)}" data-bytes="0" '
+        f'data-peak="{peak}"{_stream_attrs(ln, "rate")}><text x="14" y="{y + 15}">{ln.name}</text>'
+        f"{''.join(out)}</g>"
     )
 
 

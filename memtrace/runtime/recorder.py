@@ -320,6 +320,8 @@ class Recorder:
         if s is None:
             track = CounterTrack(r.group, r.name, r.unit, pid=r.pid, cumulative=r.cumulative, note=r.note)
             s = self._series[key] = _Series(track)
+        elif r.note and r.note != s.track.note:
+            s.track.note = r.note  # the latest says what it is now (launches once sampled: estimated)
         s.points.append((now, r.value))
 
     def _tick(self, agent: Agent, host: HostSignals | None) -> None:

@@ -15,8 +15,11 @@ from memtrace.core.procfiles import FileId
 from memtrace.sensors.cuda.launches import LaunchTarget
 
 # The programs attached at CUDA symbols (Probe.programs); loaded for
-# multi-uprobe links where the kernel has them.
-UPROBE_PROGRAMS = ("mt_enter", "mt_return", "mt_launch")
+# multi-uprobe links where the kernel has them. LAUNCH_RETURN: at launches
+# too, while a timeline is recorded (cuda Options.launch_events): each
+# launch's host-side duration, for its slice.
+LAUNCH_RETURN = "mt_launch_return"
+UPROBE_PROGRAMS = ("mt_enter", "mt_return", "mt_launch", LAUNCH_RETURN)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,12 @@ class Probe:
         if self.needs_return:
             return (("mt_enter", False), ("mt_return", True))
         return (("mt_launch", False),)
+
+    def programs_for(self, launch_events: bool) -> tuple[tuple[str, bool], ...]:
+        """Its programs, a launch's return probe among them while a timeline is recorded."""
+        if launch_events and not self.needs_return:
+            return ((LAUNCH_RETURN, True), *self.programs)
+        return self.programs
 
 
 # A function memtrace's own test CUDA libraries export (tests/fixtures): what is
@@ -84,6 +93,7 @@ class Attachment:
     # Its launch probes (multi-uprobes only): the link for every process, and
     # what a process's own link needs (sensors/cuda/launches.py).
     launch_link: Link | None = None
+    launch_return_link: Link | None = None  # while a timeline is recorded: launches' return probes
     launch: LaunchTarget | None = None
     # Its probes' entry kinds (what a trap costs): launch probes, and the others.
     launch_kinds: frozenset[EntryKind] = frozenset()

@@ -47,7 +47,7 @@ from memtrace.sensors.cuda.control import ControlThread
 from memtrace.sensors.cuda.holds import HELD_MAP, HOLD_LIMIT_S, Guardian, refresh, release, release_all
 from memtrace.sensors.cuda.launches import LAUNCH_PROGRAM, LaunchLinks, LaunchTarget
 from memtrace.sensors.cuda.maps import KernelMaps
-from memtrace.sensors.cuda.probes import UPROBE_PROGRAMS, Attachment, plan_file
+from memtrace.sensors.cuda.probes import LAUNCH_RETURN, UPROBE_PROGRAMS, Attachment, plan_file
 
 log = logging.getLogger("memtrace")
 
@@ -232,7 +232,14 @@ class CudaSensor:
             wide, att.launch_link = att.launch_link, None
             if wide is not None:
                 att.links.remove(wide)
-            return self.launch_links.go_per_process(att.launch, wide)
+            # A sampled launch has no slice: the timeline's return probes go with the wide link.
+            timed, att.launch_return_link = att.launch_return_link, None
+            if timed is not None:
+                att.links.remove(timed)
+            linked = self.launch_links.go_per_process(att.launch, wide)
+            if timed is not None:
+                destroy_links([timed])
+            return linked
 
     def scan(self, pids_: list[int] | None = None) -> None:
         """Attach to the CUDA libraries already mapped by running processes.
@@ -308,8 +315,9 @@ class CudaSensor:
                 # Returns before entries: a call entered between the two has no
                 # entry to return to and is not counted; the other way round it
                 # would be an entry without a return (unreturned_calls).
-                for prog, ret in (("mt_return", True), ("mt_enter", False), (LAUNCH_PROGRAM, False)):
-                    mine = [p for p in plan if (prog, ret) in p.programs]
+                order = (("mt_return", True), ("mt_enter", False), (LAUNCH_RETURN, True), (LAUNCH_PROGRAM, False))
+                for prog, ret in order:
+                    mine = [p for p in plan if (prog, ret) in p.programs_for(self.opts.launch_events)]
                     if mine:
                         offsets, cookies = [p.offset for p in mine], [p.cookie for p in mine]
                         if prog == LAUNCH_PROGRAM and self.launch_links is not None:
@@ -317,10 +325,12 @@ class CudaSensor:
                         att.links.append(self.obj.attach_uprobe_multi(prog, cand.path, offsets, cookies, ret))
                         if prog == LAUNCH_PROGRAM:
                             att.launch_link = att.links[-1]
+                        elif prog == LAUNCH_RETURN:
+                            att.launch_return_link = att.links[-1]
                         self._progress()
             else:
                 for p in plan:
-                    for prog, ret in p.programs:
+                    for prog, ret in p.programs_for(self.opts.launch_events):
                         att.links.append(self.obj.attach_uprobe(prog, cand.path, p.offset, p.cookie, ret))
                         self._progress()
         except (AttachError, OSError) as e:
