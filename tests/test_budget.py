@@ -188,6 +188,57 @@ def test_the_bound_grows_with_the_windows_disagreement() -> None:
     assert abs(est.launches[API] - loop.launched) <= est.error * loop.launched
 
 
+def test_a_gap_across_a_change_of_rate_is_split_by_its_cpu_time_and_its_calls() -> None:
+    """A loop of 1,000 launches a copy at 20 us each changes, inside a gap,
+    to 200 a copy at 8 us (the bursty shape's change), two windows on each
+    side. Pooled, the gap is priced at the windows' launches per copy over
+    both loops, times copies that were mostly the faster loop's (13% high
+    here, with a bound of 200%). Split by its unprobed CPU time and its
+    copies (each side's copies per CPU second say how much of it ran at
+    each rate), it is within the bound it states, which is far tighter;
+    also where a trap costs twice what it is charged."""
+    for trap_s in (1e-6, 2e-6):
+        cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
+        loop = Loop(every=1000, work_s=20e-6, trap_s=trap_s, pair_s=2e-6, own=True)
+        a = loop.reading()
+        b = loop.run(3_000, probed=True)
+        c = loop.run(9_000, probed=False)
+        d = loop.run(3_000, probed=True)
+        before = loop.launched
+        loop.run(6_000, probed=False)
+        loop.work_s, loop.every = 8e-6, 200
+        e = loop.run(8_000, probed=False)
+        truth = loop.launched - before
+        f = loop.run(2_000, probed=True)
+        g = loop.run(8_000, probed=False)
+        h = loop.run(2_000, probed=True)
+        near = [_Span(a, b), _Span(c, d), _Span(e, f), _Span(g, h)]
+        gap = _Span(d, e)
+        split = extrapolate(gap, near, cost, before=2)
+        pooled = extrapolate(gap, near, cost)  # the windows' sides not told: one rate
+        assert split.basis == "split" and pooled.basis == "per_call"
+        assert split.error is not None and pooled.error is not None
+        assert abs(split.total - truth) <= split.error * truth, (split, truth)
+        assert split.error < pooled.error / 10
+        assert abs(pooled.total - truth) > 0.1 * truth  # what the split is for
+
+
+def test_a_steady_loops_gap_is_not_split() -> None:
+    """The same loop at one rate all along: the sides agree, and the gap is
+    extrapolated from all four windows pooled, as before."""
+    cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
+    loop = Loop(every=200, work_s=8e-6, trap_s=1e-6, pair_s=2e-6, own=True)
+    spans = []
+    for launches, probed in ((2_000, True), (8_000, False), (2_000, True), (14_000, False), (2_000, True)):
+        start = loop.reading()
+        spans.append(_Span(start, loop.run(launches, probed)))
+    spans.append(_Span(loop.reading(), loop.run(2_000, True)))
+    near = [spans[0], spans[2], spans[4], spans[5]]
+    guess = extrapolate(spans[3], near, cost, before=2)
+    assert guess.basis == "per_call"
+    assert abs(guess.total - 14_000) <= (guess.error or 0.0) * 14_000 + 1
+
+
 def test_launches_split_by_api_as_the_windows_saw_them() -> None:
     """Kernel and graph launches are extrapolated in the mix the windows counted."""
     w0 = _Reading(0.0, 0, {100: 0, 102: 0}, 0)
