@@ -82,16 +82,19 @@ inside the window), by one of two clocks that run on unprobed:
 Where the windows on a gap's two sides ran at different rates (a loop whose
 rate or shape changed in the gap: launches per unprobed CPU second further
 apart than their bounds allow and by APART or more, or a split bounded
-tighter than the pooled guess), the gap is split between them by its two
-clocks: its unprobed CPU time T and its exact calls C are known, and each
-side's loop makes its own exact calls per CPU second k (from the gaps
-between that side's windows, where no launch trap is taken; else its
-windows); the share f of T that ran at the left's rate solves
+tighter than the pooled guess where they are not), the gap is split
+between them by its two clocks: its unprobed CPU time T and its exact
+calls C are known, and each side's loop makes its own exact calls per CPU
+second k (from the gaps between that side's windows, where no launch trap
+is taken; else its windows); the share f of T that ran at the left's rate solves
 f k_L T + (1 - f) k_R T = C, and the gap's launches are f T x the left's
 launches per CPU second plus (1 - f) T x the right's (a per-call side's
 being its launches per call times its k). Pooled over both sides, a gap
 across a change is priced at one side's rate: launches per call of the
-faster loop times calls that were mostly the slower one's.
+faster loop times calls that were mostly the slower one's. A side's rate
+must lie within twice the range of its windows' own (else no split: a side
+across a change itself). A gap still open, with windows before it only,
+goes by the nearest window where that one ran apart from those before it.
 Each process's estimate carries a relative error bound: per gap, the
 half-width of a 95% interval of its windows' mean rate (Student's t times
 their standard error: two windows warrant a wide one), with a gap's edges
@@ -342,17 +345,26 @@ def _with_edges(err: float | None, calls: float) -> float | None:
 def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost, before: int | None = None) -> _Guess:
     """A gap's launches from the windows around it (`before` of them before
     it: None, all). Pooled over them (`_pooled`), or, where the windows on
-    its two sides ran at different rates, the gap split between the two
-    (`_split`): the guess with the tighter bound."""
+    its two sides ran at different rates (`_apart`), the gap split between
+    the two (`_split`); where they did not, the split only if its bound is
+    the tighter. A gap with windows before it only (still open) whose
+    nearest window ran at another rate than those before goes by that one:
+    the loop changed (its bound then none)."""
+    if before == len(near) and len(near) > 1 and gap.unprobed_s(cost) >= MIN_RATE_CPU_S:
+        # Windows on one side only (the gap still open): where the nearest ran at
+        # another rate than those before it, the loop changed; it goes by the nearest.
+        if _apart(gap, near[:-1], near[-1:], cost):
+            return _pooled(gap, near[-1:], cost)
     pooled = _pooled(gap, near, cost)
     if before is None or not 0 < before < len(near) or gap.unprobed_s(cost) < MIN_RATE_CPU_S:
         return pooled
     split = _split(gap, near[:before], near[before:], cost)
     if split is None:
         return pooled
-    if split.error is not None:
-        return split if pooled.error is None or split.error < pooled.error else pooled
-    return split if _apart(gap, near[:before], near[before:], cost) else pooled
+    if _apart(gap, near[:before], near[before:], cost):
+        return split
+    tighter = split.error is not None and (pooled.error is None or split.error < pooled.error)
+    return split if tighter else pooled
 
 
 def _apart(gap: _Span, left: list[_Span], right: list[_Span], cost: TrapCost) -> bool:
@@ -421,6 +433,12 @@ def _split(gap: _Span, left: list[_Span], right: list[_Span], cost: TrapCost) ->
     kl, kr = _call_rate(left, cost)[0], _call_rate(right, cost)[0]
     f, n = launches(kl, kr, gap.calls)
     if not math.isfinite(n) or n <= 0:
+        return None
+    # Each side's rate within twice the range of its windows' own rates per CPU second: a
+    # side whose launches per call and calls per CPU second came from two loops (a side
+    # across a change itself) turns into a rate no window ran at (a 2.5x estimate, seen).
+    seen = [w.total / w.unprobed_s(cost) for w in left + right if w.unprobed_s(cost) >= MIN_RATE_CPU_S]
+    if not seen or any(not min(seen) / 2 <= x <= max(seen) * 2 for x in rates(kl, kr)):
         return None
     worst = 0.0
     for scale in (1.0 - CAL_ERROR, 1.0, 1.0 + CAL_ERROR):
