@@ -13,8 +13,8 @@ ratios, and their spread), the launches memtrace reported against the
 loop's own count (the worst round's error), the share of launches that took
 a trap, memtrace's own overhead figure and whether it said over budget.
 
-Shapes (tests/fixtures/launchloop.c for the steady ones; the bursty loop is
-built here from BURSTLOOP):
+Shapes (tests/fixtures/launchloop.c for the steady ones, burstloop.c for the
+bursty one):
 - short: 60,000 launches, ~20 us each (about a second): the issue's job,
   with no other call (`short`), and with a copy every 100 launches, a
   step's sync (`short-sync`);
@@ -49,56 +49,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import harness
 from bench.harness import Record, Spread, Target
-
-BURSTLOOP = r"""
-/* burstloop LIBCUDA PHASE...: each PHASE "N,WORK,BURST,IDLE_US" makes N
- * cuLaunchKernel calls of WORK iterations of CPU work each, in bursts of
- * BURST with IDLE_US of sleep between and a 64-byte copy at each burst's
- * end. Prints "launches N copies C seconds S". */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-typedef int (*copy_fn)(unsigned long long, const void *, size_t, void *);
-typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
-                         void **, void **);
-static volatile unsigned long sink;
-int main(int argc, char **argv)
-{
-    void *h = dlopen(argv[1], RTLD_NOW);
-    if (!h)
-        return 3;
-    copy_fn copy = (copy_fn)dlsym(h, "cuMemcpyHtoDAsync_v2");
-    launch_fn launch = (launch_fn)dlsym(h, "cuLaunchKernel");
-    static char buf[64];
-    long total = 0, copies = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int p = 2; p < argc; p++) {
-        long n, work, burst, idle;
-        if (sscanf(argv[p], "%ld,%ld,%ld,%ld", &n, &work, &burst, &idle) != 4)
-            return 2;
-        for (long i = 0; i < n; i++) {
-            launch((void *)main, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
-            unsigned long x = i;
-            for (long w = 0; w < work; w++)
-                x = x * 6364136223846793005UL + 1442695040888963407UL;
-            sink = x;
-            total++;
-            if ((i + 1) % burst == 0) {
-                copy(0x1000, buf, sizeof(buf), NULL);
-                copies++;
-                usleep(idle);
-            }
-        }
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    printf("launches %ld copies %ld bytes %ld seconds %.6f\n", total, copies, copies * 64L,
-           (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
-    return 0;
-}
-"""
 
 
 @dataclass(frozen=True)
@@ -215,9 +165,6 @@ def main() -> None:
     rec = Record()
     tmp = Path(tempfile.mkdtemp(prefix="memtrace-shapes-"))
     tools = harness.build_fixtures(tmp / "fx", quiet=True)
-    src = tmp / "burstloop.c"
-    src.write_text(BURSTLOOP)
-    harness.build_c(src, tools / "burstloop", libs=["-ldl"])
     print(f"machine: {harness.describe()}")
     shapes = [s for s in SHAPES if not a.only or s.name in a.only]
     print(f"{a.rounds} rounds, untraced and `memtrace run`{' --no-host' if a.no_host else ''} alternating")

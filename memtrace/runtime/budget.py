@@ -79,6 +79,22 @@ inside the window), by one of two clocks that run on unprobed:
   moves the estimate by CAL_ERROR x the launch traps' share of the
   windows' unprobed CPU: a few % where a trap is emulated (as CUDA's
   entries are), tens of % where it is single-stepped on a VM.
+Where the windows on a gap's two sides ran at different rates (a loop whose
+rate or shape changed in the gap: launches per unprobed CPU second further
+apart than their bounds allow and by APART or more, or a split bounded
+tighter than the pooled guess where they are not), the gap is split
+between them by its two clocks: its unprobed CPU time T and its exact
+calls C are known, and each side's loop makes its own exact calls per CPU
+second k (from the gaps between that side's windows, where no launch trap
+is taken; else its windows); the share f of T that ran at the left's rate solves
+f k_L T + (1 - f) k_R T = C, and the gap's launches are f T x the left's
+launches per CPU second plus (1 - f) T x the right's (a per-call side's
+being its launches per call times its k). Pooled over both sides, a gap
+across a change is priced at one side's rate: launches per call of the
+faster loop times calls that were mostly the slower one's. A side's rate
+must lie within twice the range of its windows' own (else no split: a side
+across a change itself). A gap still open, with windows before it only,
+goes by the nearest window where that one ran apart from those before it.
 Each process's estimate carries a relative error bound: per gap, the
 half-width of a 95% interval of its windows' mean rate (Student's t times
 their standard error: two windows warrant a wide one), with a gap's edges
@@ -86,6 +102,9 @@ for a per-call clock, and per CPU second the calibration's part. A per-call
 guess whose windows give no spread (every complete interval in one window)
 is bounded by the per-CPU guess where that one is: the truth lies within
 the per-CPU bound, so within that and the distance between the two.
+A split gap's bound is its sides' own, and the spread of its launches
+with each side's k and its C a call off (the edges) and the trap cost off
+by CAL_ERROR; a side whose rate has no bound leaves it without one.
 A gap with fewer than two windows to go by (a job shorter than its
 second window) has no bound, and the estimate says so (error None),
 never guessed. A gap is settled (its estimate fixed, the windows before
@@ -154,6 +173,10 @@ CAL_ERROR = 1.0
 PER_CALL = "per_call"
 PER_CPU = "per_cpu"
 COUNTED = "counted"
+SPLIT = "split"
+# Two sides of a gap whose rates differ by this share or more (and more than their bounds)
+# are taken for two rates, the gap split between them, where neither bounds it.
+APART = 0.25
 
 
 @dataclass(frozen=True)
@@ -164,7 +187,7 @@ class LaunchEstimate:
     sampled, every launch counted). `error`: a relative bound on the total
     (0.0: counted; None: it cannot be bounded, a gap seen by one window
     only). `basis`: how the gaps were extrapolated ("counted", "per_call",
-    "per_cpu", or both joined by "+")."""
+    "per_cpu", "split", or more joined by "+")."""
 
     launches: dict[int, int]
     duty: float | None = None
@@ -319,7 +342,126 @@ def _with_edges(err: float | None, calls: float) -> float | None:
     return err + 1.0 / calls
 
 
-def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
+def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost, before: int | None = None) -> _Guess:
+    """A gap's launches from the windows around it (`before` of them before
+    it: None, all). Pooled over them (`_pooled`), or, where the windows on
+    its two sides ran at different rates (`_apart`), the gap split between
+    the two (`_split`); where they did not, the split only if its bound is
+    the tighter. A gap with windows before it only (still open) whose
+    nearest window ran at another rate than those before goes by that one:
+    the loop changed (its bound then none)."""
+    if before == len(near) and len(near) > 1 and gap.unprobed_s(cost) >= MIN_RATE_CPU_S:
+        # Windows on one side only (the gap still open): where the nearest ran at
+        # another rate than those before it, the loop changed; it goes by the nearest.
+        if _apart(gap, near[:-1], near[-1:], cost):
+            return _pooled(gap, near[-1:], cost)
+    pooled = _pooled(gap, near, cost)
+    if before is None or not 0 < before < len(near) or gap.unprobed_s(cost) < MIN_RATE_CPU_S:
+        return pooled
+    split = _split(gap, near[:before], near[before:], cost)
+    if split is None:
+        return pooled
+    if _apart(gap, near[:before], near[before:], cost):
+        return split
+    tighter = split.error is not None and (pooled.error is None or split.error < pooled.error)
+    return split if tighter else pooled
+
+
+def _apart(gap: _Span, left: list[_Span], right: list[_Span], cost: TrapCost) -> bool:
+    """Whether the two sides' loops ran at rates (launches per unprobed CPU
+    second) further apart than their own bounds allow (a side without one
+    taken at its word), and by APART of the faster or more."""
+    rates = []
+    for side in (left, right):
+        g = _pooled(gap, side, cost)
+        k, _ = _call_rate(side, cost)
+        t = gap.unprobed_s(cost)
+        r = g.total / gap.calls * k if g.basis == PER_CALL and gap.calls > 0 else g.total / t
+        rates.append((r, g.error or 0.0))
+    (rl, el), (rr, er) = rates
+    return abs(rl - rr) > el * rl + er * rr + APART * max(rl, rr)
+
+
+def _call_rate(side: list[_Span], cost: TrapCost, scale: float = 1.0) -> tuple[float, float]:
+    """Exact calls per unprobed CPU second of the loop on one side of a gap,
+    and the CPU seconds they rest on: the gaps between the side's windows
+    (no launch trap in them), else its windows (launch traps taken out at
+    `scale` x the cost)."""
+    whole = _Span(side[0].start, side[-1].end)
+    calls = whole.calls - sum(w.calls for w in side)
+    cpu = whole.cpu_s - sum(w.cpu_s for w in side) - calls * cost.pair_seconds
+    if cpu >= MIN_RATE_CPU_S:
+        return calls / cpu, cpu
+    calls = sum(w.calls for w in side)
+    cpu = sum(w.cpu_s - scale * (w.total * cost.entry_seconds + w.calls * cost.pair_seconds) for w in side)
+    return (calls / cpu, cpu) if cpu > 0 else (math.inf, 0.0)
+
+
+def _split(gap: _Span, left: list[_Span], right: list[_Span], cost: TrapCost) -> _Guess | None:
+    """A gap between windows at two rates (a loop whose rate changed in it):
+    its unprobed CPU time T and exact calls C are known, and each side's
+    loop has its own exact calls per CPU second k; so the share f of T
+    that ran at the left's rate solves f k_L T + (1 - f) k_R T = C, and the
+    gap's launches are f x the left side's guess for the whole gap plus
+    (1 - f) x the right's (a per-call guess first turned into launches per
+    CPU second, its launches per call times k). The bound: each side's
+    own, and the spread of the launches over k and C each one call off
+    (the edges) and the trap cost off by CAL_ERROR; none where a side has
+    none. No split (None) where the sides' calls per CPU second cannot
+    tell them apart."""
+    t = gap.unprobed_s(cost)
+    sides = [_pooled(gap, side, cost) for side in (left, right)]
+    if any(g.total <= 0 for g in sides):
+        return None
+    unbounded = any(g.error is None for g in sides)
+
+    def rates(kl: float, kr: float) -> list[float]:
+        """Each side's launches per unprobed CPU second."""
+        return [
+            g.total / gap.calls * k if g.basis == PER_CALL and gap.calls > 0 else g.total / t
+            for g, k in zip(sides, (kl, kr), strict=True)
+        ]
+
+    def launches(kl: float, kr: float, calls: float) -> tuple[float, float]:
+        """f, and the gap's launches, for these calls per CPU second and gap calls."""
+        if not math.isfinite(kl) or not math.isfinite(kr) or abs(kr - kl) * t < 1.0:
+            return math.nan, math.nan
+        f = min(max((kr * t - calls) / ((kr - kl) * t), 0.0), 1.0)
+        r = rates(kl, kr)
+        return f, (f * r[0] + (1 - f) * r[1]) * t
+
+    kl, kr = _call_rate(left, cost)[0], _call_rate(right, cost)[0]
+    f, n = launches(kl, kr, gap.calls)
+    if not math.isfinite(n) or n <= 0:
+        return None
+    # Each side's rate within twice the range of its windows' own rates per CPU second: a
+    # side whose launches per call and calls per CPU second came from two loops (a side
+    # across a change itself) turns into a rate no window ran at (a 2.5x estimate, seen).
+    seen = [w.total / w.unprobed_s(cost) for w in left + right if w.unprobed_s(cost) >= MIN_RATE_CPU_S]
+    if not seen or any(not min(seen) / 2 <= x <= max(seen) * 2 for x in rates(kl, kr)):
+        return None
+    worst = 0.0
+    for scale in (1.0 - CAL_ERROR, 1.0, 1.0 + CAL_ERROR):
+        (kl2, cl2), (kr2, cr2) = _call_rate(left, cost, scale), _call_rate(right, cost, scale)
+        for dl in (-1.0, 1.0):
+            for dr in (-1.0, 1.0):
+                for dc in (-1.0, 1.0):
+                    kl3 = max(kl2 + dl / cl2, 0.0) if cl2 > 0 else math.inf
+                    kr3 = max(kr2 + dr / cr2, 0.0) if cr2 > 0 else math.inf
+                    _, m = launches(kl3, kr3, max(gap.calls + dc, 0.0))
+                    if not math.isfinite(m):
+                        return None
+                    worst = max(worst, abs(m - n))
+    r = rates(kl, kr)
+    own = 0.0 if unbounded else (f * (sides[0].error or 0.0) * r[0] + (1 - f) * (sides[1].error or 0.0) * r[1]) * t
+    by_api: dict[int, float] = {}
+    for g, share in zip(sides, (f, 1 - f), strict=True):
+        for a, c in g.launches.items():
+            by_api[a] = by_api.get(a, 0.0) + share * c / g.total * n
+    return _Guess(by_api, None if unbounded else (worst + own) / n, SPLIT)
+
+
+def _pooled(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
     """A gap's launches from the windows around it (see the module's doc).
     A per-call guess whose windows give no spread (its intervals all in one
     window) is bounded by the per-CPU guess where that one is: the truth is
@@ -446,11 +588,17 @@ class _Sampled:
         else:
             self.next_toggle = self.next_window_at(self.phase.t)
 
-    def _near(self, after: int, later: bool = True) -> list[_Span]:
-        """The windows around a gap that followed `after` windows, as far as kept."""
+    def _near(self, after: int, later: bool = True) -> tuple[list[_Span], int]:
+        """The windows around a gap that followed `after` windows, as far as
+        kept, and how many of them came before it."""
         first = self.closed - len(self.windows)  # index of self.windows[0]
         lo, hi = max(after - NEAR, first), min(after + NEAR if later else after, self.closed)
-        return self.windows[lo - first : hi - first]
+        return self.windows[lo - first : hi - first], max(min(after, hi) - lo, 0)
+
+    def _guess(self, gap: _Span, after: int, cost: TrapCost, later: bool = True) -> _Guess:
+        """A gap's launches that followed `after` windows (see extrapolate)."""
+        near, before = self._near(after, later)
+        return extrapolate(gap, near, cost, before)
 
     def open_window(self, gap_end: _Reading, attached_at: float | None = None) -> None:
         """Its links went in at `attached_at`, the window's reading was taken
@@ -480,7 +628,7 @@ class _Sampled:
         # A gap with NEAR windows after it is settled, once the cost is the calibrated one.
         while final and self.gaps and self.closed - self.gaps[0][0] >= NEAR:
             after, gap = self.gaps.pop(0)
-            g = extrapolate(gap, self._near(after), cost)
+            g = self._guess(gap, after, cost)
             for a, n in g.launches.items():
                 self.settled[a] = self.settled.get(a, 0.0) + n
             self.bases.add(g.basis)
@@ -499,12 +647,12 @@ class _Sampled:
         for part in (self.base, self.counted, self.settled):
             for a, n in part.items():
                 totals[a] = totals.get(a, 0.0) + n
-        guesses = [extrapolate(g, self._near(after), cost) for after, g in self.gaps]
+        guesses = [self._guess(g, after, cost) for after, g in self.gaps]
         if self.on:
             for a, n in now.counts.items():
                 totals[a] = totals.get(a, 0.0) + n - self.phase.counts.get(a, 0)
         else:
-            guesses.append(extrapolate(_Span(self.phase, now), self._near(self.closed, later=False), cost))
+            guesses.append(self._guess(_Span(self.phase, now), self.closed, cost, later=False))
         err_launches, unbounded, bases = self.settled_error, self.unbounded, set(self.bases)
         for g in guesses:
             for a, n in g.launches.items():
