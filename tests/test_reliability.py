@@ -447,7 +447,8 @@ PYTHON_READS = {
 
 def test_bpf_reads_only_arguments_and_descriptors() -> None:
     """Every user-memory read in the BPF source is at an argument slot, a
-    copy descriptor, a batch copy's pointer and size arrays or operations, the return
+    copy descriptor, a batch copy's pointer and size arrays or operations, a launch
+    config's stream, the return
     address at a call's entry (for its stack), or the interpreter's own
     state (for Python frames): never the memory being copied."""
     bpf = Path(__file__).parent.parent / "bpf"
@@ -474,6 +475,10 @@ def test_bpf_reads_only_arguments_and_descriptors() -> None:
         elif size == "sizeof(ret)":
             # the return address at the stack pointer, at a function's entry (x86-64): the caller's frame
             assert (dst, src) == ("&ret", "(void *)PT_REGS_SP(ctx)"), r
+        elif src == "(void *)(v + MT_LCFG_STREAM_OFF)":
+            # cuLaunchKernelEx's CUlaunchConfig, named by its argument: a descriptor; its stream
+            # handle alone, 8 bytes
+            assert (dst, size) == ("&stream", "sizeof(stream)"), r
         elif (dst, size, src) in PYTHON_READS:
             # the interpreter's own state (thread states, frames, code objects and their
             # names and line tables), at offsets user space gave: never the call's arguments
