@@ -475,7 +475,7 @@ def test_bpf_reads_only_arguments_and_descriptors() -> None:
         elif size == "sizeof(ret)":
             # the return address at the stack pointer, at a function's entry (x86-64): the caller's frame
             assert (dst, src) == ("&ret", "(void *)PT_REGS_SP(ctx)"), r
-        elif src == "(void *)(v + MT_LCFG_STREAM_OFF)":
+        elif src.startswith("(void *)(v + MT_LCFG_STREAM_OFF)"):
             # cuLaunchKernelEx's CUlaunchConfig, named by its argument: a descriptor; its stream
             # handle alone, 8 bytes
             assert (dst, size) == ("&stream", "sizeof(stream)"), r
