@@ -280,11 +280,14 @@ def test_a_woken_threads_wait_behind_a_neighbour_is_charged_to_the_neighbour(
     (part,) = [p for p in st.preemptors if p.cgroup_id == hog_id]
     assert part.last_pid == hog.pid and part.last_comm == "sched_workload", report
     # Its sleeps ended late by everything it waited for a CPU after them, and more (the
-    # timer's slack): the sensor's run-queue time is within that, and nearly all of it is
-    # the spinner's, whatever share of it followed a preemption.
+    # timer's slack): the sensor's run-queue time is within that, and most of it is the
+    # spinner's, whatever share of it followed a preemption. Kernel threads hold the CPU
+    # too (ksoftirqd runs the softirq work deferred while the spinner ran: 5.4 of 9.6 ms
+    # in one CI run), and are charged as the root cgroup; of the rest, the spinner's.
     assert 0 < st.runq_ns <= truth["late_ns"], report
     assert sum(p.wait_ns for p in st.preemptors) <= st.runq_ns, report
-    assert part.wait_ns >= 0.5 * st.runq_ns, report
+    kernel_threads = sum(p.wait_ns for p in st.preemptors if p.cgroup_id == cgroup_id("/"))
+    assert part.wait_ns >= 0.5 * (st.runq_ns - kernel_threads), report
     # A wait after a wakeup is no switch: the counts stay the kernel's involuntary switches.
     assert sum(p.count for p in st.preemptors) == st.involuntary == k1[1] - k0[1], report
 
