@@ -7,7 +7,8 @@ row sets what the workload itself knows (its own counts, CUPTI's through the
 PyTorch profiler, torch.cuda.memory_stats, nvidia-smi) beside memtrace's
 JSON, and says whether they agree. Differences are printed, never hidden:
 each is a bug until explained. A workload a run did not make is skipped.
-Standard library only: it runs wherever the raw files are.
+Standard library only (the timeline's rows need the perfetto package, memtrace's own):
+it runs wherever the raw files are.
 """
 
 from __future__ import annotations
@@ -343,10 +344,182 @@ def untraced_copier(raw: Path) -> None:
         row("untraced copier", "detected after the copier began (s)", "-", f"{took:.2f}", took >= 0)
 
 
+def habits(raw: Path) -> None:
+    """examples/torch_habits.py: steps of a loop that logs, checkpoints, evaluates or accumulates,
+    against the loop's own count and clock (docs/steps.md: the count within 1%, the median within 5%)."""
+    for truth_path in sorted(raw.glob("habits_*.truth.json")):
+        name = truth_path.name.removesuffix(".truth.json")
+        doc, truth = load(raw, f"{name}.mt.json"), json.loads(truth_path.read_text())
+        if doc is None:
+            continue
+        st = [s for s in doc["steps"] if s["process"] == "python3"]
+        got = st[0]["steps"] if st else 0
+        w = f"PyTorch loop, {truth['habit']}"
+        row(
+            w, "steps (waits - 1)", truth["steps"], got, abs(got - truth["steps"]) <= 0.01 * truth["steps"], "within 1%"
+        )
+        if st:
+            t, g = truth["median_step_s"], st[0]["duration_seconds"]["p50"]
+            row(w, "median step (s)", f"{t:.5f}", f"{g:.5f}", abs(g / t - 1) <= 0.05, "within 5%")
+            row(w, "loop", "training", st[0]["loop"])
+        diag = [d["cause"] for d in doc.get("diagnoses", []) if d["process"] == "python3"]
+        row(w, "diagnoses (a healthy loop)", [], diag)
+
+
+def _perfetto_slices(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """The slices of a memtrace timeline (name, category, args, ts, dur in ns), and CLOCK_REALTIME
+    minus CLOCK_MONOTONIC from its clock snapshot. Needs the perfetto package (memtrace's own)."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+    trace = Trace()
+    trace.ParseFromString(path.read_bytes())
+    open_: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    out: list[dict[str, Any]] = []
+    real_minus_mono = None
+    for p in trace.packet:
+        if p.HasField("clock_snapshot"):
+            clocks = {c.clock_id: c.timestamp for c in p.clock_snapshot.clocks}
+            if 1 in clocks and 3 in clocks:  # REALTIME, MONOTONIC
+                real_minus_mono = clocks[1] - clocks[3]
+        if not p.HasField("track_event"):
+            continue
+        te = p.track_event
+        if te.type == TrackEvent.TYPE_SLICE_BEGIN:
+            args = {a.name: (a.string_value or a.uint_value or a.int_value) for a in te.debug_annotations}
+            open_[te.track_uuid].append(
+                {"name": te.name, "category": list(te.categories), "args": args, "ts": p.timestamp}
+            )
+        elif te.type == TrackEvent.TYPE_SLICE_END:
+            s = open_[te.track_uuid].pop()
+            s["dur"] = p.timestamp - s["ts"]
+            out.append(s)
+    return sorted(out, key=lambda s: s["ts"]), real_minus_mono
+
+
+def q(xs: list[float], p: float) -> float:
+    """The p quantile of sorted xs (nearest rank)."""
+    return xs[min(len(xs) - 1, int(len(xs) * p))]
+
+
+def _line_up(
+    w: str, what: str, mine: list[dict[str, Any]], theirs: list[dict[str, Any]], real_minus_mono: int | None
+) -> None:
+    """Pair memtrace's slices with the profiler's events of the same calls, in order: the same
+    number, a constant clock offset (its spread says how well they line up), and durations."""
+    row(w, f"{what}: calls", len(theirs), len(mine))
+    if not mine or len(mine) != len(theirs):
+        return
+    offsets = sorted(m["ts"] - round(t["ts"] * 1000) for m, t in zip(mine, theirs, strict=True))
+    mid = offsets[len(offsets) // 2]
+    spread = max(abs(q(offsets, 0.05) - mid), abs(q(offsets, 0.95) - mid))
+    row(w, f"{what}: start, 90% within (us) of one offset", "-", f"{spread / 1000:.1f}", spread < 200_000)
+    if real_minus_mono is not None:
+        lag = (mid + real_minus_mono) / 1000  # memtrace's start in CLOCK_REALTIME us minus the profiler's ts
+        rows.append(
+            (w, f"{what}: memtrace's clock (realtime) minus the profiler's ts (us)", "-", f"{lag:.0f}", "reported")
+        )
+    ratios = sorted(m["dur"] / max(1.0, t["dur"] * 1000) for m, t in zip(mine, theirs, strict=True))
+    diffs = sorted(abs(m["dur"] - t["dur"] * 1000) for m, t in zip(mine, theirs, strict=True))
+    row(
+        w,
+        f"{what}: duration memtrace/profiler, median (p5-p95); median |diff| us",
+        "1.00",
+        f"{q(ratios, 0.5):.3f} ({q(ratios, 0.05):.3f}-{q(ratios, 0.95):.3f}); {q(diffs, 0.5) / 1000:.1f}",
+        abs(q(ratios, 0.5) - 1) < 0.2,
+    )
+
+
+def timeline(raw: Path) -> None:
+    """memtrace run --timeline of torch_truth.py beside the PyTorch profiler's trace of the same
+    calls (issue 43): do the copies and the waits line up?"""
+    mt, prof = raw / "truth.pftrace", raw / "truth.trace.json.gz"
+    if not mt.exists() or not prof.exists():
+        return
+    slices, real_minus_mono = _perfetto_slices(mt)
+    with gzip.open(prof) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+    events.sort(key=lambda e: e["ts"])
+    w = "timeline vs PyTorch profiler"
+    copies_ = [s for s in slices if "copy" in s["category"]]
+    row(w, "copy slices' apis", "cudaMemcpyAsync", ", ".join(sorted({s["args"].get("api", "?") for s in copies_})))
+    _line_up(w, "copies", copies_, [e for e in events if e["name"] == "cudaMemcpyAsync"], real_minus_mono)
+    waits = [s for s in slices if "wait" in s["category"]]
+    names = Counter(s["name"] for s in waits)
+    rows.append((w, "wait slices by api", "-", ", ".join(f"{k} {v}" for k, v in names.most_common()), "reported"))
+    syncs = [
+        e for e in events if e["name"] in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+    ]
+    rows.append(
+        (
+            w,
+            "profiler's waits by api",
+            "-",
+            ", ".join(f"{k} {v}" for k, v in Counter(e["name"] for e in syncs).most_common()),
+            "reported",
+        )
+    )
+    for api in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
+        _line_up(
+            w, api, [s for s in waits if s["name"] == api], [e for e in syncs if e["name"] == api], real_minus_mono
+        )
+    launches = [s for s in slices if "launch" in s["category"] or s["name"].endswith("launch")]
+    their = [e for e in events if e["name"] in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")]
+    rows.append((w, "launch slices; profiler's launch calls", "-", f"{len(launches)}; {len(their)}", "reported"))
+
+
+def identity(raw: Path) -> None:
+    """The NCCL run's identity (issue 42): its launcher's variables and its communicator."""
+    doc = load(raw, "nccl.mt.json")
+    if doc is None or "processes" not in doc:  # before issue 42
+        return
+    procs = [p for p in doc.get("processes", []) if p["process"] == "python3" and (p.get("job") or p.get("nccl"))]
+    row("NCCL identity", "processes with a job or communicator", 1, len(procs))
+    if not procs:
+        return
+    p = procs[0]
+    job, comm = p.get("job") or {}, p.get("nccl") or {}
+    row(
+        "NCCL identity",
+        "job id, launcher, rank, world size",
+        ("127.0.0.1:29517", "rendezvous", 0, 1),
+        (job.get("id"), job.get("launcher"), job.get("rank"), job.get("world_size")),
+    )
+    row(
+        "NCCL identity",
+        "communicator: rank, ranks; id is 16 hex digits",
+        (0, 1, True),
+        (comm.get("rank"), comm.get("nranks"), len(comm.get("comm_id", "")) == 16),
+    )
+
+
+def onoff(raw: Path) -> None:
+    """bench/targets/agent_onoff.py beside a real PyTorch loop (issue 41): printed as it came."""
+    for job in ("steady", "launch"):
+        p = raw / f"onoff_{job}.txt"
+        if p.exists():
+            lines = [x for x in p.read_text().splitlines() if x.strip()]
+            rows.append(
+                (f"agent on/off, {job} loop", "its own report", "<= 1.01", " / ".join(lines[-3:])[:300], "reported")
+            )
+
+
 def main() -> None:
     for arg in sys.argv[1:]:
         raw = Path(arg)
-        for check in (torch_truth, loaders, simple, nvml, steps, overhead, diagnosis, untraced_copier):
+        for check in (
+            torch_truth,
+            loaders,
+            simple,
+            nvml,
+            steps,
+            habits,
+            timeline,
+            identity,
+            onoff,
+            overhead,
+            diagnosis,
+            untraced_copier,
+        ):
             check(raw)
     print("| workload | what | truth | memtrace | |")
     print("|---|---|---|---|---|")

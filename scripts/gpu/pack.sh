@@ -2,7 +2,7 @@
 # Pack what the GPU machine lacks into .devcarry/ (git-ignored), for
 # scripts/gpu/run.sh there: Debian's libbpf.so.1 (the machine has libelf and
 # zlib, not libbpf) and wheels of memtrace's pure-Python dependencies that its
-# image may lack or hold at another version (CPython 3.12, x86-64), for
+# image may lack or hold at another version (perfetto for --timeline) (CPython 3.12, x86-64), for
 # memtrace alone (run.sh keeps them off the traced commands; typer, click and
 # rich are the image's: typer 0.29's wheel wants pydantic, which it lacks), and memtrace's C
 # helpers built for CPython 3.12. PyTorch, JAX,
@@ -15,7 +15,7 @@ rm -rf "$out"; mkdir -p "$out/lib" "$out/whl"
 lib=$(ls /usr/lib/x86_64-linux-gnu/libbpf.so.1.* | sort -V | tail -1)
 cp "$lib" "$out/lib/libbpf.so.1"
 pkgs=$(.venv/bin/python -m pip list --format=freeze 2>/dev/null | grep -i -E \
-  '^(opentelemetry-[a-z-]+|pyelftools|pyroute2|googleapis-common-protos|protobuf)==' )
+  '^(opentelemetry-[a-z-]+|pyelftools|pyroute2|googleapis-common-protos|protobuf|perfetto)==' )
 # shellcheck disable=SC2086
 .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
   --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \

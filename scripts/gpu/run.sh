@@ -5,7 +5,7 @@
 # .devcarry/ (libbpf, wheels). Raw outputs go to OUT/raw.tar.gz (refreshed
 # after every stage, so a run cut short still returns what it did) and the log
 # to OUT/log.txt; scripts/gpu/compare.py reads them here.
-#   scripts/gpu/run.sh OUT [STAGE...]    stages: env truth loader leak cupy jax nccl ab diag hog train timing trapcost agentcpu ab2 nvmlcost trapab onoff
+#   scripts/gpu/run.sh OUT [STAGE...]    stages: env truth habits loader leak cupy jax nccl ab diag hog train timing trapcost agentcpu ab2 nvmlcost trapab onoff
 # From the device tool, in one call:
 #   run(command="bash scripts/gpu/run.sh $OUT", carry=[".devcarry"], timeout_s=540)
 set -uo pipefail
@@ -60,7 +60,7 @@ for stage in $stages; do
       nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,temperature.gpu,power.draw,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max,utilization.gpu,utilization.memory \
         --format=csv,noheader,nounits -lms 250 >"$raw/smi.csv" 2>&1 &
       smi=$!
-      traced truth --stacks --flamegraph "$raw/truth.svg" --folded "$raw/truth.folded" -- \
+      traced truth --stacks --flamegraph "$raw/truth.svg" --folded "$raw/truth.folded" --timeline "$raw/truth.pftrace" -- \
         env -u PYTHONPATH python3 examples/torch_truth.py "$raw/truth.truth.json" "$raw/truth.trace.json.gz"
       kill $smi 2>/dev/null
       rm -f "$raw"/truth.trace.json.gz.raw.json
@@ -79,7 +79,21 @@ for stage in $stages; do
       traced jax -- env -u PYTHONPATH XLA_PYTHON_CLIENT_PREALLOCATE=false python3 examples/jax_loop.py
       ;;
     nccl)
-      traced nccl -- env -u PYTHONPATH python3 examples/torch_nccl.py "$raw/nccl.truth.json"
+      # As a launcher starts a rank (torch.distributed's rendezvous variables): memtrace names its
+      # job from them and its communicator from the NCCL calls (issue 42).
+      traced nccl -- env -u PYTHONPATH MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 RANK=0 WORLD_SIZE=1 \
+        python3 examples/torch_nccl.py "$raw/nccl.truth.json"
+      ;;
+    habits)
+      # Steps of a loop with the habits real jobs have (issue 39), against its own count and clock;
+      # the logging loop's timeline as the HTML page too.
+      for h in log ckpt eval accum accum-quiet; do
+        tl=()
+        [ $h = log ] && tl=(--timeline "$raw/habits_log.html")
+        traced "habits_$h" "${tl[@]}" -- env -u PYTHONPATH python3 examples/torch_habits.py "$raw/habits_$h.truth.json" --habit $h
+        log "habits $h: $(cat "$raw/habits_$h.truth.json" 2>/dev/null | cut -c1-200)"
+        pack
+      done
       ;;
     ab)
       # Untraced and traced in alternating rounds, same machine, same minute.
@@ -167,11 +181,12 @@ for stage in $stages; do
     onoff)
       # The A/B inside one process: `memtrace push` started and stopped in
       # 10 s turns beside a steady loop and a launch-bound one (bench/targets/agent_onoff.py).
+      secs=${ONOFF_SECONDS:-120}
       for job in steady launch; do
-        if [ $job = steady ]; then cmd="examples/torch_steady.py 120 $raw/onoff_$job.times.json"
-        else cmd="examples/launch_loop.py --seconds 120 --times $raw/onoff_$job.times.json"; fi
+        if [ $job = steady ]; then cmd="examples/torch_steady.py $secs $raw/onoff_$job.times.json"
+        else cmd="examples/launch_loop.py --seconds $secs --times $raw/onoff_$job.times.json"; fi
         # shellcheck disable=SC2086
-        PYTHONPATH=$site:$repo timeout 200 python3 bench/targets/agent_onoff.py --seconds 120 --period 10 --job-cpu 15 --agent-cpu 0 \
+        PYTHONPATH=$site:$repo timeout $((secs + 80)) python3 bench/targets/agent_onoff.py --seconds $secs --period 10 --job-cpu 15 --agent-cpu 0 \
           --times "$raw/onoff_$job.times.json" --agent-log "$raw/onoff_$job.agent.err" -- env -u PYTHONPATH python3 $cmd \
           >"$raw/onoff_$job.txt" 2>&1
         log "onoff $job: $(tail -3 "$raw/onoff_$job.txt" | tr '\n' ' ' | cut -c1-400)"
