@@ -14,9 +14,12 @@ Weighing. A process is watched from the moment the agent meets it
 kernel's counts of its launches and exact traps are read every WATCH_S
 until it launches, then with its CPU time (its CPU clock: every thread,
 to the ns) every WATCH_S for its first HORIZON_S of launching and every
-QUICK_S after. Over the readings of the last HORIZON_S (since its first
-launch seen, for a new one; once MIN_WEIGH_CPU_S of CPU time) its traps
-cost, at the calibrated costs (runtime/overhead.py),
+QUICK_S after. Over the readings of the last HORIZON_S of its life (since
+it was met for a new one, the time before its first launch included: the
+budget is over any second, and a burst of launches after a second of
+set-up costs its traps over that second, not over the burst alone; once
+MIN_WEIGH_CPU_S of CPU time) its traps cost, at the calibrated costs
+(runtime/overhead.py),
 
     launch share = launches x entry cost / CPU time
     exact share  = exact calls x pair cost / CPU time
@@ -675,7 +678,8 @@ class _Watched:
     seen: float  # when met
     next: float = 0.0
     launching: float | None = None  # when its first launches were seen
-    readings: list[_Reading] = field(default_factory=list)  # since then, the last HORIZON_S
+    first: _Reading | None = None  # the reading then (read again at once, fresh)
+    readings: list[_Reading] = field(default_factory=list)  # the last HORIZON_S, before it launched too
 
 
 class LaunchBudget:
@@ -877,23 +881,37 @@ class LaunchBudget:
         if r is None:
             return now + IDLE_DECIDE_S  # gone: its exit is on its way
         if r.launches == 0:
+            self._keep(w, r)  # its CPU time before it launched is in the second it is weighed over
             return now + self._watch_every(w, now)
         if w.launching is None:
             w.launching = now
             r = self._read(key, fresh=True) or r  # the first window's start
-        w.readings.append(r)
-        while len(w.readings) > 2 and w.readings[1].t <= r.t - HORIZON_S:
-            w.readings.pop(0)
+            w.first = r
+        self._keep(w, r)
+        # Over the last HORIZON_S of its life, the time before its first launch included
+        # (since it was met): a burst of launches after a second of set-up (PyTorch's first
+        # kernels after its imports and copies) costs its traps over that second, not over
+        # the burst alone, and is sampled only where that second goes over the budget.
         span = _Span(w.readings[0], r)
         young = now - w.launching < HORIZON_S
         if key in self._cannot:
             return now + DECIDE_S
-        if span.cpu_s >= MIN_WEIGH_CPU_S:
+        # Its first window (fully probed, its launches counted) runs from its first launching
+        # reading, or the horizon's start where that is later; it too spans MIN_WEIGH_CPU_S.
+        first = w.first if w.first is not None and w.first.t >= span.start.t else span.start
+        if span.cpu_s >= MIN_WEIGH_CPU_S and (r.cpu_ns - first.cpu_ns) / 1e9 >= MIN_WEIGH_CPU_S:
             duty = self._duty(cost, span.cpu_s, span.total, span.calls)
             if duty < 1.0:
-                self._begin(key, duty, span.start, cost)
+                self._begin(key, duty, first, cost)
                 return now + DECIDE_S
         return now + (WATCH_S if young else quick)
+
+    @staticmethod
+    def _keep(w: _Watched, r: _Reading) -> None:
+        """A reading of a process not sampled, the last HORIZON_S of them kept."""
+        w.readings.append(r)
+        while len(w.readings) > 2 and w.readings[1].t <= r.t - HORIZON_S:
+            w.readings.pop(0)
 
     def _duty(self, cost: TrapCost, cpu_s: float, launches: float, calls: float) -> float:
         """The share of time a process's launch probes may stay attached, from

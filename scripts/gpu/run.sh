@@ -181,12 +181,13 @@ for stage in $stages; do
     onoff)
       # The A/B inside one process: `memtrace push` started and stopped in
       # 10 s turns beside a steady loop and a launch-bound one (bench/targets/agent_onoff.py).
+      # ONOFF_SECONDS, ONOFF_PERIOD, ONOFF_SETTLE and ONOFF_JOBS (steady, launch) size it.
       secs=${ONOFF_SECONDS:-120}
-      for job in steady launch; do
+      for job in ${ONOFF_JOBS:-steady launch}; do
         if [ $job = steady ]; then cmd="examples/torch_steady.py $secs $raw/onoff_$job.times.json"
         else cmd="examples/launch_loop.py --seconds $secs --times $raw/onoff_$job.times.json"; fi
         # shellcheck disable=SC2086
-        PYTHONPATH=$site:$repo timeout $((secs + 80)) python3 bench/targets/agent_onoff.py --seconds $secs --period 10 --job-cpu 15 --agent-cpu 0 \
+        PYTHONPATH=$site:$repo timeout $((secs + 80)) python3 bench/targets/agent_onoff.py --seconds $secs --period "${ONOFF_PERIOD:-10}" --settle "${ONOFF_SETTLE:-3}" --job-cpu 15 --agent-cpu 0 \
           --times "$raw/onoff_$job.times.json" --agent-log "$raw/onoff_$job.agent.err" -- env -u PYTHONPATH python3 $cmd \
           >"$raw/onoff_$job.txt" 2>&1
         log "onoff $job: $(tail -3 "$raw/onoff_$job.txt" | tr '\n' ' ' | cut -c1-400)"
