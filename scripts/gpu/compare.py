@@ -401,9 +401,7 @@ def q(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * p))]
 
 
-def _line_up(
-    w: str, what: str, mine: list[dict[str, Any]], theirs: list[dict[str, Any]], real_minus_mono: int | None
-) -> None:
+def _line_up(w: str, what: str, mine: list[dict[str, Any]], theirs: list[dict[str, Any]], shift: int | None) -> None:
     """Pair memtrace's slices with the profiler's events of the same calls, in order: the same
     number, a constant clock offset (its spread says how well they line up), and durations."""
     row(w, f"{what}: calls", len(theirs), len(mine))
@@ -413,19 +411,23 @@ def _line_up(
     mid = offsets[len(offsets) // 2]
     spread = max(abs(q(offsets, 0.05) - mid), abs(q(offsets, 0.95) - mid))
     row(w, f"{what}: start, 90% within (us) of one offset", "-", f"{spread / 1000:.1f}", spread < 200_000)
-    if real_minus_mono is not None:
-        lag = (mid + real_minus_mono) / 1000  # memtrace's start in CLOCK_REALTIME us minus the profiler's ts
+    if shift is not None:  # memtrace's start in CLOCK_REALTIME minus the profiler's, by the two traces' own clocks
+        lag = (mid + shift) / 1000
         rows.append(
-            (w, f"{what}: memtrace's clock (realtime) minus the profiler's ts (us)", "-", f"{lag:.0f}", "reported")
+            (w, f"{what}: memtrace's start minus the profiler's, wall clock (us)", "-", f"{lag:.1f}", "reported")
         )
     ratios = sorted(m["dur"] / max(1.0, t["dur"] * 1000) for m, t in zip(mine, theirs, strict=True))
-    diffs = sorted(abs(m["dur"] - t["dur"] * 1000) for m, t in zip(mine, theirs, strict=True))
+    diffs = sorted((m["dur"] - t["dur"] * 1000) / 1000 for m, t in zip(mine, theirs, strict=True))
+    # memtrace's slice runs from its entry probe to its return probe, the profiler's inside
+    # CUPTI's callbacks: they differ by about the probes' own traps (doctor: a pair 1-1.5 us),
+    # which are a large share of a wait of a few us on an idle GPU.
     row(
         w,
-        f"{what}: duration memtrace/profiler, median (p5-p95); median |diff| us",
-        "1.00",
-        f"{q(ratios, 0.5):.3f} ({q(ratios, 0.05):.3f}-{q(ratios, 0.95):.3f}); {q(diffs, 0.5) / 1000:.1f}",
-        abs(q(ratios, 0.5) - 1) < 0.2,
+        f"{what}: duration memtrace/profiler, median (p5-p95); memtrace minus profiler, median (p5-p95) us",
+        "1.00; within a trap pair (2 us)",
+        f"{q(ratios, 0.5):.3f} ({q(ratios, 0.05):.3f}-{q(ratios, 0.95):.3f});"
+        f" {q(diffs, 0.5):.1f} ({q(diffs, 0.05):.1f}-{q(diffs, 0.95):.1f})",
+        abs(q(ratios, 0.5) - 1) < 0.2 or abs(q(diffs, 0.5)) <= 2.0,
     )
 
 
@@ -437,12 +439,15 @@ def timeline(raw: Path) -> None:
         return
     slices, real_minus_mono = _perfetto_slices(mt)
     with gzip.open(prof) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+        doc = json.load(f)
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+    base = doc.get("baseTimeNanoseconds")  # the profiler's ts are us after this CLOCK_REALTIME instant
+    shift = real_minus_mono - base if real_minus_mono is not None and base is not None else None
     events.sort(key=lambda e: e["ts"])
     w = "timeline vs PyTorch profiler"
     copies_ = [s for s in slices if "copy" in s["category"]]
     row(w, "copy slices' apis", "cudaMemcpyAsync", ", ".join(sorted({s["args"].get("api", "?") for s in copies_})))
-    _line_up(w, "copies", copies_, [e for e in events if e["name"] == "cudaMemcpyAsync"], real_minus_mono)
+    _line_up(w, "copies", copies_, [e for e in events if e["name"] == "cudaMemcpyAsync"], shift)
     waits = [s for s in slices if "wait" in s["category"]]
     names = Counter(s["name"] for s in waits)
     rows.append((w, "wait slices by api", "-", ", ".join(f"{k} {v}" for k, v in names.most_common()), "reported"))
@@ -459,9 +464,7 @@ def timeline(raw: Path) -> None:
         )
     )
     for api in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
-        _line_up(
-            w, api, [s for s in waits if s["name"] == api], [e for e in syncs if e["name"] == api], real_minus_mono
-        )
+        _line_up(w, api, [s for s in waits if s["name"] == api], [e for e in syncs if e["name"] == api], shift)
     launches = [s for s in slices if "launch" in s["category"] or s["name"].endswith("launch")]
     their = [e for e in events if e["name"] in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")]
     rows.append((w, "launch slices; profiler's launch calls", "-", f"{len(launches)}; {len(their)}", "reported"))
@@ -478,10 +481,12 @@ def identity(raw: Path) -> None:
         return
     p = procs[0]
     job, comm = p.get("job") or {}, p.get("nccl") or {}
+    env = raw / "env.txt"  # a loopback rendezvous is one host's alone: its id is prefixed with the host's name
+    host = env.read_text().split()[1] if env.exists() else "?"
     row(
         "NCCL identity",
         "job id, launcher, rank, world size",
-        ("127.0.0.1:29517", "rendezvous", 0, 1),
+        (f"{host}/127.0.0.1:29517", "rendezvous", 0, 1),
         (job.get("id"), job.get("launcher"), job.get("rank"), job.get("world_size")),
     )
     row(
