@@ -486,6 +486,59 @@ def test_the_html_timeline_draws_each_step_copy_and_wait_in_a_real_browser(fakec
 
 
 @pytest.mark.e2e
+def test_the_html_timeline_draws_a_sampled_processs_estimated_launch_rate_in_a_real_browser(tmp_path: Path) -> None:
+    """A process whose launches the overhead budget sampled has slices only for those probed:
+    its launch rate counter (estimated) is a lane of its own, a bar per interval as high as its
+    rate against the highest, where its time says, saying the duty; a process whose launches
+    were all counted has none (its slices say it all)."""
+    from browser import Browser
+
+    from memtrace.export.timeline import CounterTrack
+    from memtrace.export.timeline_html import render
+
+    t0, span = 10**12, 2 * 10**9
+    rates = [0.0, 40_000.0, 40_000.0, 10_000.0, 0.0, 5_000.0, 5_000.0, 20_000.0, 20_000.0]
+    edges = [t0 + k * span // (len(rates) - 1) for k in range(len(rates))]
+    sampled = CounterTrack("launches", "launch rate", "1/s", list(zip(edges, rates, strict=True)), pid=42)
+    sampled.note = "estimated: sampled by the overhead budget at 12%"
+    counted = CounterTrack("launches", "launch rate", "1/s", list(zip(edges, rates, strict=True)), pid=43)
+    counted.note = "counted"
+    b = np.zeros(2, EVENT_DTYPE)  # one wait each, so that both processes have a track
+    b["ts_ns"], b["duration_ns"], b["pid"], b["tid"] = [t0 + 10, t0 + 20], 1000, [42, 43], [42, 43]
+    b["api"] = 90  # cuStreamSynchronize
+    tl = Timeline(events=b, processes={42: "sampled", 43: "counted"}, counters=[sampled, counted])
+    tl.start_ns, tl.end_ns = t0, t0 + span
+    out = tmp_path / "estimated.html"
+    out.write_text(render(tl))
+    with Browser(width=1500, height=400) as br:
+        br.open(out)
+        assert br.exceptions == []
+        lanes = json.loads(
+            br.eval(
+                "JSON.stringify([...document.querySelectorAll('g.lane')].map(g => ({lane: g.dataset.lane, "
+                "pid: +g.dataset.pid, note: g.dataset.note || '', "
+                "rects: [...g.querySelectorAll('rect')].map(r => ({b: +r.dataset.beginNs, e: +r.dataset.endNs, "
+                "rate: +r.dataset.rate, x: r.getBoundingClientRect().left, w: r.getBoundingClientRect().width, "
+                "h: r.getBoundingClientRect().height}))})))"
+            )
+        )
+        svg = json.loads(
+            br.eval(
+                "(() => {const s = document.getElementById('timeline'); const r = s.getBoundingClientRect();"
+                "return JSON.stringify({left: r.left, label: +s.dataset.labelPx, width: +s.dataset.widthPx})})()"
+            )
+        )
+    (est,) = [ln for ln in lanes if ln["lane"] == "launch rate (estimated)"]
+    assert est["pid"] == 42 and "12%" in est["note"]
+    want = [(a, b, r) for a, b, r in zip(edges[:-1], edges[1:], rates[1:], strict=True) if r > 0]
+    assert [(r["b"], r["e"], r["rate"]) for r in est["rects"]] == want
+    full = max(r["h"] for r in est["rects"])
+    for r in est["rects"]:
+        assert abs(r["h"] - full * r["rate"] / max(rates)) <= 1.0  # as high as its rate, to a pixel
+        x0 = svg["left"] + svg["label"] + (r["b"] - t0) / span * svg["width"]
+        assert abs(r["x"] - x0) <= 1.0 and abs(r["w"] - (r["e"] - r["b"]) / span * svg["width"]) <= 1.0
+
+
 def test_the_html_timeline_draws_a_busy_streams_launches_as_their_rate_in_a_real_browser(tmp_path: Path) -> None:
     """A stream with more launches than the page draws one by one is drawn
     as its rate: each bar holds the launches begun in its time, as high as

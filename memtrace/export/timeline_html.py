@@ -13,7 +13,12 @@ drawn merged with their neighbours in the lane (the tooltip says how
 many), so the page stays small whatever the run made. A stream with more
 launches than LAUNCH_SLICES is drawn as its launch rate instead: a bar
 every RATE_PX pixels, as high as its launches there against the lane's
-busiest bar (the tooltip says how many, and the rate).
+busiest bar (the tooltip says how many, and the rate). A process whose
+launches the overhead budget sampled has no slice for the launches it did
+not probe: its launch rate, as the recorder's counter has it (estimated
+where sampled), is drawn in a lane of its own, `launch rate (estimated)`,
+a bar per counter interval as high as its rate against the lane's
+highest, with the counter's note (the duty it was sampled at).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 from memtrace.core.abi import Direction, Family
 from memtrace.core.apis import api_name
 from memtrace.core.nccl import Collective
-from memtrace.export.timeline import FAMILY, Timeline
+from memtrace.export.timeline import FAMILY, CounterTrack, Timeline
 
 WIDTH = 1200  # the time axis, px
 LABEL = 170  # the lane names' column, px
@@ -149,6 +154,14 @@ def render(tl: Timeline, title: str = "") -> str:
         # Alternate shades, so that steps side by side read as steps.
         ln.colours.append(f"hsl({210 - 210 * slow:.0f},60%,{55 - 10 * slow + 8 * (k % 2):.0f}%)")
 
+    # Launch rates of processes whose launches were sampled: no slice for those not probed.
+    estimated = {
+        c.pid: c
+        for c in tl.counters
+        if c.pid is not None and c.name == "launch rate" and c.note.startswith("estimated") and c.points
+    }
+    for pid in estimated:
+        lanes.setdefault(pid, {})
     rows: list[str] = []
     y = 40
     for pid in sorted(lanes):
@@ -164,6 +177,10 @@ def render(tl: Timeline, title: str = "") -> str:
         for ln in sorted((v for v in lanes[pid].values() if v.stream is not None), key=lambda v: v.stream or 0):
             few = len(ln.spans) <= LAUNCH_SLICES
             rows.append(_draw_lane(ln, pid, y, x) if few else _draw_rate(ln, pid, y, t0, t1))
+            y += LANE
+        track = estimated.get(pid)
+        if track is not None:
+            rows.append(_draw_counter_rate(track, pid, y, x))
             y += LANE
         y += GAP
     height = y + 30
@@ -204,7 +221,8 @@ rect.s:hover {{ stroke: #000; }}
 <p>Times are CLOCK_MONOTONIC, from {_secs(0)} at the left edge to {_secs(t1 - t0)}; hover for detail.
 Steps are redder the slower they were than the process's median step. A launch lane is one stream's
 launches: each from its call's entry to its return where few, else their rate (bars as high as the
-launches they hold, against the lane's busiest).</p>
+launches they hold, against the lane's busiest). Where the overhead budget sampled a process's launches,
+its launch rate lane holds what the probes did not see: estimated, at the duty its tooltip gives.</p>
 </body></html>
 """
 
@@ -289,6 +307,33 @@ def _draw_rate(ln: _Lane, pid: int, y: int, t0: int, t1: int) -> str:
         f'<g class="lane" data-lane="{ln.name}" data-pid="{pid}" data-calls="{len(ln.spans)}" data-bytes="0" '
         f'data-peak="{peak}"{_stream_attrs(ln, "rate")}><text x="14" y="{y + 15}">{ln.name}</text>'
         f"{''.join(out)}</g>"
+    )
+
+
+def _draw_counter_rate(track: CounterTrack, pid: int, y: int, x: object) -> str:
+    """A process's launch rate counter as bars: each from the point before it to its own,
+    as high as its rate against the highest; the lane says what the counter's note says."""
+    assert callable(x)
+    pts = sorted(track.points)
+    peak = max((v for _t, v in pts), default=0.0)
+    full = LANE - 6
+    out: list[str] = []
+    for (a, _), (b, rate) in zip(pts, pts[1:], strict=False):
+        if rate <= 0 or peak <= 0:
+            continue
+        h = max(full * rate / peak, 1.0)
+        x0, x1 = x(a), x(b)
+        tip = f"{rate:,.0f} launches/s ({track.note})"
+        out.append(
+            f'<rect class="s" x="{x0:.2f}" y="{y + 3 + full - h:.2f}" width="{max(x1 - x0, 1.0):.2f}" '
+            f'height="{h:.2f}" fill="{LAUNCH_COLOUR}" fill-opacity="0.55" data-begin-ns="{a}" data-end-ns="{b}" '
+            f'data-rate="{rate:.1f}"><title>{html.escape(tip)}</title></rect>'
+        )
+    name = "launch rate (estimated)"
+    return (
+        f'<g class="lane" data-lane="{name}" data-pid="{pid}" data-calls="0" data-bytes="0" data-mode="estimated" '
+        f'data-peak="{peak:.1f}" data-note="{html.escape(track.note)}"><title>{html.escape(track.note)}</title>'
+        f'<text x="14" y="{y + 15}">{name}</text>{"".join(out)}</g>'
     )
 
 
