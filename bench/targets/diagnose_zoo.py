@@ -325,6 +325,10 @@ def report(trials: list[Trial], rec: Record, what: str) -> None:
             Target(">=", 95),
             note=f"{len(mine)} trials",
         )
+        felt = [t for t in mine if t.fault == "none" or slowed(t)]
+        if felt and len(felt) < len(mine):
+            got = sum(t.predicted == CAUSE[t.fault] for t in felt)
+            print(f"  on the {len(felt)} healthy or slowed {SLOWED:g}x or more (own clock): {got / len(felt):.0%}")
         unslowed = [t for t in mine if t.fault != "none" and t.predicted != CAUSE[t.fault] and not slowed(t)]
         if unslowed:
             print(f"  missed, the job not slowed {SLOWED:g}x by its own clock: " + ", ".join(t.fault for t in unslowed))
