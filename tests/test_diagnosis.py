@@ -22,6 +22,7 @@ from memtrace.analysis.diagnosis import (
 )
 from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey
+from memtrace.model.steps import work_class
 from memtrace.runtime.diagnose import longest_added
 
 MS = 1_000_000
@@ -916,9 +917,10 @@ def saturated(rnd: random.Random, ms: float) -> dict[tuple[int, int], tuple[int,
 
 def test_a_server_slowed_into_larger_batches_never_seen_is_diagnosed() -> None:
     """A competing copier slows each iteration 4x; requests queue, and every batch becomes
-    a full one, of a class never seen. Twice LARGE's work takes at most 2 ** 2 (and a quarter
-    octave) times its 6 ms if nothing slowed: 48 ms is over that, and the window is slow by
-    its bound. The same full batches at what twice the work takes (12 ms) are learnt."""
+    a full one, of a class never seen. Twice LARGE's work takes at most 2 ** 1.58 (the growth
+    from SMALL's 2 ms to LARGE's 6 ms for twice the work; and a quarter octave) times its 6 ms
+    if nothing slowed: 48 ms is over that, and the window is slow by its bound. The same full
+    batches at what twice the work takes (12 ms) are learnt."""
     rnd = random.Random(12)
     hog = {"runq_ns": int(W_NS * 0.45), "preemptors": {HOG_CGROUP: (int(W_NS * 0.45), "", "stress")}}
     base = [([server(i, quiet_load(rnd))], host(i)) for i in range(40)]
@@ -941,6 +943,36 @@ def test_a_server_slowed_into_larger_batches_never_seen_is_diagnosed() -> None:
     busy += [([server(i, quiet_load(rnd))], host(i)) for i in range(100, 140)]
     _, made = run(busy)
     assert made == []
+
+
+def per_sequence(rnd: random.Random, sizes: range, slower: float = 1.0) -> dict[tuple[int, int], tuple[int, float]]:
+    """An LLM server's decode iterations, one token for each of n running sequences (4 bytes
+    in and out each): 0.75 ms of GPU time and 0.55 ms of host work per sequence, within 3%;
+    so many iterations of each size in a window."""
+    out: dict[tuple[int, int], tuple[int, float]] = {}
+    for n in sizes:
+        wk = work_class(4 * n, 4 * n)
+        k, ms = out.get(wk, (0, 0.0))
+        ms_n = (0.75 + 0.55 * n) * slower * rnd.uniform(0.97, 1.03)
+        out[wk] = (k + 10, (k * ms + 10 * ms_n) / (k + 10))
+    return out
+
+
+def test_a_server_of_linear_cost_slowed_into_batches_never_seen_is_diagnosed() -> None:
+    """A server whose time grows linearly with its batch (host work per sequence) served one to
+    five sequences at a time; a CPU hog doubles its time, the requests queue and every batch
+    holds eight, never seen. Its known classes grow no faster than linearly, so eight take at
+    most five's time times 8/5 (by quarter octaves) if nothing slowed: twice that is slow. (Allowed
+    the quadratic growth of a prompt's attention, twice the time passed as eight's normal and
+    was learnt.) The same eight at their own time, a load that rose, are learnt."""
+    hog = {"runq_ns": int(W_NS * 0.45), "preemptors": {HOG_CGROUP: (int(W_NS * 0.45), "", "stress")}}
+    for slower, expect in ((2.0, [(41, "cpu_interference")]), (1.0, [])):
+        rnd = random.Random(14)
+        windows = [([server(i, per_sequence(rnd, range(1, 6)))], host(i)) for i in range(40)]
+        over = hog if expect else {}
+        windows += [([server(i, per_sequence(rnd, range(8, 9), slower), **over)], host(i)) for i in range(40, 100)]
+        _, made = run(windows)
+        assert made == expect, slower
 
 
 def test_a_server_whose_smaller_work_takes_longer_than_larger_is_diagnosed() -> None:

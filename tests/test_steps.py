@@ -550,3 +550,32 @@ def test_a_loop_after_uploads_each_waited_for_begins_at_its_first_step(size: int
     assert st is not None
     assert st.steps == 39
     assert st.step_ns == 39 * 7400 * US
+
+
+def test_a_server_saturated_for_a_while_is_still_a_server() -> None:
+    """A server's iterations read back what their batches made (varying amounts: a server);
+    then requests queue and every batch is full for a long stretch, each reading back one
+    amount, as a training loop's loss is. It is still a server (its diagnosis baseline is in
+    units of work): it was found one, and stays one. Without that it turned training once the
+    full batches were most of its iterations (the zoo's LLM server under a CPU quota)."""
+    from memtrace.model.steps import Loop
+
+    def iteration(t0: int, out: int) -> tuple[np.ndarray, int]:
+        rows: list[Ev] = [
+            (t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID),
+            (t0 + 1 * MS, 50 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID),
+            (t0 + 1 * MS + 50 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID),
+        ]
+        a = events(rows)
+        a["bytes"] = np.where(a["direction"] == Direction.D2H, out, 16 * out)
+        return a, t0 + 3 * MS
+
+    t, t0 = StepTracker(PID), 10**12
+    for i in range(500):
+        a, t0 = iteration(t0, 4 << (i % 4) if i < 100 else 32)  # four batch sizes, then every one full
+        t.add(a)
+        if i == 99:
+            st = t.stats()
+            assert st is not None and st.loop is Loop.SERVING
+    st = t.stats()
+    assert st is not None and st.steps == 499 and st.loop is Loop.SERVING

@@ -76,8 +76,9 @@ REFINE_WINDOWS = 20  # 10 s: NVML's slow readings (link width) come every second
 MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline holds this many windows
 NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviations above the baseline
 # A server's class of work never seen, larger than a known one, takes at most the known one's
-# time times the ratio of their work to this power, if nothing slowed: a batch's time grows
-# less than linearly with its size, a prompt's attention quadratically with its length.
+# time times the ratio of their work to a power, if nothing slowed: the steepest growth its own
+# known classes show (a batch's time grows less than linearly with its size, a prompt's attention
+# quadratically with its length), at least 1 and at most GROWTH_POWER.
 GROWTH_POWER = 2.0
 AMBIGUOUS_WITHIN = 1.25  # the best cause scores less than this times the second: both fit
 
@@ -363,19 +364,41 @@ def _work_ratio(s: _Seen, w: ProcWindow) -> float | None:
     return busy / expected if expected else None
 
 
-def _class_bound(wk: tuple[int, int], known: dict[tuple[int, int], float]) -> float | None:
+def _below(k: tuple[int, int], wk: tuple[int, int]) -> bool:
+    """Class k is of no more work than wk in both directions, and moves bytes in each that wk does."""
+    return k[0] <= wk[0] and k[1] <= wk[1] and (k[0] > 0 or not wk[0]) and (k[1] > 0 or not wk[1])
+
+
+def _growth(known: dict[tuple[int, int], float]) -> float:
+    """How steeply the server's time grows with its work: the steepest power its known classes
+    show between any two an octave or more apart in work (log of their times' ratio over log of
+    their work's, by their classes' quarter octaves), at least 1 (a larger batch takes no more
+    time per unit of work than a smaller: sound for any server that batches) and at most
+    GROWTH_POWER. A server of linear cost (host work per request, a decode step per sequence)
+    slowed into batches larger than any seen was otherwise allowed the quadratic bound, and
+    twice its time passed as their normal (the zoo's LLM server under a CPU hog)."""
+    steepest = 1.0
+    for a, na in known.items():
+        for b, nb in known.items():
+            octaves = max(b[0] - a[0], b[1] - a[1]) / WORK_CLASSES_PER_OCTAVE
+            if octaves >= 1 and _below(a, b) and na > 0 and nb > na:
+                steepest = max(steepest, math.log2(nb / na) / octaves)
+    return min(steepest, GROWTH_POWER)
+
+
+def _class_bound(wk: tuple[int, int], known: dict[tuple[int, int], float], power: float) -> float | None:
     """The most a class of work never seen may take per iteration if nothing slowed, from the
     known classes (busy ns per iteration): no more than a class of at least as much work in
     both directions, and no more than a class of less work times the ratio of the two (at
-    most, by their quarter octaves) to GROWTH_POWER. None: no known class bounds it (a
+    most, by their quarter octaves) to `power` (_growth). None: no known class bounds it (a
     direction it moves bytes in that no known class does)."""
     best = math.inf
     for k, ns in known.items():
         if k[0] >= wk[0] and k[1] >= wk[1]:
             best = min(best, ns)
-        elif k[0] <= wk[0] and k[1] <= wk[1] and (k[0] or not wk[0]) and (k[1] or not wk[1]):
+        elif _below(k, wk):
             octaves = (max(wk[0] - k[0], wk[1] - k[1]) + 1) / WORK_CLASSES_PER_OCTAVE
-            best = min(best, ns * 2.0 ** (GROWTH_POWER * octaves))
+            best = min(best, ns * 2.0 ** (power * octaves))
     return None if best == math.inf else best
 
 
@@ -386,9 +409,12 @@ def _bounded_ratio(s: _Seen, w: ProcWindow) -> float | None:
     SLOW_RATIO by it they are slow, whatever the load. None where no known class bounds
     any of them."""
     known = {wk: statistics.median(b) for wk, b in s.unit.items() if len(b) >= MIN_CLASS_WINDOWS}
+    if all(wk in known for wk, (n, _ns) in w.work.items() if n):
+        return None
+    power = _growth(known)
     busy = expected = 0.0
     for wk, (n, ns) in w.work.items():
-        bound = _class_bound(wk, known) if n and wk not in known else None
+        bound = _class_bound(wk, known, power) if n and wk not in known else None
         if bound is not None:
             busy += ns
             expected += n * bound

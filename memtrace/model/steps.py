@@ -246,6 +246,7 @@ class StepStats:
     lead_ns: int = 0
     late: int = 0
     leads: deque[int] = field(default_factory=lambda: deque(maxlen=RING))
+    served: bool = False  # found serving once: a server stays one (note_loop)
 
     @property
     def loop(self) -> Loop:
@@ -256,17 +257,30 @@ class StepStats:
         before some, at random (after warm-up, at least IDLE_SHARE of the
         steps had their first call IDLE_AFTER times later than a typical
         one, and the time before first calls was IDLE_ABOVE of the steps'
-        or more). Training otherwise, and until RECENT steps were seen."""
+        or more). Training otherwise, and until RECENT steps were seen.
+        Once serving, always: a server saturated for a while (every batch
+        full, no idle) reads back one amount each iteration and idles
+        never, as a training loop does; it is still a server, and its
+        diagnosis baseline (in units of work) was thrown away at each
+        flip (the zoo's LLM server under a CPU quota: 4x slower, judged as
+        a training loop whose baseline was the slowed steps)."""
+        return Loop.SERVING if self.served or self._serving() else Loop.TRAINING
+
+    def note_loop(self) -> None:
+        """Keep that the steps were found a server's (after each batch of steps closed)."""
+        self.served = self.served or self._serving()
+
+    def _serving(self) -> bool:
         if self.steps < RECENT or not self.outputs:
-            return Loop.TRAINING
+            return False
         if max(self.outputs.values()) < SERVING_BELOW * self.steps:
-            return Loop.SERVING
+            return True
         idle = (
             self.judged >= RECENT
             and self.lead_ns >= IDLE_ABOVE * self.judged_ns
             and self.late >= IDLE_SHARE * self.judged
         )
-        return Loop.SERVING if idle and self.replies >= self.steps / 2 else Loop.TRAINING
+        return idle and self.replies >= self.steps / 2
 
     def share(self, ns: int) -> float:
         return ns / self.step_ns if self.step_ns else 0.0
@@ -717,6 +731,7 @@ class _Thread:
             st.lead_ns += int(lead[judged].sum())
             st.late += int(np.count_nonzero(lead[judged] > IDLE_AFTER * statistics.median(st.leads)))
         st.leads.extend(lead.tolist())
+        st.note_loop()
 
 
 def _count_work(st: StepStats, b_in: np.ndarray, b_out: np.ndarray, spans: np.ndarray, busy: np.ndarray) -> None:
