@@ -51,7 +51,6 @@ class Loop:
     trap_s: float = 10e-6
     pair_s: float = 20e-6
     every: int = 0
-    idle_s: float = 0.0  # asleep after each exact call (time passes, no CPU)
     t: float = 0.0
     cpu_ns: int = 0
     launched: int = 0  # the truth
@@ -79,7 +78,6 @@ class Loop:
                 if self.own and probed and self.primed:
                     self.sample = (self.sample[0] + self.pending, self.sample[1] + 1)
                 self.primed, self.pending = probed, 0
-                self.t += self.idle_s
             self.cpu_ns += round(cpu * 1e9)
             self.t += cpu
         return self.reading()
@@ -275,91 +273,6 @@ def test_a_loop_that_changes_is_estimated_within_the_bound_it_states(seed: int) 
     truth, est = bursty_run(seed)
     reported = sum(est.launches.values())
     assert est.error is None or abs(reported - truth) <= est.error * truth, (reported, truth, est.error)
-
-
-def scheduled_bursty(seed: int, duty: float) -> tuple[int, bud.LaunchEstimate, _Sampled]:
-    """The bursty shape as the budget's own schedule samples it: bursts of
-    2,000 launches at 20 us with a copy and 30 ms asleep at each burst's
-    end, then (after 60,000 launches) bursts of 300 at 8 us with 5 ms
-    asleep, 180,000 launches in all (bench/targets/budget_shapes.py),
-    its windows opened and closed when `next_toggle` says (no window held
-    open: these are longer than MAX_ON_S). A trap costs 0.6-1.5 us,
-    charged 1 us; the first window is 200-1,500 launches (seeded)."""
-    rnd = random.Random(seed)
-    cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
-    loop = Loop(every=2000, work_s=20e-6, trap_s=rnd.choice([0.6e-6, 1e-6, 1.5e-6]), pair_s=2e-6, idle_s=0.030)
-    s = sampled(loop, duty, first=rnd.randint(200, 1500))
-    s.next_toggle = s.next_window_at(s.phase.t)
-    while loop.launched < 180_000:
-        while loop.launched < 180_000 and loop.t < s.next_toggle:
-            loop.run(1, probed=s.on)
-            if loop.launched == 60_000:
-                loop.work_s, loop.every, loop.idle_s = 8e-6, 300, 0.005
-        if loop.launched < 180_000:
-            if s.on:
-                s.close_window(loop.reading(), cost, final=True)
-            else:
-                s.open_window(loop.reading())
-    return loop.launched, s.report(loop.reading(), cost), s
-
-
-@pytest.mark.parametrize(("seed", "duty"), [(27, 0.14), (0, 0.14), (1, 0.14), (2, 0.3), (3, 0.3)])
-def test_a_bursty_loop_states_a_bound_that_holds_its_launches(seed: int, duty: float) -> None:
-    """The bursty shape, windows where the budget's schedule puts them: the
-    estimate states a bound, and the job's own count is within it (seed 27
-    broke it: windows shorter than a burst priced its launches per copy at
-    a window's, 432 for 2,000)."""
-    truth, est, _ = scheduled_bursty(seed, duty)
-    reported = sum(est.launches.values())
-    assert est.error is not None, est
-    assert abs(reported - truth) <= est.error * reported, (reported, truth, est.error)
-
-
-def test_windows_shorter_than_an_interval_give_no_rate_per_call() -> None:
-    """A loop of 2,000 launches a copy, each window 400 launches holding
-    one copy: their launches per copy (400) are not the loop's. The gap is
-    extrapolated per CPU second, within the bound it states."""
-    cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
-    loop = Loop(every=2000, work_s=20e-6, trap_s=1e-6, pair_s=2e-6)
-    loop.run(1_800, probed=False)
-    spans = []
-    for launches, probed in ((400, True), (3_600, False), (400, True), (35_600, False), (400, True), (3_600, False)):
-        start = loop.reading()
-        spans.append(_Span(start, loop.run(launches, probed)))
-    spans.append(_Span(loop.reading(), loop.run(400, probed=True)))
-    near, gap, truth = [spans[0], spans[2], spans[4], spans[6]], spans[3], 35_600
-    assert [w.calls for w in near] == [1, 1, 1, 1]  # a copy in each
-    guess = extrapolate(gap, near, cost, before=2)
-    assert guess.basis == "per_cpu", guess
-    assert guess.error is not None and abs(guess.total - truth) <= guess.error * guess.total
-
-
-def test_a_closed_gaps_guess_is_made_again_only_when_a_window_closes_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Weighing a sampled process reports its estimate every DECIDE_S: a
-    closed gap is guessed once per window closed after it (the budget
-    thread's CPU on many processes), and settled on the windows it then has."""
-    loop = Loop(every=50)
-    s = sampled(loop, 0.1, first=2_000)
-    cycle(s, loop, gap=10_000, window=2_000)  # a gap, one window after it: not settled
-    made: list[int] = []
-    real = bud.extrapolate
-
-    def counting(*a: Any, **k: Any) -> Any:
-        made.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(bud, "extrapolate", counting)
-    now = loop.run(3_000, probed=False)
-    first, again = s.report(now, COST), s.report(now, COST)
-    assert first == again
-    assert len(made) == 3  # the closed gap once, the open one at each report
-    loop.every = 25  # the next window sees another loop: the gap's guess changes with it
-    s.open_window(now)
-    after, gap = s.gaps[0]
-    s.close_window(loop.run(2_000, probed=True), COST, final=True)
-    assert not any(a == after for a, _ in s.gaps)  # settled
-    near, before = s._near(after)
-    assert s.settled[API] == pytest.approx(real(gap, near, COST, before).launches[API])
 
 
 def test_a_gap_still_open_after_a_change_goes_by_the_nearest_window() -> None:

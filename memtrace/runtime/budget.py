@@ -67,10 +67,8 @@ inside the window), by one of two clocks that run on unprobed:
   a loop's steps sees their short intervals more often than their long
   ones, which a step's lumps of launches would bias (not in the bound).
 - per exact call counted whole, where they hold fewer complete intervals
-  but MIN_CALLS calls or more, and more calls than windows: the windows'
-  launches per call (a window's edges cut an interval each, a call's worth
-  at most, in the bound; windows no longer than an interval, a call each,
-  would price a loop of 2,000 launches a call at a window's 400).
+  but MIN_CALLS calls or more: the windows' launches per call (a window's
+  edges cut an interval each, a call's worth at most).
 - per CPU second otherwise (a loop whose calls are rare or absent, a job
   too short for a second window): the launches per CPU second the windows
   spent outside their traps (their CPU time less their launches and calls
@@ -495,16 +493,10 @@ def _per_call(gap: _Span, near: list[_Span], launched: int, shares: dict[int, fl
         err = _spread([w.interval_launches / w.intervals for w in near if w.intervals], rate) if n > 0 else 0.0
         return _Guess({a: n * s for a, s in shares.items()}, _with_edges(err, gap.calls), PER_CALL)
     calls = sum(w.calls for w in near)
-    # Each window's edges cut an interval each: a window of c calls holds c - 1 to c + 1
-    # intervals' launches, so the truth lies within len(near) / (calls - len(near)) of the
-    # windows' rate. Windows no longer than an interval (a call each, or none) give no rate
-    # per call: a window of 400 launches and one call, of a loop of 2,000 a call, says 400.
-    if calls >= MIN_CALLS and calls > len(near) and launched > 0:
+    if calls >= MIN_CALLS and launched > 0:
         rate = launched / calls
         n = rate * gap.calls
         err = _spread([w.total / w.calls for w in near if w.calls >= 1], rate) if n > 0 else 0.0
-        if n > 0 and err is not None:
-            err += len(near) / (calls - len(near))
         return _Guess({a: n * s for a, s in shares.items()}, _with_edges(err, gap.calls), PER_CALL)
     return None
 
@@ -557,9 +549,6 @@ class _Sampled:
     decided_launches: float = 0.0  # the launches reported then
     ended: float | None = None
     end_cpu_ns: int | None = None
-    # A closed gap's guess, by the windows it had after it (and the cost) when made: it
-    # changes only when one more closes, not at each weighing (the budget thread's CPU).
-    guessed: dict[int, tuple[tuple[int, TrapCost], _Guess]] = field(default_factory=dict)
 
     def young(self, t: float) -> bool:
         return t - self.since < YOUNG_S
@@ -611,17 +600,6 @@ class _Sampled:
         near, before = self._near(after, later)
         return extrapolate(gap, near, cost, before)
 
-    def _closed_guess(self, gap: _Span, after: int, cost: TrapCost) -> _Guess:
-        """A closed gap's guess (`_guess`), made again only once a window
-        closed after it since, or the cost changed."""
-        stamp = (min(self.closed, after + NEAR), cost)
-        made = self.guessed.get(after)
-        if made is not None and made[0] == stamp:
-            return made[1]
-        g = self._guess(gap, after, cost)
-        self.guessed[after] = (stamp, g)
-        return g
-
     def open_window(self, gap_end: _Reading, attached_at: float | None = None) -> None:
         """Its links went in at `attached_at`, the window's reading was taken
         at `gap_end` (up to a tick later: an up-to-date CPU time): that time
@@ -650,8 +628,7 @@ class _Sampled:
         # A gap with NEAR windows after it is settled, once the cost is the calibrated one.
         while final and self.gaps and self.closed - self.gaps[0][0] >= NEAR:
             after, gap = self.gaps.pop(0)
-            g = self._closed_guess(gap, after, cost)
-            self.guessed.pop(after, None)
+            g = self._guess(gap, after, cost)
             for a, n in g.launches.items():
                 self.settled[a] = self.settled.get(a, 0.0) + n
             self.bases.add(g.basis)
@@ -670,7 +647,7 @@ class _Sampled:
         for part in (self.base, self.counted, self.settled):
             for a, n in part.items():
                 totals[a] = totals.get(a, 0.0) + n
-        guesses = [self._closed_guess(g, after, cost) for after, g in self.gaps]
+        guesses = [self._guess(g, after, cost) for after, g in self.gaps]
         if self.on:
             for a, n in now.counts.items():
                 totals[a] = totals.get(a, 0.0) + n - self.phase.counts.get(a, 0)
