@@ -11,7 +11,12 @@ the default budget (1%), alternating which goes first each round. Printed
 per shape: the loop's own time traced/untraced (the median of the rounds'
 ratios, and their spread), the launches memtrace reported against the
 loop's own count (the worst round's error), the share of launches that took
-a trap, memtrace's own overhead figure and whether it said over budget.
+a trap, memtrace's own overhead figure and whether it said over budget; and
+where a traced round's time went: the loops' own CPU traced/untraced (their
+work and traps, each loop under /usr/bin/time) and memtrace's agent's CPU
+while they ran as a share of theirs (every thread, from schedstat). Where
+the loops fill the CPUs (`many`: four on two vCPUs), the agent's CPU comes
+out of their time; where a CPU is free, it does not.
 
 Shapes (tests/fixtures/launchloop.c for the steady ones, burstloop.c for the
 bursty one):
@@ -37,11 +42,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,19 +96,66 @@ def words(out: str) -> dict[str, float]:
     return {w[i]: float(w[i + 1]) for i in range(0, len(w) - 1, 2) if w[i] in ("launches", "copies", "seconds")}
 
 
+def thread_ns(pid: int) -> dict[int, tuple[str, int]]:
+    """Each thread of a process: its name and its CPU time in ns (schedstat: a
+    tick's resolution, /proc/PID/stat's, is too coarse for a loop of a second)."""
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            out[int(tid)] = (name, int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def agent_cpu_s(reads: list[tuple[float, dict[int, tuple[str, int]]]], loop_s: float) -> float:
+    """The agent's CPU seconds over the loops' last `loop_s` (its readings
+    while its drain thread ran, the last one at the loops' end)."""
+    live = [r for r in reads if any(name == "memtrace-drain" for name, _ in r[1].values())]
+    if len(live) < 2:
+        return math.nan
+    end = live[-1]
+    start = min((r for r in live if r[0] >= end[0] - loop_s), key=lambda r: r[0])
+    if end[0] <= start[0]:
+        return math.nan
+    ns = sum(cpu - start[1].get(tid, (name, 0))[1] for tid, (name, cpu) in end[1].items())
+    return ns / 1e9 * loop_s / (end[0] - start[0])
+
+
 def run_round(argv: list[str], loops: int, traced: bool, tmp: Path, host: bool) -> dict[str, Any]:
-    """The loops' own reports, and memtrace's JSON when traced."""
-    cmd = ["sh", "-c", " & ".join([" ".join(argv)] * loops) + "; wait"] if loops > 1 else argv
+    """The loops' own reports and CPU seconds (each under /usr/bin/time), and
+    when traced memtrace's JSON and its agent's CPU seconds while they ran."""
+    times = [tmp / f"cpu.{i}" for i in range(loops)]
+    timed = [f"/usr/bin/time -f 'cpu %U %S' -o {t} " + " ".join(argv) for t in times]
+    cmd = ["sh", "-c", " & ".join(timed) + " & wait"]
+    agent = math.nan
     if not traced:
-        p = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        return {"loops": [words(line) for line in p.stdout.splitlines() if line.startswith("launches")]}
-    out = tmp / "run.json"
-    mt = [sys.executable, "-m", "memtrace", "run", "--format", "json", "-o", str(out)]
-    if not host:
-        mt.append("--no-host")
-    p = subprocess.run([*mt, "--", *cmd], capture_output=True, text=True, check=True)
-    doc = json.loads(out.read_text())
-    return {"loops": [words(line) for line in p.stdout.splitlines() if line.startswith("launches")], "doc": doc}
+        stdout = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        doc = None
+    else:
+        out = tmp / "run.json"
+        mt = [sys.executable, "-m", "memtrace", "run", "--format", "json", "-o", str(out)]
+        if not host:
+            mt.append("--no-host")
+        p = subprocess.Popen([*mt, "--", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        reads = []
+        while p.poll() is None:
+            time.sleep(0.05)
+            reads.append((time.monotonic(), thread_ns(p.pid)))
+        stdout, stderr = p.communicate()
+        if p.returncode:
+            raise subprocess.CalledProcessError(p.returncode, p.args, stdout, stderr)
+        doc = json.loads(out.read_text())
+    found = [words(line) for line in stdout.splitlines() if line.startswith("launches")]
+    cpu = sum(sum(float(x) for x in t.read_text().split()[1:3]) for t in times)
+    if traced:
+        agent = agent_cpu_s(reads, max(x["seconds"] for x in found))
+    return {"loops": found, "doc": doc, "cpu": cpu, "agent": agent}
 
 
 def measure(shape: Shape, lib: Path, tools: Path, per_us: float, rounds: int, tmp: Path, host: bool) -> dict[str, Any]:
@@ -112,13 +167,17 @@ def measure(shape: Shape, lib: Path, tools: Path, per_us: float, rounds: int, tm
     unbounded: list[bool] = []
     held: list[bool] = []
     times: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    agent: list[float] = []
     for r, traced in harness.alternating([False, True], rounds, "reverse"):
         # A copy of the library with an inode of its own: an earlier round's probes
         # (detached in the background) must not reach this one.
         argv = loop_argv(shape, tools, harness.fresh_copy(lib, tmp / f"{shape.name}-{r}-{traced}"), per_us)
         res = run_round(argv, shape.loops, traced, tmp, host)
         times[traced].append(statistics.median(x["seconds"] for x in res["loops"]))
+        cpu[traced].append(res["cpu"])
         if traced:
+            agent.append(res["agent"])
             doc = res["doc"]
             want = sorted(int(x["launches"]) for x in res["loops"])
             rows = sorted(row["launches"] for row in doc["launches"])
@@ -141,6 +200,11 @@ def measure(shape: Shape, lib: Path, tools: Path, per_us: float, rounds: int, tm
             over.append(any(row["over_budget"] for row in o))
     ratios = harness.ratios(times[True], times[False])
     return {
+        # Where a traced round's time goes: the loops' own CPU (their work and traps)
+        # against the untraced round's, and the agent's CPU while they ran as a share
+        # of the loops' (on a machine the loops fill, it comes out of their time).
+        "cpu_ratios": harness.ratios(cpu[True], cpu[False]),
+        "agent_shares": [a / c for a, c in zip(agent, cpu[False], strict=True)],
         "ratio": statistics.median(ratios),
         "ratios": ratios,
         "errors": errors,
@@ -181,11 +245,32 @@ def main() -> None:
             spread = f"[{min(m['ratios']):.3f}-{max(m['ratios']):.3f}]"
             note = "" if m["estimated"] == a.rounds else f"  estimated in {m['estimated']}/{a.rounds}"
             note += f"  no bound stated {m['unbounded']}/{a.rounds}, bound held {m['held']}/{a.rounds}"
+            cr, ag = m["cpu_ratios"], [x for x in m["agent_shares"] if not math.isnan(x)]
+            note += f"\n{'':22} loops' CPU {statistics.median(cr):.3f} [{min(cr):.3f}-{max(cr):.3f}]"
+            if ag:
+                note += f", agent CPU {statistics.median(ag):.2%} of theirs [{min(ag):.2%}-{max(ag):.2%}]"
             print(
                 f"{shape.name:12} {kind:9} {m['ratio']:8.3f} {spread:>15} {m['error']:8.2%} "
                 f"{m['trapped']:8.1%} {m['share']:8.2%}  {m['over']}/{a.rounds}{note}",
                 flush=True,
             )
+            rec.add(
+                f"{shape.name} ({kind} entries) the loops' own CPU traced/untraced (work and traps)",
+                statistics.median(cr),
+                "x",
+                ".3f",
+                None,
+                Spread.of(cr),
+            )
+            if ag:
+                rec.add(
+                    f"{shape.name} ({kind} entries) memtrace's agent CPU while the loops ran, share of theirs",
+                    statistics.median(ag) * 100,
+                    "%",
+                    ".2f",
+                    None,
+                    Spread.of([x * 100 for x in ag]),
+                )
             rec.add(
                 f"{shape.name} ({kind} entries) traced/untraced, default budget",
                 m["ratio"],
