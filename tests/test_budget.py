@@ -551,6 +551,24 @@ def test_a_loop_after_a_second_of_set_up_is_sampled_once_its_second_goes_over(
     assert 0 < s.duty < 1
 
 
+def test_a_process_is_never_weighed_over_more_than_a_second() -> None:
+    """Read once a second before it launched (met long before), then every few ms: the
+    readings kept never reach back past HORIZON_S, so a launching second is never weighed
+    against the CPU time of two (its traps' share halved, the budget overrun)."""
+    w = bud._Watched(seen=0.0)
+    for t in (0.0, 1.0, 2.0, 3.02, 3.03, 3.04):  # the last three launching
+        LaunchBudget._keep(w, _Reading(t, int(t * 1e9), {API: 40 * max(0, round((t - 3.0) * 100))}, 0))
+        assert w.readings[-1].t - w.readings[0].t <= HORIZON_S
+    assert [r.t for r in w.readings] == [3.02, 3.03, 3.04]
+    for k in range(1, 120):  # a launching second and more, read every 10 ms
+        t = 3.04 + k * 0.01
+        LaunchBudget._keep(w, _Reading(t, int(t * 1e9), {API: 4000 + 40 * k}, 0))
+        span = w.readings[-1].t - w.readings[0].t
+        assert span <= HORIZON_S
+        if t - 3.02 >= HORIZON_S:  # a second of readings kept: within a reading of the whole second
+            assert span >= HORIZON_S - 0.011
+
+
 def test_a_light_process_keeps_every_launch_probed(spinner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """One launch a reading (a few ms of CPU each): a trap is far under 1%:
     never sampled, read again and again."""

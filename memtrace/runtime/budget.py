@@ -908,9 +908,11 @@ class LaunchBudget:
 
     @staticmethod
     def _keep(w: _Watched, r: _Reading) -> None:
-        """A reading of a process not sampled, the last HORIZON_S of them kept."""
+        """A reading of a process not sampled, those of the last HORIZON_S kept: never an
+        older one, so that a span from the first is at most HORIZON_S (a process read once a
+        second before it launched must not have a launching second weighed over two)."""
         w.readings.append(r)
-        while len(w.readings) > 2 and w.readings[1].t <= r.t - HORIZON_S:
+        while len(w.readings) > 1 and w.readings[0].t < r.t - HORIZON_S:
             w.readings.pop(0)
 
     def _duty(self, cost: TrapCost, cpu_s: float, launches: float, calls: float) -> float:
