@@ -132,6 +132,20 @@ def decode(path: Path) -> Decoded:
     return out
 
 
+def svg_geometry(br: Any) -> dict[str, float]:
+    """The page's timeline as the browser laid it out: its left edge on screen (px), the
+    window it draws (t0, t1: ns) and its label column and time axis (px)."""
+    return dict(
+        json.loads(
+            br.eval(
+                "(() => {const s = document.getElementById('timeline'); const r = s.getBoundingClientRect();"
+                "return JSON.stringify({left: r.left, t0: +s.dataset.startNs, t1: +s.dataset.endNs, "
+                "label: +s.dataset.labelPx, width: +s.dataset.widthPx})})()"
+            )
+        )
+    )
+
+
 # ---- the recorder's bounds (no kernel) ----
 
 
@@ -441,13 +455,7 @@ def test_the_html_timeline_draws_each_step_copy_and_wait_in_a_real_browser(fakec
                 "y: r.getBoundingClientRect().top, h: r.getBoundingClientRect().height}))})))"
             )
         )
-        svg = json.loads(
-            b.eval(
-                "(() => {const s = document.getElementById('timeline'); const r = s.getBoundingClientRect();"
-                "return JSON.stringify({left: r.left, t0: +s.dataset.startNs, t1: +s.dataset.endNs, "
-                "label: +s.dataset.labelPx, width: +s.dataset.widthPx})})()"
-            )
-        )
+        svg = svg_geometry(b)
         by = {(l["pid"], l["lane"]): l for l in lanes}
         h2d = [c for c in truth["copies"] if c["direction"] == "h2d"]
         assert by[(pid, "h2d")]["calls"] == len(h2d) and by[(pid, "h2d")]["bytes"] == sum(c["bytes"] for c in h2d)
@@ -522,12 +530,7 @@ def test_the_html_timeline_draws_a_sampled_processs_estimated_launch_rate_in_a_r
                 "h: r.getBoundingClientRect().height}))})))"
             )
         )
-        svg = json.loads(
-            br.eval(
-                "(() => {const s = document.getElementById('timeline'); const r = s.getBoundingClientRect();"
-                "return JSON.stringify({left: r.left, label: +s.dataset.labelPx, width: +s.dataset.widthPx})})()"
-            )
-        )
+        svg = svg_geometry(br)
     (est,) = [ln for ln in lanes if ln["lane"] == "launch rate (estimated)"]
     assert est["pid"] == 42 and "12%" in est["note"]
     want = [(a, b, r) for a, b, r in zip(edges[:-1], edges[1:], rates[1:], strict=True) if r > 0]
@@ -573,12 +576,7 @@ def test_the_html_timeline_draws_a_busy_streams_launches_as_their_rate_in_a_real
                 "h: r.getBoundingClientRect().height, bottom: r.getBoundingClientRect().bottom}))})))"
             )
         )
-        svg = json.loads(
-            br.eval(
-                "(() => {const s = document.getElementById('timeline'); const r = s.getBoundingClientRect();"
-                "return JSON.stringify({left: r.left, label: +s.dataset.labelPx, width: +s.dataset.widthPx})})()"
-            )
-        )
+        svg = svg_geometry(br)
         br.screenshot(tmp_path / "launches.png")
     by = {ln["stream"]: ln for ln in lanes}
     assert set(by) == {0x10, 0x20}
