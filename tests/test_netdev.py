@@ -328,6 +328,53 @@ def test_saturated_tbf_shows_backlog_overlimits_and_drops(pair: Pair) -> None:
     assert backlog_seen > 0  # the queue stood while the bucket was empty
 
 
+def test_a_shaped_links_capacity_is_its_shapers_rate(pair: Pair) -> None:
+    """A veth says 10 Gbit/s; the tbf on it lets 50 Mbit/s through. What the
+    link can carry, and so its utilization, is the shaper's rate, read from
+    the qdisc (its TCA_TBF_PARMS, or TCA_TBF_RATE64 above 32 bits of bytes a
+    second), followed when it changes, and dropped when the shaper goes."""
+    server = pair.run(pair.b, SERVER, "udp", "5003")
+    idle = pair.run(pair.a, "import sys; print('ready', flush=True); sys.stdin.read()")
+    source = NetdevSource()
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        assert idle.stdout is not None and idle.stdout.readline().strip() == "ready"
+        pids = [server.pid, idle.pid]
+        source.poll(pids)  # the qdiscs read: the shaper known from the next sample on
+        first = source.poll(pids)
+        client = pair.run(pair.a, CLIENT, "udp", pair.ip_b, "5003", "500", "1400")
+        assert client.communicate(timeout=60)[0].strip() == "done"
+        last = source.poll(pids)
+        netns = last.namespace_of(idle.pid)
+        assert netns is not None
+        va = iface(last, netns, pair.va)
+        assert (va.speed_bits_per_s, va.shaped_bits_per_s) == (10_000_000_000, 50_000_000)
+        assert va.capacity_bits_per_s == 50_000_000
+        (q,) = [q for q in last.qdiscs or () if q.ifname == pair.va and q.kind == "tbf"]
+        assert q.rate_bits_per_s == 50_000_000
+        assert iface(last, last.namespace_of(server.pid) or 0, pair.vb).shaped_bits_per_s is None  # no shaper there
+        rates = net_rates(first, last)
+        assert rates is not None
+        (r,) = [r for r in rates.interfaces if r.name == pair.va]
+        assert r.deltas["tx_bytes"] > 0  # what the shaper let through (it dropped the rest)
+        busiest = max(r.deltas["rx_bytes"], r.deltas["tx_bytes"]) * 8 / r.interval_s
+        assert r.utilization == busiest / 50_000_000
+        # A shaper faster than 32 bits of bytes a second: its rate in TCA_TBF_RATE64; the veth's speed is lower.
+        sh("tc", "-n", pair.a, "qdisc", "change", "dev", pair.va, "root", "tbf", "rate", "40gbit", "burst", "32mb",
+           "latency", "50ms")  # fmt: skip
+        source.poll(pids)
+        fast = iface(source.poll(pids), netns, pair.va)
+        assert (fast.shaped_bits_per_s, fast.capacity_bits_per_s) == (40_000_000_000, 10_000_000_000)
+        sh("tc", "-n", pair.a, "qdisc", "del", "dev", pair.va, "root")
+        source.poll(pids)
+        gone = iface(source.poll(pids), netns, pair.va)
+        assert (gone.shaped_bits_per_s, gone.capacity_bits_per_s) == (None, 10_000_000_000)
+    finally:
+        source.close()
+        for p in (server, idle):
+            p.communicate(timeout=30)
+
+
 def test_otlp_carries_each_interfaces_and_queues_counters_exactly(pair: Pair) -> None:
     """`memtrace push`'s network metrics, from real traffic through a tbf
     qdisc that drops: the veth's bytes and packets (system.network.*) and the

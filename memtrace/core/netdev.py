@@ -46,10 +46,18 @@ class InterfaceSample:
     peak_rx_bytes_per_s: float | None = None
     peak_tx_bytes_per_s: float | None = None
     fast_ticks: int = 0
+    # The rate its root shaper (a tbf qdisc) holds it to, as of the last qdisc read; None: none.
+    shaped_bits_per_s: int | None = None
 
     @property
     def key(self) -> tuple[int, int, str]:
         return (self.netns, self.index, self.name)
+
+    @property
+    def capacity_bits_per_s(self) -> int | None:
+        """What the link can carry: its speed, or its shaper's rate where one holds it lower (a veth
+        says 10 Gbit/s; a tbf on it at 80 Mbit/s is what its traffic gets). None: neither is known."""
+        return min((x for x in (self.speed_bits_per_s, self.shaped_bits_per_s) if x), default=None)
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class QdiscSample:
     requeues: int
     backlog_bytes: int  # gauges
     qlen: int
+    rate_bits_per_s: int | None = None  # a shaper's rate (tbf); None: not a shaper, or not said
 
     @property
     def key(self) -> tuple[int, int, str, int, int]:
@@ -107,7 +116,7 @@ class InterfaceRates:
     name: str
     interval_s: float
     deltas: dict[str, int]  # IFACE_COUNTERS -> increase over the interval
-    speed_bits_per_s: int | None
+    capacity_bits_per_s: int | None  # InterfaceSample.capacity_bits_per_s: its speed, or its shaper's rate
     counter_resets: int
 
     def per_second(self, counter: str) -> float:
@@ -115,11 +124,12 @@ class InterfaceRates:
 
     @property
     def utilization(self) -> float | None:
-        """The busier direction's share of the link speed, 0..1 (can exceed 1 on a bad speed report)."""
-        if not self.speed_bits_per_s:
+        """The busier direction's share of what the link can carry (its speed, or its shaper's rate),
+        0..1 (can exceed 1 on a bad speed report, or a shaper's burst)."""
+        if not self.capacity_bits_per_s:
             return None
         busiest = max(self.deltas["rx_bytes"], self.deltas["tx_bytes"]) * 8 / self.interval_s
-        return busiest / self.speed_bits_per_s
+        return busiest / self.capacity_bits_per_s
 
 
 @dataclass(frozen=True)
@@ -176,7 +186,7 @@ def net_rates(before: NetSnapshot, after: NetSnapshot) -> NetRates | None:
             continue
         d, r = counter_deltas(b, a, IFACE_COUNTERS)
         resets += r
-        ifaces.append(InterfaceRates(a.netns, a.index, a.name, interval, d, a.speed_bits_per_s, r))
+        ifaces.append(InterfaceRates(a.netns, a.index, a.name, interval, d, a.capacity_bits_per_s, r))
     qdiscs = []
     if before.qdiscs is not None and after.qdiscs is not None:
         qprev = {q.key: q for q in before.qdiscs}

@@ -626,7 +626,8 @@ NETWORK_UTILIZATION = _m(
     "memtrace.network.utilization",
     _G,
     "1",
-    "The busier direction's share of the link speed over the last sampling interval",
+    "The busier direction's share of the link speed (or of its root shaper's rate, where lower) over the last "
+    "sampling interval",
     Signal.network,
     _A,
     LINK,

@@ -321,6 +321,7 @@ def network(book: HostBook) -> schema.Network:
                 interface=b.name,
                 operstate=b.operstate,
                 speed_bits_per_second=b.speed_bits_per_s,
+                shaped_bits_per_second=b.shaped_bits_per_s,
                 rx_bytes=d["rx_bytes"],
                 tx_bytes=d["tx_bytes"],
                 rx_packets=d["rx_packets"],

@@ -655,6 +655,9 @@ class InterfaceRow(TypedDict):
     interface: Annotated[str, "its name"]
     operstate: Annotated[str | None, "up, down, ... (null: not said)"]
     speed_bits_per_second: Annotated[int | None, "its speed (null: the driver does not say: lo, tunnels, a link down)"]
+    shaped_bits_per_second: Annotated[
+        int | None, "the rate its root shaper (a tbf qdisc) holds it to, utilization's base where lower (null: none)"
+    ]
     rx_bytes: Annotated[int, "bytes received over the run"]
     tx_bytes: Annotated[int, "bytes sent"]
     rx_packets: Annotated[int, "packets received"]
@@ -667,7 +670,7 @@ class InterfaceRow(TypedDict):
     rx_bytes_per_second: Annotated[float | None, "rx_bytes over seconds (null: one sample)"]
     tx_bytes_per_second: Annotated[float | None, "tx_bytes over seconds (null: one sample)"]
     peak_utilization: Annotated[
-        float | None, "the busiest 1/--host-rate second's share of the link speed (null: unknown speed)"
+        float | None, "the busiest 1/--host-rate second's share of its speed or shaped rate (null: neither known)"
     ]
     peak_rx_bytes_per_second: Annotated[float | None, "that busiest tick's receive rate (null: no fast sampler)"]
     peak_tx_bytes_per_second: Annotated[float | None, "and its send rate"]

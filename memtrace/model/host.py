@@ -456,8 +456,8 @@ class HostBook:
                 # Rates over each fast tick (10 ms at 100 Hz): a burst a longer interval averages away.
                 link.peak_rx = max(link.peak_rx or 0.0, i.peak_rx_bytes_per_s)
                 link.peak_tx = max(link.peak_tx or 0.0, i.peak_tx_bytes_per_s)
-                if i.speed_bits_per_s:
-                    pu = max(i.peak_rx_bytes_per_s, i.peak_tx_bytes_per_s) * 8 / i.speed_bits_per_s
+                if cap := i.capacity_bits_per_s:
+                    pu = max(i.peak_rx_bytes_per_s, i.peak_tx_bytes_per_s) * 8 / cap
                     link.peak_utilization = pu if link.peak_utilization is None else max(link.peak_utilization, pu)
         for q in snap.qdiscs or ():
             ql = self._qdiscs.get(q.key)

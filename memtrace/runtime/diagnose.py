@@ -242,7 +242,18 @@ class LiveDiagnosis:
         made = self.engine.observe(list(procs.values()), hw)
         if log.isEnabledFor(logging.DEBUG):
             gpus = ", ".join(f"{g.index}: throttled {g.throttled} x{g.link_width}" for g in hw.gpus)
-            log.debug("diagnosis window: %.2f s; GPUs %s; memory stall %s ns", hw.seconds, gpus, hw.memory_stall_ns)
+            links = ", ".join(
+                f"{x.interface}@{x.netns}: busy {x.utilization or 0:.0%}, held {x.overlimits}, dropped {x.drops}"
+                for x in hw.links
+                if x.interface != "lo"
+            )
+            log.debug(
+                "diagnosis window: %.2f s; GPUs %s; memory stall %s ns; links %s",
+                hw.seconds,
+                gpus,
+                hw.memory_stall_ns,
+                links,
+            )
             for key, w in procs.items():
                 mean = f"{w.step_ns / w.steps * 1e-6:.3g} ms" if w.steps else "no steps"
                 if w.steal_share:
@@ -251,6 +262,8 @@ class LiveDiagnosis:
                     mean += f", {w.collective_ns / w.step_ns:.0%} in collectives"
                 if w.memory_limit_hits:
                     mean += f", {w.memory_limit_hits} memory limit hits"
+                if w.netns is not None:
+                    mean += f", netns {w.netns}"
                 log.debug("diagnosis window: pid %d %s: %s; %s", key.pid, w.name, mean, self.engine.state(key))
         names = CgroupNames() if made else None
         for diag in made:
@@ -379,8 +392,8 @@ class LiveDiagnosis:
             if prev is None or not seconds:
                 continue
             util = None
-            if i.speed_bits_per_s:
-                util = max(cur[0] - prev[0], cur[1] - prev[1]) * 8 / seconds / i.speed_bits_per_s
+            if cap := i.capacity_bits_per_s:
+                util = max(cur[0] - prev[0], cur[1] - prev[1]) * 8 / seconds / cap
             q = qd.get((i.netns, i.name), [0, 0, 0])
             out.append(LinkWindow(i.netns, i.name, util, max(cur[2] - prev[2], 0) + q[0], q[1], q[2]))
         return out

@@ -44,7 +44,9 @@ RTM_NEWQDISC, RTM_GETQDISC = 36, 38
 RTM_NEWSTATS, RTM_GETSTATS = 92, 94
 IFLA_STATS_LINK_64 = 1
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
-TCA_KIND, TCA_STATS2 = 1, 7
+TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
+TCA_TBF_PARMS, TCA_TBF_RATE64 = 1, 4  # linux/pkt_sched.h
+TC_H_ROOT = 0xFFFFFFFF
 TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
 OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up")
 _NLMSGHDR = struct.Struct("=IHHII")
@@ -55,10 +57,26 @@ _IF_STATS_MSG = struct.Struct("=BxxxiI")  # family, ifindex, filter_mask
 _STATS64 = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 _BASIC = struct.Struct("=QI")
 _QUEUE = struct.Struct("=5I")  # qlen, backlog, drops, requeues, overlimits
+# struct tc_tbf_qopt begins with its rate, a struct tc_ratespec: cell_log, linklayer, overhead,
+# cell_align, mpu, then the rate in bytes a second (~0U: too fast for 32 bits, in TCA_TBF_RATE64).
+_RATESPEC = struct.Struct("=BBHhHI")
 # ethtool (linux/ethtool.h): ETHTOOL_GSET answers from the driver's get_link_ksettings.
 SIOCETHTOOL, ETHTOOL_GSET = 0x8946, 0x1
 SPEED_UNKNOWN = 0xFFFFFFFF
 RECV_BYTES = 1 << 16
+
+
+def _tbf_rate(buf: bytes | memoryview, start: int, end: int) -> int | None:
+    """A tbf qdisc's rate in bits a second, from its TCA_OPTIONS (None: not there)."""
+    rate: int | None = None
+    for t, a, b in _attrs(buf, start, end):
+        if t == TCA_TBF_PARMS and b - a >= _RATESPEC.size and rate is None:
+            rate = _RATESPEC.unpack_from(buf, a)[5]
+            if rate == 0xFFFFFFFF:
+                rate = None  # in TCA_TBF_RATE64
+        elif t == TCA_TBF_RATE64 and b - a >= 8:
+            (rate,) = struct.unpack_from("=Q", buf, a)
+    return rate * 8 if rate else None
 
 
 class NetlinkUnavailable(MemtraceError):
@@ -85,6 +103,9 @@ class _Namespace:
     speeds: dict[tuple[int, str], tuple[str | None, int | None]] = field(default_factory=dict)  # -> state, speed
     links: dict[int, tuple[str, str | None, int | None]] = field(default_factory=dict)  # index -> name, state, speed
     links_read: int = -1  # the sample count when links were last read
+    # index -> the rate its root shaper (tbf) holds it to, bits a second, as of the last qdisc read:
+    # the link's real capacity where a shaper sets it (Kubernetes' bandwidth plugin, tc on a veth).
+    shaped: dict[int, int] = field(default_factory=dict)
     seq: int = 0
 
     def close(self) -> None:
@@ -340,6 +361,7 @@ class NetdevSource:
                     name=name,
                     operstate=oper,
                     speed_bits_per_s=speed,
+                    shaped_bits_per_s=ns.shaped.get(index),
                     rx_bytes=rx_b,
                     tx_bytes=tx_b,
                     rx_packets=rx_p,
@@ -410,14 +432,18 @@ class NetdevSource:
 
     def _qdiscs(self, ns: _Namespace, names: dict[int, str]) -> list[QdiscSample]:
         out = []
+        roots: dict[int, int | None] = {}
         for buf, start, end in self._dump(ns, RTM_GETQDISC, _TCMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
             _family, ifindex, handle, parent, _info = _TCMSG.unpack_from(buf, start)
             kind = ""
             basic = (0, 0)
             queue = (0, 0, 0, 0, 0)
+            options: tuple[int, int] | None = None
             for t, a, b in _attrs(buf, start + _TCMSG.size, end):
                 if t == TCA_KIND:
                     kind = buf[a:b].split(b"\0", 1)[0].decode(errors="replace")
+                elif t == TCA_OPTIONS:
+                    options = (a, b)
                 elif t == TCA_STATS2:
                     for t2, a2, b2 in _attrs(buf, a, b):
                         if t2 == TCA_STATS_BASIC and b2 - a2 >= _BASIC.size:
@@ -425,6 +451,9 @@ class NetdevSource:
                         elif t2 == TCA_STATS_QUEUE and b2 - a2 >= _QUEUE.size:
                             queue = _QUEUE.unpack_from(buf, a2)
             qlen, backlog, drops, requeues, overlimits = queue
+            rate = _tbf_rate(buf, *options) if kind == "tbf" and options is not None else None
+            if parent == TC_H_ROOT:
+                roots[ifindex] = rate
             out.append(
                 QdiscSample(
                     netns=ns.inode,
@@ -440,6 +469,8 @@ class NetdevSource:
                     requeues=requeues,
                     backlog_bytes=backlog,
                     qlen=qlen,
+                    rate_bits_per_s=rate,
                 )
             )
+        ns.shaped = {i: r for i, r in roots.items() if r}
         return out
