@@ -579,3 +579,34 @@ def test_a_server_saturated_for_a_while_is_still_a_server() -> None:
             assert st is not None and st.loop is Loop.SERVING
     st = t.stats()
     assert st is not None and st.steps == 499 and st.loop is Loop.SERVING
+
+
+@pytest.mark.parametrize("varied", [False, True], ids=["one-batch-size", "batches-vary"])
+def test_a_loop_that_idles_at_random_is_a_server_only_if_its_work_varies(varied: bool) -> None:
+    """Every step copies its input in, reads back a small result (a reply, not
+    nothing) and waits; one step in eight begins late, after an idle stretch
+    at random. A server idles so between requests; a training rank does too,
+    waiting for its loader or for its peers' sends on a busy link (the fleet
+    rig's ranks under a bulk flow were judged servers, and stayed so). What
+    tells them apart: a training step moves one batch's bytes, a server's
+    batches follow its load."""
+    from memtrace.model.steps import Loop
+
+    rng = np.random.default_rng(7)
+    t, t0 = StepTracker(PID), 10**12
+    for i in range(400):
+        lead = 20 * MS if rng.random() < 1 / 8 else 200 * US
+        t0 += lead
+        rows: list[Ev] = [
+            (t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID),
+            (t0 + 1 * MS, 50 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID),
+            (t0 + 1 * MS + 50 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID),
+        ]
+        a = events(rows)
+        size = (64 << 10) << (i % 4 if varied else 0)
+        a["bytes"] = np.where(a["direction"] == Direction.D2H, 4096, size)
+        t.add(a)
+        t0 += 3 * MS
+    st = t.stats()
+    assert st is not None and st.steps == 399
+    assert st.loop is (Loop.SERVING if varied else Loop.TRAINING), (st.judged, st.late, st.replies, len(st.work))
