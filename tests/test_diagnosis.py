@@ -1149,3 +1149,24 @@ def test_the_live_diagnosis_counts_each_windows_nvlink_bytes_errors_and_links_do
     assert window(2, 1000, 0) == (0, 0, 0)
     assert window(3, 1000 + 7 * GIB, 4) == (2 * 7 * GIB, 0, 4)
     assert window(4, 1000 + 7 * GIB + 1, 4, up=False) == (2, 1, 0)
+
+
+def test_a_link_its_own_exchange_keeps_busy_is_not_contention_for_a_few_more_held_packets() -> None:
+    """The fleet rig's host whose ranks send to a congested neighbour: their steps slow (the
+    replies come late), their own link, shaped and kept busy by their exchange, holds 3,000
+    packets a window healthy and 3,700 now, and is less busy than before. Not NIC contention
+    (it was: 700 more held packets scored 35 against a margin of 20). Its neighbour's link,
+    flooded, holds half again as many and drops: that is."""
+    ns = 4026532000
+
+    def link(busy: float, held: int, dropped: int = 0) -> LinkWindow:
+        return LinkWindow(ns, "eth0", busy, dropped, held, 1 << 16)
+
+    rnd = random.Random(3)
+    base = [([replace(w, netns=ns)], replace(h, links=[link(0.6, rnd.randint(2600, 3400))])) for (w,), h in healthy(30)]
+    neighbour = base + [([proc(15.0, netns=ns)], host(i, links=[link(0.45, 3700)])) for i in range(30, 36)]
+    d, made = run(neighbour)
+    assert all(c != "nic_contention" for _, c in made), made
+    flooded = base + [([proc(15.0, netns=ns)], host(i, links=[link(0.62, 5200, 150)])) for i in range(30, 36)]
+    d, made = run(flooded)
+    assert made[:1] == [(31, "nic_contention")], made

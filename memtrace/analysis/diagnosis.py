@@ -129,10 +129,12 @@ class Margins:
     # host work waits more for a shared CPU; that wait is not what slowed it).
     host_starved_of_growth: float = 0.5
     # nic_contention: a link at least this busy, 30 points busier than before, or 20 more packets a
-    # window held or dropped by its qdisc.
+    # window held or dropped by its qdisc, and half again as many as before (a job whose own
+    # exchange keeps its shaper busy has it hold thousands a window, a few hundred either way).
     link_busy: float = 0.8
     link_rise: float = 0.3
     held_rise: float = 20.0
+    held_times: float = 0.5
     # straggler: a rank waits for a peer (most of its step's growth in collectives, and a peer spends
     # 10 points less of its step there), or its peers wait for it (its own growth is hardly waiting).
     waited: float = 0.5
@@ -1030,7 +1032,7 @@ class Diagnoser:
             util_b = max(((x.utilization or 0.0) for x in bs), default=0.0)
             score = max(
                 (util - util_b) / MARGINS.link_rise if util >= MARGINS.link_busy else 0.0,
-                (held - held_b) / MARGINS.held_rise,
+                (held - held_b) / max(MARGINS.held_rise, MARGINS.held_times * held_b),
             )
             ev = {
                 "interface": name,
