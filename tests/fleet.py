@@ -155,6 +155,30 @@ while True:
     threading.Thread(target=drain, args=(c,), daemon=True).start()
 """
 
+# A rank's peer: it answers each step's exchange (NET_BYTES) with one byte once it has it all, so a
+# rank's step waits for its data to arrive (TRAINJOB_ACK), as a ring exchange does.
+ACK_SINK = """
+import socket, sys, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(64)
+size = int(sys.argv[3])
+def serve(c):
+    got = 0
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            return
+        got += len(b)
+        while got >= size:
+            got -= size
+            c.sendall(b"k")
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
 BULK = """
 import socket, sys, threading
 def send():
@@ -260,7 +284,7 @@ class Host:
         log = open(self.fleet.tmp / f"{self.name}.push.log", "wb")
         gpus = {"LD_LIBRARY_PATH": str(self.fleet.fx / "nvml"), "FAKE_NVML_SCRIPT": str(self.nvml)}
         memtrace = [sys.executable, "-m", "memtrace", "push", "--endpoint", endpoint, "--interval", str(interval)]
-        memtrace += ["--no-recorder", "--pid", str(self.spawner_pid)]
+        memtrace += ["--no-recorder", "--pid", str(self.spawner_pid)] + (["-v"] if self.fleet.verbose else [])
         self.push = subprocess.Popen(
             ["unshare", "--uts", "sh", "-c", f'hostname {self.name} && exec "$@"', "sh", *memtrace],
             stdout=log,
@@ -309,10 +333,13 @@ class Fleet:
         job: str = "fleet-job",
         tap: Callable[[str], str] | None = None,
         gpus: bool = False,
+        verbose: bool = False,
     ) -> None:
+        # verbose: each agent runs with -v (its windows and diagnoses in tmp/HOST.push.log).
         # tap: given the collector's OTLP/HTTP endpoint, where the agents push instead (a recorder that
         # forwards to it: bench/targets/fleet_scale.py).
         self.fx, self.tmp, self.job, self.tap, self.gpus = fx, tmp, job, tap, gpus
+        self.verbose = verbose
         self.throttled: list[Host] = []
         self.tag = str(os.getpid() % 10000)
         self.net = os.getpid() % 200 + 20
@@ -363,7 +390,7 @@ class Fleet:
             if self.gpus:
                 host.set_gpu(False)
             host.start_spawner()
-            host.run([sys.executable, "-c", SINK, host.ip, str(PORT)])
+            host.run([sys.executable, "-c", ACK_SINK, host.ip, str(PORT), str(NET_BYTES)])
         endpoint = f"http://127.0.0.1:{self.col.http_port}"
         for host in self.hosts:
             host.start_push(self.tap(endpoint) if self.tap else endpoint, self.interval)
@@ -409,6 +436,7 @@ class Fleet:
                     "FAKE_NCCL_BARRIER": str(barrier),
                     "FAKE_NCCL_RANKS": str(world),
                     "TRAINJOB_PEER": f"{peer.ip}:{PORT}",
+                    "TRAINJOB_ACK": "1",
                     "WORKLOAD_TRUTH": "/dev/null",
                     **({"TRAINJOB_CONTROL": str(host.control)} if self.gpus else {}),
                 }

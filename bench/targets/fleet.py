@@ -7,6 +7,10 @@ faults injected on one host in turn, a healthy stretch before them:
     sudo .venv/bin/python bench/targets/fleet.py [--hosts H] [--ranks R] [--trials N] [--healthy S]
         [--faults cpu,nic,gpu]
 
+With MEMTRACE_BENCH_LOGS=DIR, each host's agent runs with -v and its log
+(its windows, diagnoses and their evidence) is copied to DIR/HOST.push.log,
+with vmalert's, when the run ends.
+
   cpu  a busy loop at nice -19 on the CPU one rank is pinned to -> that
        rank, cpu_interference
   nic  eight bulk TCP streams from a host to the next over its NIC (a tbf
@@ -30,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -45,6 +51,7 @@ from bench.harness import REPO, Record, Target
 sys.path.insert(0, str(REPO / "tests"))
 from fleet import Fleet
 
+LOGS = Path(os.environ["MEMTRACE_BENCH_LOGS"]) if os.environ.get("MEMTRACE_BENCH_LOGS") else None
 GIVE_UP_S = 60.0  # a trial whose rank is not named by then counts as missed
 SETTLE_S = 35.0  # after a fault: the job back to its pace, the rule's 30 s diagnosis window past
 
@@ -113,32 +120,36 @@ def main() -> None:
     rnd = random.Random(args.seed)
     rec = Record()
     fx = harness.build_fixtures(Path(tempfile.mkdtemp(prefix="memtrace-fleet-fx-")), quiet=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="memtrace-fleet-") as tmp,
-        Fleet(fx, Path(tmp), args.hosts, args.ranks, gpus="gpu" in faults) as f,
-    ):
-        f.start_job()
-        time.sleep(30)  # warm-up: the agents' baselines and the rule's recent best
-        false = 0
-        started = time.monotonic()
-        keys: set[tuple[str, str]] = set()
-        while time.monotonic() - started < args.healthy:
-            for a in alerts(f):
-                keys.add((a["labels"]["memtrace_job_rank"], a["activeAt"]))
-            time.sleep(0.5)
-        false = len(keys)
-        healthy_h = (time.monotonic() - started) / 3600
-        print(f"healthy: {false} alerts in {healthy_h * 3600:.0f} s", flush=True)
-        # What a node and a traced process cost the backend: their live series.
-        per_node = [float(x["value"][1]) for x in f.query('count by (host_name) ({host_name=~"fleet-.*"})')]
-        per_proc = [
-            float(x["value"][1])
-            for x in f.query('count by (host_name, process_pid) ({host_name=~"fleet-.*", process_pid!=""})')
-        ]
-        trials = []
-        for _ in range(args.trials):
-            for fault in faults:
-                trials.append(trial(f, fault, rnd.choice([h for h in range(args.hosts) if h != f.victim.host])))
+    with tempfile.TemporaryDirectory(prefix="memtrace-fleet-") as tmp:
+        try:
+            with Fleet(fx, Path(tmp), args.hosts, args.ranks, gpus="gpu" in faults, verbose=LOGS is not None) as f:
+                f.start_job()
+                time.sleep(30)  # warm-up: the agents' baselines and the rule's recent best
+                false = 0
+                started = time.monotonic()
+                keys: set[tuple[str, str]] = set()
+                while time.monotonic() - started < args.healthy:
+                    for a in alerts(f):
+                        keys.add((a["labels"]["memtrace_job_rank"], a["activeAt"]))
+                    time.sleep(0.5)
+                false = len(keys)
+                healthy_h = (time.monotonic() - started) / 3600
+                print(f"healthy: {false} alerts in {healthy_h * 3600:.0f} s", flush=True)
+                # What a node and a traced process cost the backend: their live series.
+                per_node = [float(x["value"][1]) for x in f.query('count by (host_name) ({host_name=~"fleet-.*"})')]
+                per_proc = [
+                    float(x["value"][1])
+                    for x in f.query('count by (host_name, process_pid) ({host_name=~"fleet-.*", process_pid!=""})')
+                ]
+                trials = []
+                for _ in range(args.trials):
+                    for fault in faults:
+                        trials.append(trial(f, fault, rnd.choice([h for h in range(args.hosts) if h != f.victim.host])))
+        finally:
+            if LOGS is not None:  # the agents have stopped: their logs are whole
+                LOGS.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, LOGS / log.name)
     named = [t["named_s"] for t in trials if t["named_s"] is not None]
     caused = [t["cause_s"] for t in trials if t["cause_s"] is not None]
 
