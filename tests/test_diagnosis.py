@@ -1170,3 +1170,27 @@ def test_a_link_its_own_exchange_keeps_busy_is_not_contention_for_a_few_more_hel
     flooded = base + [([proc(15.0, netns=ns)], host(i, links=[link(0.62, 5200, 150)])) for i in range(30, 36)]
     d, made = run(flooded)
     assert made[:1] == [(31, "nic_contention")], made
+
+
+def test_a_flow_that_overflows_a_busy_shaper_is_nic_contention_by_its_drops() -> None:
+    """The flooded host of the fleet rig: its shaper, kept busy by the job's exchange, held
+    ~3,000 packets a window and dropped none; a bulk flow beside it drops hundreds in the first
+    window, then TCP backs off and the shaper holds fewer than before (5,150, 2,040, 1,359) while
+    the steps wait on the network (the GPU idles: input starvation's pattern). The drops name it."""
+    ns = 4026532000
+
+    def link(busy: float, held: int, dropped: int = 0) -> LinkWindow:
+        return LinkWindow(ns, "eth0", busy, dropped, held, 1 << 16)
+
+    rnd = random.Random(5)
+    windows = [
+        ([replace(w, netns=ns)], replace(h, links=[link(0.6, rnd.randint(2600, 3400))])) for (w,), h in healthy(30)
+    ]
+    after = [link(0.99, 5150, 981), link(0.92, 2040, 91), link(0.79, 1359, 0)] * 2
+    for i, x in zip(range(30, 36), after, strict=True):
+        w = proc(25.0, netns=ns)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i, links=[x])))
+    d, made = run(windows)
+    assert made[:1] == [(31, "nic_contention")], made
+    assert d.diagnoses[0].evidence["dropped_per_window_before"] == 0

@@ -1030,9 +1030,15 @@ class Diagnoser:
             held_b = sum(x.overlimits + x.drops for x in bs) / len(bs) if bs else 0.0
             util = max((x.utilization or 0.0) for x in ws)
             util_b = max(((x.utilization or 0.0) for x in bs), default=0.0)
+            # Drops apart: a shaper the job's own exchange keeps busy holds thousands of packets a
+            # window and drops none; a flow beside it overflows its queue (and TCP then backs off, so
+            # fewer are held: the sum can fall while the drops climb from nothing).
+            dropped = sum(x.drops for x in ws) / len(ws)
+            dropped_b = sum(x.drops for x in bs) / len(bs) if bs else 0.0
             score = max(
                 (util - util_b) / MARGINS.link_rise if util >= MARGINS.link_busy else 0.0,
                 (held - held_b) / max(MARGINS.held_rise, MARGINS.held_times * held_b),
+                (dropped - dropped_b) / max(MARGINS.held_rise, MARGINS.held_times * dropped_b),
             )
             ev = {
                 "interface": name,
@@ -1040,6 +1046,8 @@ class Diagnoser:
                 "utilization_before": round(util_b, 3),
                 "held_or_dropped_per_window": held,
                 "held_or_dropped_per_window_before": held_b,
+                "dropped_per_window": dropped,
+                "dropped_per_window_before": dropped_b,
             }
             if best is None or score > best[0]:
                 best = (score, "nic_contention", ev)
