@@ -1194,3 +1194,29 @@ def test_a_flow_that_overflows_a_busy_shaper_is_nic_contention_by_its_drops() ->
     d, made = run(windows)
     assert made[:1] == [(31, "nic_contention")], made
     assert d.diagnoses[0].evidence["dropped_per_window_before"] == 0
+
+
+def test_a_links_signals_that_come_a_window_before_the_steps_slow_are_weighed_against_the_windows_before() -> None:
+    """The fleet rig's flooded host again, as it came: the bulk flow filled the shaper and it
+    dropped 260, then 155 packets in the two windows before the steps slowed (the ranks' replies
+    were still on their way), then held fewer and dropped none while the steps waited on the
+    network. Weighed against a baseline that held those two windows, the link had been as busy
+    and had dropped more: input starvation. Those windows are not the baseline."""
+    ns = 4026532000
+
+    def link(busy: float, held: int, dropped: int = 0) -> LinkWindow:
+        return LinkWindow(ns, "eth0", busy, dropped, held, 1 << 16)
+
+    rnd = random.Random(7)
+    windows = [
+        ([replace(w, netns=ns)], replace(h, links=[link(0.6, rnd.randint(2600, 3400))])) for (w,), h in healthy(28)
+    ]
+    windows += [([proc(10.0, netns=ns)], host(28, links=[link(0.66, 3016, 260)]))]
+    windows += [([proc(10.2, netns=ns)], host(29, links=[link(0.96, 3113, 155)]))]
+    for i, x in zip(range(30, 36), [link(0.93, 1234, 1), link(1.0, 1443), link(0.96, 2185)] * 2, strict=True):
+        w = proc(25.0, netns=ns)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i, links=[x])))
+    d, made = run(windows)
+    assert made[:1] == [(31, "nic_contention")], made
+    assert d.diagnoses[0].evidence["utilization_before"] < 0.8

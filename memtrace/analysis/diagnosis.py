@@ -72,6 +72,12 @@ SLOW_RATIO = 1.2
 DETECT_AFTER = 2
 CLEAR_RATIO = 1.1
 CLEAR_AFTER = 4
+# The normal windows just before a slowdown are not what its cause's signals are weighed against:
+# a fault shows on the host a window or two before the steps feel it (a flooded link drops at
+# once while the job's replies are still on their way; a slow loader drains its prefetched
+# batches first), and a baseline holding those windows hides the rise (the fleet rig's NIC fault:
+# its drops fell into the baseline, and the slowdown was named input starvation).
+ONSET_GUARD = 2
 REFINE_WINDOWS = 20  # 10 s: NVML's slow readings (link width) come every second or so, a NIC's queue grows for seconds
 MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline holds this many windows
 NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviations above the baseline
@@ -771,6 +777,8 @@ class Diagnoser:
 
     def _cause(self, s: _Seen, peers: list[ProcWindow]) -> tuple[str, dict[str, Any]]:
         before = list(s.normal_windows)
+        if len(before) > ONSET_GUARD + MIN_JUDGE:
+            before = before[:-ONSET_GUARD]
         after = s.slow
         scores: list[tuple[float, str, dict[str, Any]]] = []
         scorers = [self._cpu, self._gpu, self._pcie, self._memory, self._input, self._nic, self._straggler, _nvlink]
@@ -794,6 +802,11 @@ class Diagnoser:
             if own is not None and own[0] >= MARGINS.named and "waits_for_pid" not in ev:
                 ev = {**ev, "own_cause": own[1], "own_evidence": {k: v for k, v in own[2].items() if k != "fix_key"}}
             return cause, {"score": round(score, 3), **ev, "candidates": candidates}
+        # Input starvation is what is left when the host's growing share has no signal of its own: where
+        # the job's link saturated, its steps waited on the network, not on a loader (a ring exchange
+        # or a parameter server's reply: the GPU idles meanwhile, as when input is slow).
+        if any(c == "nic_contention" and sc >= MARGINS.named for sc, c, _e in scores):
+            scores = [t for t in scores if t[1] != "input_starvation"]
         ranked = sorted(scores, key=lambda t: -t[0])
         score, cause, ev = ranked[0]
         if score < MARGINS.named:
