@@ -581,15 +581,22 @@ def test_a_server_saturated_for_a_while_is_still_a_server() -> None:
     assert st is not None and st.steps == 499 and st.loop is Loop.SERVING
 
 
-@pytest.mark.parametrize("varied", [False, True], ids=["one-batch-size", "batches-vary"])
-def test_a_loop_that_idles_at_random_is_a_server_only_if_its_work_varies(varied: bool) -> None:
+@pytest.mark.parametrize(
+    ("varied", "ranked", "serving"),
+    [(False, True, False), (True, True, True), (False, False, True)],
+    ids=["rank-one-batch-size", "rank-batches-vary", "no-collectives-one-size"],
+)
+def test_a_loop_that_idles_at_random_in_collectives_is_a_server_only_if_its_work_varies(
+    varied: bool, ranked: bool, serving: bool
+) -> None:
     """Every step copies its input in, reads back a small result (a reply, not
     nothing) and waits; one step in eight begins late, after an idle stretch
-    at random. A server idles so between requests; a training rank does too,
-    waiting for its loader or for its peers' sends on a busy link (the fleet
-    rig's ranks under a bulk flow were judged servers, and stayed so). What
-    tells them apart: a training step moves one batch's bytes, a server's
-    batches follow its load."""
+    at random. A server idles so between requests; a data-parallel rank does
+    too, waiting for its peers' exchange on a busy link (the fleet rig's ranks
+    under a bulk flow were judged servers, and stayed so), and spends time in
+    collectives. A rank is a server only if its batches follow a load; a loop
+    with no collectives that serves one size (one request at a time, at a low
+    load) is one."""
     from memtrace.model.steps import Loop
 
     rng = np.random.default_rng(7)
@@ -605,8 +612,14 @@ def test_a_loop_that_idles_at_random_is_a_server_only_if_its_work_varies(varied:
         a = events(rows)
         size = (64 << 10) << (i % 4 if varied else 0)
         a["bytes"] = np.where(a["direction"] == Direction.D2H, 4096, size)
-        t.add(a)
+        coll = None
+        if ranked:  # a 0.5 ms all-reduce before the result is read back
+            coll = np.zeros(1, EVENT_DTYPE)
+            coll[0]["ts_ns"], coll[0]["duration_ns"] = t0 + 200 * US, 500 * US
+            coll[0]["tid"], coll[0]["pid"] = TID, PID
+        t.add(a, coll)
         t0 += 3 * MS
     st = t.stats()
     assert st is not None and st.steps == 399
-    assert st.loop is (Loop.SERVING if varied else Loop.TRAINING), (st.judged, st.late, st.replies, len(st.work))
+    assert (st.collective_ns > 0) is ranked
+    assert st.loop is (Loop.SERVING if serving else Loop.TRAINING), (st.judged, st.late, st.replies, len(st.work))

@@ -170,7 +170,7 @@ REPLY_SHARE = 0.01  # a step that reads back at least this share of the bytes it
 IDLE_AFTER = 4  # a step whose first call came this many times later than in a typical one (the last RING's median) ...
 IDLE_SHARE = 1 / 32  # ... for at least this share of the steps after the first RECENT, ...
 IDLE_ABOVE = 0.1  # ... which spent at least this share of their time before their first calls: the thread idles
-ONE_WORK = 0.9  # ... unless this share of its steps moved one class of work: a training loop's batch, one size
+ONE_WORK = 0.9  # ... unless a rank in collectives moved one class of work in this share of its steps
 MAX_WORK = 64  # classes of work (bytes in and out) kept per thread; more join OTHER_WORK
 WORK_CLASSES_PER_OCTAVE = 4
 OTHER_WORK = (-1, -1)
@@ -258,10 +258,11 @@ class StepStats:
         before some, at random (after warm-up, at least IDLE_SHARE of the
         steps had their first call IDLE_AFTER times later than a typical
         one, and the time before first calls was IDLE_ABOVE of the steps'
-        or more) while its work varies (under ONE_WORK of the steps in one
-        class of work: a training rank that waits at random for its loader
-        or its peers moves one batch's bytes a step). Training otherwise,
-        and until RECENT steps were seen.
+        or more), unless it spends time in collectives and its work does
+        not vary (ONE_WORK of the steps in one class of work: a
+        data-parallel rank waiting at random for its peers' exchange moves
+        one batch's bytes a step). Training otherwise, and until RECENT
+        steps were seen.
         Once serving, always: a server saturated for a while (every batch
         full, no idle) reads back one amount each iteration and idles
         never, as a training loop does; it is still a server, and its
@@ -284,11 +285,12 @@ class StepStats:
             and self.lead_ns >= IDLE_ABOVE * self.judged_ns
             and self.late >= IDLE_SHARE * self.judged
         )
-        # A training loop waits before its first calls too, at random (its loader, its peers' sends on
-        # a busy link), and reads back its loss; but each of its steps moves one batch's bytes. A
-        # server's batches grow and shrink with its load.
+        # A data-parallel rank waits before its first calls too, at random (for its peers' exchange on
+        # a busy link), and reads back its loss; but it spends time in collectives, and each of its
+        # steps moves one batch's bytes. A server's batches follow its load (one that serves one
+        # request at a time, at a low load, moves one size too: without collectives it is one).
         varied = bool(self.work) and max(w.steps for w in self.work.values()) < ONE_WORK * self.steps
-        return idle and varied and self.replies >= self.steps / 2
+        return idle and (varied or not self.collective_ns) and self.replies >= self.steps / 2
 
     def share(self, ns: int) -> float:
         return ns / self.step_ns if self.step_ns else 0.0
