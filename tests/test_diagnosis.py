@@ -989,6 +989,133 @@ def test_a_server_whose_smaller_work_takes_longer_than_larger_is_diagnosed() -> 
         assert made == expect, ms
 
 
+# ---- servers: their link and their copies, whatever their iterations' time ----
+
+NS = 4026532100
+MIB = 1 << 20
+REQ_IN, REQ_OUT = 2 * MIB, MIB // 2  # a request's copies in and out
+
+
+def serving(
+    rnd: random.Random,
+    i: int,
+    scale: float = 1.0,
+    per_byte: float = 1.0,
+    batch: int = 1,
+    **over: object,
+) -> ProcWindow:
+    """A server's window in its network namespace NS: quiet_load's iterations (times scale), one
+    H2D copy of REQ_IN and one D2H of REQ_OUT per request, batch requests an iteration, at
+    1 ns a byte (times per_byte) plus 20 us a call; its copied bytes grow with its requests.
+    The link's bytes and its held packets are in `linked`."""
+    load = quiet_load(rnd, scale)
+    n = sum(k for k, _ in load.values())
+    copies = {}
+    for direction, size in ((1, REQ_IN * batch), (2, REQ_OUT * batch)):
+        ns = n * (size * per_byte * rnd.uniform(0.97, 1.03) + 20_000)
+        copies[(direction, work_class(size, 0)[0])] = (n, n * size, int(ns))
+    return server(i, load, netns=NS, copies=copies, copy_bytes=n * batch * (REQ_IN + REQ_OUT), **over)
+
+
+def linked(i: int, link_bytes: float, held: float, **over: object) -> HostWindow:
+    """A host window whose link in NS carried link_bytes and held `held` packets (a shaper's queue)."""
+    return host(i, links=[LinkWindow(NS, "veth0", None, 0, int(held), 0, int(link_bytes))], **over)
+
+
+def test_a_servers_link_flooded_by_others_is_nic_contention_at_equal_work() -> None:
+    """A bulk flow shares the server's link from window 40: the link carries five times the bytes
+    and its shaper holds 900 packets a window, while the server does the same work in the same
+    time (it sends its replies after its iterations' waits: its clients wait, its CUDA calls do
+    not). Its iterations are no slower; its link is held by others' traffic: nic_contention."""
+    rnd = random.Random(21)
+    windows = [([serving(rnd, i)], linked(i, 4e6 * rnd.uniform(0.9, 1.1), 0)) for i in range(40)]
+    windows += [([serving(rnd, i)], linked(i, 2e7, 900 + rnd.randint(0, 50))) for i in range(40, 46)]
+    d, made = run(windows)
+    assert made == [(41, "nic_contention")]
+    (x,) = d.diagnoses
+    assert "held" in x.symptom and "queue behind other traffic" in x.symptom
+    assert x.evidence["interface"] == "veth0" and x.evidence["bytes_per_work_over_baseline"] > 2
+
+
+def test_a_saturated_link_a_flow_joins_is_nic_contention_though_its_bytes_stay() -> None:
+    """The server's own traffic fills its shaped link (it holds 1,100 packets a window already).
+    A bulk flow joins: the link carries no more bytes (it is at its rate), the server serves
+    what it served (its requests wait longer), and the link holds 1,450 packets a window, more
+    than any window before and than its work would: others' traffic at the link's limit."""
+    rnd = random.Random(22)
+    windows = [([serving(rnd, i)], linked(i, 2.5e7, 1100 + rnd.randint(-30, 30))) for i in range(40)]
+    windows += [([serving(rnd, i)], linked(i, 2.5e7, 1450 + rnd.randint(-30, 30))) for i in range(40, 46)]
+    d, made = run(windows)
+    assert made == [(41, "nic_contention")]
+    assert d.diagnoses[0].evidence["held_or_dropped_per_window_before"] == pytest.approx(1100, abs=40)
+
+
+def test_a_server_whose_load_triples_fills_its_own_link_and_copies_and_is_not_diagnosed() -> None:
+    """The request rate triples: three times the requests, each batch of three (copies three times
+    as large, never seen, no slower per byte), its link carries three times the bytes and its
+    shaper starts to hold packets (800 a window). Its own traffic, grown with its work: no
+    contention, no PCIe slowdown. Then the load falls back."""
+    rnd = random.Random(23)
+    windows = [([serving(rnd, i)], linked(i, 4e6 * rnd.uniform(0.9, 1.1), 0)) for i in range(40)]
+    for i in range(40, 100):
+        w = serving(rnd, i, batch=3, per_byte=0.95)
+        windows.append(([w], linked(i, 4e6 * 3 * rnd.uniform(0.9, 1.1), 800 + rnd.randint(-50, 50))))
+    windows += [([serving(rnd, i)], linked(i, 4e6 * rnd.uniform(0.9, 1.1), 0)) for i in range(100, 140)]
+    _, made = run(windows)
+    assert made == []
+    # Its link at its limit already (its shaper holds 1,100 packets a window): half again the
+    # load, the link carries no more, its queue grows by less than its work (1,400).
+    rnd = random.Random(23)
+    windows = [([serving(rnd, i)], linked(i, 2.5e7, 1100 + rnd.randint(-30, 30))) for i in range(40)]
+    windows += [([serving(rnd, i, 1.5)], linked(i, 2.5e7, 1400 + rnd.randint(-30, 30))) for i in range(40, 100)]
+    _, made = run(windows)
+    assert made == []
+
+
+def test_a_servers_copies_slower_at_equal_size_on_a_narrowed_link_are_pcie_contention() -> None:
+    """The link trains at x8 of x16 from window 40: each copy takes 1.45x as long at its size,
+    while the iterations' busy time (mostly kernels and host work) does not move. The copies
+    say it, and NVML's narrowed link names it."""
+    rnd = random.Random(24)
+    narrow = [GpuWindow(0, "GPU-a", False, (), 0, 8, 16, 5, 5)]
+    windows = [([serving(rnd, i)], linked(i, 4e6, 0)) for i in range(40)]
+    windows += [([serving(rnd, i, per_byte=1.45)], linked(i, 4e6, 0, gpus=narrow)) for i in range(40, 46)]
+    d, made = run(windows)
+    assert made == [(41, "pcie_contention")]
+    (x,) = d.diagnoses
+    assert "copies 1.4x slower at equal size" in x.symptom and x.evidence["degraded"]
+    assert x.evidence["copies_over_baseline"] == pytest.approx(1.45, abs=0.05)
+
+
+def test_a_servers_copies_alone_slower_with_no_cause_are_not_diagnosed() -> None:
+    """Its copies take 1.6x at their sizes for a few windows while its iterations keep their time,
+    and nothing else moves (no narrowed link, no other copier, no untraced bytes on the link):
+    one copy's time is noisier than an iteration's (the zoo's healthy servers had such windows).
+    No diagnosis, no `unknown`; the same copies with the link narrowed are named (above)."""
+    rnd = random.Random(26)
+    windows = [([serving(rnd, i)], linked(i, 4e6, 0)) for i in range(40)]
+    windows += [([serving(rnd, i, per_byte=1.6)], linked(i, 4e6, 0)) for i in range(40, 44)]
+    windows += [([serving(rnd, i)], linked(i, 4e6, 0)) for i in range(44, 80)]
+    _, made = run(windows)
+    assert made == []
+
+
+def test_a_competing_copier_that_comes_with_a_load_change_is_pcie_contention() -> None:
+    """The load doubles (batches of two: copies twice as large, never seen) as another process
+    starts copying on the GPU's link: each of the server's copies takes 1.6x per byte what a
+    smaller one took. A larger copy is no slower per byte if nothing slowed: bounded by that,
+    the copies are slow, and the other process's copies name the cause."""
+    rnd = random.Random(25)
+    windows = [([serving(rnd, i)], linked(i, 4e6, 0, copy_bytes={KEY: 1})) for i in range(40)]
+    other = ProcessKey(999, 1)
+    for i in range(40, 46):
+        w = serving(rnd, i, 2.0, batch=2, per_byte=1.6)
+        windows.append(([w], linked(i, 4e6, 0, copy_bytes={KEY: w.copy_bytes, other: 4 << 30})))
+    d, made = run(windows)
+    assert made == [(41, "pcie_contention")]
+    assert d.diagnoses[0].evidence["copies_slower_at_equal_size"] >= 1.5
+
+
 # ---- ambiguous and unknown: the candidates ----
 
 

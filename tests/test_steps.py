@@ -623,3 +623,32 @@ def test_a_loop_that_idles_at_random_in_collectives_is_a_server_only_if_its_work
     assert st is not None and st.steps == 399
     assert (st.collective_ns > 0) is ranked
     assert st.loop is (Loop.SERVING if serving else Loop.TRAINING), (st.judged, st.late, st.replies, len(st.work))
+
+
+def test_a_servers_copies_are_counted_by_direction_and_size_with_their_time() -> None:
+    """Each copy of a step, by direction and size class (bytes within a quarter octave): its
+    calls, bytes and time inside the calls, exact. The diagnosis times a server's copies at equal
+    size with them (a narrowed or shared link shows in each copy, whatever the load's sizes)."""
+    from memtrace.model.steps import work_class
+
+    def iteration(t0: int, out: int) -> tuple[np.ndarray, int]:
+        rows: list[Ev] = [
+            (t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID),
+            (t0 + 1 * MS, 50 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID),
+            (t0 + 1 * MS + 50 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID),
+        ]
+        a = events(rows)
+        a["bytes"] = np.where(a["direction"] == Direction.D2H, out, 16 * out)
+        return a, t0 + 3 * MS
+
+    t, t0 = StepTracker(PID), 10**12
+    for i in range(400):
+        a, t0 = iteration(t0, 1024 << (i % 4))  # four batch sizes, an octave apart
+        t.add(a)
+    st = t.stats()
+    assert st is not None and st.steps == 399
+    assert len(st.copies) == 8  # two directions, four sizes
+    for (direction, size), c in st.copies.items():
+        assert c.ns == c.calls * (100 if direction == Direction.H2D else 50) * US
+        assert c.bytes % c.calls == 0 and work_class(c.bytes // c.calls, 0)[0] == size
+    assert sum(c.calls for c in st.copies.values()) == 2 * st.steps

@@ -80,6 +80,10 @@ CLEAR_AFTER = 4
 ONSET_GUARD = 2
 REFINE_WINDOWS = 20  # 10 s: NVML's slow readings (link width) come every second or so, a NIC's queue grows for seconds
 MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline holds this many windows
+# A server's copies of one direction and size are judged once its baseline holds this many windows
+# with them, and holds MIN_BASELINE windows: one copy's time is noisier than an iteration's (a
+# wake-up late on a busy CPU), and two such windows in its first seconds read as a slowdown.
+MIN_COPY_WINDOWS = 6
 NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviations above the baseline
 # A server's class of work never seen, larger than a known one, takes at most the known one's
 # time times the ratio of their work to a power, if nothing slowed: the steepest growth its own
@@ -87,6 +91,9 @@ NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviati
 # quadratically with its length), at least 1 and at most GROWTH_POWER.
 GROWTH_POWER = 2.0
 AMBIGUOUS_WITHIN = 1.25  # the best cause scores less than this times the second: both fit
+# A server's link carries this many times the bytes per unit of the server's own work it carried in
+# its baseline (others' traffic: its own grows with its work), and holds more packets: contention.
+OTHERS_ON_LINK = 1.25
 
 
 @dataclass(frozen=True)
@@ -136,11 +143,13 @@ class Margins:
     host_starved_of_growth: float = 0.5
     # nic_contention: a link at least this busy, 30 points busier than before, or 20 more packets a
     # window held or dropped by its qdisc, and half again as many as before (a job whose own
-    # exchange keeps its shaper busy has it hold thousands a window, a few hundred either way).
+    # exchange keeps its shaper busy has it hold thousands a window, a few hundred either way);
+    # a server's: and a fifth more than before, at its work.
     link_busy: float = 0.8
     link_rise: float = 0.3
     held_rise: float = 20.0
-    held_times: float = 0.5
+    held_over: float = 0.5
+    held_times: float = 1.2
     # straggler: a rank waits for a peer (most of its step's growth in collectives, and a peer spends
     # 10 points less of its step there), or its peers wait for it (its own growth is hardly waiting).
     waited: float = 0.5
@@ -236,6 +245,9 @@ class ProcWindow:
     # (model/steps.work_class) -> (iterations, busy ns: from each one's first call to its end).
     serving: bool = False
     work: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    # A server's copies in the window by (direction, size class: model/steps.CopySizeStats) ->
+    # (calls, bytes, ns inside them).
+    copies: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -268,6 +280,7 @@ class LinkWindow:
     drops: int  # interface and qdisc drops in the window
     overlimits: int  # qdisc overlimits (the shaper held packets back)
     backlog_bytes: int
+    bytes: int | None = None  # received and sent in the window (None: not known)
 
 
 @dataclass
@@ -329,6 +342,12 @@ class _Seen:
     held: int = 0  # windows in a row held out as one step longer than a window (_phase)
     # Those windows, kept until the hold runs out: then they were the loop's pace, and are judged.
     held_windows: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)
+    # A server's link (_server_link): its baseline windows, its windows held in a row, the
+    # diagnosis in progress and the windows since it calmed.
+    link_normal: deque[tuple[ProcWindow, HostWindow]] = field(default_factory=lambda: deque(maxlen=BASELINE))
+    link_slow: list[tuple[dict[str, Any], HostWindow]] = field(default_factory=list)
+    link_active: Diagnosis | None = None
+    link_calm: int = 0
 
 
 def _step_mean(w: ProcWindow) -> float | None:
@@ -457,18 +476,139 @@ def _within_noise(s: _Seen, w: ProcWindow, value: float, base: float) -> bool:
     return value - base <= NOISE_Z * sigma / math.sqrt(max(_iterations(w), 1))
 
 
+def _copy_base(before: list[ProcWindow]) -> dict[tuple[int, int], tuple[float, float]]:
+    """A server's copies in its normal windows, per (direction, size class) seen in at least
+    MIN_COPY_WINDOWS of them: the median ns per byte and per call."""
+    per: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for w in before:
+        for ck, (n, b, ns) in w.copies.items():
+            if n and b and ns > 0:
+                per.setdefault(ck, []).append((ns / b, ns / n))
+    return {
+        ck: (statistics.median(x for x, _ in v), statistics.median(y for _, y in v))
+        for ck, v in per.items()
+        if len(v) >= MIN_COPY_WINDOWS
+    }
+
+
+def _copy_ratio(before: list[ProcWindow], after: list[ProcWindow]) -> float | None:
+    """A server's copies' time in `after` over what copies of their direction and size took in
+    `before` (its normal windows): a link narrowed or shared shows in each copy at equal size,
+    whatever its load. A size never seen is bounded as _class_bound bounds work: a larger copy
+    takes no more per byte than a smaller one of its direction, a smaller one no more per call
+    than a larger (at most the true ratio). None: no copy of a known or bounded size."""
+    base = _copy_base(before)
+    took = expected = 0.0
+    for w in after:
+        for ck, (n, b, ns) in w.copies.items():
+            if not n or not b:
+                continue
+            if ck in base:
+                bound = b * base[ck][0]
+            else:
+                bounds = [b * per_byte for k, (per_byte, _c) in base.items() if k[0] == ck[0] and k[1] < ck[1]]
+                bounds += [n * per_call for k, (_b, per_call) in base.items() if k[0] == ck[0] and k[1] > ck[1]]
+                if not bounds:
+                    continue
+                bound = min(bounds)
+            took += ns
+            expected += bound
+    return took / expected if expected else None
+
+
+def _server_ratios(s: _Seen, w: ProcWindow) -> tuple[float | None, float | None]:
+    """A server's window: its busy time at equal work over its baseline (the iterations of classes
+    never seen over their bound where that is more), and its copies' time at equal size over theirs."""
+    ratios = [r for r in (_work_ratio(s, w), _bounded_ratio(s, w)) if r is not None]
+    normal = [x for x, _ in s.normal_windows]
+    return (max(ratios) if ratios else None), (_copy_ratio(normal, [w]) if len(normal) >= MIN_BASELINE else None)
+
+
 def _symptom_value(s: _Seen, w: ProcWindow) -> tuple[float | None, bool]:
     """What a window is judged by: a training job's mean step (ns), or a
     server's busy time at equal work over its baseline (1: as before), the
     iterations of classes never seen over their bound where that is more (a
     slowdown that queues requests makes batches of new classes: were they
-    left out, the few iterations of known classes would judge the window).
-    And whether it is only that bound (a server's window of no known class)."""
+    left out, the few iterations of known classes would judge the window),
+    or its copies' time at equal size over theirs where that is more (a
+    narrowed or shared PCIe link slows each copy, even where the iterations'
+    busy time barely moves). And whether its work is only bounded (a server's
+    window of no known class of work)."""
     if not w.serving:
         return _step_mean(w), False
-    known = _work_ratio(s, w)
-    ratios = [r for r in (known, _bounded_ratio(s, w)) if r is not None]
-    return (max(ratios) if ratios else None), known is None
+    busy, copies = _server_ratios(s, w)
+    ratios = [r for r in (busy, copies) if r is not None]
+    return (max(ratios) if ratios else None), _work_ratio(s, w) is None
+
+
+def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: HostWindow) -> dict[str, Any] | None:
+    """A server's link (in its network namespace now, not lo) held by traffic that is not its own,
+    against its baseline windows in that namespace. Its own work: its copied bytes and its
+    iterations (its requests and replies grow with them, at most as fast as the faster). The
+    link's shaper holds or drops MARGINS.held_rise packets a window more than its baseline, grown
+    with the server's work past the most it did in a baseline window (random arrivals vary a
+    window's work by a tenth or more; the queue does not follow them), and MARGINS.held_times as
+    many; or it is MARGINS.link_busy busy, MARGINS.link_rise more than before. And the extra is
+    others' traffic: the link carries OTHERS_ON_LINK times the bytes per unit of the server's
+    work (against its baseline's median) it carried; or it was at its limit already (most
+    baseline windows held MARGINS.held_rise packets: more traffic cannot pass, only the queue
+    grows), and holds MARGINS.held_times what its most held baseline window did. A server whose
+    own load grows fills its link with its own traffic: the bytes per unit of its work stay, and
+    its queue grows no faster than its work. The evidence of the link most held; None: none is,
+    or too few baseline windows in its namespace."""
+    ns = w.netns
+    if ns is None:
+        return None
+    base = [x for x, _ in before if x.netns == ns]
+    if len(base) < MIN_BASELINE:
+        return None
+    growth, past = [], []
+    for now, was in ((w.copy_bytes, [x.copy_bytes for x in base]), (_iterations(w), [_iterations(x) for x in base])):
+        if statistics.median(was) > 0:
+            growth.append(now / statistics.median(was))
+            past.append(now / max(was))
+    if not growth:
+        return None
+    grew, grew_past = max(growth), max(past)
+    best: dict[str, Any] | None = None
+    for link in h.links:
+        if link.netns != ns or link.interface == "lo":
+            continue
+        xs = [
+            y for x, hx in before if x.netns == ns for y in hx.links if y.netns == ns and y.interface == link.interface
+        ]
+        if len(xs) < MIN_BASELINE:
+            continue
+        held_b = statistics.median(y.overlimits + y.drops for y in xs)
+        held = link.overlimits + link.drops
+        util_b = statistics.median(y.utilization or 0.0 for y in xs)
+        util = link.utilization or 0.0
+        if link.bytes is not None and all(y.bytes is not None for y in xs):
+            carried_b, carried = statistics.median(y.bytes or 0 for y in xs), float(link.bytes)
+        else:
+            carried_b, carried = util_b, util
+        per_work = carried / max(grew, 1e-9) / carried_b if carried_b > 0 else (math.inf if carried > 0 else 0.0)
+        expect = held_b * max(grew_past, 1.0)
+        by_held = held - expect >= MARGINS.held_rise and held >= MARGINS.held_times * expect
+        by_util = util >= MARGINS.link_busy and util - util_b >= MARGINS.link_rise
+        at_limit = _share(sum(y.overlimits + y.drops >= MARGINS.held_rise for y in xs), len(xs)) >= MARGINS.most
+        most_held = max(y.overlimits + y.drops for y in xs)
+        others = per_work >= OTHERS_ON_LINK or (at_limit and held >= MARGINS.held_times * most_held)
+        if not others or not (by_held or by_util):
+            continue
+        score = max((held - expect) / MARGINS.held_rise, (util - util_b) / MARGINS.link_rise if by_util else 0.0)
+        if best is None or score > best["score"]:
+            best = {
+                "score": round(score, 3),
+                "interface": link.interface,
+                "held_or_dropped_per_window": held,
+                "held_or_dropped_per_window_before": held_b,
+                "utilization": round(util, 3),
+                "utilization_before": round(util_b, 3),
+                "bytes_per_work_over_baseline": round(min(per_work, 1e6), 3),
+                "work_over_baseline": round(grew, 3),
+            }
+    return best
 
 
 def _share(part: int, whole: int) -> float:
@@ -605,7 +745,10 @@ class Diagnoser:
             base = f"baseline {statistics.median(s.normal):.3g}x" if s.normal else "no baseline"
             classes = sum(len(b) >= MIN_CLASS_WINDOWS for b in s.unit.values())
             known = f"{len(s.normal)} windows, {classes} classes known"
-            return f"serving, at equal work {last}; {base} of {known}, {len(s.slow)} slow{active}"
+            link = f"; link baseline {len(s.link_normal)} windows, {len(s.link_slow)} held"
+            if s.link_active is not None:
+                link += " (nic_contention)"
+            return f"serving, at equal work {last}; {base} of {known}, {len(s.slow)} slow{active}{link}"
         base = f"baseline {statistics.median(s.normal) * 1e-6:.3g} ms" if s.normal else "no baseline"
         held = f", {len(s.held_windows)} held (a step longer than a window)" if s.held_windows else ""
         return f"{base} of {len(s.normal)} windows, {len(s.slow)} slow{held}{active}"
@@ -623,7 +766,11 @@ class Diagnoser:
         for w in procs:  # every process's window first: a rank's peers' are read with its own
             self.seen.setdefault(w.key, _Seen()).windows.append((w, host))
         for w in procs:
-            d = self._symptom(self.seen[w.key], w, host, jobs.get(_job_of(w), []))
+            s = self.seen[w.key]
+            d = self._symptom(s, w, host, jobs.get(_job_of(w), []))
+            if d is not None:
+                out.append(d)
+            d = self._link(s, w, host)
             if d is not None:
                 out.append(d)
         return out
@@ -707,6 +854,61 @@ class Diagnoser:
             _learn_work(s, w)
         return None
 
+    def _link(self, s: _Seen, w: ProcWindow, host: HostWindow) -> Diagnosis | None:
+        """A server's link held by others' traffic (_server_link) DETECT_AFTER windows in a row is
+        nic_contention, whatever its iterations' time: its requests and replies queue before and
+        after them (its clients wait; its CUDA calls do not). Not while a slowdown of its
+        iterations is in progress (its causes' scoring reads the link too); cleared after
+        CLEAR_AFTER windows not held. Its baseline: the windows neither held nor in a diagnosis."""
+        if not w.serving:
+            s.link_normal.clear()
+            s.link_slow, s.link_active, s.link_calm = [], None, 0
+            return None
+        held = _server_link(list(s.link_normal), w, host)
+        if s.link_active is not None:
+            s.link_calm = s.link_calm + 1 if held is None else 0
+            if s.link_calm >= CLEAR_AFTER:
+                s.link_active, s.link_calm, s.link_slow = None, 0, []
+            return None
+        if s.active is not None:
+            s.link_slow = []
+            return None
+        if held is None:
+            s.link_slow = []
+            s.link_normal.append((w, host))
+            return None
+        s.link_slow.append((held, host))
+        if len(s.link_slow) < DETECT_AFTER:
+            return None
+        first = s.link_slow[0][1]
+        ev = dict(held)
+        ev["held_or_dropped_per_window"] = statistics.median(e["held_or_dropped_per_window"] for e, _ in s.link_slow)
+        busy = _work_ratio(s, w)
+        symptom = (
+            f"its link {ev['interface']} held {ev['held_or_dropped_per_window']:.0f} packets a window "
+            f"({ev['held_or_dropped_per_window_before']:.0f} before), carrying "
+            f"{ev['bytes_per_work_over_baseline']:.1f}x the bytes per unit of its own work: "
+            "its requests and replies queue behind other traffic"
+            + ("" if busy is None else f" (a server: iteration time at equal work {busy:.1f}x)")
+        )
+        now = host.end_ns + host.wall_offset_ns
+        d = Diagnosis(
+            cause="nic_contention",
+            key=w.key,
+            process=w.name,
+            symptom=symptom,
+            ratio=ev["bytes_per_work_over_baseline"],
+            onset_ns=first.end_ns - int(first.seconds * 1e9) + first.wall_offset_ns,
+            detected_ns=now,
+            evidence={"unit": "iteration", "score": ev.pop("score"), **ev},
+            fix=FIXES["nic_contention"],
+            named_ns=now,
+            start_ns=w.start_ns,
+        )
+        s.link_active, s.link_calm = d, 0
+        self.diagnoses.append(d)
+        return d
+
     @staticmethod
     def _slow(s: _Seen, w: ProcWindow, mean: float) -> bool:
         """A window SLOW_RATIO over the normal ones' median and past a server's noise; never
@@ -716,7 +918,7 @@ class Diagnoser:
         base = statistics.median(s.normal)
         return mean > SLOW_RATIO * base and not _within_noise(s, w, mean, base)
 
-    def _detect(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis:
+    def _detect(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis | None:
         first, first_host = s.slow[0]
         w = s.slow[-1][0]
         slow_mean = statistics.median(m for m, _ in (_symptom_value(s, x) for x, _ in s.slow) if m is not None)
@@ -725,12 +927,28 @@ class Diagnoser:
         now = host.end_ns + host.wall_offset_ns
         cause, evidence = self._cause(s, self._over_slowdown(s, peers))
         if w.serving:
-            symptom = f"iteration time at equal work {ratio:.1f}x its baseline (a server: per class of work)"
+            normal = [x for x, _ in s.normal_windows]
+            copies = _copy_ratio(normal, [x for x, _ in s.slow])
+            busy = [b for b, _c in (_server_ratios(s, x) for x, _ in s.slow) if b is not None]
+            at_work = statistics.median(busy) / base if busy else None
             measured: dict[str, Any] = {
                 "unit": "iteration",
                 "iterations": sum(n for x, _ in s.slow for n, _ns in x.work.values()),
-                "busy_over_baseline": round(ratio, 3),
+                "busy_over_baseline": round(at_work if at_work is not None else ratio, 3),
             }
+            if cause == "unknown" and (at_work is None or at_work <= SLOW_RATIO):
+                # Its copies alone, and no cause: one copy's time is noisier than an iteration's
+                # (the zoo's healthy servers had copies 1.3-1.9x for two windows, nothing else
+                # moved). Not a diagnosis; judged again next window while slow, named once a
+                # cause's evidence comes (a narrowed link, another copier).
+                return None
+            if copies is not None and copies > SLOW_RATIO and (at_work is None or copies > at_work):
+                # Its copies slowed more than its iterations: said so, with both.
+                measured["copies_over_baseline"] = round(copies, 3)
+                work = "" if at_work is None else f"; iteration time at equal work {at_work:.1f}x"
+                symptom = f"copies {copies:.1f}x slower at equal size (a server: per direction and size){work}"
+            else:
+                symptom = f"iteration time at equal work {ratio:.1f}x its baseline (a server: per class of work)"
         else:
             symptom = f"step time {ratio:.1f}x its baseline ({base * 1e-6:.3g} ms -> {slow_mean * 1e-6:.3g} ms)"
             measured = {"baseline_step_seconds": base / 1e9, "step_seconds": slow_mean / 1e9}
@@ -937,7 +1155,7 @@ class Diagnoser:
             return None
         others_b, others_a = _others(before), _others(after)
         fell = 1 - own_a / own_b
-        ev = {
+        ev: dict[str, Any] = {
             "copy_bytes_per_second_before": round(own_b),
             "copy_bytes_per_second": round(own_a),
             "other_processes_copy_bytes_per_second_before": round(others_b),
@@ -946,6 +1164,13 @@ class Diagnoser:
         link = _link_rates(before, after)
         if link is not None:
             ev.update(gpu_pcie_bytes_per_second_before=round(link[0]), gpu_pcie_bytes_per_second=round(link[1]))
+        if after[-1][0].serving:
+            # A server's bandwidth follows its load's copy sizes (larger batches copy faster per
+            # byte): its copies at equal size say what the link lost.
+            slower = _copy_ratio([w for w, _ in before], [w for w, _ in after])
+            if slower is not None:
+                ev["copies_slower_at_equal_size"] = round(slower, 3)
+                fell = max(fell, 1 - 1 / slower)
         if fell <= 0:
             return 0.0, "pcie_contention", ev
         # Its copy bandwidth fell while the others copy more (or start to).
@@ -1050,8 +1275,8 @@ class Diagnoser:
             dropped_b = sum(x.drops for x in bs) / len(bs) if bs else 0.0
             score = max(
                 (util - util_b) / MARGINS.link_rise if util >= MARGINS.link_busy else 0.0,
-                (held - held_b) / max(MARGINS.held_rise, MARGINS.held_times * held_b),
-                (dropped - dropped_b) / max(MARGINS.held_rise, MARGINS.held_times * dropped_b),
+                (held - held_b) / max(MARGINS.held_rise, MARGINS.held_over * held_b),
+                (dropped - dropped_b) / max(MARGINS.held_rise, MARGINS.held_over * dropped_b),
             )
             ev = {
                 "interface": name,
@@ -1121,7 +1346,14 @@ def _fix(cause: str, evidence: dict[str, Any]) -> str:
     return FIXES.get(key, FIXES["unknown"])
 
 
-_SYMPTOM_KEYS = ("baseline_step_seconds", "step_seconds", "unit", "iterations", "busy_over_baseline")
+_SYMPTOM_KEYS = (
+    "baseline_step_seconds",
+    "step_seconds",
+    "unit",
+    "iterations",
+    "busy_over_baseline",
+    "copies_over_baseline",
+)
 
 
 def _job_of(w: ProcWindow) -> tuple[str, int]:

@@ -172,6 +172,7 @@ IDLE_SHARE = 1 / 32  # ... for at least this share of the steps after the first 
 IDLE_ABOVE = 0.1  # ... which spent at least this share of their time before their first calls: the thread idles
 ONE_WORK = 0.9  # ... unless a rank in collectives moved one class of work in this share of its steps
 MAX_WORK = 64  # classes of work (bytes in and out) kept per thread; more join OTHER_WORK
+MAX_COPY_SIZES = 64  # (direction, size class) of copies kept per thread; more are not counted by size
 WORK_CLASSES_PER_OCTAVE = 4
 OTHER_WORK = (-1, -1)
 
@@ -222,6 +223,17 @@ class WorkStats:
 
 
 @dataclass
+class CopySizeStats:
+    """The copies of one direction and size class (bytes within a quarter
+    octave: work_class's) made in steps: their time, call by call, at equal
+    size, so that a link's slowdown shows whatever the load's sizes are."""
+
+    calls: int = 0
+    bytes: int = 0
+    ns: int = 0  # inside the calls, entry to return
+
+
+@dataclass
 class StepStats:
     """A thread's (or process's) steps so far."""
 
@@ -238,6 +250,7 @@ class StepStats:
     bytes_out: int = 0  # D2H bytes
     busy_ns: int = 0  # each step from its first call (a copy, a wait or a launch) to its end: not the wait before it
     work: dict[tuple[int, int], WorkStats] = field(default_factory=dict)  # by class of work (work_class)
+    copies: dict[tuple[int, int], CopySizeStats] = field(default_factory=dict)  # by (direction, size class)
     outputs: dict[int, int] = field(default_factory=dict)  # bytes read back in a step -> steps (MAX_OUTPUTS amounts)
     replies: int = 0  # steps that copied in and read back at least REPLY_SHARE of it
     # After the first RECENT steps (warm-up): steps, their time, the time before their first calls,
@@ -433,6 +446,7 @@ class _Thread:
             tid=self.stats.tid,
             durations=st.durations.copy(),
             work={k: dataclasses.replace(w) for k, w in st.work.items()},
+            copies={k: dataclasses.replace(c) for k, c in st.copies.items()},
             outputs=dict(st.outputs),
             leads=deque(st.leads, maxlen=RING),
         )
@@ -732,6 +746,9 @@ class _Thread:
         st.bytes_out += int(b_out.sum())
         st.busy_ns += int(busy.sum())
         _count_work(st, b_in, b_out, spans, busy)
+        is_copy = (kind == _COPY) & (nbytes > 0)
+        if is_copy.any():
+            _count_copies(st, direction[is_copy], nbytes[is_copy], inside[is_copy])
         st.replies += int(np.count_nonzero((b_in > 0) & (b_out >= REPLY_SHARE * b_in)))
         lead = spans - busy
         judged = np.arange(st.steps - n, st.steps) >= RECENT  # after warm-up
@@ -742,6 +759,26 @@ class _Thread:
             st.late += int(np.count_nonzero(lead[judged] > IDLE_AFTER * statistics.median(st.leads)))
         st.leads.extend(lead.tolist())
         st.note_loop()
+
+
+def _count_copies(st: StepStats, direction: np.ndarray, nbytes: np.ndarray, ns: np.ndarray) -> None:
+    """Fold copies into their (direction, size class) (at most MAX_COPY_SIZES; more are not counted)."""
+    q = _quarter_octave(nbytes)
+    keys, inv = np.unique(direction.astype(np.int64) << 32 | q, return_inverse=True)
+    m = len(keys)
+    calls = np.bincount(inv, minlength=m)
+    moved = np.bincount(inv, nbytes.astype(np.float64), m)
+    took = np.bincount(inv, ns.clip(min=0), m)
+    for j, key in enumerate(keys.tolist()):
+        ck = (key >> 32, key & 0xFFFFFFFF)
+        c = st.copies.get(ck)
+        if c is None:
+            if len(st.copies) >= MAX_COPY_SIZES:
+                continue
+            c = st.copies[ck] = CopySizeStats()
+        c.calls += int(calls[j])
+        c.bytes += int(moved[j])
+        c.ns += int(took[j])
 
 
 def _count_work(st: StepStats, b_in: np.ndarray, b_out: np.ndarray, spans: np.ndarray, busy: np.ndarray) -> None:

@@ -89,6 +89,7 @@ class LiveDiagnosis:
         self._prev_hits: dict[ProcessKey, int] = {}  # its memory cgroups' limit hits
         self._prev_calls: dict[ProcessKey, int] = {}  # ns in its collective calls, as the NCCL sensor has them
         self._prev_work: dict[ProcessKey, dict[tuple[int, int], tuple[int, int]]] = {}  # a server's, by class
+        self._prev_sizes: dict[ProcessKey, dict[tuple[int, int], tuple[int, int, int]]] = {}  # its copies, by size
         self._prev_durations: dict[ProcessKey, ExpHistogram] = {}  # its step durations (s)
         self._prev_pcie: dict[str, int] = {}  # per GPU: the PCIe bytes its driver counted
         self._prev_t: int | None = None
@@ -121,6 +122,7 @@ class LiveDiagnosis:
             self._prev_hits,
             self._prev_calls,
             self._prev_work,
+            self._prev_sizes,
             self._prev_durations,
         ):
             for key in prev.keys() - live:
@@ -173,6 +175,7 @@ class LiveDiagnosis:
                 prev = self._prev_counters.get(key)
                 self._prev_counters[key] = cur
                 work = self._work(key, steps)
+                sizes = self._sizes(key, steps)
                 longest = self._longest(key, steps)
                 if prev is None:
                     continue
@@ -196,6 +199,7 @@ class LiveDiagnosis:
                     longest_ns=longest,
                     serving=work is not None,
                     work=work or {},  # a server's first window as one: no classes yet (learned next)
+                    copies=sizes or {},
                 )
         hw = HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5, copy_bytes=copy_bytes)
         stall = self._stall.read_us()
@@ -264,6 +268,15 @@ class LiveDiagnosis:
                     mean += f", {w.memory_limit_hits} memory limit hits"
                 if w.netns is not None:
                     mean += f", netns {w.netns}"
+                if w.copy_ns:
+                    mean += f", copies {w.copy_bytes / w.copy_ns:.3g} GB/s ({w.copy_bytes / 2**20:.1f} MiB)"
+                if w.serving:
+                    mean += f", {sum(n for n, _ns in w.work.values())} iterations"
+                for link in hw.links:
+                    if link.netns == w.netns and link.interface != "lo":
+                        busy = "" if link.utilization is None else f" {link.utilization:.0%} busy"
+                        moved = "" if link.bytes is None else f" {link.bytes / 2**20:.1f} MiB"
+                        mean += f", {link.interface}{busy}{moved} {link.overlimits + link.drops} held or dropped"
                 log.debug("diagnosis window: pid %d %s: %s; %s", key.pid, w.name, mean, self.engine.state(key))
         names = CgroupNames() if made else None
         for diag in made:
@@ -323,6 +336,24 @@ class LiveDiagnosis:
             n0, ns0 = prev.get(wk, (0, 0))
             if n > n0:
                 out[wk] = (n - n0, ns - ns0)
+        return out
+
+    def _sizes(self, key: ProcessKey, steps: StepStats | None) -> dict[tuple[int, int], tuple[int, int, int]] | None:
+        """A server's copies in the window by (direction, size class): (calls, bytes, ns), as _work's
+        classes (the first window it is one: none); None for a process that is not a server (yet)."""
+        if steps is None or steps.loop is not Loop.SERVING:
+            self._prev_sizes.pop(key, None)
+            return None
+        cur = {ck: (c.calls, c.bytes, c.ns) for ck, c in steps.copies.items()}
+        prev = self._prev_sizes.get(key)
+        self._prev_sizes[key] = cur
+        if prev is None:
+            return None
+        out = {}
+        for ck, (n, b, ns) in cur.items():
+            n0, b0, ns0 = prev.get(ck, (0, 0, 0))
+            if n > n0:
+                out[ck] = (n - n0, b - b0, ns - ns0)
         return out
 
     def _name_quota(self, diag: Diagnosis) -> None:
@@ -395,5 +426,6 @@ class LiveDiagnosis:
             if cap := i.capacity_bits_per_s:
                 util = max(cur[0] - prev[0], cur[1] - prev[1]) * 8 / seconds / cap
             q = qd.get((i.netns, i.name), [0, 0, 0])
-            out.append(LinkWindow(i.netns, i.name, util, max(cur[2] - prev[2], 0) + q[0], q[1], q[2]))
+            moved = max(cur[0] - prev[0], 0) + max(cur[1] - prev[1], 0)
+            out.append(LinkWindow(i.netns, i.name, util, max(cur[2] - prev[2], 0) + q[0], q[1], q[2], moved))
         return out
