@@ -564,7 +564,11 @@ def _pooled(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
             return cpu
         return _Guess(guess.launches, (abs(n - m) + cpu.error * m) / n, guess.basis)
     # Both bounded: the tighter, in launches (per call counted whole from windows shorter
-    # than the calls' period is loose; per CPU second where a trap is dear is too).
+    # than the calls' period is loose; per CPU second where a trap is dear is too). Not
+    # where the gap's CPU time is too short to measure (a process gone before its last
+    # reading: per CPU second says nothing ran, its calls say otherwise).
+    if gap.unprobed_s(cost) < MIN_RATE_CPU_S:
+        return guess
     return cpu if cpu.error * m < guess.error * n else guess
 
 
