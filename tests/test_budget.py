@@ -466,6 +466,22 @@ def test_a_gap_whose_own_calls_say_the_loop_changed_states_no_bound() -> None:
     assert est.error is None or abs(reported - truth) <= est.error * truth, (reported, est)
 
 
+def test_a_gap_with_no_cpu_time_past_its_last_reading_goes_by_its_calls() -> None:
+    """A process gone before its exit was heard: its last gap has no CPU time past the
+    last reading (estimate's), but the kernel's exact traps went on. Per CPU second says
+    nothing ran, under a bound of 0; its calls say otherwise, and they stand (the tighter
+    of the two clocks took the per-CPU guess: 92,826 reported for 300,000)."""
+    loop = Loop(every=100, work_s=10e-6, trap_s=10e-6, own=True)
+    s = sampled(loop, 0.1, first=2_000)
+    for _ in range(3):
+        cycle(s, loop, gap=10_000, window=2_000)
+    now = loop.run(20_000, probed=False)
+    gone = _Reading(now.t, s.phase.cpu_ns, now.counts, now.traps, now.sample)
+    est = s.report(gone, COST)
+    assert est.basis == "per_call"
+    assert est.launches[API] == pytest.approx(loop.launched, rel=0.02)
+
+
 def test_a_gap_still_open_after_a_change_goes_by_the_nearest_window() -> None:
     """Two windows of the first loop (2,000 launches a copy), then one of
     the second (300 a copy), and a gap still open: pooled, the three would
