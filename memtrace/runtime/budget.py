@@ -556,6 +556,12 @@ def _pooled(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
     n, m = guess.total, cpu.total
     if cpu.error is None or n <= 0:
         return guess
+    if gap.unprobed_s(cost) < MIN_RATE_CPU_S:
+        # Its CPU time too short to measure (a process gone before its last reading): per
+        # CPU second says nothing ran, its calls say otherwise; they stand.
+        if guess.error is not None:
+            return guess
+        return _Guess(guess.launches, (abs(n - m) + cpu.error * m) / n, guess.basis)
     if guess.error is None:
         # No spread of its own: within the per-CPU bound of the truth, it stands, bounded
         # by that and the distance; outside it (launches per call of one window of several,
@@ -564,11 +570,7 @@ def _pooled(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
             return cpu
         return _Guess(guess.launches, (abs(n - m) + cpu.error * m) / n, guess.basis)
     # Both bounded: the tighter, in launches (per call counted whole from windows shorter
-    # than the calls' period is loose; per CPU second where a trap is dear is too). Not
-    # where the gap's CPU time is too short to measure (a process gone before its last
-    # reading: per CPU second says nothing ran, its calls say otherwise).
-    if gap.unprobed_s(cost) < MIN_RATE_CPU_S:
-        return guess
+    # than the calls' period is loose; per CPU second where a trap is dear is too).
     return cpu if cpu.error * m < guess.error * n else guess
 
 
