@@ -6,12 +6,14 @@ test_detach.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -217,7 +219,7 @@ def test_a_gap_across_a_change_of_rate_is_split_by_its_cpu_time_and_its_calls() 
         gap = _Span(d, e)
         split = extrapolate(gap, near, cost, before=2)
         pooled = extrapolate(gap, near, cost)  # the windows' sides not told: one rate
-        assert split.basis == "split" and pooled.basis == "per_call"
+        assert split.basis == "split" and pooled.basis in ("per_call", "per_cpu")  # the tighter of the two
         assert split.error is not None and pooled.error is not None
         assert abs(split.total - truth) <= split.error * truth, (split, truth)
         assert split.error < pooled.error / 10
@@ -273,6 +275,211 @@ def test_a_loop_that_changes_is_estimated_within_the_bound_it_states(seed: int) 
     truth, est = bursty_run(seed)
     reported = sum(est.launches.values())
     assert est.error is None or abs(reported - truth) <= est.error * truth, (reported, truth, est.error)
+
+
+@dataclass
+class Bursts:
+    """The burst loop (tests/fixtures/burstloop.c) in wall time: phases of
+    (launches, CPU a launch, burst, idle); a copy (two traps) at each
+    burst's end, then the idle asleep (wall time, no CPU). Probed, a launch
+    takes a trap too, and BPF keeps the complete intervals (as `Loop`)."""
+
+    phases: list[tuple[int, float, int, float]]
+    trap_s: float = 0.69e-6  # an emulated entry's, as the VM's agent timed it
+    pair_s: float = 1.15e-6
+    t: float = 0.0
+    cpu_ns: int = 0
+    launched: int = 0
+    counted: int = 0
+    traps: int = 0
+    own: bool = False
+    pending: int = 0
+    primed: bool = False
+    sample: tuple[int, int] = (0, 0)
+
+    @property
+    def done(self) -> bool:
+        return self.launched >= sum(p[0] for p in self.phases)
+
+    def phase(self) -> tuple[int, float, int, float]:
+        n = 0
+        for p in self.phases:
+            n += p[0]
+            if self.launched < n:
+                return p
+        return self.phases[-1]
+
+    def reading(self) -> _Reading:
+        return _Reading(self.t, self.cpu_ns, {API: self.counted}, self.traps, self.sample)
+
+    def run_until(self, t_end: float, probed: bool) -> _Reading:
+        while self.t < t_end and not self.done:
+            _, work_s, burst, idle_s = self.phase()
+            self.launched += 1
+            cpu = work_s
+            if probed:
+                self.counted += 1
+                cpu += self.trap_s
+                self.pending += 1
+            end = sum(p[0] for p in self.phases[: self.phases.index(self.phase()) + 1])
+            start = end - self.phase()[0]
+            if (self.launched - start) % burst == 0 or self.launched == end:
+                self.traps += 2
+                cpu += self.pair_s
+                if self.own and probed and self.primed:
+                    self.sample = (self.sample[0] + self.pending, self.sample[1] + 1)
+                self.primed, self.pending = probed, 0
+                self.t += idle_s
+            self.cpu_ns += round(cpu * 1e9)
+            self.t += cpu
+        return self.reading()
+
+
+def bursts_sampled(us_a_launch: float) -> tuple[Bursts, bud.LaunchEstimate, int]:
+    """The rate-and-shape test's loop (tests/test_overhead.py: 60,000 launches in bursts of
+    2,000 with 30 ms idle, then 120,000 of 0.4x the CPU in bursts of 300 with 5 ms idle) at
+    `us_a_launch` of CPU a launch in its first phase, sampled as the budget thread would:
+    its first 15 ms fully probed, windows opened and closed when `_Sampled` says, its duty
+    weighed again every DECIDE_S at what its current phase's traps cost (the budget at
+    SAFETY over a trap's share). The loop, what is reported, and its windows in phase 2."""
+    w = us_a_launch * 1e-6
+    loop = Bursts([(60_000, w, 2_000, 0.030), (120_000, 0.4 * w, 300, 0.005)])
+    cost = TrapCost(loop.trap_s, loop.pair_s)
+
+    def duty() -> float:
+        return min(0.01 * bud.SAFETY / (loop.trap_s / loop.phase()[1]), 1.0)
+
+    r0 = loop.reading()
+    start = loop.run_until(0.015, probed=True)
+    loop.own = True
+    s = _Sampled(1, duty(), dict(start.counts), start, since=r0.t, on_seconds=start.t - r0.t)
+    s.windows, s.closed = [_Span(r0, start)], 1
+    s.next_toggle = s.next_window_at(start.t)
+    decide, late = start.t + bud.DECIDE_S, 0
+    while True:
+        r = loop.run_until(min(s.next_toggle, decide), probed=s.on)
+        if loop.done:
+            break
+        if r.t >= decide:
+            s.retune(duty())
+            decide = r.t + bud.DECIDE_S
+        if r.t < s.next_toggle:
+            continue
+        if s.on:
+            s.close_window(r, cost, final=True)
+            late += loop.launched > 60_000
+        else:
+            s.open_window(r)
+    return loop, s.report(loop.reading(), cost), late
+
+
+@pytest.mark.parametrize("us_a_launch", [20.0, 34.0])
+def test_a_loop_whose_rate_changes_is_seen_after_the_change_on_a_slow_machine(us_a_launch: float) -> None:
+    """The rate-and-shape loop at the ~20 us a launch it was designed for, and at the ~34 us
+    this VM runs it at (its first phase longer than designed, past the young windows). Its
+    duty falls at the change (0.34 to 0.14 at 34 us): the first phase's windows are paid at
+    what their traps cost, not as a debt of probed time at the new duty, which left the
+    second phase unseen for its last 3.5 s (one gap priced at the first loop's launches a
+    copy: 4.8x the truth). Windows see the second phase, a gap next to a window that
+    straddles the change goes by its nearest windows, and the estimate is within the
+    issue's 5% for bursty loads, within the bound it states if it states one."""
+    loop, est, late = bursts_sampled(us_a_launch)
+    truth, reported = loop.launched, sum(est.launches.values())
+    assert truth == 180_000
+    assert reported == pytest.approx(truth, rel=0.05), (reported, est)
+    assert est.error is None or abs(reported - truth) <= est.error * truth, (reported, est)
+    assert late >= 2, late  # windows after the change
+
+
+def shorter_windows_than_copies(seed: int) -> tuple[int, bud.LaunchEstimate]:
+    """A steady loop with a copy every 2,000 launches of 20 us, its windows (300-1,800
+    launches) shorter than the copies' period, at random places (seeded): a window holds
+    one copy or none, and no complete interval. A trap costs 0.6-1.5 us, charged 1 us."""
+    rnd = random.Random(seed)
+    cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
+    loop = Loop(every=2000, work_s=20e-6, trap_s=rnd.choice([0.6e-6, 1e-6, 1.5e-6]), pair_s=2e-6)
+    s = sampled(loop, 0.1, first=rnd.randint(200, 1500))
+    while loop.launched < 100_000:
+        s.open_window(loop.run(rnd.randint(3_000, 12_000), probed=False))
+        s.close_window(loop.run(rnd.randint(300, 1_800), probed=True), cost, final=True)
+    s.open_window(loop.run(rnd.randint(3_000, 12_000), probed=False))
+    s.close_window(loop.run(rnd.randint(300, 1_800), probed=True), cost, final=True)
+    now = loop.run(2_000, probed=False)
+    return loop.launched, s.report(now, cost)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_windows_shorter_than_the_copies_period_state_a_bound_that_holds(seed: int) -> None:
+    """Launches per copy counted whole over windows that hold one copy or none: their
+    spread taken over each window's launches against the pooled rate times its copies,
+    those without a copy included (per window over those with one only, seed 0 was 13.1%
+    low under a bound of 12.6%), and the per-CPU guess where its bound is the tighter:
+    within the issue's 5% for this steady loop, and within the bound it states."""
+    truth, est = shorter_windows_than_copies(seed)
+    reported = sum(est.launches.values())
+    assert est.error is not None
+    assert abs(reported - truth) <= est.error * truth, (reported, truth, est)
+    assert reported == pytest.approx(truth, rel=0.05)
+
+
+def recorded(name: str) -> tuple[int, bud.LaunchEstimate]:
+    """A `memtrace run` of the rate-and-shape loop on the 2-vCPU VM (34 us a launch in its
+    first phase), its windows' readings as the budget's debug log gave them
+    (tests/fixtures/burstloop_windows.json), estimated again: the truth and the report."""
+    doc = json.loads((Path(__file__).parent / "fixtures" / "burstloop_windows.json").read_text())[name]
+    cost = TrapCost(doc["entry_seconds"], doc["pair_seconds"])
+
+    def reading(r: list[Any]) -> _Reading:
+        return _Reading(r[0], r[1], {API: r[2]}, r[3], tuple(r[4]))
+
+    (a, b), *rest = doc["windows"]
+    first = _Span(reading(a), reading(b))
+    s = _Sampled(1, 0.1, dict(first.end.counts), first.end, since=first.start.t, on_seconds=first.seconds)
+    s.windows, s.closed = [first], 1
+    for a, b in rest:
+        s.open_window(reading(a))
+        s.close_window(reading(b), cost, final=True)
+    return doc["truth"], s.report(reading(doc["end"]), cost)
+
+
+def test_a_gap_next_to_a_window_across_the_change_goes_by_its_nearest_windows() -> None:
+    """Recorded on the VM: the change fell inside a window, which held the first loop's
+    last burst (2,000 launches a copy) and the second's first (300 a copy). Pooled with
+    it, the gap before it was priced at the second loop's launches a copy, the gap after
+    it at a mix of both (164,676 reported: 8.5% low). A side whose nearest window ran
+    apart from its farther one goes by its nearest: within the issue's 5%."""
+    truth, est = recorded("straddled_change")
+    reported = sum(est.launches.values())
+    assert reported == pytest.approx(truth, rel=0.05), (reported, est)
+    assert est.error is None or abs(reported - truth) <= est.error * truth, (reported, est)
+
+
+def test_a_gap_whose_own_calls_say_the_loop_changed_states_no_bound() -> None:
+    """Recorded on the VM before the scheduling fix: no window after the change, the loop's
+    last 3.8 s one gap priced at the first loop's rate (per CPU second: 37.7% low), under
+    a bound of 3.7%. Its own copies per CPU second (the second loop's: 300 launches a
+    copy, 5 ms idle) are ten times its windows': the loop changed inside it, no window saw
+    what it changed to, and the estimate says it cannot be bounded."""
+    truth, est = recorded("unseen_second_phase")
+    reported = sum(est.launches.values())
+    assert abs(reported - truth) > 0.3 * truth  # nothing saw the second loop: not estimable
+    assert est.error is None or abs(reported - truth) <= est.error * truth, (reported, est)
+
+
+def test_a_gap_with_no_cpu_time_past_its_last_reading_goes_by_its_calls() -> None:
+    """A process gone before its exit was heard: its last gap has no CPU time past the
+    last reading (estimate's), but the kernel's exact traps went on. Per CPU second says
+    nothing ran, under a bound of 0; its calls say otherwise, and they stand (the tighter
+    of the two clocks took the per-CPU guess: 92,826 reported for 300,000)."""
+    loop = Loop(every=100, work_s=10e-6, trap_s=10e-6, own=True)
+    s = sampled(loop, 0.1, first=2_000)
+    for _ in range(3):
+        cycle(s, loop, gap=10_000, window=2_000)
+    now = loop.run(20_000, probed=False)
+    gone = _Reading(now.t, s.phase.cpu_ns, now.counts, now.traps, now.sample)
+    est = s.report(gone, COST)
+    assert est.basis == "per_call"
+    assert est.launches[API] == pytest.approx(loop.launched, rel=0.02)
 
 
 def test_a_gap_still_open_after_a_change_goes_by_the_nearest_window() -> None:

@@ -28,7 +28,9 @@ and once they exceed the budget x SAFETY it is sampled, at
 
     duty = (budget x SAFETY - exact share) / launch share
 
-(at least MIN_DUTY), weighed again every DECIDE_S. Until the calibration
+(at least MIN_DUTY), weighed again every DECIDE_S (a lower duty scales
+the probed time so far by the new over the old: the windows before are
+paid at what their traps cost, see `_Sampled.retune`). Until the calibration
 is ready the costs are PROVISIONAL (the dearest kind seen), so the first
 weighing never waits for it. A launch loop runs fully probed for the time
 to see its first launches, two readings and the switch: tens of ms, not
@@ -71,7 +73,9 @@ inside the window), by one of two clocks that run on unprobed:
   ones, which a step's lumps of launches would bias (not in the bound).
 - per exact call counted whole, where they hold fewer complete intervals
   but MIN_CALLS calls or more: the windows' launches per call (a window's
-  edges cut an interval each, a call's worth at most).
+  edges cut an interval each, a call's worth at most). Its spread is the
+  pooled ratio's, over every window, those that saw no call included: a
+  window shorter than the calls' period holds one call or none.
 - per CPU second otherwise (a loop whose calls are rare or absent, a job
   too short for a second window): the launches per CPU second the windows
   spent outside their traps (their CPU time less their launches and calls
@@ -82,10 +86,17 @@ inside the window), by one of two clocks that run on unprobed:
   moves the estimate by CAL_ERROR x the launch traps' share of the
   windows' unprobed CPU: a few % where a trap is emulated (as CUDA's
   entries are), tens of % where it is single-stepped on a VM.
+Where both clocks give a bound, the gap goes by the tighter, in launches.
+A per-call guess with no spread of its own goes by the per-CPU one where
+it lies outside that one's bound.
+A side whose nearest window ran apart from its farther ones (`_apart`)
+goes by its nearest: the loop changed on that side, the farther windows
+saw another loop than the gap's.
 Where the windows on a gap's two sides ran at different rates (a loop whose
-rate or shape changed in the gap: launches per unprobed CPU second further
-apart than their bounds allow and by APART or more, or a split bounded
-tighter than the pooled guess where they are not), the gap is split
+rate or shape changed in the gap: launches per unprobed CPU second, or
+exact calls per CPU second, further apart than their bounds allow and by
+APART or more, or a split bounded tighter than the pooled guess where they
+are not), the gap is split
 between them by its two clocks: its unprobed CPU time T and its exact
 calls C are known, and each side's loop makes its own exact calls per CPU
 second k (from the gaps between that side's windows, where no launch trap
@@ -98,6 +109,9 @@ faster loop times calls that were mostly the slower one's. A side's rate
 must lie within twice the range of its windows' own (else no split: a side
 across a change itself). A gap still open, with windows before it only,
 goes by the nearest window where that one ran apart from those before it.
+A gap not split whose own exact calls per CPU second (C / T) are further
+from its windows' than a call either side allows, and by APART, has no
+bound: the loop changed inside it and no window saw what it changed to.
 Each process's estimate carries a relative error bound: per gap, the
 half-width of a 95% interval of its windows' mean rate (Student's t times
 their standard error: two windows warrant a wide one), with a gap's edges
@@ -264,6 +278,10 @@ class _Reading:
     def launches(self) -> int:
         return sum(self.counts.values())
 
+    def raw(self) -> str:
+        """The reading as a Python literal (the debug log's: a run's windows replayed offline)."""
+        return repr((self.t, self.cpu_ns, dict(self.counts), self.traps, tuple(self.sample)))
+
 
 @dataclass(frozen=True)
 class _Span:
@@ -336,6 +354,21 @@ def _spread(rates: list[float], mean: float) -> float | None:
     return t * sd / math.sqrt(len(rates)) / mean
 
 
+def _ratio_spread(pairs: list[tuple[float, float]], rate: float) -> float | None:
+    """The same for a ratio pooled over windows (sum of launches over sum of
+    calls): the windows' residuals from it, every window's (one that saw no
+    call included: a window shorter than the calls' period holds one call or
+    none, and its launches say as much as its calls), relative to `rate`."""
+    if len(pairs) < 2 or rate <= 0:
+        return None
+    den = sum(d for _, d in pairs)
+    if den <= 0:
+        return None
+    sd = math.sqrt(sum((n - rate * d) ** 2 for n, d in pairs) / (len(pairs) - 1))
+    t = _T975[len(pairs) - 2] if len(pairs) - 2 < len(_T975) else 2.0
+    return t * sd * math.sqrt(len(pairs)) / den / rate
+
+
 def _with_edges(err: float | None, calls: float) -> float | None:
     """A per-call estimate's bound, with its edges: a gap begins and ends
     between two exact calls, so its launches may be off by about one
@@ -357,7 +390,39 @@ def extrapolate(gap: _Span, near: list[_Span], cost: TrapCost, before: int | Non
         # Windows on one side only (the gap still open): where the nearest ran at
         # another rate than those before it, the loop changed; it goes by the nearest.
         if _apart(gap, near[:-1], near[-1:], cost):
-            return _pooled(gap, near[-1:], cost)
+            return _unless_changed(gap, near[-1:], _pooled(gap, near[-1:], cost), cost)
+    guess = _extrapolate(gap, near, cost, before)
+    return guess if guess.basis == SPLIT else _unless_changed(gap, near, guess, cost)
+
+
+def _unless_changed(gap: _Span, near: list[_Span], guess: _Guess, cost: TrapCost) -> _Guess:
+    """`guess`, unbounded where the gap's own exact calls per CPU second are
+    further from its windows' than a call either side allows, and by APART:
+    the loop changed inside it, and no window saw what it changed to (a
+    window that fell past the change would have split it)."""
+    t = gap.unprobed_s(cost)
+    if guess.error is None or t < MIN_RATE_CPU_S or not near:
+        return guess
+    k, k_cpu = _call_rate(near, cost)
+    if not math.isfinite(k) or k_cpu <= 0:
+        return guess
+    own = gap.calls / t
+    if abs(own - k) > 1.0 / t + 1.0 / k_cpu + APART * max(own, k):
+        return _Guess(guess.launches, None, guess.basis)
+    return guess
+
+
+def _extrapolate(gap: _Span, near: list[_Span], cost: TrapCost, before: int | None) -> _Guess:
+    if before is not None and 0 < before < len(near) and gap.unprobed_s(cost) >= MIN_RATE_CPU_S:
+        # A side whose nearest window ran apart from its farther ones goes by its nearest:
+        # the loop changed on that side, and the farther windows saw another loop than the
+        # gap's (a gap after a change, pooled with windows before it: 13-27% off, seen).
+        left, right = near[:before], near[before:]
+        if len(left) > 1 and _apart(gap, left[:-1], left[-1:], cost):
+            left = left[-1:]
+        if len(right) > 1 and _apart(gap, right[:1], right[1:], cost):
+            right = right[:1]
+        near, before = left + right, len(left)
     pooled = _pooled(gap, near, cost)
     if before is None or not 0 < before < len(near) or gap.unprobed_s(cost) < MIN_RATE_CPU_S:
         return pooled
@@ -374,15 +439,22 @@ def _apart(gap: _Span, left: list[_Span], right: list[_Span], cost: TrapCost) ->
     """Whether the two sides' loops ran at rates (launches per unprobed CPU
     second) further apart than their own bounds allow (a side without one
     taken at its word), and by APART of the faster or more."""
-    rates = []
+    rates, ks = [], []
     for side in (left, right):
         g = _pooled(gap, side, cost)
-        k, _ = _call_rate(side, cost)
+        k, k_cpu = _call_rate(side, cost)
         t = gap.unprobed_s(cost)
         r = g.total / gap.calls * k if g.basis == PER_CALL and gap.calls > 0 else g.total / t
         rates.append((r, g.error or 0.0))
+        ks.append((k, 1.0 / k_cpu if k_cpu > 0 else math.inf))
     (rl, el), (rr, er) = rates
-    return abs(rl - rr) > el * rl + er * rr + APART * max(rl, rr)
+    if abs(rl - rr) > el * rl + er * rr + APART * max(rl, rr):
+        return True
+    # Or their shapes: exact calls per CPU second further apart than a call either side
+    # allows (a loop of 2,000 launches a copy, then 300: their launches per CPU second
+    # may be close, their copies never are).
+    (kl, dl), (kr, dr) = ks
+    return math.isfinite(kl + kr + dl + dr) and abs(kl - kr) > dl + dr + APART * max(kl, kr)
 
 
 def _call_rate(side: list[_Span], cost: TrapCost, scale: float = 1.0) -> tuple[float, float]:
@@ -469,7 +541,8 @@ def _pooled(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
     A per-call guess whose windows give no spread (its intervals all in one
     window) is bounded by the per-CPU guess where that one is: the truth is
     within the per-CPU bound of it, so within that bound and the distance
-    between the two of the per-call one."""
+    between the two of the per-call one; where it lies outside the per-CPU
+    bound, the per-CPU guess stands. Both bounded: the tighter, in launches."""
     launched = sum(w.total for w in near)
     by_api: dict[int, int] = {}
     for w in near:
@@ -477,15 +550,28 @@ def _pooled(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
             by_api[a] = by_api.get(a, 0) + c
     shares = {a: c / launched for a, c in by_api.items() if c} if launched > 0 else {}
     guess = _per_call(gap, near, launched, shares)
-    if guess is not None and guess.error is not None:
-        return guess
     cpu = _per_cpu(gap, near, launched, shares, cost)
     if guess is None:
         return cpu
     n, m = guess.total, cpu.total
     if cpu.error is None or n <= 0:
         return guess
-    return _Guess(guess.launches, (abs(n - m) + cpu.error * m) / n, guess.basis)
+    if gap.unprobed_s(cost) < MIN_RATE_CPU_S:
+        # Its CPU time too short to measure (a process gone before its last reading): per
+        # CPU second says nothing ran, its calls say otherwise; they stand.
+        if guess.error is not None:
+            return guess
+        return _Guess(guess.launches, (abs(n - m) + cpu.error * m) / n, guess.basis)
+    if guess.error is None:
+        # No spread of its own: within the per-CPU bound of the truth, it stands, bounded
+        # by that and the distance; outside it (launches per call of one window of several,
+        # another loop's), the per-CPU guess does.
+        if abs(n - m) > cpu.error * m:
+            return cpu
+        return _Guess(guess.launches, (abs(n - m) + cpu.error * m) / n, guess.basis)
+    # Both bounded: the tighter, in launches (per call counted whole from windows shorter
+    # than the calls' period is loose; per CPU second where a trap is dear is too).
+    return cpu if cpu.error * m < guess.error * n else guess
 
 
 def _per_call(gap: _Span, near: list[_Span], launched: int, shares: dict[int, float]) -> _Guess | None:
@@ -499,7 +585,7 @@ def _per_call(gap: _Span, near: list[_Span], launched: int, shares: dict[int, fl
     if calls >= MIN_CALLS and launched > 0:
         rate = launched / calls
         n = rate * gap.calls
-        err = _spread([w.total / w.calls for w in near if w.calls >= 1], rate) if n > 0 else 0.0
+        err = _ratio_spread([(w.total, w.calls) for w in near], rate) if n > 0 else 0.0
         return _Guess({a: n * s for a, s in shares.items()}, _with_edges(err, gap.calls), PER_CALL)
     return None
 
@@ -583,7 +669,16 @@ class _Sampled:
     def retune(self, duty: float) -> None:
         """A new duty from a later weighing. An open window it makes too long
         ends at its new length (at once if already past it); a gap's end is
-        set again (a set-up weighed at a high duty, then the loop)."""
+        set again (a set-up weighed at a high duty, then the loop). A lower
+        duty (a loop launching more per CPU second) scales the probed time so
+        far by the new over the old: what those windows cost in traps, a share
+        of the time at the old duty, is that of this much probed time at the
+        new one. Unscaled, a bursty loop's windows at duty 0.27 in its first
+        phase were a debt that left its second phase, at 0.13, unseen for its
+        last 3.5 s (a gap extrapolated from the first phase's loop: 4.8x)."""
+        if 0 < duty < self.duty:
+            self.on_seconds *= duty / self.duty
+            self.last_on *= duty / self.duty
         self.duty = duty
         if self.on:
             if duty < 1.0:
@@ -632,6 +727,14 @@ class _Sampled:
         while final and self.gaps and self.closed - self.gaps[0][0] >= NEAR:
             after, gap = self.gaps.pop(0)
             g = self._guess(gap, after, cost)
+            log.debug(
+                "pid %d: gap after window %d settled: %.0f launches (%s, error %s)",
+                self.pid,
+                after,
+                g.total,
+                g.basis,
+                g.error,
+            )
             for a, n in g.launches.items():
                 self.settled[a] = self.settled.get(a, 0.0) + n
             self.bases.add(g.basis)
@@ -987,6 +1090,7 @@ class LaunchBudget:
             first_window.total,
             first_window.cpu_s / first_window.total * 1e6 if first_window.total else 0.0,
         )
+        log.debug("pid %d: first window readings %s %s", key.pid, first.raw(), start.raw())
 
     def _held_open(self, key: ProcessKey, s: _Sampled, now: float) -> bool:
         """Keep a window due to close open a little longer (STRETCH_S) while
@@ -1024,12 +1128,14 @@ class LaunchBudget:
                 with self._lock:
                     w = s.close_window(r, cost, final)
                 log.debug(
-                    "pid %d: window %.1f ms, %d launches, %.0f calls, %.2f us of CPU a launch",
+                    "pid %d: window %.1f ms, %d launches, %.0f calls, %.2f us of CPU a launch; readings %s %s",
                     s.pid,
                     w.seconds * 1e3,
                     w.total,
                     w.calls,
                     w.cpu_s / w.total * 1e6 if w.total else 0.0,
+                    w.start.raw(),
+                    w.end.raw(),
                 )
                 continue
             attached_at = time.monotonic()
