@@ -343,18 +343,21 @@ def report(trials: list[Trial], rec: Record, what: str) -> None:
     diagnose.print_confusion(m, rows, f"all shapes: {len(trials)} trials", SHORT)
     felt = [t for t in trials if t.fault == "none" or slowed(t)]
     right = sum(t.predicted == CAUSE[t.fault] for t in felt)
-    print(
-        f"accuracy on the {len(felt)} trials healthy or whose job the fault slowed {SLOWED:g}x or more: "
-        f"{right / len(felt):.0%}"
-    )
-    add(
-        f"zoo diagnosis accuracy, all shapes, faults that slowed the job {SLOWED:g}x or more",
-        100 * right / len(felt),
-        "%",
-        ".0f",
-        Target(">=", 95),
-        note=f"{len(felt)} of {len(trials)} trials",
-    )
+    if felt:  # a piece of fault trials none of which slowed its job has none
+        print(
+            f"accuracy on the {len(felt)} trials healthy or whose job the fault slowed {SLOWED:g}x or more: "
+            f"{right / len(felt):.0%}"
+        )
+        add(
+            f"zoo diagnosis accuracy, all shapes, faults that slowed the job {SLOWED:g}x or more",
+            100 * right / len(felt),
+            "%",
+            ".0f",
+            Target(">=", 95),
+            note=f"{len(felt)} of {len(trials)} trials",
+        )
+    else:
+        print(f"no trial healthy or whose job the fault slowed {SLOWED:g}x or more")
     print()
     for cause in rows[:-1]:
         r = diagnose.recall(m, cause)
