@@ -1278,6 +1278,21 @@ def test_the_live_diagnosis_counts_each_windows_nvlink_bytes_errors_and_links_do
     assert window(4, 1000 + 7 * GIB + 1, 4, up=False) == (2, 1, 0)
 
 
+def shaped(ns: int, busy: float, held: int, dropped: int = 0) -> LinkWindow:
+    """A window of eth0 in namespace ns behind a shaper: its busy share, the packets it held and
+    dropped."""
+    return LinkWindow(ns, "eth0", busy, dropped, held, 1 << 16)
+
+
+def kept_busy(ns: int, seed: int, n: int = 30) -> list[tuple[list[ProcWindow], HostWindow]]:
+    """n healthy windows of a job whose own exchange keeps its shaper 60% busy, holding
+    2,600-3,400 packets a window and dropping none (the fleet rig's hosts)."""
+    rnd = random.Random(seed)
+    return [
+        ([replace(w, netns=ns)], replace(h, links=[shaped(ns, 0.6, rnd.randint(2600, 3400))])) for (w,), h in healthy(n)
+    ]
+
+
 def test_a_link_its_own_exchange_keeps_busy_is_not_contention_for_a_few_more_held_packets() -> None:
     """The fleet rig's host whose ranks send to a congested neighbour: their steps slow (the
     replies come late), their own link, shaped and kept busy by their exchange, holds 3,000
@@ -1286,15 +1301,11 @@ def test_a_link_its_own_exchange_keeps_busy_is_not_contention_for_a_few_more_hel
     flooded, holds half again as many and drops: that is."""
     ns = 4026532000
 
-    def link(busy: float, held: int, dropped: int = 0) -> LinkWindow:
-        return LinkWindow(ns, "eth0", busy, dropped, held, 1 << 16)
-
-    rnd = random.Random(3)
-    base = [([replace(w, netns=ns)], replace(h, links=[link(0.6, rnd.randint(2600, 3400))])) for (w,), h in healthy(30)]
-    neighbour = base + [([proc(15.0, netns=ns)], host(i, links=[link(0.45, 3700)])) for i in range(30, 36)]
+    base = kept_busy(ns, 3)
+    neighbour = base + [([proc(15.0, netns=ns)], host(i, links=[shaped(ns, 0.45, 3700)])) for i in range(30, 36)]
     d, made = run(neighbour)
     assert all(c != "nic_contention" for _, c in made), made
-    flooded = base + [([proc(15.0, netns=ns)], host(i, links=[link(0.62, 5200, 150)])) for i in range(30, 36)]
+    flooded = base + [([proc(15.0, netns=ns)], host(i, links=[shaped(ns, 0.62, 5200, 150)])) for i in range(30, 36)]
     d, made = run(flooded)
     assert made[:1] == [(31, "nic_contention")], made
 
@@ -1306,14 +1317,8 @@ def test_a_flow_that_overflows_a_busy_shaper_is_nic_contention_by_its_drops() ->
     the steps wait on the network (the GPU idles: input starvation's pattern). The drops name it."""
     ns = 4026532000
 
-    def link(busy: float, held: int, dropped: int = 0) -> LinkWindow:
-        return LinkWindow(ns, "eth0", busy, dropped, held, 1 << 16)
-
-    rnd = random.Random(5)
-    windows = [
-        ([replace(w, netns=ns)], replace(h, links=[link(0.6, rnd.randint(2600, 3400))])) for (w,), h in healthy(30)
-    ]
-    after = [link(0.99, 5150, 981), link(0.92, 2040, 91), link(0.79, 1359, 0)] * 2
+    windows = kept_busy(ns, 5)
+    after = [shaped(ns, 0.99, 5150, 981), shaped(ns, 0.92, 2040, 91), shaped(ns, 0.79, 1359, 0)] * 2
     for i, x in zip(range(30, 36), after, strict=True):
         w = proc(25.0, netns=ns)
         w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
@@ -1331,16 +1336,12 @@ def test_a_links_signals_that_come_a_window_before_the_steps_slow_are_weighed_ag
     and had dropped more: input starvation. Those windows are not the baseline."""
     ns = 4026532000
 
-    def link(busy: float, held: int, dropped: int = 0) -> LinkWindow:
-        return LinkWindow(ns, "eth0", busy, dropped, held, 1 << 16)
-
-    rnd = random.Random(7)
-    windows = [
-        ([replace(w, netns=ns)], replace(h, links=[link(0.6, rnd.randint(2600, 3400))])) for (w,), h in healthy(28)
-    ]
-    windows += [([proc(10.0, netns=ns)], host(28, links=[link(0.66, 3016, 260)]))]
-    windows += [([proc(10.2, netns=ns)], host(29, links=[link(0.96, 3113, 155)]))]
-    for i, x in zip(range(30, 36), [link(0.93, 1234, 1), link(1.0, 1443), link(0.96, 2185)] * 2, strict=True):
+    windows = kept_busy(ns, 7, 28)
+    windows += [([proc(10.0, netns=ns)], host(28, links=[shaped(ns, 0.66, 3016, 260)]))]
+    windows += [([proc(10.2, netns=ns)], host(29, links=[shaped(ns, 0.96, 3113, 155)]))]
+    for i, x in zip(
+        range(30, 36), [shaped(ns, 0.93, 1234, 1), shaped(ns, 1.0, 1443), shaped(ns, 0.96, 2185)] * 2, strict=True
+    ):
         w = proc(25.0, netns=ns)
         w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
         windows.append(([w], host(i, links=[x])))

@@ -552,6 +552,19 @@ def test_a_loop_after_uploads_each_waited_for_begins_at_its_first_step(size: int
     assert st.step_ns == 39 * 7400 * US
 
 
+def served(t0: int, bytes_in: int, bytes_out: int) -> np.ndarray:
+    """One iteration of a server (or a step that reads back a result): its input copied in, its
+    result read back 1 ms later, then a wait of 1 ms."""
+    rows: list[Ev] = [
+        (t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID),
+        (t0 + 1 * MS, 50 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID),
+        (t0 + 1 * MS + 50 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID),
+    ]
+    a = events(rows)
+    a["bytes"] = np.where(a["direction"] == Direction.D2H, bytes_out, bytes_in)
+    return a
+
+
 def test_a_server_saturated_for_a_while_is_still_a_server() -> None:
     """A server's iterations read back what their batches made (varying amounts: a server);
     then requests queue and every batch is full for a long stretch, each reading back one
@@ -561,14 +574,7 @@ def test_a_server_saturated_for_a_while_is_still_a_server() -> None:
     from memtrace.model.steps import Loop
 
     def iteration(t0: int, out: int) -> tuple[np.ndarray, int]:
-        rows: list[Ev] = [
-            (t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID),
-            (t0 + 1 * MS, 50 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID),
-            (t0 + 1 * MS + 50 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID),
-        ]
-        a = events(rows)
-        a["bytes"] = np.where(a["direction"] == Direction.D2H, out, 16 * out)
-        return a, t0 + 3 * MS
+        return served(t0, 16 * out, out), t0 + 3 * MS
 
     t, t0 = StepTracker(PID), 10**12
     for i in range(500):
@@ -604,14 +610,7 @@ def test_a_loop_that_idles_at_random_in_collectives_is_a_server_only_if_its_work
     for i in range(400):
         lead = 20 * MS if rng.random() < 1 / 8 else 200 * US
         t0 += lead
-        rows: list[Ev] = [
-            (t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID),
-            (t0 + 1 * MS, 50 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID),
-            (t0 + 1 * MS + 50 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID),
-        ]
-        a = events(rows)
-        size = (64 << 10) << (i % 4 if varied else 0)
-        a["bytes"] = np.where(a["direction"] == Direction.D2H, 4096, size)
+        a = served(t0, (64 << 10) << (i % 4 if varied else 0), 4096)
         coll = None
         if ranked:  # a 0.5 ms all-reduce before the result is read back
             coll = np.zeros(1, EVENT_DTYPE)
@@ -632,14 +631,7 @@ def test_a_servers_copies_are_counted_by_direction_and_size_with_their_time() ->
     from memtrace.model.steps import work_class
 
     def iteration(t0: int, out: int) -> tuple[np.ndarray, int]:
-        rows: list[Ev] = [
-            (t0, 100 * US, MEMCPY_ASYNC, STREAM, Direction.H2D, TID),
-            (t0 + 1 * MS, 50 * US, MEMCPY_ASYNC, STREAM, Direction.D2H, TID),
-            (t0 + 1 * MS + 50 * US, 1 * MS, STREAM_SYNC, STREAM, 0, TID),
-        ]
-        a = events(rows)
-        a["bytes"] = np.where(a["direction"] == Direction.D2H, out, 16 * out)
-        return a, t0 + 3 * MS
+        return served(t0, 16 * out, out), t0 + 3 * MS
 
     t, t0 = StepTracker(PID), 10**12
     for i in range(400):
