@@ -277,7 +277,8 @@ static __always_inline void count_gap(struct sc_missed m, bool state_says)
  * its runs, in states never seen: blocked if one of those switches was
  * voluntary, else queued; the time joins the totals, not the histograms
  * (it is not one interval) nor a preemptor (never seen). */
-static __always_inline __u64 settle(struct sc_proc *p, struct sc_thread *t, __u64 exec, __u64 now, struct sc_missed m)
+static __always_inline __u64 settle(struct sc_proc *p, struct sc_thread *t, __u64 exec, __u64 now, struct sc_missed m,
+				    bool switched_out)
 {
 	struct sc_preempt_key key = { .cgroup_id = t->preempt_cgroup, .start_ns = t->start, .tgid = t->tgid };
 	__u64 ran = exec > t->exec ? exec - t->exec : 0, wait;
@@ -292,8 +293,16 @@ static __always_inline __u64 settle(struct sc_proc *p, struct sc_thread *t, __u6
 		__sync_fetch_and_add(m.v ? &p->offcpu_ns : &p->runq_ns, wait);
 		return 0;
 	}
-	if (t->state == SC_T_RUNNING) /* what is left is the clocks' difference, not a wait */
+	if (t->state == SC_T_RUNNING) {
+		/* Not a wait: it held the CPU, and its runtime (rq_clock_task) grew
+		 * less than the clock. What is left is the hypervisor's steal (and
+		 * the clocks' jitter): counted where its runtime is current, at a
+		 * switch-out (put_prev_task updated it), so the process's time adds
+		 * up to the wall clock. */
+		if (switched_out)
+			__sync_fetch_and_add(&p->stolen_ns, wait);
 		return 0;
+	}
 	if (t->state == SC_T_BLOCKED) {
 		add_offcpu(p, wait);
 		return 0;
@@ -336,7 +345,7 @@ static __always_inline void switch_out(struct task_struct *prev, __u64 start, st
 	if (t) {
 		m = missed_switches(p, t, prev, !involuntary, involuntary);
 		count_gap(m, t->state != SC_T_RUNNING);
-		settle(p, t, exec, now, m);
+		settle(p, t, exec, now, m, true);
 	}
 	/* prev is still current here */
 	p->cgroup_id = bpf_get_current_cgroup_id();
@@ -394,7 +403,7 @@ static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 
 		 * at exit while switched out (a switch-in never traced): a gap. */
 		m = missed_switches(p, t, task, 0, 0);
 		count_gap(m, (t->state == SC_T_RUNNING) != !prev);
-		queued = settle(p, t, exec, now, m);
+		queued = settle(p, t, exec, now, m, false);
 		if (queued && prev && prev->pid && prev->tgid != tgid) {
 			v = holder(tgid, start, prev, BPF_CORE_READ(prev, cgroups, dfl_cgrp, kn, id));
 			if (v)
@@ -447,7 +456,7 @@ static __always_inline void wakeup(struct task_struct *p, bool fresh)
 			return;
 		count_gap(m, n.exec > t->exec); /* it blocked, or ran, unseen */
 		if (proc)
-			settle(proc, t, n.exec, now, m);
+			settle(proc, t, n.exec, now, m, false);
 	}
 	n.ts = now;
 	n.start = start;

@@ -43,6 +43,9 @@ struct sc_proc {
 	__u64 cgroup_id;             /* the process's own cgroup (v2), last seen */
 	__u64 execs;                 /* execs since tracing began: its command and executable changed */
 	__u64 moves;                 /* moves to another cgroup (any hierarchy) since tracing began */
+	__u64 stolen_ns;             /* time it held a CPU without running: the hypervisor's steal, which
+				      * the kernel leaves out of its runtime (switch-in to switch-out, less
+				      * what its runtime grew by) */
 };
 
 /* Who took the CPU from a traced process: key (traced process, cgroup of the

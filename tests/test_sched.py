@@ -363,6 +363,10 @@ def test_off_cpu_and_on_cpu_time_match_the_truth(sensor: SchedSensor, workload_b
     # ticks at each reading: the delta loses less than a tick on each field.
     assert abs(st.oncpu_ns - (t1 - t0) * TICK_NS) < 2 * TICK_NS, report
     assert st.oncpu_ns >= 100_000_000, report  # 300 ms of wall-clock spinning, on a shared CPU
+    # No time is lost: from its wakeup at "go" to its stop it was on CPU, off
+    # it, queued, or holding a CPU the hypervisor took (steal, which its
+    # runtime leaves out), and the workload timed a part of that.
+    assert st.offcpu_ns + st.runq_ns + st.oncpu_ns + st.stolen_ns >= truth["wall_ns"], report
 
 
 @pytest.mark.parametrize("detach_s", [0.02, 0.25], ids=["while-it-runs", "while-it-sleeps"])
@@ -404,8 +408,10 @@ def test_switches_the_tracepoint_never_delivered_leave_cpu_time_exact_and_are_co
     assert (st.voluntary, st.involuntary) == (k1[0] - k0[0], k1[1] - k0[1]), report
     assert st.voluntary == 301, report
     # No time is lost: from its wakeup at "go" to its stop it was on CPU, off
-    # it or queued, and the workload timed a part of that.
-    assert st.offcpu_ns + st.runq_ns + st.oncpu_ns >= truth["wall_ns"], report
+    # it, queued, or holding a CPU the hypervisor took (steal: CI once found
+    # the first three 1.9 ms short of the wall clock), and the workload timed
+    # a part of that.
+    assert st.offcpu_ns + st.runq_ns + st.oncpu_ns + st.stolen_ns >= truth["wall_ns"], report
 
 
 THREADS = """

@@ -61,6 +61,10 @@ class CpuStats:
     # it is (command, executable, cgroup) is read again.
     execs: int = 0
     moves: int = 0
+    # Time its threads held a CPU without running: the hypervisor's steal,
+    # which the kernel leaves out of their runtime. With it, on-CPU, off-CPU
+    # and run-queue time add up to the wall clock.
+    stolen_ns: int = 0
 
     @property
     def key(self) -> ProcessKey:
@@ -96,4 +100,5 @@ class CpuStats:
             preemptors=tuple(sorted(pre, key=lambda p: (-p.wait_ns, -p.count))),
             execs=self.execs - before.execs,
             moves=self.moves - before.moves,
+            stolen_ns=self.stolen_ns - before.stolen_ns,
         )

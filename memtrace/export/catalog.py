@@ -330,6 +330,13 @@ OFF_CPU_TIME = _m(
     Signal.cpu,
 )
 ON_CPU_TIME = _m("memtrace.process.on_cpu.time", _S, "s", "Time the process's threads ran", Signal.cpu)
+STOLEN_TIME = _m(
+    "memtrace.process.stolen.time",
+    _S,
+    "s",
+    "Time the process's threads held a CPU the hypervisor gave to another guest (steal, not in on-CPU time)",
+    Signal.cpu,
+)
 CONTEXT_SWITCHES = _m(
     "process.context_switches",
     _S,

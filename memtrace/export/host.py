@@ -96,6 +96,7 @@ def cpu_rows(
                 on_cpu_seconds=st.oncpu_ns / 1e9,
                 off_cpu_seconds=st.offcpu_ns / 1e9,
                 run_queue_seconds=st.runq_ns / 1e9,
+                stolen_seconds=st.stolen_ns / 1e9,
                 run_queue_share=st.runq_ns / alive if alive else 0.0,
                 run_queue_latency_us=_latency(st.runq_hist, st, runq=True),
                 off_cpu_us=_latency(st.offcpu_hist, st, runq=False),

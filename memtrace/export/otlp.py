@@ -71,7 +71,7 @@ MEMORY_COUNTERS = (
     cat.MEMORY_UNKNOWN_FREES,
     cat.MEMORY_FAILED_ALLOCATIONS,
 )
-CPU_COUNTERS = (cat.RUN_QUEUE_TIME, cat.OFF_CPU_TIME, cat.ON_CPU_TIME)
+CPU_COUNTERS = (cat.RUN_QUEUE_TIME, cat.OFF_CPU_TIME, cat.ON_CPU_TIME, cat.STOLEN_TIME)
 NCCL_COUNTERS = (cat.NCCL_CALLS, cat.NCCL_BYTES, cat.NCCL_TIME)
 NCCL_WAIT_COUNTERS = (cat.NCCL_WAITS, cat.NCCL_WAIT_TIME)
 _NET_DIRECTIONS = (("receive", "rx"), ("transmit", "tx"))
@@ -363,7 +363,8 @@ class MetricsBuilder:
         """A process's CPU time and collectives, from the host signals."""
         cpu = host.cpu_of(key)
         if cpu is not None:
-            pp.sums(("cpu", key), {}, CPU_COUNTERS, (cpu.runq_ns / 1e9, cpu.offcpu_ns / 1e9, cpu.oncpu_ns / 1e9))
+            times = (cpu.runq_ns, cpu.offcpu_ns, cpu.oncpu_ns, cpu.stolen_ns)
+            pp.sums(("cpu", key), {}, CPU_COUNTERS, tuple(ns / 1e9 for ns in times))
             for kind, n in (("voluntary", cpu.voluntary), ("involuntary", cpu.involuntary)):
                 pp.sums(("ctx", key, kind), {"process.context_switch_type": kind}, (cat.CONTEXT_SWITCHES,), (n,))
         for coll, t in host.collectives_of(key):

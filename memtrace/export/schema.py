@@ -462,6 +462,9 @@ class CpuRow(TypedDict):
     on_cpu_seconds: Annotated[float, "time its threads ran"]
     off_cpu_seconds: Annotated[float, "time they were blocked"]
     run_queue_seconds: Annotated[float, "time they were runnable, waiting for a CPU"]
+    stolen_seconds: Annotated[
+        float, "time they held a CPU the hypervisor gave to another guest (steal: not in on_cpu_seconds)"
+    ]
     run_queue_share: Annotated[float, "run_queue_seconds over on + off CPU + run queue"]
     run_queue_latency_us: Annotated[Latency | None, "each wait for a CPU (null: none)"]
     off_cpu_us: Annotated[Latency | None, "each blocked interval (null: none)"]

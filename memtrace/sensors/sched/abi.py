@@ -29,6 +29,7 @@ class Proc(ctypes.Structure):
         ("cgroup_id", ctypes.c_uint64),
         ("execs", ctypes.c_uint64),
         ("moves", ctypes.c_uint64),
+        ("stolen_ns", ctypes.c_uint64),
     ]
 
 

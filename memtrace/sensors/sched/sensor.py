@@ -169,6 +169,7 @@ class SchedSensor:
                 cgroup_id=v.cgroup_id,
                 execs=v.execs,
                 moves=v.moves,
+                stolen_ns=v.stolen_ns,
                 preemptors=tuple(sorted(pre.get(key, []), key=lambda p: (-p.wait_ns, -p.count))),
             )
         return out
