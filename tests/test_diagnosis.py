@@ -1080,6 +1080,22 @@ def test_a_saturated_link_a_flow_joins_is_nic_contention_though_its_bytes_stay()
     assert d.diagnoses[0].evidence["held_or_dropped_per_window_before"] == pytest.approx(1100, abs=40)
 
 
+def test_a_flow_whose_first_window_is_partial_is_judged_against_the_windows_before_it() -> None:
+    """The server's own traffic fills its shaped link (1,050-1,140 packets held a window). A flow
+    joins late in window 40 (1,200 held: too few to be held, and learnt as normal), holds 1,450
+    and 1,430 in the next two, then TCP backs off and 1,190 a window stand. Judged against a
+    baseline holding window 40, 1,430 is under 1.2x its most (1,200) and nothing was said (the
+    zoo's server_load, nic_setns); against the windows before the flow: nic_contention."""
+    rnd = random.Random(27)
+    windows = [([serving(rnd, i)], linked(i, 2.5e7, rnd.randint(1050, 1140))) for i in range(40)]
+    windows.append(([serving(rnd, 40)], linked(40, 2.5e7, 1200)))
+    windows += [([serving(rnd, i)], linked(i, 2.5e7, held)) for i, held in ((41, 1450), (42, 1430))]
+    windows += [([serving(rnd, i)], linked(i, 2.5e7, 1190 + rnd.randint(-15, 15))) for i in range(43, 60)]
+    d, made = run(windows)
+    assert made == [(42, "nic_contention")]
+    assert d.diagnoses[0].evidence["held_or_dropped_per_window_before"] < 1150
+
+
 def test_a_server_whose_load_triples_fills_its_own_link_and_copies_and_is_not_diagnosed() -> None:
     """The request rate triples: three times the requests, each batch of three (copies three times
     as large, never seen, no slower per byte), its link carries three times the bytes and its
