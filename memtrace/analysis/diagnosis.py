@@ -23,7 +23,9 @@ symptom is its busy time over what its iterations' classes took before,
 and its baseline is 1. A load change brings more iterations, or classes
 never seen (those are learned, not judged); only the same work taking
 longer is a slowdown. A window is slow past SLOW_RATIO times the
-baseline; DETECT_AFTER slow windows in a row are a slowdown, whose onset is
+baseline (past CLEAR_RATIO while its GPU newly reports a fault outright:
+throttling, a link trained narrower; the higher bar is against noise, and
+the report is none); DETECT_AFTER slow windows in a row are a slowdown, whose onset is
 the first of them (so a single slow window, which any job has, never is).
 While a slowdown lasts, the baseline is frozen; it ends after CLEAR_AFTER
 windows back under CLEAR_RATIO times the baseline (hysteresis: no
@@ -71,6 +73,10 @@ TRIM_FROM = 4  # a training window of this many steps or more is judged without 
 SLOW_RATIO = 1.2
 DETECT_AFTER = 2
 CLEAR_RATIO = 1.1
+# A window over CLEAR_RATIO (not normal) while its GPU newly reports a fault outright (throttling, a
+# link trained narrower) is slow: the bar against noise is SLOW_RATIO, and the report is no noise. A
+# throttle that slows a step by a tenth (one of three parts of an accumulated step) went unnamed.
+REPORTED_SLOW_RATIO = CLEAR_RATIO
 CLEAR_AFTER = 4
 # The normal windows just before a slowdown are not what its cause's signals are weighed against:
 # a fault shows on the host a window or two before the steps feel it (a flooded link drops at
@@ -816,13 +822,13 @@ class Diagnoser:
         # Only classes of work never seen (bounded): judged against their bound, never learnt as a ratio.
         mean, bounded = _symptom_value(s, w)
         s.last = mean
-        if mean is None or (bounded and s.active is None and not self._slow(s, w, mean)):
+        if mean is None or (bounded and s.active is None and not self._slow(s, w, mean, host)):
             if w.serving and s.active is None:
                 _learn_work(s, w)  # classes never seen, not slow by their bound: learnt
             if mean is not None:
                 s.slow = []  # judged, and not slow
             return None
-        if len(s.normal) < MIN_BASELINE and not (len(s.normal) >= MIN_JUDGE and self._slow(s, w, mean)):
+        if len(s.normal) < MIN_BASELINE and not (len(s.normal) >= MIN_JUDGE and self._slow(s, w, mean, host)):
             s.slow = []
             s.normal.append(mean)
             s.normal_windows.append((w, host))
@@ -842,7 +848,7 @@ class Diagnoser:
             if s.since_detect <= REFINE_WINDOWS:
                 return self._refine(s, base, host, peers)
             return None
-        if self._slow(s, w, mean):
+        if self._slow(s, w, mean, host):
             s.slow += [*held, (w, host)]
             if len(s.slow) >= DETECT_AFTER:
                 return self._detect(s, base, host, peers)
@@ -864,7 +870,12 @@ class Diagnoser:
             s.link_normal.clear()
             s.link_slow, s.link_active, s.link_calm = [], None, 0
             return None
-        held = _server_link(list(s.link_normal), w, host)
+        # Judged without its baseline's last ONSET_GUARD windows (as causes are, _cause): a flow's
+        # first window holds part of it, too little to be held, and learnt it raised the most the
+        # baseline held past the windows that followed (the zoo's server at its link's limit: 1,204
+        # packets, then 1,448 and 1,430 against 1.2x that, where 1.2x 1,138 before it).
+        base = list(s.link_normal)
+        held = _server_link(base[:-ONSET_GUARD] if len(base) > ONSET_GUARD + MIN_BASELINE else base, w, host)
         if s.link_active is not None:
             s.link_calm = s.link_calm + 1 if held is None else 0
             if s.link_calm >= CLEAR_AFTER:
@@ -910,13 +921,15 @@ class Diagnoser:
         return d
 
     @staticmethod
-    def _slow(s: _Seen, w: ProcWindow, mean: float) -> bool:
-        """A window SLOW_RATIO over the normal ones' median and past a server's noise; never
-        before MIN_JUDGE normal windows."""
+    def _slow(s: _Seen, w: ProcWindow, mean: float, host: HostWindow) -> bool:
+        """A window SLOW_RATIO over the normal ones' median (REPORTED_SLOW_RATIO while its GPU
+        newly reports a fault: _newly_reported) and past a server's noise; never before
+        MIN_JUDGE normal windows."""
         if len(s.normal) < MIN_JUDGE:
             return False
         base = statistics.median(s.normal)
-        return mean > SLOW_RATIO * base and not _within_noise(s, w, mean, base)
+        bar = REPORTED_SLOW_RATIO if _newly_reported(s, w, host) else SLOW_RATIO
+        return mean > bar * base and not _within_noise(s, w, mean, base)
 
     def _detect(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis | None:
         first, first_host = s.slow[0]
@@ -1384,6 +1397,19 @@ def _before_onset(before: list[tuple[ProcWindow, HostWindow]], uuid: str) -> lis
 
 def _narrow(g: GpuWindow) -> bool:
     return g.link_width is not None and g.max_link_width is not None and g.link_width < g.max_link_width
+
+
+def _reported(g: GpuWindow) -> bool:
+    """A fault the GPU reports outright: throttling, or its link trained narrower."""
+    return bool(g.throttled) or _narrow(g)
+
+
+def _newly_reported(s: _Seen, w: ProcWindow, h: HostWindow) -> bool:
+    """The process's GPU (the one NVML lists it on, or the host's only GPU) reports a fault
+    (_reported) in this window, in at most MARGINS.few of its normal windows: one that began
+    now, not a standing one."""
+    mine = [g for g in h.gpus if w.key.pid in g.pids] or (h.gpus if len(h.gpus) == 1 else [])
+    return any(_reported(g) and _share_of(list(s.normal_windows), g.uuid, _reported) <= MARGINS.few for g in mine)
 
 
 def _link_rates(
