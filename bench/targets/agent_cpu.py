@@ -52,19 +52,25 @@ sampler in C (bench/src/floor.c: a 100 Hz wake, one NIC dump and the NVML
 reads the C sampler makes per tick, nothing else). Both read the test NVML
 (re-run under its LD_LIBRARY_PATH), so both make the same NVML calls. Printed:
 the agent's CPU over the floor's as a ratio, whole (fold, diagnosis, budget,
-Python sampling and all) and its C sampler's thread alone (the same work as the
-floor, in the agent's process).
+Python sampling and all), without the fold and the diagnosis (the CPU the
+agent counts in them, Agent.fold_cpu_ns and LiveDiagnosis.cpu_ns: the fold
+grows with the traced job's events, which the floor has none of), and its C
+sampler's thread alone (the same work as the floor, in the agent's process).
+Every CPU figure is read from the CPU clocks, to the ns (the threads'
+breakdown printed beside them is /proc's, to the tick).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -292,10 +298,11 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
     total = (seconds + 1.0) * rounds + 40
     job_cmd = host_job(fx, total)
     harness.pin_self({0})
-    agent_s: list[float] = []
-    sampler_s: list[float] = []
-    floor_s: list[float] = []
-    with harness.run_agent() as (agent, signals):
+    parts = ("agent", "sampler", "floor", "fold", "diagnosis", "sample", "events")
+    got: dict[str, list[float]] = {k: [] for k in parts}
+    with pipeline() as pipe:
+        agent, signals, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
+        assert signals is not None and diagnosis is not None
         job = subprocess.Popen(job_cmd, env=dict(os.environ, WORKLOAD_TRUTH="/dev/null", FAKE_PCIE=str(fx / "pcie")))
         bare = subprocess.Popen(
             ["taskset", "-c", "0", str(exe), str(total), str(fx / "nvml" / "libnvidia-ml.so.1")],
@@ -309,17 +316,25 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
             with agent.draining(), signals.sampling():
                 agent.guard_ring(fast)
                 time.sleep(3.0)  # probes attached, calibrated, the budget settled
+                sampler = sampler_clock()
                 for r in range(rounds):
-                    a0, f0 = Reading.of(os.getpid()), Reading.of(bare.pid)
+                    c0 = cpu_now(bare.pid, sampler, agent, diagnosis, signals)
+                    with agent.locked() as model:
+                        before = model.events
+                    a0 = Reading.of(os.getpid())
                     time.sleep(seconds)
                     a = CpuWindow.between(a0, Reading.of(os.getpid()))
-                    f = CpuWindow.between(f0, Reading.of(bare.pid))
-                    agent_s.append(a.share)
-                    sampler_s.append(a.shares().get("memtrace-fast", 0.0))
-                    floor_s.append(f.share)
+                    with agent.locked() as model:
+                        after = model.events
+                    c1 = cpu_now(bare.pid, sampler, agent, diagnosis, signals)
+                    for k, v0, v1 in zip(parts[:-1], c0[1:], c1[1:], strict=True):
+                        got[k].append((v1 - v0) / 1e9 / (c1[0] - c0[0]))
+                    got["events"].append((after - before) / (c1[0] - c0[0]))
                     print(
-                        f"round {r + 1}  agent {agent_s[-1]:6.2%}  its C sampler {sampler_s[-1]:6.2%}  "
-                        f"floor {floor_s[-1]:6.2%} of one core; the agent's threads: {a.busiest(at_least=0)}",
+                        f"round {r + 1}  agent {got['agent'][-1]:6.2%}  its C sampler {got['sampler'][-1]:6.2%}  "
+                        f"floor {got['floor'][-1]:6.2%} of one core; of the agent: fold {got['fold'][-1]:.2%} "
+                        f"({got['events'][-1]:,.0f} events/s), diagnosis {got['diagnosis'][-1]:.2%}, "
+                        f"host samples {got['sample'][-1]:.2%}; its threads: {a.busiest(at_least=0)}",
                         flush=True,
                     )
             signals.close()
@@ -328,17 +343,23 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
             job.wait()
             bare.kill()
             bare.wait()
-    ag, sa, fl = (Spread.of(x).median for x in (agent_s, sampler_s, floor_s))
+    bare_of = [a - f - d for a, f, d in zip(got["agent"], got["fold"], got["diagnosis"], strict=True)]
+    ag, sa, fl, fo, di, sm, ba = (
+        Spread.of(x).median
+        for x in (got["agent"], got["sampler"], got["floor"], got["fold"], got["diagnosis"], got["sample"], bare_of)
+    )
     print(
-        f"median: agent {ag:.2%}, its C sampler {sa:.2%}, the bare sampler {fl:.2%} of one core; "
-        f"agent {harness.over(ag, fl):.2f}x the floor, its sampler {harness.over(sa, fl):.2f}x"
+        f"median: agent {ag:.2%} ({ba:.2%} without the fold {fo:.2%} and the diagnosis {di:.2%}; "
+        f"host samples {sm:.2%}), its C sampler {sa:.2%}, the bare sampler {fl:.2%} of one core; "
+        f"agent {harness.over(ag, fl):.2f}x the floor, {harness.over(ba, fl):.2f}x without the fold and the "
+        f"diagnosis, its sampler {harness.over(sa, fl):.2f}x"
     )
     rec.add(
         "bare sampler (100 Hz: wake, NIC dump, NVML reads)",
         fl * 100,
         "% of a core",
         ".2f",
-        spread=Spread.of(x * 100 for x in floor_s),
+        spread=Spread.of(x * 100 for x in got["floor"]),
     )
     rec.add(
         "agent CPU over the bare sampler's floor",
@@ -346,14 +367,87 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
         "x",
         ".2f",
         Target("<=", 1.3),
-        harness.ratio_spread(agent_s, floor_s),
+        harness.ratio_spread(got["agent"], got["floor"]),
+    )
+    rec.add(
+        "agent CPU over the bare sampler's floor, without the fold and the diagnosis",
+        harness.over(ba, fl),
+        "x",
+        ".2f",
+        Target("<=", 1.3),
+        harness.ratio_spread(bare_of, got["floor"]),
     )
     rec.add(
         "agent's C sampler thread over the bare sampler's floor",
         harness.over(sa, fl),
         "x",
         ".2f",
-        spread=harness.ratio_spread(sampler_s, floor_s),
+        spread=harness.ratio_spread(got["sampler"], got["floor"]),
+    )
+    rec.add(
+        "agent's fold beside the floor (CUDA events into the model)",
+        fo * 100,
+        "% of a core",
+        ".2f",
+        spread=Spread.of(x * 100 for x in got["fold"]),
+        note=f"{Spread.of(got['events']).median:,.0f} events/s folded",
+    )
+    rec.add(
+        "agent's live diagnosis beside the floor",
+        di * 100,
+        "% of a core",
+        ".2f",
+        spread=Spread.of(x * 100 for x in got["diagnosis"]),
+    )
+
+
+@contextlib.contextmanager
+def pipeline() -> Iterator[Any]:
+    """The agent as harness.run_agent has it (`memtrace run`'s defaults), as its Pipeline: the
+    live diagnosis too, whose CPU is counted apart."""
+    from memtrace.runtime.hostsignals import HostOptions
+    from memtrace.runtime.pipeline import Options, Pipeline, PipelineOptions
+
+    opts = PipelineOptions(
+        cuda=Options(only_traced=True, hold_nccl=True),
+        host=HostOptions(interval_s=0.5),
+        budget=0.01,
+        from_exec=True,
+    )
+    with Pipeline(opts) as pipe:
+        yield pipe
+
+
+def sampler_clock() -> int:
+    """The CPU clock of this process's C sampler thread (memtrace-fast): read to the ns, not the tick."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "memtrace-fast":
+                return thread_clock(int(tid))
+    sys.exit("agent_cpu --floor: no memtrace-fast thread")
+
+
+def thread_clock(tid: int) -> int:
+    """A thread's CPU clock (of this process), as clock_getcpuclockid would give it."""
+    return (~tid << 3) | 6  # CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD
+
+
+def process_clock(pid: int) -> int:
+    """A process's CPU clock, every thread's."""
+    return (~pid << 3) | 2  # CPUCLOCK_SCHED
+
+
+def cpu_now(bare: int, sampler: int, agent: Any, diagnosis: Any, signals: Any) -> tuple[float, ...]:
+    """The time now and the CPU ns so far of: this process (the agent), its C sampler, the bare
+    sampler, the agent's folds, its diagnosis, its host samples."""
+    return (
+        time.monotonic(),
+        time.process_time_ns(),
+        time.clock_gettime_ns(sampler),
+        time.clock_gettime_ns(process_clock(bare)),
+        agent.fold_cpu_ns,
+        diagnosis.cpu_ns,
+        signals.sample_cpu_ns,
     )
 
 

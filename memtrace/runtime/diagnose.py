@@ -97,6 +97,10 @@ class LiveDiagnosis:
         self._prev_replays: dict[str, int] = {}
         self._prev_links: dict[Any, tuple[int, ...]] = {}
         self.failures = 0
+        # The CPU its ticks took, less the agent's drain and fold they ask for (Agent.fold_cpu_ns
+        # counts the fold): what the diagnosis itself costs (bench/targets/agent_cpu.py).
+        self.cpu_ns = 0
+        self._agent_ns = 0  # of its ticks' CPU, the agent's drain and fold
         self._stall = Stall("memory")
         self._steal = Steal()
         self._prev_steal: dict[int, int] | None = None
@@ -132,6 +136,7 @@ class LiveDiagnosis:
 
     def tick(self) -> list[Diagnosis]:
         """One window; returns the diagnoses it made. Never raises: a failure is counted and logged once."""
+        start, agent = time.thread_time_ns(), self._agent_ns
         try:
             return self._tick()
         except Exception as e:  # noqa: BLE001 - the analysis must never stop the sampling or the traced run
@@ -139,6 +144,8 @@ class LiveDiagnosis:
             if self.failures == 1:
                 log.warning("diagnosis failed (%s: %s); counted in host.diagnosis_failures", type(e).__name__, e)
             return []
+        finally:
+            self.cpu_ns += time.thread_time_ns() - start - (self._agent_ns - agent)
 
     def _tick(self) -> list[Diagnosis]:
         mono = time.monotonic_ns()
@@ -149,7 +156,9 @@ class LiveDiagnosis:
         procs: dict[ProcessKey, ProcWindow] = {}
         copy_bytes: dict[ProcessKey, int] = {}
         calls_ns: dict[ProcessKey, int] = {}  # time in collective calls within steps, this window
+        entered = time.thread_time_ns()
         with self.agent.locked() as model:
+            self._agent_ns += time.thread_time_ns() - entered  # its drain and fold: the agent's
             live = [(k, p) for k, p in model.processes.items() if not p.exited]
             for key, proc in live:
                 st = model.step_trackers.get(key)

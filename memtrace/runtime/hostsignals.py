@@ -193,6 +193,7 @@ class HostSignals:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.sample_errors = 0
+        self.sample_cpu_ns = 0  # the CPU its samples took (bench/targets/agent_cpu.py)
         self._on_collectives = collectives
         self._on_execed = execed
         self._started = False
@@ -599,9 +600,8 @@ class HostSignals:
         if self._on_collectives is not None and (len(events) or self._nccl_users or len(comms)):
             users = frozenset(self._key_of(pid) for pid in self._nccl_users)
             self._on_collectives(Collectives(events, complete_until, users, comms))
-        totals = {k: t for k, t in s.totals().items() if k[0].pid in pids}
-        if not s.attachments:
-            totals = {}
+        # With no libnccl attached nothing is counted: its maps are not read (two map walks a sample).
+        totals = {k: t for k, t in s.totals().items() if k[0].pid in pids} if s.attachments else {}
         with self.lock:
             self.book.set_collectives(totals, [a.name for a in s.attachments.values()])
 
@@ -617,12 +617,15 @@ class HostSignals:
 
     def _safe_sample(self, final: bool = False) -> None:
         """A sample whose failure is counted and logged once, never raised into the traced run."""
+        start = time.thread_time_ns()
         try:
             self.sample(final=final)
         except Exception as e:  # noqa: BLE001 - a sensor's failure must not stop the run or the agent
             self.sample_errors += 1
             if self.sample_errors == 1:
                 log.warning("a host-signal sample failed (%s: %s); counted in host.sample_errors", type(e).__name__, e)
+        finally:
+            self.sample_cpu_ns += time.thread_time_ns() - start
 
     def _loop(self) -> None:
         interval = self.opts.interval_s
