@@ -6,6 +6,7 @@ test_detach.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -275,6 +276,37 @@ def test_a_loop_that_changes_is_estimated_within_the_bound_it_states(seed: int) 
     truth, est = bursty_run(seed)
     reported = sum(est.launches.values())
     assert est.error is None or abs(reported - truth) <= est.error * truth, (reported, truth, est.error)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_report_is_what_guessing_every_gap_afresh_gives(seed: int) -> None:
+    """report() keeps an open gap's guess until a window closes beside it or
+    the cost changes (it runs twice a second per sampled process): at every
+    reading of a loop whose rate changes, windows opening and closing, the
+    cost changing and the gaps left unsettled a while (cost not calibrated),
+    it reports exactly what guessing every gap afresh reports."""
+    rnd = random.Random(seed)
+    costs = [TrapCost(entry_seconds=1e-6, pair_seconds=2e-6), TrapCost(entry_seconds=1.4e-6, pair_seconds=2.5e-6)]
+    loop = Loop(every=2000, work_s=20e-6, trap_s=1e-6, pair_s=2e-6)
+    s = sampled(loop, 0.1, first=rnd.randint(200, 1500))
+    reports = 0
+    while loop.launched < 120_000:
+        if loop.launched > 50_000:
+            loop.work_s, loop.every = 8e-6, 300
+        probed = s.on
+        r = loop.run(rnd.randint(300, 8_000) if probed else rnd.randint(2_000, 30_000), probed)
+        cost = rnd.choice(costs)
+        if probed:
+            s.close_window(r, cost, final=loop.launched > 40_000)
+        else:
+            s.open_window(r)
+        for _ in range(rnd.randint(1, 3)):
+            now = loop.run(rnd.randint(0, 500), s.on)
+            cost = rnd.choice(costs)
+            kept = s.report(now, cost)
+            assert kept == dataclasses.replace(s, guessed={}).report(now, cost)
+            reports += 1
+    assert reports > 20 and len(s.guessed) <= len(s.gaps) * len(costs)
 
 
 @dataclass

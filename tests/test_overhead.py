@@ -238,16 +238,30 @@ def test_a_short_launch_loop_is_sampled_from_its_first_launches(fakecuda: Path, 
     assert row["launch_traps"] < truth["launches"] // 2
 
 
+def launches_lasting(fakecuda: Path, tmp_path: Path, seconds: float, work: int, copy_every: int) -> int:
+    """How many launches the loop makes in about `seconds` on this machine,
+    untraced: a job's length is what the budget's windows follow, and a
+    count fixed in the test would make one of 0.6 s on one machine and of
+    1.2 s on another."""
+    argv = launch_loop(fakecuda, tmp_path / "sizing", 10_000, work, copy_every, libs="pushfirst")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    took = float(out[out.index("seconds") + 1])
+    return max(20_000, min(400_000, round(10_000 * seconds / took, -3)))
+
+
 def test_a_short_steady_loop_is_sampled_from_its_start_and_its_estimate_is_bounded(
     fakecuda: Path, tmp_path: Path
 ) -> None:
-    """A job of under a second, launches through entries of CUDA's kind with
-    a copy every 1000: the budget samples it from its first launches and
-    keeps it under budget by its own account; the windows are spread over
-    the job (a window every 0.25 s while it is young), so the gaps are seen
-    from both sides and the estimate states a bound, which holds the loop's
-    own count. The text report marks the count as sampled, with that bound."""
-    argv = launch_loop(fakecuda, tmp_path, 40_000, 10_000, 1000, libs="pushfirst")
+    """A job of under a second (0.85 s untraced, whatever this machine's
+    speed), launches through entries of CUDA's kind with a copy every 1000:
+    the budget samples it from its first launches and keeps it under budget
+    by its own account; the windows are spread over the job (a window every
+    0.25 s while it is young, once its fully probed start is paid for), so
+    the gaps are seen from both sides and the estimate states a bound, which
+    holds the loop's own count. The text report marks the count as sampled,
+    with that bound."""
+    n = launches_lasting(fakecuda, tmp_path, 0.85, 10_000, 1000)
+    argv = launch_loop(fakecuda, tmp_path, n, 10_000, 1000, libs="pushfirst")
     doc = traced(argv, tmp_path)
     truth = loop_truth(doc)
     (launches,) = doc["launches"]

@@ -638,6 +638,11 @@ class _Sampled:
     decided_launches: float = 0.0  # the launches reported then
     ended: float | None = None
     end_cpu_ns: int | None = None
+    # An open gap's guess, by (the gap, the windows closed up to its last
+    # near one, the cost): the gap and its near windows never change once
+    # there, so report() (twice a second, per sampled process) guesses a
+    # gap again only when a window closes beside it or the cost changes.
+    guessed: dict[tuple[int, int, TrapCost], _Guess] = field(default_factory=dict)
 
     def young(self, t: float) -> bool:
         return t - self.since < YOUNG_S
@@ -698,6 +703,14 @@ class _Sampled:
         near, before = self._near(after, later)
         return extrapolate(gap, near, cost, before)
 
+    def _gap_guess(self, gap: _Span, after: int, cost: TrapCost) -> _Guess:
+        """An open gap's guess (see `guessed`), made again only when it can differ."""
+        key = (id(gap), min(after + NEAR, self.closed), cost)
+        g = self.guessed.get(key)
+        if g is None:
+            g = self.guessed[key] = self._guess(gap, after, cost)
+        return g
+
     def open_window(self, gap_end: _Reading, attached_at: float | None = None) -> None:
         """Its links went in at `attached_at`, the window's reading was taken
         at `gap_end` (up to a tick later: an up-to-date CPU time): that time
@@ -726,7 +739,7 @@ class _Sampled:
         # A gap with NEAR windows after it is settled, once the cost is the calibrated one.
         while final and self.gaps and self.closed - self.gaps[0][0] >= NEAR:
             after, gap = self.gaps.pop(0)
-            g = self._guess(gap, after, cost)
+            g = self._gap_guess(gap, after, cost)
             log.debug(
                 "pid %d: gap after window %d settled: %.0f launches (%s, error %s)",
                 self.pid,
@@ -745,6 +758,8 @@ class _Sampled:
         keep = max(KEEP, self.closed - self.gaps[0][0] + NEAR if self.gaps else 0)
         if len(self.windows) > keep:
             del self.windows[:-keep]
+        near_closed = {id(gap): min(after + NEAR, self.closed) for after, gap in self.gaps}
+        self.guessed = {k: g for k, g in self.guessed.items() if near_closed.get(k[0]) == k[1]}
         return w
 
     def report(self, now: _Reading, cost: TrapCost) -> LaunchEstimate:
@@ -753,7 +768,7 @@ class _Sampled:
         for part in (self.base, self.counted, self.settled):
             for a, n in part.items():
                 totals[a] = totals.get(a, 0.0) + n
-        guesses = [self._guess(g, after, cost) for after, g in self.gaps]
+        guesses = [self._gap_guess(g, after, cost) for after, g in self.gaps]
         if self.on:
             for a, n in now.counts.items():
                 totals[a] = totals.get(a, 0.0) + n - self.phase.counts.get(a, 0)
