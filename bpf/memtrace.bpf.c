@@ -243,19 +243,14 @@ int BPF_KPROBE(mt_launch)
 }
 
 /* A launch's return, attached only while a timeline is recorded
- * (launch_events): its record, with its host-side duration. The trap is
- * the traced process's to pay, as a copy's return is: counted with its
- * traps, so the overhead and its budget weigh it. */
+ * (launch_events): its record, with its host-side duration. */
 SEC("uretprobe")
 int BPF_KRETPROBE(mt_launch_return)
 {
-	__u64 now = bpf_ktime_get_ns(), id = current_id();
+	__u64 now = bpf_ktime_get_ns();
 
-	if (!launch_events)
-		return 0;
-	if (is_traced(id >> 32))
-		count_traps(id, 1);
-	launch_return(now, id, bpf_get_attach_cookie(ctx), (__s32)PT_REGS_RC(ctx));
+	if (launch_events)
+		launch_return(now, current_id(), bpf_get_attach_cookie(ctx), (__s32)PT_REGS_RC(ctx));
 	return 0;
 }
 
