@@ -53,7 +53,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from memtrace.core.ids import ProcessKey
 from memtrace.model.steps import WORK_CLASSES_PER_OCTAVE
@@ -874,8 +874,7 @@ class Diagnoser:
         # first window holds part of it, too little to be held, and learnt it raised the most the
         # baseline held past the windows that followed (the zoo's server at its link's limit: 1,204
         # packets, then 1,448 and 1,430 against 1.2x that, where 1.2x 1,138 before it).
-        base = list(s.link_normal)
-        held = _server_link(base[:-ONSET_GUARD] if len(base) > ONSET_GUARD + MIN_BASELINE else base, w, host)
+        held = _server_link(_guarded(list(s.link_normal), MIN_BASELINE), w, host)
         if s.link_active is not None:
             s.link_calm = s.link_calm + 1 if held is None else 0
             if s.link_calm >= CLEAR_AFTER:
@@ -1007,9 +1006,7 @@ class Diagnoser:
     # ---- the cause ----
 
     def _cause(self, s: _Seen, peers: list[ProcWindow]) -> tuple[str, dict[str, Any]]:
-        before = list(s.normal_windows)
-        if len(before) > ONSET_GUARD + MIN_JUDGE:
-            before = before[:-ONSET_GUARD]
+        before = _guarded(list(s.normal_windows), MIN_JUDGE)
         after = s.slow
         scores: list[tuple[float, str, dict[str, Any]]] = []
         scorers = [self._cpu, self._gpu, self._pcie, self._memory, self._input, self._nic, self._straggler, _nvlink]
@@ -1397,6 +1394,15 @@ def _before_onset(before: list[tuple[ProcWindow, HostWindow]], uuid: str) -> lis
 
 def _narrow(g: GpuWindow) -> bool:
     return g.link_width is not None and g.max_link_width is not None and g.link_width < g.max_link_width
+
+
+_W = TypeVar("_W")
+
+
+def _guarded(normal: list[_W], least: int) -> list[_W]:
+    """A baseline less its last ONSET_GUARD windows, where more than `least` stay: what a
+    slowdown's signals are weighed against (a fault shows on the host before the steps feel it)."""
+    return normal[:-ONSET_GUARD] if len(normal) > ONSET_GUARD + least else normal
 
 
 def _reported(g: GpuWindow) -> bool:
