@@ -717,6 +717,31 @@ def test_a_fault_is_reported_once_and_again_only_after_recovery() -> None:
     assert made == [(31, "cpu_interference"), (61, "cpu_interference")]
 
 
+def test_a_slowdown_that_deepens_past_the_one_named_is_a_second_diagnosis() -> None:
+    """A neighbour takes a little of the job's CPU (1.3x, named cpu_interference), and while that
+    lasts its own CPU quota is cut (4x, throttled): a second slowdown on the first, diagnosed
+    from its own windows, its onset their first, the quota named, the first in its evidence.
+    Without it the first slowdown, never over, hid the second (the zoo's server under a CPU
+    quota, 26x, reported as nothing). A slowdown that stays at its level, noisy, is one."""
+    neighbour = {"runq_ns": int(W_NS * 0.12), "preemptors": {HOG_CGROUP: (int(W_NS * 0.1), "", "stress")}}
+    windows = healthy(30)
+    windows += [([proc(13.0 * (1.1 if i % 2 else 1.0), **neighbour)], host(i)) for i in range(30, 40)]
+    quota = {"runq_ns": int(W_NS * 0.4), "quota_throttled_ns": int(W_NS * 0.4), "preemptors": {0: (W_NS // 3, "", "")}}
+    windows += [([proc(40.0, **quota)], host(i)) for i in range(40, 46)]
+    d, made = run(windows)
+    assert made == [(31, "cpu_interference"), (41, "cpu_interference")]
+    first, second = d.diagnoses
+    assert first.ratio == pytest.approx(1.36, rel=0.1)
+    assert second.onset_ns == 40 * W_NS + 10**18 and second.ratio == pytest.approx(4.0, rel=0.1)
+    assert "quota" in str(second.evidence["taken_by"]) and second.evidence["quota_throttled_seconds"] > 0
+    assert second.evidence["deepened_from"]["cause"] == "cpu_interference"
+    assert second.evidence["deepened_from"]["onset_time_unix_nano"] == first.onset_ns
+    # The same neighbour, windows alternating 1.3x and 1.6x: one slowdown, named once.
+    steady = healthy(30) + [([proc(13.0 * (1.25 if i % 2 else 1.0), **neighbour)], host(i)) for i in range(30, 46)]
+    _, made = run(steady)
+    assert made == [(31, "cpu_interference")]
+
+
 def test_a_fault_that_began_inside_a_normal_window_is_still_named() -> None:
     # Throttling starts late in window 29: that window is still normal (step time barely moved:
     # under CLEAR_RATIO, which a window with a new throttle is slow past), yet it saw the GPU
@@ -1078,6 +1103,63 @@ def test_a_saturated_link_a_flow_joins_is_nic_contention_though_its_bytes_stay()
     d, made = run(windows)
     assert made == [(41, "nic_contention")]
     assert d.diagnoses[0].evidence["held_or_dropped_per_window_before"] == pytest.approx(1100, abs=40)
+
+
+@pytest.mark.parametrize("flow", [True, False], ids=["a_flow_shares_it", "its_load_halves"])
+def test_a_server_paced_by_its_full_link_that_a_flow_shares_is_nic_contention(flow: bool) -> None:
+    """The server sends its replies over its shaped link and is paced by it: the link runs at its
+    limit (95% busy) and its shaper holds 1,100 packets a window. A bulk flow joins: the link can
+    carry no more bytes and hold no more packets (TCP backs off), so neither rises; the server
+    makes half the iterations, each no slower, and its link carries twice the bytes per unit of
+    its work: others take its capacity, nic_contention (the zoo's LLM server paced by its link
+    was named nothing, then cpu_interference from the VM's steal). Its load halving instead
+    halves its link's bytes too: nothing."""
+    rnd = random.Random(24)
+
+    def paced(i: int, scale: float = 1.0) -> ProcWindow:
+        """As many iterations a window as its link lets it send replies for (within one or two)."""
+        load = {SMALL: (int(20 * scale) + rnd.randint(-1, 1), 2.0), LARGE: (int(6 * scale) + rnd.randint(-1, 1), 6.0)}
+        n = sum(k for k, _ in load.values())
+        copies = {
+            (d, work_class(size, 0)[0]): (n, n * size, int(n * (size + 20_000) * rnd.uniform(0.97, 1.03)))
+            for d, size in ((1, REQ_IN), (2, REQ_OUT))
+        }
+        return server(i, load, netns=NS, copies=copies, copy_bytes=n * (REQ_IN + REQ_OUT))
+
+    def full(i: int, busy: float) -> HostWindow:
+        held = int(1100 * busy / 0.95) + rnd.randint(-30, 30)
+        return host(i, links=[LinkWindow(NS, "veth0", busy + rnd.uniform(-0.01, 0.01), 0, held, 0, int(busy * 2.6e7))])
+
+    windows = [([paced(i)], full(i, 0.95)) for i in range(40)]
+    windows += [([paced(i, 0.5)], full(i, 0.95 if flow else 0.48)) for i in range(40, 46)]
+    d, made = run(windows)
+    assert made == ([(41, "nic_contention")] if flow else [])
+    if flow:
+        assert d.diagnoses[0].evidence["bytes_per_work_over_baseline"] == pytest.approx(2.0, rel=0.25)
+
+
+@pytest.mark.parametrize("flow", [True, False], ids=["a_flow_shares_it", "its_loader_slows"])
+def test_a_job_whose_own_exchange_fills_its_link_slowed_by_a_flow_beside_it_is_nic_contention(flow: bool) -> None:
+    """A training job exchanges its gradients over its link each step, and fills it (95% busy,
+    1,100 packets held a window). A bulk flow joins: the link is no busier and holds no more
+    (TCP backs off), the job's steps take twice as long, and the time it spends sending (host
+    time: the GPU idles meanwhile) makes it look starved of input. Its link, as full as before,
+    is busy twice as long per step: others' traffic, nic_contention (the zoo's checkpoint job,
+    2.9x, named input starvation). The same job slowed by its loader sends as much a step over a
+    link then half as busy: input starvation."""
+    ns = 4026532000
+    windows = [
+        ([replace(w, netns=ns)], replace(h, links=[LinkWindow(ns, "eth0", 0.95, 0, 1100, 0)]))
+        for (w,), h in healthy(30)
+    ]
+    for i in range(30, 36):
+        w = proc(20.0, netns=ns)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i, links=[LinkWindow(ns, "eth0", 0.95 if flow else 0.48, 0, 1100, 0)])))
+    d, made = run(windows)
+    assert made == [(31, "nic_contention" if flow else "input_starvation")]
+    if flow:
+        assert d.diagnoses[0].evidence["link_time_per_step_over_baseline"] == pytest.approx(2.0, rel=0.1)
 
 
 def test_a_flow_whose_first_window_is_partial_is_judged_against_the_windows_before_it() -> None:

@@ -588,6 +588,41 @@ def test_a_server_saturated_for_a_while_is_still_a_server() -> None:
 
 
 @pytest.mark.parametrize(
+    ("prefill", "serving"),
+    [(300 * 4, True), (None, False)],
+    ids=["llm-prefills-and-decodes", "training-varying-batches-reading-results"],
+)
+def test_a_loop_busy_from_its_start_is_a_server_where_its_work_spans_octaves(
+    prefill: int | None, serving: bool
+) -> None:
+    """A loop that never idles, whose steps mostly read back what they copied in (a reply), with
+    no collectives. An LLM server saturated from its start (or paced by its link: the zoo's LLM
+    server sending its replies over a shaped link) runs a prefill (hundreds of token ids in, one
+    token out) between decodes (a token in and out per running sequence, all eight running): its
+    work spans octaves, and its most common output is most of its steps. It is a server. Without
+    that it was never found one (it never idles, one output dominates), was judged a training
+    loop, and a flood on its link was named input starvation. A training loop of batches of
+    varying length (+-40%) that reads back its outputs each step (one amount) is no server: its
+    work spans less than an octave."""
+    from memtrace.model.steps import Loop
+
+    rng = np.random.default_rng(3)
+    t, t0 = StepTracker(PID), 10**12
+    for i in range(300):
+        if prefill is not None:
+            b_in, b_out = (prefill, 4) if i % 3 == 0 else (32, 32)
+        else:
+            b_in, b_out = int(64 * 1024 * rng.uniform(0.6, 1.4)), 4096  # a batch's sequences, its outputs
+        t.add(served(t0, b_in, b_out))
+        t0 += 2 * MS + 100 * US  # the next iteration at once: no idle
+    st = t.stats()
+    assert st is not None and st.steps == 299
+    assert st.judged and st.lead_ns < 0.1 * st.judged_ns  # it never idled
+    assert max(st.outputs.values()) >= st.steps / 2 and st.replies >= st.steps / 2
+    assert st.loop is (Loop.SERVING if serving else Loop.TRAINING), (len(st.work), st.replies, st.outputs)
+
+
+@pytest.mark.parametrize(
     ("varied", "ranked", "serving"),
     [(False, True, False), (True, True, True), (False, False, True)],
     ids=["rank-one-batch-size", "rank-batches-vary", "no-collectives-one-size"],

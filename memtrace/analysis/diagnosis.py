@@ -29,7 +29,9 @@ the report is none); DETECT_AFTER slow windows in a row are a slowdown, whose on
 the first of them (so a single slow window, which any job has, never is).
 While a slowdown lasts, the baseline is frozen; it ends after CLEAR_AFTER
 windows back under CLEAR_RATIO times the baseline (hysteresis: no
-flapping). Processes without steps have no symptom (no made-up one).
+flapping). A slowdown in progress that deepens DEEPER times past the ratio
+it was diagnosed at is a second one: diagnosed again, from its own windows.
+Processes without steps have no symptom (no made-up one).
 A job's ranks are the processes of one job identity (memtrace.job.id, from
 the launcher's variables) or, without one, of one executable and parent.
 
@@ -78,6 +80,11 @@ CLEAR_RATIO = 1.1
 # throttle that slows a step by a tenth (one of three parts of an accumulated step) went unnamed.
 REPORTED_SLOW_RATIO = CLEAR_RATIO
 CLEAR_AFTER = 4
+# A slowdown in progress whose windows grow DEEPER times the ratio it was diagnosed at, DETECT_AFTER
+# in a row, is a second slowdown on the first: diagnosed again, its onset the first of those windows
+# and its cause weighed over them alone (a server's noise named at 1.1x, then its CPU quota halved:
+# 26x, and reported as nothing, the first slowdown never having ended).
+DEEPER = 1.5
 # The normal windows just before a slowdown are not what its cause's signals are weighed against:
 # a fault shows on the host a window or two before the steps feel it (a flooded link drops at
 # once while the job's replies are still on their way; a slow loader drains its prefetched
@@ -345,6 +352,7 @@ class _Seen:
     active: Diagnosis | None = None
     since_detect: int = 0
     calm: int = 0
+    deeper: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)  # windows DEEPER past it, in a row
     held: int = 0  # windows in a row held out as one step longer than a window (_phase)
     # Those windows, kept until the hold runs out: then they were the loop's pace, and are judged.
     held_windows: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)
@@ -597,12 +605,20 @@ def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: 
         expect = held_b * max(grew_past, 1.0)
         by_held = held - expect >= MARGINS.held_rise and held >= MARGINS.held_times * expect
         by_util = util >= MARGINS.link_busy and util - util_b >= MARGINS.link_rise
+        # At its limit before and now, carrying more bytes per unit of its work: others take the
+        # link's capacity (a server paced by its link: a flow joins, its queue cannot grow, TCP
+        # backs off, and the server's work falls while the link stays full; _shared_link).
+        by_share = _shared_link(util_b, util, _most_per_work(before, w, link))
         at_limit = _share(sum(y.overlimits + y.drops >= MARGINS.held_rise for y in xs), len(xs)) >= MARGINS.most
         most_held = max(y.overlimits + y.drops for y in xs)
         others = per_work >= OTHERS_ON_LINK or (at_limit and held >= MARGINS.held_times * most_held)
-        if not others or not (by_held or by_util):
+        if not others or not (by_held or by_util or by_share):
             continue
-        score = max((held - expect) / MARGINS.held_rise, (util - util_b) / MARGINS.link_rise if by_util else 0.0)
+        score = max(
+            (held - expect) / MARGINS.held_rise,
+            (util - util_b) / MARGINS.link_rise if by_util else 0.0,
+            by_share,
+        )
         if best is None or score > best["score"]:
             best = {
                 "score": round(score, 3),
@@ -615,6 +631,44 @@ def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: 
                 "work_over_baseline": round(grew, 3),
             }
     return best
+
+
+def _most_per_work(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, link: LinkWindow) -> float:
+    """What the server's link carries now per unit of its work (its copied bytes, its iterations:
+    each, the lesser ratio) over the most it carried in a baseline window: random arrivals vary
+    a window's work by a fifth, and a baseline's median would read a quiet window as others'
+    traffic."""
+
+    def carried(y: LinkWindow) -> float:
+        return float(y.bytes) if y.bytes is not None and link.bytes is not None else y.utilization or 0.0
+
+    pairs = [
+        (x, y)
+        for x, hx in before
+        if x.netns == w.netns
+        for y in hx.links
+        if y.netns == w.netns and y.interface == link.interface
+    ]
+    ratios = []
+    for work in (lambda x: x.copy_bytes, _iterations):
+        now = work(w)
+        most = max((carried(y) / work(x) for x, y in pairs if work(x) > 0), default=0.0)
+        if now > 0 and most > 0:
+            ratios.append(carried(link) / now / most)
+    return min(ratios, default=0.0)
+
+
+def _shared_link(util_before: float, util: float, per_work: float) -> float:
+    """A link at its limit (MARGINS.link_busy) before and now that carries OTHERS_ON_LINK times
+    the bytes per unit of the process's own work (a step, a server's work) it carried: others'
+    traffic takes its capacity. Its own traffic paced by the link (an exchange each step, a
+    server's replies) cannot show it otherwise: a flow that joins cannot raise the link's bytes
+    or its queue (TCP backs off), only the process's share falls (the zoo's LLM server paced by
+    its link: half its iterations, its link as full and as held as before). Scored 1 at
+    OTHERS_ON_LINK, each further such step 1 more; 0: not so."""
+    if util_before < MARGINS.link_busy or util < MARGINS.link_busy or per_work < OTHERS_ON_LINK:
+        return 0.0
+    return (per_work - 1) / (OTHERS_ON_LINK - 1)
 
 
 def _share(part: int, whole: int) -> float:
@@ -841,10 +895,18 @@ class Diagnoser:
             s.slow += [*held, (w, host)]
             if mean <= CLEAR_RATIO * base:
                 s.calm += 1
+                s.deeper = []
                 if s.calm >= CLEAR_AFTER:
                     s.active, s.slow, s.calm = None, [], 0
                 return None
             s.calm = 0
+            was = s.active.ratio * base
+            if mean > DEEPER * was and not _within_noise(s, w, mean, was):
+                s.deeper += [*held, (w, host)]
+                if len(s.deeper) >= DETECT_AFTER:
+                    return self._deepened(s, base, host, peers)
+            else:
+                s.deeper = []
             if s.since_detect <= REFINE_WINDOWS:
                 return self._refine(s, base, host, peers)
             return None
@@ -980,6 +1042,22 @@ class Diagnoser:
         d.evidence.pop("fix_key", None)
         s.active, s.since_detect, s.calm = d, 0, 0
         self.diagnoses.append(d)
+        return d
+
+    def _deepened(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis | None:
+        """A second slowdown on the one in progress (DEEPER): diagnosed from its own windows
+        against the baseline, the first named in its evidence. Where it is not named yet (a
+        server's copies alone, no cause), it is a slowdown being judged, as any first one."""
+        first = s.active
+        assert first is not None
+        s.slow, s.deeper, s.active = s.deeper, [], None
+        d = self._detect(s, base, host, peers)
+        if d is not None:
+            d.evidence["deepened_from"] = {
+                "cause": first.cause,
+                "ratio": round(first.ratio, 3),
+                "onset_time_unix_nano": first.onset_ns,
+            }
         return d
 
     def _refine(self, s: _Seen, base: float, host: HostWindow, peers: list[ProcWindow]) -> Diagnosis | None:
@@ -1270,9 +1348,22 @@ class Diagnoser:
                         out.setdefault(link.interface, []).append(link)
             return out
 
+        def per_step(ws: list[tuple[ProcWindow, HostWindow]], name: str) -> tuple[float, float] | None:
+            """The link's mean utilization over the windows, and its busy time per step of the process."""
+            busy = seconds = steps = 0.0
+            for w, h in ws:
+                for link in h.links:
+                    if link.netns == ns and link.interface == name:
+                        busy += (link.utilization or 0.0) * h.seconds
+                        seconds += h.seconds
+                        steps += w.steps
+            return (busy / seconds, busy / steps) if steps and seconds else None
+
         lb, la = links(before), links(after)
         best: tuple[float, str, dict[str, Any]] | None = None
         for name, ws in la.items():
+            pb, pa = per_step(before, name), per_step(after, name)
+            shared = _shared_link(pb[0], pa[0], pa[1] / pb[1]) if pb and pa and pb[1] > 0 else 0.0
             bs = lb.get(name, [])
             held = sum(x.overlimits + x.drops for x in ws) / len(ws)
             held_b = sum(x.overlimits + x.drops for x in bs) / len(bs) if bs else 0.0
@@ -1287,6 +1378,7 @@ class Diagnoser:
                 (util - util_b) / MARGINS.link_rise if util >= MARGINS.link_busy else 0.0,
                 (held - held_b) / max(MARGINS.held_rise, MARGINS.held_over * held_b),
                 (dropped - dropped_b) / max(MARGINS.held_rise, MARGINS.held_over * dropped_b),
+                shared,
             )
             ev = {
                 "interface": name,
@@ -1297,6 +1389,8 @@ class Diagnoser:
                 "dropped_per_window": dropped,
                 "dropped_per_window_before": dropped_b,
             }
+            if shared:
+                ev["link_time_per_step_over_baseline"] = round(pa[1] / pb[1], 3)  # type: ignore[index]
             if best is None or score > best[0]:
                 best = (score, "nic_contention", ev)
         return best
@@ -1363,6 +1457,7 @@ _SYMPTOM_KEYS = (
     "iterations",
     "busy_over_baseline",
     "copies_over_baseline",
+    "deepened_from",
 )
 
 

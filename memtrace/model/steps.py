@@ -171,6 +171,12 @@ IDLE_AFTER = 4  # a step whose first call came this many times later than in a t
 IDLE_SHARE = 1 / 32  # ... for at least this share of the steps after the first RECENT, ...
 IDLE_ABOVE = 0.1  # ... which spent at least this share of their time before their first calls: the thread idles
 ONE_WORK = 0.9  # ... unless a rank in collectives moved one class of work in this share of its steps
+# A loop that never idles (a server saturated from its start, or paced by its link) is a server where
+# most of its steps reply, it makes no collectives, and its work spans WIDE_WORK octaves or more between
+# classes of COMMON_WORK of its steps or more, each: a load's batches, prefills and decodes. A training
+# loop's batches of varying length span less than an octave (steps +-40%).
+WIDE_WORK = 2
+COMMON_WORK = 0.05
 MAX_WORK = 64  # classes of work (bytes in and out) kept per thread; more join OTHER_WORK
 MAX_COPY_SIZES = 64  # (direction, size class) of copies kept per thread; more are not counted by size
 WORK_CLASSES_PER_OCTAVE = 4
@@ -274,8 +280,13 @@ class StepStats:
         or more), unless it spends time in collectives and its work does
         not vary (ONE_WORK of the steps in one class of work: a
         data-parallel rank waiting at random for its peers' exchange moves
-        one batch's bytes a step). Training otherwise, and until RECENT
-        steps were seen.
+        one batch's bytes a step). Serving too where most steps reply, with
+        no collectives, and their work spans WIDE_WORK octaves (_wide), idle
+        or not: a server busy from its start (saturated, or paced by its
+        link) never idles, and an LLM server's full decodes read back one
+        amount (the zoo's LLM server sending its replies over a shaped link
+        was judged a training loop, and a flood on its link named input
+        starvation). Training otherwise, and until RECENT steps were seen.
         Once serving, always: a server saturated for a while (every batch
         full, no idle) reads back one amount each iteration and idles
         never, as a training loop does; it is still a server, and its
@@ -303,7 +314,19 @@ class StepStats:
         # steps moves one batch's bytes. A server's batches follow its load (one that serves one
         # request at a time, at a low load, moves one size too: without collectives it is one).
         varied = bool(self.work) and max(w.steps for w in self.work.values()) < ONE_WORK * self.steps
-        return idle and (varied or not self.collective_ns) and self.replies >= self.steps / 2
+        replying = self.replies >= self.steps / 2
+        if replying and not self.collective_ns and self._wide():
+            return True  # busy from its start (saturated, or paced by its link): never idle, still a server
+        return idle and (varied or not self.collective_ns) and replying
+
+    def _wide(self) -> bool:
+        """The steps' work spans WIDE_WORK octaves or more, in bytes in or out, between classes
+        each holding COMMON_WORK of the steps or more (no class holds ONE_WORK of them)."""
+        common = [wk for wk, w in self.work.items() if wk != OTHER_WORK and w.steps >= COMMON_WORK * self.steps]
+        if not common or max(self.work[wk].steps for wk in common) >= ONE_WORK * self.steps:
+            return False
+        span = WIDE_WORK * WORK_CLASSES_PER_OCTAVE
+        return any(max(wk[d] for wk in common) - min(wk[d] for wk in common) >= span for d in (0, 1))
 
     def share(self, ns: int) -> float:
         return ns / self.step_ns if self.step_ns else 0.0
