@@ -614,6 +614,24 @@ def test_a_window_that_fell_in_an_idle_is_no_side_to_go_by() -> None:
     assert guess.error is None or abs(guess.total - truth) <= guess.error * guess.total, guess
 
 
+def test_a_gap_with_no_call_is_not_priced_at_nothing_per_call() -> None:
+    """Recorded on the VM: the bursty loop's last 501 launches, after its last copy, a gap
+    of 7.3 ms of CPU and no call, priced per call at 0 launches under a bound of 0. A gap
+    holds up to an interval's launches between two calls: with none in it, it goes per
+    CPU second, within the bound that states."""
+    loop = Loop(every=1000, work_s=20e-6, trap_s=1e-6, pair_s=2e-6)
+    s = sampled(loop, 0.1, first=2_500)
+    for _ in range(3):
+        cycle(s, loop, gap=7_000, window=2_500, cost=COST)
+    assert sum(w.intervals for w in s.windows) >= bud.MIN_INTERVALS  # a per-call clock
+    start = loop.launched
+    now = loop.run(1_000 - start % 1_000 - 1, probed=False)  # up to, not past, the next copy
+    tail = s._guess(_Span(s.phase, now), s.closed, COST, later=False)
+    truth = loop.launched - start
+    assert truth > 0 and now.traps == s.phase.traps
+    assert tail.error is None or abs(tail.total - truth) <= tail.error * tail.total + 1, (truth, tail)
+
+
 def test_launches_split_by_api_as_the_windows_saw_them() -> None:
     """Kernel and graph launches are extrapolated in the mix the windows counted."""
     w0 = _Reading(0.0, 0, {100: 0, 102: 0}, 0)

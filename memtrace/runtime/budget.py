@@ -602,6 +602,11 @@ def _pooled(gap: _Span, near: list[_Span], cost: TrapCost) -> _Guess:
     if guess is None:
         return cpu
     n, m = guess.total, cpu.total
+    if n <= 0 and gap.calls <= 0:
+        # No call in it: per call, nothing, bounded by nothing; but a gap between two calls
+        # holds up to an interval's launches (a loop's last ones after its last copy, seen),
+        # and per CPU second says how many.
+        return cpu
     if cpu.error is None or n <= 0:
         return guess
     if gap.unprobed_s(cost) < MIN_RATE_CPU_S:
