@@ -532,6 +532,106 @@ def test_a_gap_still_open_after_a_change_goes_by_the_nearest_window() -> None:
     assert open_gap.error is None  # one window to go by
 
 
+def launch_loop_halves(first: int, gap: int, window: int) -> tuple[Loop, _Sampled]:
+    """tests/test_overhead.py's bursty launch loop (a copy every 1,000 launches, 40,000 in
+    all, its second half twice as fast a launch) as its CPU clock sees it (the idles take
+    none): its first `first` launches fully probed, a gap of `gap`, a window of `window`
+    (a window holds one copy or none: too few for launches per call), both in the first
+    half; the rest of the loop, across its change, a gap still open. A trap is charged at
+    what it costs. The loop, and the process sampled."""
+    cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
+    loop = Loop(every=1000, work_s=20e-6, trap_s=1e-6, pair_s=2e-6)
+    s = sampled(loop, 0.1, first=first)
+    cycle(s, loop, gap=gap, window=window, cost=cost)
+    loop.run(20_000 - loop.launched, probed=False)
+    loop.work_s = 10e-6  # the second half: as many launches a copy, half the CPU each
+    loop.run(20_000, probed=False)
+    return loop, s
+
+
+@pytest.mark.parametrize(("first", "gap", "window"), [(900, 9_000, 600), (900, 4_000, 600), (700, 3_000, 500)])
+def test_a_gap_across_a_change_its_calls_tell_states_a_bound_that_holds(first: int, gap: int, window: int) -> None:
+    """The fresh-clone CI failure of the bursty loop (29,115 launches for 40,000 under a
+    bound of 8.3%): its last gap, still open, holds the end of its first half and all of
+    its second, priced per CPU second at the first half's rate by the two windows before
+    it, whose rates agree (a bound of a few %). Its own copies per CPU second are 1.4-1.5x
+    theirs: apart by more than a copy either side allows, though by less than APART, so
+    it was kept bounded (25% low under 4.8%). The bound takes in how far its calls say
+    its rate may be from theirs, and holds the truth."""
+    loop, s = launch_loop_halves(first, gap, window)
+    est = s.report(loop.reading(), TrapCost(entry_seconds=1e-6, pair_seconds=2e-6))
+    reported = sum(est.launches.values())
+    assert loop.launched == 40_000
+    assert reported < 0.8 * loop.launched  # the second half at the first's rate: the guess is off
+    assert est.error is None or abs(reported - loop.launched) <= est.error * reported, (reported, est)
+
+
+def test_a_steady_gap_whose_calls_agree_keeps_its_windows_bound() -> None:
+    """The same loop with no change (its second half as its first): the gap's copies per
+    CPU second are its windows', within a copy either side, and its bound is theirs,
+    no wider (the calibration's part: 5%)."""
+    cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
+    loop = Loop(every=1000, work_s=20e-6, trap_s=1e-6, pair_s=2e-6)
+    s = sampled(loop, 0.1, first=900)
+    cycle(s, loop, gap=9_000, window=600, cost=cost)
+    est = s.report(loop.run(40_000 - loop.launched, probed=False), cost)
+    reported = sum(est.launches.values())
+    assert est.error is not None and est.error < 0.06, est
+    assert abs(reported - loop.launched) <= est.error * reported, (reported, est)
+
+
+def test_a_window_that_fell_in_an_idle_is_no_side_to_go_by() -> None:
+    """Recorded on the VM (the bursty loop, 2x slower than designed): a gap across the
+    loop's change ended at a window that fell wholly in an idle (no launch, no copy, no
+    CPU). Taken for its right side's nearest (apart from the window after it), its rate of
+    nothing set the sides apart, no split could use it, and the gap went by its left side
+    alone, the first half's rate, under their bound (7,260 for 10,924: 33% low under 22%).
+    Here: two windows of the first half, a gap across the change, an empty window, then
+    windows of the second half. The window that saw nothing run is left out, the next that
+    did stands for its side, and the estimate is within the bound it states, or states
+    none."""
+    cost = TrapCost(entry_seconds=1e-6, pair_seconds=2e-6)
+    loop = Loop(every=1000, work_s=20e-6, trap_s=1e-6, pair_s=2e-6)
+    s = sampled(loop, 0.1, first=900)
+    cycle(s, loop, gap=9_000, window=600, cost=cost)
+    cycle(s, loop, gap=4_000, window=600, cost=cost)
+    loop.run(20_000 - loop.launched, probed=False)
+    loop.work_s = 10e-6
+    s.open_window(loop.run(9_000, probed=False))
+    s.close_window(loop.reading(), cost, final=True)  # the idle: nothing ran
+    cycle(s, loop, gap=6_000, window=600, cost=cost)
+    cycle(s, loop, gap=2_000, window=600, cost=cost)
+    est = s.report(loop.run(40_000 - loop.launched, probed=False), cost)
+    reported = sum(est.launches.values())
+    assert loop.launched == 40_000
+    assert est.error is None or abs(reported - loop.launched) <= est.error * reported, (reported, est)
+    # The gap across the change, its right side the window after the idle: not the first
+    # half's rate alone under the first half's bound.
+    assert s.windows[-3].total == 0 and len(s.windows) == s.closed == 6
+    across = _Span(s.windows[-4].end, s.windows[-3].start)  # after 3 windows
+    guess = s._guess(across, 3, cost)
+    truth = 20_000 - 15_100 + 9_000
+    assert guess.error is None or abs(guess.total - truth) <= guess.error * guess.total, guess
+
+
+def test_a_gap_with_no_call_is_not_priced_at_nothing_per_call() -> None:
+    """Recorded on the VM: the bursty loop's last 501 launches, after its last copy, a gap
+    of 7.3 ms of CPU and no call, priced per call at 0 launches under a bound of 0. A gap
+    holds up to an interval's launches between two calls: with none in it, it goes per
+    CPU second, within the bound that states."""
+    loop = Loop(every=1000, work_s=20e-6, trap_s=1e-6, pair_s=2e-6)
+    s = sampled(loop, 0.1, first=2_500)
+    for _ in range(3):
+        cycle(s, loop, gap=7_000, window=2_500, cost=COST)
+    assert sum(w.intervals for w in s.windows) >= bud.MIN_INTERVALS  # a per-call clock
+    start = loop.launched
+    now = loop.run(1_000 - start % 1_000 - 1, probed=False)  # up to, not past, the next copy
+    tail = s._guess(_Span(s.phase, now), s.closed, COST, later=False)
+    truth = loop.launched - start
+    assert truth > 0 and now.traps == s.phase.traps
+    assert tail.error is None or abs(tail.total - truth) <= tail.error * tail.total + 1, (truth, tail)
+
+
 def test_launches_split_by_api_as_the_windows_saw_them() -> None:
     """Kernel and graph launches are extrapolated in the mix the windows counted."""
     w0 = _Reading(0.0, 0, {100: 0, 102: 0}, 0)
