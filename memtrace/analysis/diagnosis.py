@@ -555,6 +555,10 @@ def _symptom_value(s: _Seen, w: ProcWindow) -> tuple[float | None, bool]:
     return (max(ratios) if ratios else None), _work_ratio(s, w) is None
 
 
+# A server's measures of its work in a window: the bytes it copied, its iterations.
+_SERVER_WORK: tuple[Callable[[ProcWindow], float], ...] = (lambda x: x.copy_bytes, _iterations)
+
+
 def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: HostWindow) -> dict[str, Any] | None:
     """A server's link (in its network namespace now, not lo) held by traffic that is not its own,
     against its baseline windows in that namespace. Its own work: its copied bytes and its
@@ -577,7 +581,8 @@ def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: 
     if len(base) < MIN_BASELINE:
         return None
     growth, past = [], []
-    for now, was in ((w.copy_bytes, [x.copy_bytes for x in base]), (_iterations(w), [_iterations(x) for x in base])):
+    for work in _SERVER_WORK:
+        now, was = work(w), [work(x) for x in base]
         if statistics.median(was) > 0:
             growth.append(now / statistics.median(was))
             past.append(now / max(was))
@@ -588,9 +593,14 @@ def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: 
     for link in h.links:
         if link.netns != ns or link.interface == "lo":
             continue
-        xs = [
-            y for x, hx in before if x.netns == ns for y in hx.links if y.netns == ns and y.interface == link.interface
+        pairs = [
+            (x, y)
+            for x, hx in before
+            if x.netns == ns
+            for y in hx.links
+            if y.netns == ns and y.interface == link.interface
         ]
+        xs = [y for _, y in pairs]
         if len(xs) < MIN_BASELINE:
             continue
         held_b = statistics.median(y.overlimits + y.drops for y in xs)
@@ -608,7 +618,7 @@ def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: 
         # At its limit before and now, carrying more bytes per unit of its work: others take the
         # link's capacity (a server paced by its link: a flow joins, its queue cannot grow, TCP
         # backs off, and the server's work falls while the link stays full; _shared_link).
-        by_share = _shared_link(util_b, util, _most_per_work(before, w, link))
+        by_share = _shared_link(util_b, util, _most_per_work(pairs, w, link))
         at_limit = _share(sum(y.overlimits + y.drops >= MARGINS.held_rise for y in xs), len(xs)) >= MARGINS.most
         most_held = max(y.overlimits + y.drops for y in xs)
         others = per_work >= OTHERS_ON_LINK or (at_limit and held >= MARGINS.held_times * most_held)
@@ -633,24 +643,17 @@ def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: 
     return best
 
 
-def _most_per_work(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, link: LinkWindow) -> float:
-    """What the server's link carries now per unit of its work (its copied bytes, its iterations:
-    each, the lesser ratio) over the most it carried in a baseline window: random arrivals vary
-    a window's work by a fifth, and a baseline's median would read a quiet window as others'
-    traffic."""
+def _most_per_work(pairs: list[tuple[ProcWindow, LinkWindow]], w: ProcWindow, link: LinkWindow) -> float:
+    """What the server's link carries now per unit of its work (_SERVER_WORK: each, the lesser
+    ratio) over the most it carried in a baseline window (`pairs`: each with its reading of the
+    link): random arrivals vary a window's work by a fifth, and a baseline's median would read a
+    quiet window as others' traffic."""
 
     def carried(y: LinkWindow) -> float:
         return float(y.bytes) if y.bytes is not None and link.bytes is not None else y.utilization or 0.0
 
-    pairs = [
-        (x, y)
-        for x, hx in before
-        if x.netns == w.netns
-        for y in hx.links
-        if y.netns == w.netns and y.interface == link.interface
-    ]
     ratios = []
-    for work in (lambda x: x.copy_bytes, _iterations):
+    for work in _SERVER_WORK:
         now = work(w)
         most = max((carried(y) / work(x) for x, y in pairs if work(x) > 0), default=0.0)
         if now > 0 and most > 0:
@@ -1363,7 +1366,8 @@ class Diagnoser:
         best: tuple[float, str, dict[str, Any]] | None = None
         for name, ws in la.items():
             pb, pa = per_step(before, name), per_step(after, name)
-            shared = _shared_link(pb[0], pa[0], pa[1] / pb[1]) if pb and pa and pb[1] > 0 else 0.0
+            per_step_over = pa[1] / pb[1] if pb and pa and pb[1] > 0 else None
+            shared = _shared_link(pb[0], pa[0], per_step_over) if pb and pa and per_step_over else 0.0
             bs = lb.get(name, [])
             held = sum(x.overlimits + x.drops for x in ws) / len(ws)
             held_b = sum(x.overlimits + x.drops for x in bs) / len(bs) if bs else 0.0
@@ -1389,8 +1393,8 @@ class Diagnoser:
                 "dropped_per_window": dropped,
                 "dropped_per_window_before": dropped_b,
             }
-            if shared:
-                ev["link_time_per_step_over_baseline"] = round(pa[1] / pb[1], 3)  # type: ignore[index]
+            if shared and per_step_over is not None:
+                ev["link_time_per_step_over_baseline"] = round(per_step_over, 3)
             if best is None or score > best[0]:
                 best = (score, "nic_contention", ev)
         return best
