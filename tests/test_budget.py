@@ -614,6 +614,35 @@ def test_a_window_that_fell_in_an_idle_is_no_side_to_go_by() -> None:
     assert guess.error is None or abs(guess.total - truth) <= guess.error * guess.total, guess
 
 
+def test_a_steady_loops_open_gap_is_not_taken_for_a_change_by_a_windows_few_calls() -> None:
+    """Recorded on the VM (CI's short steady loop, a copy every 1,000 launches, ~12 us a
+    launch): a first window of 785 launches and one copy, a gap of 39 copies, a window of
+    2,066 launches and three copies (two complete intervals: a per-call clock), then the
+    loop's last 20,000 launches, a gap still open. The nearest window's launches per call
+    times its copies per CPU second (three copies in 24 ms: 123 a second, the loop's 83
+    within a copy either side) set it apart from the first window by 56%, the loop taken
+    for changed, and the gap went by the nearest window alone, with no bound (the report:
+    "error not bounded", 1 run in 30). A per-call rate's copies per CPU second are known to
+    a copy either side: within that, a steady loop is no change, and its gap states a bound
+    that holds."""
+    cost = TrapCost(entry_seconds=1.77e-6, pair_seconds=2.65e-6)
+    loop = Loop(every=1000, work_s=12e-6, trap_s=1.77e-6, pair_s=2.65e-6)
+    loop.run(300, probed=False)  # the process's start, before it was sampled
+    s = sampled(loop, 0.05, first=785)
+    assert s.windows[0].calls == 1
+    cycle(s, loop, gap=39_865, window=2_066, cost=cost)
+    assert [w.calls for w in s.windows] == [1, 3] and s.windows[-1].intervals == 2
+    start = loop.launched
+    now = loop.run(64_000 - start, probed=False)
+    tail = s._guess(_Span(s.phase, now), s.closed, cost, later=False)
+    truth = loop.launched - start
+    assert tail.error is not None, tail
+    assert abs(tail.total - truth) <= tail.error * tail.total, (truth, tail)
+    est = s.report(now, cost)
+    reported = sum(est.launches.values())
+    assert est.error is not None and abs(reported - loop.launched) <= est.error * reported, (reported, est)
+
+
 def test_a_gap_with_no_call_is_not_priced_at_nothing_per_call() -> None:
     """Recorded on the VM: the bursty loop's last 501 launches, after its last copy, a gap
     of 7.3 ms of CPU and no call, priced per call at 0 launches under a bound of 0. A gap
