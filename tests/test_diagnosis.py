@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from memtrace.analysis.diagnosis import (
+    BASELINE,
     WINDOW_S,
     Diagnoser,
     GpuWindow,
@@ -568,6 +569,40 @@ def test_ranks_waiting_for_a_rank_in_its_checkpoint_are_its_waiters_not_starved(
     by_pid = {x.key.pid: x for x in d.diagnoses}
     assert {by_pid[p].cause for p in (100, 101)} == {"straggler"}, made
     assert by_pid[100].evidence["waits_for_pid"] == by_pid[101].evidence["waits_for_pid"] == 102
+
+
+def test_a_straggler_that_ended_first_is_still_the_one_its_peers_waited_for() -> None:
+    """CI, 2 runs in 15 on the VM: three ranks on two CPUs, rank 0's loading 4x; its peers
+    waited for it (named straggler) and, its busier CPU theirs too, their run queue rose. Rank
+    0 then ended first, and its windows went with it: judged again over their slowdown with
+    one peer left, which waits as they do, the waiting ranks had no straggler (0.0) and were
+    re-named cpu_interference. A rank that ended is its job's peer over the windows it ran in:
+    the peers still wait for it, and keep their name."""
+    ranks = [ProcessKey(100 + r, 1) for r in range(3)]
+
+    def window(i: int, slow: bool, alive: int = 3) -> tuple[list[ProcWindow], HostWindow]:
+        ws = straggling(alive, slow)
+        for w in ws:
+            if slow and w.key.pid != 102:
+                w.runq_ns = int(W_NS * 0.15)  # its busier CPU is theirs too
+                w.off_cpu_ns -= int(W_NS * 0.13)
+        return ws, host(i)
+
+    d = Diagnoser()
+    made: list[tuple[int, int, str]] = []
+    windows = thirty_then_six(window) + [window(i, True, alive=2) for i in range(36, 40)]
+    for i, (procs, h) in enumerate(windows):
+        if i == 36:
+            d.gone(ranks[2])  # the agent's prune, once it has exited
+        made += [(i, x.key.pid, x.cause) for x in d.observe(procs, h)]
+    by_pid = {x.key.pid: x for x in d.diagnoses}
+    assert {x.cause for x in by_pid.values()} == {"straggler"}, made
+    assert by_pid[100].evidence["waits_for_pid"] == by_pid[101].evidence["waits_for_pid"] == 102
+    assert "first_named" not in by_pid[100].evidence and "first_named" not in by_pid[101].evidence
+    # Gone for good once its windows are older than any a slowdown is judged over.
+    for i in range(40, 40 + BASELINE + 20):
+        d.observe(window(i, False, alive=2)[0], host(i))
+    assert ranks[2] not in d.seen and ranks[0] in d.seen
 
 
 def test_a_fault_that_starts_with_a_checkpoint_is_judged_by_the_steps_after_it() -> None:

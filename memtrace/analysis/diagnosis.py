@@ -91,6 +91,9 @@ DEEPER = 1.5
 # batches first), and a baseline holding those windows hides the rise (the fleet rig's NIC fault:
 # its drops fell into the baseline, and the slowdown was named input starvation).
 ONSET_GUARD = 2
+# A process that exited is kept as a peer while a live rank of its job is slow since before it
+# ended, for no longer than a live process keeps its windows (Diagnoser.gone).
+GONE_AFTER = BASELINE + 16
 REFINE_WINDOWS = 20  # 10 s: NVML's slow readings (link width) come every second or so, a NIC's queue grows for seconds
 MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline holds this many windows
 # A server's copies of one direction and size are judged once its baseline holds this many windows
@@ -341,7 +344,7 @@ class Diagnosis:
 class _Seen:
     """One process's history: its windows, baseline, and the slowdown in progress."""
 
-    windows: deque[tuple[ProcWindow, HostWindow]] = field(default_factory=lambda: deque(maxlen=BASELINE + 16))
+    windows: deque[tuple[ProcWindow, HostWindow]] = field(default_factory=lambda: deque(maxlen=GONE_AFTER))
     normal: deque[float] = field(default_factory=lambda: deque(maxlen=BASELINE))  # step means of normal windows
     normal_windows: deque[tuple[ProcWindow, HostWindow]] = field(default_factory=lambda: deque(maxlen=BASELINE))
     slow: list[tuple[ProcWindow, HostWindow]] = field(default_factory=list)
@@ -362,6 +365,8 @@ class _Seen:
     link_slow: list[tuple[dict[str, Any], HostWindow]] = field(default_factory=list)
     link_active: Diagnosis | None = None
     link_calm: int = 0
+    job: tuple[str, int] | None = None  # its job (_job_of), as its last window gave it
+    gone: int | None = None  # the window it was found gone in (Diagnoser.gone)
 
 
 def _step_mean(w: ProcWindow) -> float | None:
@@ -794,8 +799,34 @@ class Diagnoser:
         self.diagnoses: list[Diagnosis] = []
         self.windows = 0
 
-    def forget(self, key: ProcessKey) -> None:
-        self.seen.pop(key, None)
+    def gone(self, key: ProcessKey) -> None:
+        """A process that exited. Its history stays while it can still be a live rank's peer:
+        over a slowdown, its peers are read over the windows it ran in (_over_slowdown), and a
+        straggler that ended first (a job's ranks end in turn) is still the one they waited
+        for. Dropped once its windows are older than any kept (GONE_AFTER)."""
+        s = self.seen.get(key)
+        if s is not None and s.gone is None:
+            s.gone = self.windows
+
+    def _drop_gone(self) -> None:
+        """Drop the processes gone that no live one's slowdown can read: none of their job's
+        live ranks slow since before they ended, or gone GONE_AFTER windows ago."""
+        since: dict[tuple[str, int], int] = {}  # a job's earliest slow window among its live ranks
+        for x in self.seen.values():
+            if x.gone is None and x.slow and x.job is not None:
+                t = x.slow[0][1].end_ns
+                since[x.job] = min(since.get(x.job, t), t)
+        for key, x in list(self.seen.items()):
+            if x.gone is None:
+                continue
+            slow_since = since.get(x.job) if x.job is not None else None
+            if (
+                slow_since is None
+                or not x.windows
+                or x.windows[-1][1].end_ns < slow_since
+                or self.windows - x.gone > GONE_AFTER
+            ):
+                del self.seen[key]
 
     def state(self, key: ProcessKey) -> str:
         """Where a process stands, for a debug log: its baseline, slow windows, slowdown."""
@@ -820,6 +851,7 @@ class Diagnoser:
         """Fold one window; returns the diagnoses made (or re-named) in it."""
         self.windows += 1
         out: list[Diagnosis] = []
+        self._drop_gone()
         # A job's ranks: one executable, one parent (torchrun, mpirun's daemon,
         # a pod's launcher); another job of the same executable is not a peer.
         # Where the launcher named the job, its ranks are that job's, on any parent.
@@ -827,7 +859,9 @@ class Diagnoser:
         for w in procs:
             jobs.setdefault(_job_of(w), []).append(w)
         for w in procs:  # every process's window first: a rank's peers' are read with its own
-            self.seen.setdefault(w.key, _Seen()).windows.append((w, host))
+            s = self.seen.setdefault(w.key, _Seen())
+            s.windows.append((w, host))
+            s.job, s.gone = _job_of(w), None
         for w in procs:
             s = self.seen[w.key]
             d = self._symptom(s, w, host, jobs.get(_job_of(w), []))
@@ -848,6 +882,12 @@ class Diagnoser:
             seen = self.seen.get(p.key)
             ws = [w for w, h in seen.windows if t0 <= h.end_ns <= t1] if seen is not None else []
             out.append(_summed(p, ws or [p]))
+        # Its job's ranks that ended since the slowdown began, over the windows they ran in.
+        for key, seen in self.seen.items():
+            if seen.gone is not None and seen.job == s.job and key not in {p.key for p in peers}:
+                ws = [w for w, h in seen.windows if t0 <= h.end_ns <= t1]
+                if ws:
+                    out.append(_summed(ws[-1], ws))
         return out
 
     # ---- the symptom ----
@@ -895,7 +935,8 @@ class Diagnoser:
         base = statistics.median(s.normal)
         if s.active is not None:
             s.since_detect += 1
-            s.slow += [*held, (w, host)]
+            if s.since_detect <= REFINE_WINDOWS:  # judged over no more (a slowdown of hours held them all)
+                s.slow += [*held, (w, host)]
             if mean <= CLEAR_RATIO * base:
                 s.calm += 1
                 s.deeper = []

@@ -132,7 +132,7 @@ class LiveDiagnosis:
             for key in prev.keys() - live:
                 del prev[key]
         for key in self.engine.seen.keys() - live:
-            self.engine.forget(key)
+            self.engine.gone(key)
 
     def tick(self) -> list[Diagnosis]:
         """One window; returns the diagnoses it made. Never raises: a failure is counted and logged once."""
