@@ -643,6 +643,34 @@ def test_a_steady_loops_open_gap_is_not_taken_for_a_change_by_a_windows_few_call
     assert est.error is not None and abs(reported - loop.launched) <= est.error * reported, (reported, est)
 
 
+def test_a_launch_with_a_timelines_return_trap_is_weighed_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a timeline is recorded, a launch not sampled takes its entry trap and its return
+    (its slice's record), priced as an exact call's return (half a pair): at this cost (10 us
+    an entry, 20 us a pair), 2,000 such launches a second weigh what 4,000 without returns
+    do, and leave the same duty."""
+    b = budget_on(FakeCuda(FakeMaps(per_read=1)), monkeypatch)
+    assert b._duty(COST, 1.0, 2_000, 3, returns=True) == pytest.approx(b._duty(COST, 1.0, 4_000, 3))
+    assert b._duty(COST, 1.0, 2_000, 3, returns=True) < b._duty(COST, 1.0, 2_000, 3) < 1.0
+
+
+def test_a_first_window_whose_launches_took_returns_prices_its_loop_without_them() -> None:
+    """A process sampled while a timeline is recorded: its first window (fully probed) had a
+    return trap at each launch (10 us more each, at COST), its later windows none (a sampled
+    launch has no slice). Taken for entries only, the first window reads 30 us of work a
+    launch for 20, and a gap priced over it and a later window comes out a fifth low;
+    flagged (returns), it is priced within 1%."""
+    loop = Loop(work_s=20e-6, trap_s=20e-6)  # the entry and the return
+    r0 = loop.reading()
+    start = loop.run(5_000, probed=True)
+    loop.trap_s = 10e-6  # sampled: the entry alone
+    gap = _Span(start, loop.run(20_000, probed=False))
+    window = _Span(gap.end, loop.run(5_000, probed=True))
+    unflagged = extrapolate(gap, [_Span(r0, start), window], COST, before=1)
+    flagged = extrapolate(gap, [_Span(r0, start, returns=True), window], COST, before=1)
+    assert unflagged.total < 0.9 * 20_000, unflagged
+    assert flagged.total == pytest.approx(20_000, rel=0.01), flagged
+
+
 def test_a_gap_with_no_call_is_not_priced_at_nothing_per_call() -> None:
     """Recorded on the VM: the bursty loop's last 501 launches, after its last copy, a gap
     of 7.3 ms of CPU and no call, priced per call at 0 launches under a bound of 0. A gap
@@ -829,9 +857,13 @@ class FakeMaps:
 class FakeCuda:
     maps: FakeMaps
     launch_links: FakeLinks = field(default_factory=FakeLinks)
+    timed: bool = False  # a timeline's launch return probes attached
 
     def launches_per_process(self, fid: Any) -> int:
         return 0
+
+    def launches_timed(self, pid: int) -> bool:
+        return self.timed
 
 
 @pytest.fixture

@@ -50,21 +50,28 @@ def one_row(doc: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def test_every_launch_and_copy_trap_is_counted(fakecuda: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("timeline", [False, True], ids=["counted", "timeline"])
+def test_every_launch_and_copy_trap_is_counted(fakecuda: Path, tmp_path: Path, timeline: bool) -> None:
     """A launch takes one trap (an entry probe), a copy two (its entry and
-    its return): the kernel's count equals the loop's own, exactly."""
+    its return): the kernel's count equals the loop's own, exactly. While a
+    timeline is recorded a launch has a return probe too (its slice): that
+    trap is the process's to pay, counted (a record each) and weighed like a
+    copy's return."""
     argv = [str(fakecuda / "launchloop"), str(fakecuda / "lib" / "libcuda.so.1"), "5000", "10", "7"]
-    doc = traced(argv, tmp_path, "--overhead-budget", "off")  # every launch probed: no sampling
+    flags = ["--timeline", str(tmp_path / "t.pftrace")] if timeline else []
+    doc = traced(argv, tmp_path, "--overhead-budget", "off", *flags)  # every launch probed: no sampling
     truth = dict(zip(*[iter(doc["_stdout"].split())] * 2, strict=True))
     launches, copies = int(truth["launches"]), int(truth["copies"])
     assert (launches, copies) == (5000, 715)
+    assert doc["agent"]["launch_events_dropped"] == 0
     row = one_row(doc)
+    returns = launches if timeline else 0
     assert row["launch_traps"] == launches
-    assert row["traps"] == launches + 2 * copies
+    assert row["traps"] == launches + returns + 2 * copies
     # The estimate is those traps at this host's calibrated costs (capped at the
     # CPU time that includes them: a cost timed on a busier host can exceed it),
-    # and its share of the CPU time.
-    cost = launches * row["trap_seconds"] + copies * row["pair_seconds"]
+    # and its share of the CPU time: a launch's return at half a pair's cost.
+    cost = launches * row["trap_seconds"] + returns * row["pair_seconds"] / 2 + copies * row["pair_seconds"]
     assert row["cpu_final"] is True and row["cpu_seconds"] > 0
     cpu = row["cpu_seconds"]
     assert row["bounded"] is (cost > cpu)

@@ -2,8 +2,9 @@
 timeline is recorded (cuda Options.launch_events, set by `run --timeline`),
 made at its return by a return probe attached only then; otherwise a
 launch is an entry trap and a kernel counter, no return probe is attached,
-and no launch record ever reaches the ring. The records go to the timeline (Launches notices),
-never to the model: its launches come from the kernel's counters."""
+and no launch record ever reaches the ring. The records go to the timeline (Launches notices);
+the model counts them only as the return traps their processes paid: its launches come from
+the kernel's counters."""
 
 from __future__ import annotations
 
@@ -113,6 +114,10 @@ def test_a_sampled_processs_launches_are_its_estimated_rate_counter_not_slices(f
     slices = [s for s in tr.slices if s["category"] == ["launch"]]
     assert len(slices) == doc["agent"]["launch_events"] and doc["agent"]["launch_events_dropped"] == 0
     assert len(slices) < truth["launches"] // 2
+    # The slices' return traps were the process's to pay, and are weighed as its: those made
+    # before the budget took its probes, each with its launch's entry.
+    o = one_row(doc)
+    assert o["traps"] == o["launch_traps"] + doc["agent"]["launch_events"] + 2 * truth["copies"]
     pid = row["pid"]
     counters = {
         d.name

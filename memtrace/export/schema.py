@@ -228,7 +228,8 @@ class OverheadRow(TypedDict):
     traps: Annotated[
         int,
         "traps counted by the kernel: launches 1 each; copies, memory calls and waits 2 each, a runtime "
-        "call's own driver call included (4 for cudaMemcpyAsync)",
+        "call's own driver call included (4 for cudaMemcpyAsync); while `run --timeline` records, a "
+        "probed launch's return 1 more (its slice's record)",
     ]
     launch_traps: Annotated[int, "the launches among them"]
     estimated_seconds: Annotated[

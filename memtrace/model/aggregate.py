@@ -29,6 +29,7 @@ from memtrace.core.notices import (
     Execed,
     Exited,
     Held,
+    Launches,
     LaunchesMissed,
     Missed,
     Notice,
@@ -197,6 +198,8 @@ class Model:
                 case Collectives():
                     self.add_collectives(n.events, n.complete_until_ns, n.users)
                     self.add_communicators(n.comms, n.events)
+                case Launches():
+                    self.add_launch_returns(n.batch)
         if batches:
             self.add_events(batches[0] if len(batches) == 1 else np.concatenate(batches))
 
@@ -454,6 +457,15 @@ class Model:
     def set_traps(self, key: ProcessKey, traps: int) -> None:
         self._process(key).traps = traps
 
+    def add_launch_returns(self, batch: np.ndarray) -> None:
+        """A timeline's launch records (core/notices.Launches): each is a launch's return
+        trap, a trap its process paid beside the launch's entry (core/overhead.Overhead)."""
+        if not len(batch):
+            return
+        keys, counts = np.unique(batch[["pid", "start_ns"]], return_counts=True)
+        for k, n in zip(keys, counts, strict=True):
+            self._process(ProcessKey(int(k["pid"]), int(k["start_ns"]))).launch_returns += int(n)
+
     def set_cpu(self, key: ProcessKey, cpu_ns: int) -> None:
         """A running process's CPU time so far (never over its final figure)."""
         p = self.processes.get(key)
@@ -471,7 +483,9 @@ class Model:
         if not p.traps and not launch_traps:
             return None
         cpu = p.cpu_ns / 1e9 if p.cpu_ns is not None else None
-        return Overhead(p.traps + launch_traps, launch_traps, self.trap_cost, cpu, p.cpu_final)
+        # A launch's return (a timeline's) is priced as an exact call's return is.
+        traps = p.traps + launch_traps + p.launch_returns
+        return Overhead(traps, launch_traps, self.trap_cost, cpu, p.cpu_final)
 
     def forget(self, key: ProcessKey) -> None:
         """Drop a process and everything it did (its own state: no scan)."""

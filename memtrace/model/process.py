@@ -159,6 +159,10 @@ class Process:
     # CPU time from /proc while it runs and from the kernel at its exit.
     traps: int = 0  # entry and return traps
     launch_traps: int = 0  # launch traps taken: its launches, or those counted while sampled
+    # Its launches' return traps while a timeline was recorded: each a record (cuda
+    # Options.launch_events), counted as the records come (those the ring could not take
+    # are counted host-wide, launch_events_dropped).
+    launch_returns: int = 0
     # The overhead budget's duty cycle for its launch probes (None: never
     # sampled: `launches` are exact; otherwise they are partly extrapolated).
     launch_duty: float | None = None

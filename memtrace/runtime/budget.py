@@ -297,6 +297,7 @@ class _Span:
 
     start: _Reading
     end: _Reading
+    returns: bool = False  # each launch took a return trap too (a timeline's: LaunchBudget._timed)
 
     @property
     def launches(self) -> dict[int, int]:
@@ -326,9 +327,15 @@ class _Span:
     def interval_launches(self) -> int:
         return max(self.end.sample[0] - self.start.sample[0], 0)
 
+    def traps_s(self, cost: TrapCost, scale: float = 1.0) -> float:
+        """Its traps at `scale` x `cost`: launches' (with their returns where a timeline
+        had them), and exact calls' pairs."""
+        launch = cost.entry_seconds + (cost.per_trap() if self.returns else 0.0)
+        return scale * (self.total * launch + self.calls * cost.pair_seconds)
+
     def unprobed_s(self, cost: TrapCost) -> float:
-        """Its CPU time less its traps (launches, and exact calls' pairs) at `cost`."""
-        return self.cpu_s - self.total * cost.entry_seconds - self.calls * cost.pair_seconds
+        """Its CPU time less its traps at `cost`."""
+        return self.cpu_s - self.traps_s(cost)
 
 
 @dataclass(frozen=True)
@@ -525,7 +532,7 @@ def _call_rate(
     if cpu >= MIN_RATE_CPU_S:
         return calls / cpu, cpu
     calls = sum(w.calls for w in side)
-    cpu = sum(w.cpu_s - scale * (w.total * cost.entry_seconds + w.calls * cost.pair_seconds) for w in side)
+    cpu = sum(w.cpu_s - w.traps_s(cost, scale) for w in side)
     return (calls / cpu, cpu) if cpu > 0 else (math.inf, 0.0)
 
 
@@ -1098,9 +1105,10 @@ class LaunchBudget:
         # reading, or the horizon's start where that is later; it too spans MIN_WEIGH_CPU_S.
         first = w.first if w.first is not None and w.first.t >= span.start.t else span.start
         if span.cpu_s >= MIN_WEIGH_CPU_S and (r.cpu_ns - first.cpu_ns) / 1e9 >= MIN_WEIGH_CPU_S:
-            duty = self._duty(cost, span.cpu_s, span.total, span.calls)
+            returns = self.cuda.launches_timed(key.pid)
+            duty = self._duty(cost, span.cpu_s, span.total, span.calls, returns)
             if duty < 1.0:
-                self._begin(key, duty, first, cost)
+                self._begin(key, duty, first, cost, returns)
                 return now + DECIDE_S
         return now + (WATCH_S if young else quick)
 
@@ -1113,11 +1121,13 @@ class LaunchBudget:
         while len(w.readings) > 1 and w.readings[0].t < r.t - HORIZON_S:
             w.readings.pop(0)
 
-    def _duty(self, cost: TrapCost, cpu_s: float, launches: float, calls: float) -> float:
+    def _duty(self, cost: TrapCost, cpu_s: float, launches: float, calls: float, returns: bool = False) -> float:
         """The share of time a process's launch probes may stay attached, from
-        what its exact calls and all its launches cost over `cpu_s` seconds."""
+        what its exact calls and all its launches cost over `cpu_s` seconds
+        (`returns`: each launch took a return trap too, a timeline's; sampled,
+        it takes none: its launches have no slice)."""
         exact_share = calls * cost.pair_seconds / cpu_s
-        launch_share = launches * cost.entry_seconds / cpu_s
+        launch_share = launches * (cost.entry_seconds + (cost.per_trap() if returns else 0.0)) / cpu_s
         if launch_share <= 0:
             return 1.0
         return min(max((self.budget * SAFETY - exact_share) / launch_share, MIN_DUTY), 1.0)
@@ -1146,11 +1156,12 @@ class LaunchBudget:
             s.retune(duty)
         return now + DECIDE_S
 
-    def _begin(self, key: ProcessKey, duty: float, first: _Reading, cost: TrapCost) -> None:
+    def _begin(self, key: ProcessKey, duty: float, first: _Reading, cost: TrapCost, returns: bool = False) -> None:
         """Sample a process's launches from now: its libraries to per-process
         mode with its own links detached (or its links detached, where it had
         them): it starts in a gap, and the time since `first`, fully probed,
-        is its first window."""
+        is its first window (`returns`: its launches took a timeline's return
+        trap in it, as none do once sampled)."""
         links = self.cuda.launch_links
         assert links is not None
         start = self._read(key, fresh=True)  # every launch before it counted: the first gap begins here
@@ -1165,7 +1176,7 @@ class LaunchBudget:
             log.info("pid %d is over its overhead budget, but its launch probes cannot be sampled", key.pid)
             return
         links.set_on(key.pid, False)
-        first_window = _Span(first, start)
+        first_window = _Span(first, start, returns)
         # Its probed time began before `first`, with its first launch: as long again as
         # `first`'s launches took at the first window's pace.
         pace = first_window.seconds / first_window.total if first_window.total else 0.0

@@ -222,6 +222,15 @@ class CudaSensor:
         assert self.maps is not None
         self.maps.trace_pid(pid)
 
+    def launches_timed(self, pid: int) -> bool:
+        """Whether a process's launches each take a return trap too: a timeline is
+        recorded (Options.launch_events) and a library it maps still has its launches'
+        return probe (launches_per_process takes it away: a sampled launch has no slice)."""
+        if not self.opts.launch_events:
+            return False
+        timed = {fid for fid, att in dict(self.attachments).items() if att.launch_return_link is not None}
+        return bool(timed) and any(c.fid in timed for c in discovery.mapped_libraries(pid))
+
     def launches_per_process(self, fid: FileId) -> int:
         """Put a library's launch probes in per-process mode (the budget's
         lever, sensors/cuda/launches.py). Returns the processes linked."""
