@@ -99,6 +99,8 @@ TRAINING = [
     pytest.param(train("-G"), id="one_graph_replay_a_step"),
     pytest.param(["pool", "-n", "300"], id="thread_pool_one_stream"),
     pytest.param(["pool", "-n", "300", "-r", "20"], id="thread_pool_in_stretches"),
+    # A batch of four arrays, each transferred on its own by a pool thread drawn for it.
+    pytest.param(["pool", "-n", "300", "-c", "4"], id="thread_pool_a_batch_of_arrays"),
 ]
 
 

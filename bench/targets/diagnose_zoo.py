@@ -25,6 +25,11 @@ emulated link and GPU time, the number of copies, and the shape's own):
                starts as the load changes
   llm          an LLM server, prefill and decode iterations
 
+What a job sends and copies is sized so that each fault can bite it as it bites the others
+(issue 39): accumulation's job exchanges its gradients once an optimizer step, K micro-batches'
+worth (ACCUMULATED); pool's batch is 2-6 arrays, each transferred on its own (POOL_ARRAYS); a
+batching server replies to each request (REPLIES).
+
 The faults are diagnose.py's (its docstring says what each does), applied
 through the zoo's ZOO_ variables (tests/fixtures/zoo/zoo.h), plus two of
 nic_contention with the job entering its network namespace after `memtrace
@@ -60,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import harness
 from bench.harness import Record, Target
 from bench.targets import diagnose
-from bench.targets.diagnose import CAUSE, CPU, LINK_RATE, PEER, Job, Trial
+from bench.targets.diagnose import CAUSE, CPU, LINK_RATE, NIC_RATE, PEER, Job, Trial
 from memtrace.model.steps import work_class
 
 TRAINING = ("log", "checkpoint", "eval", "accumulation", "streams", "graph")
@@ -82,11 +87,38 @@ SHORT = {  # the causes in the matrices (80 columns)
 # What a shape has not: a data loader and its data set, ranks. And nvlink_contention on none: its
 # slowdown is trainjob's GPU work before the test NCCL's barrier (diagnose.py, where it is tried);
 # a zoo job's three ranks on two CPUs run faster, not slower, with more GPU time (0.80x, log, seed 2).
+# And pcie_degraded not on llm: an LLM server copies token ids (4 bytes a token: a prefill of eight
+# 512-token prompts is 16 KiB, 7.6 us at the emulated link's 2 GiB/s, 15 us at x8) against at least
+# 6 us of GPU time a prompt token and 0.3 ms a decode iteration: the narrower link adds under 0.1% to
+# an iteration; its 5 jobs in the records ran 0.89-1.01x (median 1.01x), nothing there to diagnose.
 NOT_ON = {
     **dict.fromkeys(TRAINING, {"nvlink_contention"}),
     "pool": {"slow_rank", "nvlink_contention"},
     **dict.fromkeys(SERVING, {"slow_loader", "memory_pressure", "slow_rank", "nvlink_contention"}),
+    "llm": {"slow_loader", "memory_pressure", "slow_rank", "nvlink_contention", "pcie_degraded"},
 }
+
+
+# REPLIES: a batching server replies to each request, its replies together REPLY_SHARE of its NIC
+# (diagnose.NIC_RATE) at its first request rate. Sending 1 MiB an iteration whatever its batch (as
+# trainjob's exchange), the zoo's server ran its own link 95-96% busy with its shaper holding
+# 1,100 packets a window, healthy: a flow that joined could make the link neither busier nor
+# fuller; the server's iterations halved (23 to 11 a window), each of twice the requests, its
+# copies as before (the memtrace -v log of server, nic_setns, seed 6): nothing on the link or in
+# its work said another flow took it. An LLM server's streamed tokens are left at 1 MiB an iteration.
+REPLY_SHARE = (0.1, 0.2)
+# ACCUMULATED: a job that accumulates K micro-batches exchanges K times nic_contention's 1 MiB once an
+# optimizer step (as much of its link a second as the other shapes' jobs: gradients of a model K
+# times larger per micro-batch). At 1 MiB an optimizer step it used a Kth of its share of the
+# 400 Mbit/s link, and a bulk flow beside it slowed it by nothing: 11 jobs with nic faults in the
+# records to 2026-11-30 seed 6 ran 0.88-1.13x (median 1.00x), 10 missed; at K MiB, 1.25-1.91x.
+# POOL_ARRAYS: pool's batch is as many arrays as a training job's copies (a pytree: inputs, labels,
+# masks; device_put transfers each), -c. The emulated link (tests/fixtures/driver.c) serves a copy
+# whole once its turn comes, so a copier's 8 MiB copies held pool's one transfer a step up by at
+# most one of theirs (4 ms): 1.14x, and 1.59x with the batch in 4 arrays (the job alone, 8 s, the
+# copier from 4 s; pool -p 4 -b 17171565 -k 7996 -w 7996). In the records to 2026-11-30 seed 6,
+# competing and untraced copiers slowed 10 pool jobs 1.01-1.13x, all missed; in arrays, 1.55-1.98x.
+NIC_BYTES_PER_S = int(NIC_RATE.removesuffix("mbit")) * 1_000_000 // 8
 
 
 def faults_of(shape: str) -> list[str]:
@@ -100,11 +132,16 @@ class ZooJob(Job):
     phases: Path | None = None  # checkpoint: where the job says each checkpoint starts
     at_s: float | None = None  # server_load: the onset, from the job's start (the load change)
     serving: bool = False
+    # Steps of its bytes exchanged at once: accumulation's job exchanges its gradients once per
+    # optimizer step of K micro-batches, K times nic_contention's per-step bytes (ACCUMULATED).
+    exchange_steps: int = 1
+    reply_bytes: int | None = None  # a batching server's: the bytes of each request's reply (REPLIES)
 
     def reading(self, data: Path) -> None:
         self.env["ZOO_DATA"] = str(data)
 
     def exchanging(self, n: int) -> None:
+        n = self.reply_bytes if self.reply_bytes is not None else n * self.exchange_steps
         self.env.update(ZOO_NET=str(n), ZOO_PEER=PEER)
 
     def entering(self, netns: Path) -> None:
@@ -200,6 +237,8 @@ def make_job(shape: str, fc: Path, tmp: Path, seconds: float, rnd: random.Random
         argv = [str(zoo / "train"), *base, *own]
         # slow_rank's ranks: three of the same job, each all-reducing 4 MiB of gradients a step
         job = ZooJob("train", ["taskset", "-c", CPU, *argv], [f"ZOO_ALL_REDUCE={4 << 20}", *argv], env, shape)
+        if shape == "accumulation":
+            job.exchange_steps = int(own[own.index("-A") + 1])  # ACCUMULATED
         if shape == "checkpoint":
             job.phases = tmp / "phases"
             job.phases.unlink(missing_ok=True)
@@ -208,7 +247,8 @@ def make_job(shape: str, fc: Path, tmp: Path, seconds: float, rnd: random.Random
     if shape == "pool":
         host, copies, nbytes, gpu = step_parts(fc, rnd)
         argv = [str(zoo / "pool"), "-n", "1000000", "-s", str(rnd.randrange(1 << 30)), "-p", str(rnd.randint(2, 8))]
-        argv += ["-b", str(copies * nbytes), "-k", f"{gpu:.0f}", "-w", f"{host:.0f}"]
+        # The batch's arrays transferred one by one, as many as a training job's copies (POOL_ARRAYS)
+        argv += ["-b", str(copies * nbytes), "-c", str(copies), "-k", f"{gpu:.0f}", "-w", f"{host:.0f}"]
         argv += ["-r", str(rnd.randint(5, 30))] if rnd.random() < 0.5 else []
         return ZooJob("pool", ["taskset", "-c", CPU, *argv], None, env, shape)
     # Servers: the requests for `seconds` at the rate drawn (a server stops when it has served them).
@@ -233,8 +273,13 @@ def make_job(shape: str, fc: Path, tmp: Path, seconds: float, rnd: random.Random
     # Host work per request (tokenising, pre- and post-processing) inside each iteration: a
     # server's CPU matters to it, as a real one's does (without it a CPU fault slows nothing).
     own += ["-c", str(rnd.randint(300, 1000))]
-    argv = [str(zoo / "server"), "-s", str(rnd.randrange(1 << 30)), *own]
-    return ZooJob("server", ["taskset", "-c", CPU, *argv], None, env, shape, at_s=at_s, serving=True)
+    seed = rnd.randrange(1 << 30)
+    argv = [str(zoo / "server"), "-s", str(seed), *own]
+    job = ZooJob("server", ["taskset", "-c", CPU, *argv], None, env, shape, at_s=at_s, serving=True)
+    if shape != "llm":  # REPLIES: a share of its NIC drawn from its own seed (the trial's draws stay as they were)
+        share = random.Random(seed).uniform(*REPLY_SHARE)
+        job.reply_bytes = int(share * NIC_BYTES_PER_S / rate)
+    return job
 
 
 def run_trials(args: argparse.Namespace, keep: Path | None) -> list[Trial]:
