@@ -643,6 +643,26 @@ def test_a_steady_loops_open_gap_is_not_taken_for_a_change_by_a_windows_few_call
     assert est.error is not None and abs(reported - loop.launched) <= est.error * reported, (reported, est)
 
 
+def test_windows_of_one_copy_between_them_do_not_make_a_steady_loops_gap_a_change() -> None:
+    """Recorded on the VM under load (CI's short steady loop, its text run): a first window of
+    598 launches and no copy, a gap of 34 copies, a window of 1,632 launches and one. The
+    windows' copies per CPU second, 1 in 30 ms (34 a second for the loop's 78), were taken to
+    be a copy either side of their rate, 0 to 68, below the gap's 79: the loop changed in it,
+    and the estimate had no bound. Each window is a copy either side of its own: two windows,
+    two copies, 0 to 102, and the gap is the loop's, under its windows' bound."""
+    cost = TrapCost(entry_seconds=1.43e-6, pair_seconds=2.46e-6)
+    loop = Loop(every=1000, work_s=12.8e-6, trap_s=1.43e-6, pair_s=2.46e-6)
+    loop.run(100, probed=False)
+    s = sampled(loop, 0.06, first=598)
+    cycle(s, loop, gap=34_100 - loop.launched, window=1_632, cost=cost)
+    assert [w.calls for w in s.windows] == [0, 1] and s.gaps[0][1].calls == 34
+    after, gap = s.gaps[0]
+    guess = s._guess(gap, after, cost)
+    truth = 34_100 - 698  # the launches the gap held
+    assert guess.error is not None, guess
+    assert abs(guess.total - truth) <= guess.error * guess.total, (truth, guess)
+
+
 def test_a_launch_with_a_timelines_return_trap_is_weighed_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """While a timeline is recorded, a launch not sampled takes its entry trap and its return
     (its slice's record), priced as an exact call's return (half a pair): at this cost (10 us
