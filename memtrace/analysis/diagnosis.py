@@ -883,8 +883,9 @@ class Diagnoser:
             ws = [w for w, h in seen.windows if t0 <= h.end_ns <= t1] if seen is not None else []
             out.append(_summed(p, ws or [p]))
         # Its job's ranks that ended since the slowdown began, over the windows they ran in.
+        present = {p.key for p in peers}
         for key, seen in self.seen.items():
-            if seen.gone is not None and seen.job == s.job and key not in {p.key for p in peers}:
+            if seen.gone is not None and seen.job == s.job and key not in present:
                 ws = [w for w, h in seen.windows if t0 <= h.end_ns <= t1]
                 if ws:
                     out.append(_summed(ws[-1], ws))
