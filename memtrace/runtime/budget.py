@@ -290,6 +290,12 @@ class _Reading:
         return repr((self.t, self.cpu_ns, dict(self.counts), self.traps, tuple(self.sample)))
 
 
+def _launch_trap_s(cost: TrapCost, returns: bool) -> float:
+    """What a probed launch's traps cost: its entry, and its return where a timeline
+    records its slice (priced as an exact call's return)."""
+    return cost.entry_seconds + (cost.per_trap() if returns else 0.0)
+
+
 @dataclass(frozen=True)
 class _Span:
     """The time between two readings: a window (launch probes attached
@@ -297,7 +303,7 @@ class _Span:
 
     start: _Reading
     end: _Reading
-    returns: bool = False  # each launch took a return trap too (a timeline's: LaunchBudget._timed)
+    returns: bool = False  # each launch took a return trap too (a timeline's: CudaSensor.launches_timed)
 
     @property
     def launches(self) -> dict[int, int]:
@@ -330,8 +336,7 @@ class _Span:
     def traps_s(self, cost: TrapCost, scale: float = 1.0) -> float:
         """Its traps at `scale` x `cost`: launches' (with their returns where a timeline
         had them), and exact calls' pairs."""
-        launch = cost.entry_seconds + (cost.per_trap() if self.returns else 0.0)
-        return scale * (self.total * launch + self.calls * cost.pair_seconds)
+        return scale * (self.total * _launch_trap_s(cost, self.returns) + self.calls * cost.pair_seconds)
 
     def unprobed_s(self, cost: TrapCost) -> float:
         """Its CPU time less its traps at `cost`."""
@@ -1133,7 +1138,7 @@ class LaunchBudget:
         (`returns`: each launch took a return trap too, a timeline's; sampled,
         it takes none: its launches have no slice)."""
         exact_share = calls * cost.pair_seconds / cpu_s
-        launch_share = launches * (cost.entry_seconds + (cost.per_trap() if returns else 0.0)) / cpu_s
+        launch_share = launches * _launch_trap_s(cost, returns) / cpu_s
         if launch_share <= 0:
             return 1.0
         return min(max((self.budget * SAFETY - exact_share) / launch_share, MIN_DUTY), 1.0)
