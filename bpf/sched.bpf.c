@@ -198,14 +198,15 @@ static __always_inline void put_thread(__u32 tid, struct sc_thread *t)
 		stat_inc(SC_STAT_THREADS_FULL);
 }
 
-/* The entry of the cgroup whose task `next` held a traced process's CPU, its
- * last task named (created at zero if new; NULL if the map is full). */
+/* The entry of the cgroup whose task `next` held a traced process's CPU,
+ * with `next`'s vote for who names it (created at zero if new; NULL if the
+ * map is full). */
 static __always_inline struct sc_preempt *holder(__u32 tgid, __u64 start, struct task_struct *next, __u64 cgid)
 {
 	struct sc_preempt_key key = { .cgroup_id = cgid, .start_ns = start, .tgid = tgid };
 	struct sc_preempt *v;
 	struct zeroes *z;
-	__u32 zk = 0, kthread;
+	__u32 zk = 0, kthread, who;
 
 	z = bpf_map_lookup_elem(&zero, &zk);
 	if (!z)
@@ -215,15 +216,28 @@ static __always_inline struct sc_preempt *holder(__u32 tgid, __u64 start, struct
 		stat_inc(SC_STAT_PREEMPT_FULL);
 		return NULL;
 	}
-	/* The cgroup is named by a user process that preempted: kernel threads
-	 * sharing it (kworkers, rcu, some of them doing uprobe work for memtrace
-	 * itself) are the host's housekeeping, named only until one is seen. */
+	/* The cgroup is named by a user process: kernel threads sharing it
+	 * (kworkers, rcu, some of them doing uprobe work for memtrace itself)
+	 * are the host's housekeeping, named only until one is seen, and have
+	 * no vote against it. Concurrent votes from two CPUs can lose one:
+	 * the name is a vote, the counts stay exact (atomic, by the callers). */
 	kthread = (BPF_CORE_READ(next, flags) & SC_PF_KTHREAD) ? 1 : 0;
-	if (kthread && v->last_tgid && !v->last_kthread)
+	who = BPF_CORE_READ(next, tgid);
+	if (v->votes && !v->kthread && kthread)
 		return v;
-	v->last_tgid = BPF_CORE_READ(next, tgid);
-	v->last_kthread = kthread;
-	BPF_CORE_READ_STR_INTO(&v->last_comm, next, comm);
+	if (v->votes && who == v->tgid) {
+		if (v->votes < SC_VOTES_MAX)
+			v->votes++;
+	} else if (v->votes > 1 && (kthread || !v->kthread)) {
+		v->votes--;
+		return v;
+	} else {
+		/* Nobody named yet, the last vote lost, or a user process after a kernel thread. */
+		v->tgid = who;
+		v->kthread = kthread;
+		v->votes = 1;
+	}
+	BPF_CORE_READ_STR_INTO(&v->comm, next, comm); /* current: it may have exec'd */
 	return v;
 }
 

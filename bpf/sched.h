@@ -60,13 +60,24 @@ struct sc_preempt_key {
 	__u32 pad;
 };
 
+#define SC_VOTES_MAX 32
+
 struct sc_preempt {
 	__u64 count;   /* involuntary switches of the traced process in favour of this cgroup */
 	__u64 wait_ns; /* run-queue wait of the traced threads that followed them, and after their
 			* wakeups while this cgroup's task held the CPU */
-	__u32 last_tgid; /* the last preempting (or holding) process seen (0: the idle task) */
-	char last_comm[SC_COMM_LEN];
-	__u32 last_kthread; /* it was a kernel thread: named only until a user process preempts */
+	/* The process the cgroup is named by: of its processes seen taking the
+	 * CPU (preempting, or holding it), the one seen most. A majority vote,
+	 * one vote a switch (Boyer-Moore's), its margin capped at SC_VOTES_MAX so
+	 * that one taking over is named once it is that many switches ahead: a
+	 * shared cgroup's rare waker (a shell, an agent) never names a spinner's
+	 * share.
+	 * 0: the idle task. */
+	__u32 tgid;
+	char comm[SC_COMM_LEN];
+	__u32 kthread; /* it is a kernel thread: named only until a user process is seen */
+	__u32 votes;   /* its margin: 0 while no one is named */
+	__u32 pad;
 };
 
 /* Health counters, one slot each in the per-CPU `stats` array. */

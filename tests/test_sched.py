@@ -240,7 +240,7 @@ def test_a_competing_spinner_shows_as_run_queue_wait_charged_to_its_cgroup(
     assert len(hog_part) == 1, report
     top = hog_part[0]
     assert CgroupNames().path(top.cgroup_id) == "/" + hog_cgroup.name
-    assert top.last_comm == "sched_workload" and top.last_pid == hog_pid
+    assert top.comm == "sched_workload" and top.pid == hog_pid
     assert top.wait_ns >= 0.25 * 1e9, report
     assert all(p.cgroup_id != hog_id for p in quiet.preemptors), report
     # Every involuntary switch the kernel counted in the interval is charged
@@ -253,6 +253,50 @@ def test_a_competing_spinner_shows_as_run_queue_wait_charged_to_its_cgroup(
     # switches themselves (about 15% of its gaps on this VM).
     assert final.runq_ns <= truth["gap_ns"], report
     assert final.runq_ns >= 0.5 * truth["gap_ns"], report
+
+
+def test_a_cgroup_is_named_by_the_process_that_took_the_cpu_most_not_the_last_one(
+    sensor: SchedSensor, workload_bin: Path, hog_cgroup: Path
+) -> None:
+    """Two processes of one cgroup take a traced spinner's CPU: a spinner for a second (hundreds of
+    preemptions), then, after it ended, a thread that wakes a few times (as an agent or a shell in a
+    shared root cgroup does). The cgroup is named by the spinner, which took the CPU, not by whoever
+    took it last: a diagnosis names that process as the cause."""
+    w = Workload([str(workload_bin), "spin", "4"])
+    hog = waker = None
+    try:
+        traced(sensor, w.pid)
+        w.go()
+        hog = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {hog_cgroup}/cgroup.procs && exec taskset -c {CPU} {workload_bin} hog"],
+            start_new_session=True,
+        )
+        favour(hog.pid)
+        while not (hog_cgroup / "cgroup.procs").read_text().strip():
+            time.sleep(0.001)
+        time.sleep(1.0)
+        hog.kill()
+        hog.wait()
+        hog_id = cgroup_id("/" + hog_cgroup.name)
+        (after_hog,) = [p for p in stats_of(sensor, w.pid).preemptors if p.cgroup_id == hog_id]
+        waker = Workload([str(workload_bin), "wake", "6", "50", "300"], cgroup_procs=hog_cgroup / "cgroup.procs")
+        waker.go()
+        waker.result()
+        (after_waker,) = [p for p in stats_of(sensor, w.pid).preemptors if p.cgroup_id == hog_id]
+    finally:
+        for p in (hog, waker and waker.p):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        w.kill()
+    report = {"after_hog": after_hog, "after_waker": after_waker, "hog": hog.pid, "waker": waker.pid}
+    # The scenario happened: the spinner took the CPU hundreds of times (a slice of a few
+    # milliseconds each), and the waker took it too, after the spinner had gone.
+    assert after_hog.count >= 50 and after_hog.pid == hog.pid, report
+    assert (after_waker.count, after_waker.wait_ns) > (after_hog.count, after_hog.wait_ns), report
+    assert after_waker.count - after_hog.count <= 12, report
+    # Named by the one that took it most.
+    assert after_waker.pid == hog.pid and after_waker.comm == "sched_workload", report
 
 
 def test_a_woken_threads_wait_behind_a_neighbour_is_charged_to_the_neighbour(
@@ -286,7 +330,7 @@ def test_a_woken_threads_wait_behind_a_neighbour_is_charged_to_the_neighbour(
     report = {"st": st, "truth": truth, "kernel": (k0, k1), "hog": hog_id}
     print(report)
     (part,) = [p for p in st.preemptors if p.cgroup_id == hog_id]
-    assert part.last_pid == hog.pid and part.last_comm == "sched_workload", report
+    assert part.pid == hog.pid and part.comm == "sched_workload", report
     # Its sleeps ended late by everything it waited for a CPU after them, and more (the
     # timer's slack): the sensor's run-queue time is within that, and most of it is the
     # spinner's, whatever share of it followed a preemption. Kernel threads hold the CPU

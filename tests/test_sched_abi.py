@@ -33,8 +33,8 @@ int main(void) {
   S(sc_proc_key); O(sc_proc_key, start_ns); O(sc_proc_key, tgid); O(sc_proc_key, pad);
   S(sc_preempt_key); O(sc_preempt_key, cgroup_id); O(sc_preempt_key, start_ns); O(sc_preempt_key, tgid);
   O(sc_preempt_key, pad);
-  S(sc_preempt); O(sc_preempt, count); O(sc_preempt, wait_ns); O(sc_preempt, last_tgid); O(sc_preempt, last_comm);
-  O(sc_preempt, last_kthread);
+  S(sc_preempt); O(sc_preempt, count); O(sc_preempt, wait_ns); O(sc_preempt, tgid); O(sc_preempt, comm);
+  O(sc_preempt, kthread); O(sc_preempt, votes); O(sc_preempt, pad);
   C(SC_STAT_SWITCHES); C(SC_STAT_PROCS_FULL); C(SC_STAT_THREADS_FULL); C(SC_STAT_PREEMPT_FULL);
   C(SC_STAT_UNTRACKED); C(SC_STAT_UNSEEN); C(SC_T_RUNNING); C(SC_T_QUEUED); C(SC_T_PREEMPTED); C(SC_T_BLOCKED);
   C(SC_STAT_COUNT); C(SC_COMM_LEN); C(SC_FILTER_BITS); C(SC_FILTER_WORDS);

@@ -38,8 +38,8 @@ class Preemptor:
     cgroup_id: int  # 0: nobody, the CPU went idle (the process's own quota throttled it)
     count: int  # involuntary switches of the traced process in its favour
     wait_ns: int  # run-queue wait of the traced threads that followed
-    last_pid: int  # the last preempting process seen (0: the CPU's idle task)
-    last_comm: str
+    pid: int  # the cgroup's process that took the CPU most (a vote: bpf/sched.h); 0: the idle task
+    comm: str
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class CpuStats:
             count = p.count - (o.count if o else 0)
             wait = p.wait_ns - (o.wait_ns if o else 0)
             if count or wait:
-                pre.append(Preemptor(p.cgroup_id, count, wait, p.last_pid, p.last_comm))
+                pre.append(Preemptor(p.cgroup_id, count, wait, p.pid, p.comm))
         return CpuStats(
             pid=self.pid,
             start_ns=self.start_ns,

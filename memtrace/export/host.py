@@ -113,9 +113,9 @@ def cpu_rows(
                         cgroup=IDLE_PREEMPTOR if p.cgroup_id == 0 else cgroup_names.get(p.cgroup_id),
                         switches=p.count,
                         run_queue_seconds=p.wait_ns / 1e9,
-                        last_pid=p.last_pid,
-                        last_process=p.last_comm,
-                        memtrace=agent_pid is not None and p.last_pid == agent_pid,
+                        pid=p.pid,
+                        process=p.comm,
+                        memtrace=agent_pid is not None and p.pid == agent_pid,
                     )
                     for p in st.preemptors[:TOP_PREEMPTORS]
                 ],

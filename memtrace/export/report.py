@@ -792,12 +792,12 @@ def _pct(v: float | None) -> str:
 
 
 def _preemptor(p: Mapping[str, Any]) -> str:
-    """A preemptor's cgroup, the root one named as such, and its last process:
+    """A preemptor's cgroup, the root one named as such, and the process that took the CPU most:
     memtrace's own threads said to be memtrace's."""
     cgroup = p["cgroup"]
     who = "the root cgroup" if cgroup == "/" else cgroup or f"cgroup {p['cgroup_id']}"
-    last = "memtrace's own threads" if p.get("memtrace") else p["last_process"]
-    return f"{who} ({last})" if last else who
+    name = "memtrace's own threads" if p.get("memtrace") else p["process"]
+    return f"{who} ({name})" if name else who
 
 
 def print_host(doc: Mapping[str, Any], console: Console) -> None:

@@ -419,12 +419,12 @@ class Preemptor(TypedDict):
         "the process's run-queue wait that followed them, and after its wakeups while that cgroup's task"
         " held the CPU (the task that ran last before it: another process's)",
     ]
-    last_pid: Annotated[
+    pid: Annotated[
         int,
-        "the last user process of that cgroup to preempt it or hold its CPU (a kernel thread only while none has;"
-        " 0: idle)",
+        "the user process of that cgroup seen taking its CPU most (a majority vote over the switches: one taking"
+        " over is named once 32 ahead; a kernel thread only while no user process was seen; 0: idle)",
     ]
-    last_process: Annotated[str, "that process's command name"]
+    process: Annotated[str, "that process's command name"]
     memtrace: Annotated[bool, "true: that process is memtrace itself (its own threads took the CPU)"]
 
 

@@ -229,9 +229,7 @@ class LiveDiagnosis:
                 if cpu is not None and cpu_before is not None:
                     win = cpu.since(cpu_before)
                     w.runq_ns, w.on_cpu_ns, w.off_cpu_ns = win.runq_ns, win.oncpu_ns, win.offcpu_ns
-                    w.preemptors = {
-                        p.cgroup_id: (p.wait_ns, "", self._comm(p.last_pid, p.last_comm)) for p in win.preemptors
-                    }
+                    w.preemptors = {p.cgroup_id: (p.wait_ns, "", self._comm(p.pid, p.comm)) for p in win.preemptors}
                 q = book.quota_throttled_ns.get(key)
                 if q is not None:
                     w.quota_throttled_ns = q[1] - self._prev_quota.get(key, q[1])

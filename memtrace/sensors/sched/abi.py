@@ -46,9 +46,11 @@ class Preempt(ctypes.Structure):
     _fields_ = [
         ("count", ctypes.c_uint64),
         ("wait_ns", ctypes.c_uint64),
-        ("last_tgid", ctypes.c_uint32),
-        ("last_comm", ctypes.c_char * COMM_LEN),
-        ("last_kthread", ctypes.c_uint32),
+        ("tgid", ctypes.c_uint32),
+        ("comm", ctypes.c_char * COMM_LEN),
+        ("kthread", ctypes.c_uint32),
+        ("votes", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     ]
 
 

@@ -136,8 +136,8 @@ class SchedSensor:
                         cgroup_id=k.cgroup_id,
                         count=v.count,
                         wait_ns=v.wait_ns,
-                        last_pid=v.last_tgid,
-                        last_comm=v.last_comm.decode(errors="replace"),
+                        pid=v.tgid,
+                        comm=v.comm.decode(errors="replace"),
                     )
                 )
         return out
