@@ -1456,6 +1456,33 @@ def kept_busy(ns: int, seed: int, n: int = 30) -> list[tuple[list[ProcWindow], H
     ]
 
 
+@pytest.mark.parametrize("flow", [True, False], ids=["a_flow_shares_it", "its_loader_slows"])
+def test_a_link_kept_busy_short_of_its_limit_by_the_jobs_exchange_that_a_flow_fills_is_nic_contention(
+    flow: bool,
+) -> None:
+    """The zoo's gradient accumulation job: K micro-batches, then K MiB of gradients over its
+    link, which its own exchange keeps 78% busy, 760-840 packets held a window. A bulk flow
+    joins: the link is 96% busy (18 points more, under the 30 that name a link) and holds 1,160
+    (45% more, under the 50% that do), and its steps take 1.7x as long, the time it spends
+    sending making it look starved of input (named input_starvation in 2 trials of 6 with seed
+    10 of bench/targets/diagnose_zoo.py). Its link is busy twice as long a step: others'
+    traffic. The same job slowed by its loader sends as much a step, over a link then less busy:
+    input starvation."""
+    ns = 4026532000
+    rnd = random.Random(5)
+    windows = [
+        ([replace(w, netns=ns)], replace(h, links=[shaped(ns, 0.78, rnd.randint(760, 840))])) for (w,), h in healthy(30)
+    ]
+    for i in range(30, 36):
+        w = proc(17.0, netns=ns)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.6), int(w.step_ns * 0.62)
+        windows.append(([w], host(i, links=[shaped(ns, 0.96 if flow else 0.46, 1160 if flow else 800)])))
+    d, made = run(windows)
+    assert made == [(31, "nic_contention" if flow else "input_starvation")]
+    if flow:
+        assert d.diagnoses[0].evidence["link_time_per_step_over_baseline"] == pytest.approx(2.1, rel=0.1)
+
+
 def test_a_link_its_own_exchange_keeps_busy_is_not_contention_for_a_few_more_held_packets() -> None:
     """The fleet rig's host whose ranks send to a congested neighbour: their steps slow (the
     replies come late), their own link, shaped and kept busy by their exchange, holds 3,000

@@ -620,10 +620,10 @@ def _server_link(before: list[tuple[ProcWindow, HostWindow]], w: ProcWindow, h: 
         expect = held_b * max(grew_past, 1.0)
         by_held = held - expect >= MARGINS.held_rise and held >= MARGINS.held_times * expect
         by_util = util >= MARGINS.link_busy and util - util_b >= MARGINS.link_rise
-        # At its limit before and now, carrying more bytes per unit of its work: others take the
+        # At its limit now, carrying more bytes per unit of its work: others take the
         # link's capacity (a server paced by its link: a flow joins, its queue cannot grow, TCP
         # backs off, and the server's work falls while the link stays full; _shared_link).
-        by_share = _shared_link(util_b, util, _most_per_work(pairs, w, link))
+        by_share = _shared_link(util, _most_per_work(pairs, w, link))
         at_limit = _share(sum(y.overlimits + y.drops >= MARGINS.held_rise for y in xs), len(xs)) >= MARGINS.most
         most_held = max(y.overlimits + y.drops for y in xs)
         others = per_work >= OTHERS_ON_LINK or (at_limit and held >= MARGINS.held_times * most_held)
@@ -666,15 +666,19 @@ def _most_per_work(pairs: list[tuple[ProcWindow, LinkWindow]], w: ProcWindow, li
     return min(ratios, default=0.0)
 
 
-def _shared_link(util_before: float, util: float, per_work: float) -> float:
-    """A link at its limit (MARGINS.link_busy) before and now that carries OTHERS_ON_LINK times
-    the bytes per unit of the process's own work (a step, a server's work) it carried: others'
-    traffic takes its capacity. Its own traffic paced by the link (an exchange each step, a
-    server's replies) cannot show it otherwise: a flow that joins cannot raise the link's bytes
-    or its queue (TCP backs off), only the process's share falls (the zoo's LLM server paced by
-    its link: half its iterations, its link as full and as held as before). Scored 1 at
-    OTHERS_ON_LINK, each further such step 1 more; 0: not so."""
-    if util_before < MARGINS.link_busy or util < MARGINS.link_busy or per_work < OTHERS_ON_LINK:
+def _shared_link(util: float, per_work: float) -> float:
+    """A link at its limit (MARGINS.link_busy) that carries OTHERS_ON_LINK times the bytes, or is
+    busy that much longer, per unit of the process's own work (a step, a server's work) than in its
+    baseline: others' traffic takes its capacity. Its own traffic paced by the link (an exchange
+    each step, a server's replies) cannot show it otherwise: a flow that joins cannot raise the
+    link's bytes or its queue much (TCP backs off), only the process's share falls (the zoo's LLM
+    server paced by its link: half its iterations, its link as full and as held as before). Nor
+    can a link its own exchange kept busy short of the limit, by less than MARGINS.link_rise (a
+    job accumulating gradients, its link 0.78 busy: 0.96 with a flow beside it, its queue 45%
+    longer, its steps 1.3-1.8x). However busy before: the process's own traffic grows a step's
+    link time only with its own bytes a step, and whatever else slows its steps leaves it as it
+    was. Scored 1 at OTHERS_ON_LINK, each further such step 1 more; 0: not so."""
+    if util < MARGINS.link_busy or per_work < OTHERS_ON_LINK:
         return 0.0
     return (per_work - 1) / (OTHERS_ON_LINK - 1)
 
@@ -1409,7 +1413,7 @@ class Diagnoser:
         for name, ws in la.items():
             pb, pa = per_step(before, name), per_step(after, name)
             per_step_over = pa[1] / pb[1] if pb and pa and pb[1] > 0 else None
-            shared = _shared_link(pb[0], pa[0], per_step_over) if pb and pa and per_step_over else 0.0
+            shared = _shared_link(pa[0], per_step_over) if pb and pa and per_step_over else 0.0
             bs = lb.get(name, [])
             held = sum(x.overlimits + x.drops for x in ws) / len(ws)
             held_b = sum(x.overlimits + x.drops for x in bs) / len(bs) if bs else 0.0
