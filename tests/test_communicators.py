@@ -105,6 +105,26 @@ def test_a_process_met_after_its_communicator_is_named_when_met() -> None:
     assert m.processes[KEY].attributes["memtrace.nccl.comm_id"] == WORLD
 
 
+def test_communicators_of_processes_never_met_are_bounded_and_the_forgotten_counted() -> None:
+    """Past Communicators.MAX_UNMET processes that made communicators and
+    were never met, the oldest are forgotten and counted; a process met is
+    never forgotten, and a process still waiting is named when met."""
+    m = Model(identify=lambda key: ProcessInfo(exe="/x"))
+    m.introduce(KEY, "x", 0)
+    fold(m, record(CommKind.INIT_RANK, 0xA000, rank=0, nranks=2))
+    most = m.communicators.MAX_UNMET
+    unmet = [ProcessKey(10_000 + i, 1) for i in range(most + 3)]
+    for k in unmet:
+        r = record(CommKind.INIT_RANK, 0xB000, rank=1, nranks=2, pid=k.pid, start_ns=k.start_ns)
+        fold(m, r)
+    assert m.communicators.unmet_dropped == 3
+    assert [k for k in unmet if not m.communicators.of(k)] == unmet[:3]
+    assert m.processes[KEY].attributes["memtrace.nccl.comm_id"] == WORLD
+    m.introduce(unmet[-1], "y", 0)
+    assert m.processes[unmet[-1]].attributes["memtrace.nccl.rank"] == 1
+    assert len(m.communicators.by_process) == most + 1
+
+
 def test_failed_calls_and_splits_of_unknown_parents_name_nothing() -> None:
     m = model_with({})
     fold(

@@ -119,10 +119,15 @@ def test_another_unique_id_is_another_communicator(nccl_sensor: NcclSensor, fake
     assert got == [comm_id_of_unique_id(raw) for _, raw in ids] and got[0] != got[1]
 
 
-def test_memtrace_run_names_each_rank_by_its_communicator(fakecuda: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cuda_delay_ms", [0, 400])
+def test_memtrace_run_names_each_rank_by_its_communicator(fakecuda: Path, tmp_path: Path, cuda_delay_ms: int) -> None:
     """`memtrace run` on two ranks with no launcher's variables: each
     process's JSON row and its resource say the communicator, its own rank
-    and the size; the communicator is its job."""
+    and the size; the communicator is its job. With a delay, each rank makes
+    its communicators 400 ms (eight host samples) before its first CUDA call,
+    so the agent meets it after they were read: they are kept until it does
+    (they were dropped, one CI run in about fifteen, when a rank's first
+    call was drained just after a sample had begun)."""
     idfile, raw = unique_id(tmp_path)
     out = tmp_path / "summary.json"
     truth = tmp_path / "truth.jsonl"
@@ -131,6 +136,7 @@ def test_memtrace_run_names_each_rank_by_its_communicator(fakecuda: Path, tmp_pa
         WORKLOAD_TRUTH=str(truth),
         NCCL_CUDART=str(fakecuda / "lib" / "libcudart.so.13"),
         LD_LIBRARY_PATH=str(fakecuda / "lib"),
+        NCCL_CUDA_DELAY_MS=str(cuda_delay_ms),
     )
     for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(v, None)
@@ -161,6 +167,7 @@ def test_memtrace_run_names_each_rank_by_its_communicator(fakecuda: Path, tmp_pa
     want = comm_id_text(comm_id_of_unique_id(raw))
     lines = [json.loads(line) for line in truth.read_text().splitlines()]
     assert len(lines) == 2
+    assert doc["agent"]["communicators_dropped"] == 0
     for t in lines:
         row = rows[t["pid"]]
         assert row["nccl"] == {"comm_id": want, "rank": t["rank"], "nranks": 2}

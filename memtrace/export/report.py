@@ -113,6 +113,7 @@ def summary(
         # NCCL events of a process that had made no CUDA call yet (not charged), and waits past the bound.
         collective_events_unmatched=model.collectives_unmatched,
         collective_waits_dropped=sum(a.dropped for a in model.collective_waits.values()),
+        communicators_dropped=model.communicators.unmet_dropped,
         libraries=[
             schema.LibraryRow(
                 path=a.name,

@@ -956,6 +956,11 @@ class Agent(TypedDict):
     collective_waits_dropped: Annotated[
         int, "waits or grouped calls past the attribution's bound (65,536 waiting): not charged"
     ]
+    communicators_dropped: Annotated[
+        int,
+        "processes whose NCCL communicators were forgotten unnamed: made with no CUDA call seen, "
+        "past 1,024 such processes waiting to be met",
+    ]
     libraries: Annotated[list[LibraryRow], "the files probed"]
     drain: NotRequired[Annotated[Drain, "`run`: how punctual its drains were"]]
     stacks: NotRequired[Annotated[StackCounts, "--stacks only: what became of the stacks"]]

@@ -330,11 +330,14 @@ class Model:
         memtrace.core.nccl), and the collectives made since (counted by
         communicator): a process's communicator names it on every signal
         (model/communicators.py). A process the model has not met yet is
-        named when it is met."""
-        for key in sorted(self.communicators.add(records)):
+        named when it is met (up to Communicators.MAX_UNMET such processes)."""
+        changed = self.communicators.add(records)
+        for key in sorted(changed):
             p = self.processes.get(key)
             if p is not None:
                 self._name_communicator(p)
+        if changed - self.processes.keys():
+            self.communicators.prune(self.processes)
         if events is not None and len(events):
             self.communicators.count_calls(events)
 

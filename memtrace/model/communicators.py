@@ -25,6 +25,7 @@ communicator is its job (`memtrace.job.id.source` says which won).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,9 +65,11 @@ class Communicators:
     """Every process's communicators, by the handle NCCL gave each."""
 
     MAX_PER_PROCESS = 256  # a process that makes communicators without end keeps its first ones
+    MAX_UNMET = 1024  # processes whose communicators wait for the model to meet them
 
     def __init__(self) -> None:
         self.by_process: dict[ProcessKey, dict[int, Communicator]] = {}
+        self.unmet_dropped = 0  # processes never met whose communicators were forgotten past MAX_UNMET
 
     def add(self, records: np.ndarray) -> set[ProcessKey]:
         """Fold a batch of communicator records, in ring order; returns the
@@ -120,6 +123,15 @@ class Communicators:
             c = by_pid.get(pid, {}).get(handle)
             if c is not None:
                 c.calls += n
+
+    def prune(self, met: Container[ProcessKey]) -> None:
+        """Keep the communicators of at most MAX_UNMET processes not `met`
+        (made before their first CUDA call, or by a process that makes none):
+        the oldest go first, counted in `unmet_dropped`."""
+        unmet = [k for k in self.by_process if k not in met]  # insertion order: the oldest first
+        for key in unmet[: max(0, len(unmet) - self.MAX_UNMET)]:
+            del self.by_process[key]
+            self.unmet_dropped += 1
 
     def of(self, key: ProcessKey) -> dict[int, Communicator]:
         return self.by_process.get(key, {})

@@ -589,12 +589,15 @@ class HostSignals:
                     if self._nccl_mapped[pid] > self.opts.every(self.opts.scan_s):
                         del self._nccl_mapped[pid]
         events = np.concatenate(batches) if any(len(b) for b in batches) else batches[0]
+        # Every event and communicator is handed over, whoever made it (BPF records those of
+        # traced processes and their children alone). A process may have made them before the
+        # agent met it: its first CUDA call came later, or was drained after this sample began
+        # (`pids` is older than that drain, which add_collectives makes first). The model names
+        # it by its communicator when it meets it, and counts a collective it cannot place
+        # (`collective_events_unmatched`): neither is dropped here unseen.
         if len(events):
-            events = events[np.isin(events["pid"], list(pids))]
             self._nccl_users.update(np.unique(events["pid"]).tolist())
         self._nccl_users &= pids
-        if len(comms):
-            comms = comms[np.isin(comms["pid"], list(pids))]
         # With no collective, no communicator and no process that has libnccl mapped, the model
         # has nothing to match a wait to: nothing is handed over (most hosts' every sample, at no cost).
         if self._on_collectives is not None and (len(events) or self._nccl_users or len(comms)):
