@@ -338,6 +338,31 @@ def thread_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[
     return out
 
 
+GUARDIAN = "memtrace-guard"  # memtrace/sensors/cuda/holds.GUARDIAN_NAME
+
+
+def guardians(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The child processes of `pid` (forked from any of its threads) named as
+    memtrace's guardian is."""
+    out = []
+    try:
+        tids = os.listdir(proc / str(pid) / "task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            kids = (proc / str(pid) / "task" / tid / "children").read_text().split()
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                if (proc / kid / "comm").read_text().strip() == GUARDIAN:
+                    out.append(int(kid))
+            except OSError:
+                continue
+    return out
+
+
 def process_cpu_seconds(pid: int) -> float | None:
     """A process's user and system CPU seconds so far (every thread); None if it is gone."""
     try:
@@ -345,6 +370,14 @@ def process_cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def agent_cpu_seconds(pid: int) -> float | None:
+    """A memtrace agent's CPU seconds so far: its process's and its guardian's; None if it is gone."""
+    own = process_cpu_seconds(pid)
+    if own is None:
+        return None
+    return own + sum(process_cpu_seconds(g) or 0.0 for g in guardians(pid))
 
 
 @dataclass(frozen=True)
@@ -356,7 +389,12 @@ class Reading:
 
     @classmethod
     def of(cls, pid: int) -> Reading:
-        return cls(time.monotonic(), thread_cpu_seconds(pid))
+        """The process's threads, and its guardian's (memtrace's child that
+        bounds its holds, a process of its own): the agent's CPU is both."""
+        threads = thread_cpu_seconds(pid)
+        for child in guardians(pid):
+            threads.update(thread_cpu_seconds(child))
+        return cls(time.monotonic(), threads)
 
     def keeping(self, earlier: Reading) -> Reading:
         """This reading, with the threads that ended since `earlier` at their last CPU there."""

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -214,6 +215,32 @@ def test_a_threads_cpu_is_read_by_its_name() -> None:
     (cpu,) = [c for name, c in threads.values() if name == "bench-spin"]
     assert cpu >= 0.2
     assert harness.thread_cpu_seconds(p.pid) == {}
+
+
+def test_an_agents_reading_holds_its_guardians_cpu_and_no_other_childs() -> None:
+    """The guardian is a process of its own (memtrace/sensors/cuda/holds.py):
+    the agent's CPU figures count it; a traced job, also the agent's child
+    under `memtrace run`, is not the agent's."""
+    spin = "import ctypes,os,time; ctypes.CDLL(None).prctl(15, {name!r}); t=time.process_time()\n"
+    spin += "while time.process_time() - t < 0.3: pass\nos.write(1, b'x'); time.sleep(30)"
+    code = "import subprocess, sys, time\n"
+    code += f"kids = [subprocess.Popen([sys.executable, '-c', {spin.format(name=b'memtrace-guard')!r}]),"
+    code += f" subprocess.Popen([sys.executable, '-c', {spin.format(name=b'job')!r}])]\n"
+    code += "time.sleep(30)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert p.stdout is not None and p.stdout.read(2) == b"xx"
+        names = [name for name, _ in Reading.of(p.pid).threads.values()]
+        (guard,) = harness.guardians(p.pid)
+        own = harness.process_cpu_seconds(p.pid)
+        total = harness.agent_cpu_seconds(p.pid)
+        guard_cpu = harness.process_cpu_seconds(guard)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # the children too
+        p.wait()
+    assert "memtrace-guard" in names and "job" not in names
+    assert own is not None and total is not None and guard_cpu is not None and guard_cpu >= 0.2
+    assert total == pytest.approx(own + guard_cpu, abs=0.02)
 
 
 def test_a_cpu_window_counts_each_thread_from_the_first_reading_or_its_start() -> None:

@@ -180,6 +180,46 @@ def test_a_stopped_agent_holds_a_new_process_no_longer_than_the_limit(fakecuda: 
     assert f"continued pid {w.pid}: held past the hold limit (1 s)" in err
 
 
+def guardian_of(agent: int) -> int:
+    """The agent's guardian: its child process named memtrace-guard."""
+    kids = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+    (pid,) = [int(k) for k in kids if Path(f"/proc/{k}/comm").read_text().strip() == "memtrace-guard"]
+    return pid
+
+
+def wakes(pid: int) -> int:
+    """The times a process slept and woke (its voluntary context switches)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_an_idle_agents_guardian_wakes_once_a_hold_limit_and_still_bounds_a_hold(fakecuda: Path) -> None:
+    """Holding nothing, the guardian sleeps until a hold could reach the
+    limit (no sooner than the limit from now): it woke 50 times a second, 1%
+    of a core on a 2-vCPU VM, in a process the agent's own CPU figures left
+    out. Then a hold made while it sleeps is still continued at the limit
+    (the agent stopped, as a ^Z would)."""
+    agent = start_agent(limit_s=2.0, stderr=subprocess.PIPE)
+    try:
+        guard = guardian_of(agent.pid)
+        first = wakes(guard)
+        time.sleep(3.0)
+        # Three seconds at a 2 s limit: one wake, two where the first came early; a sweep
+        # every 20 ms would have woken it 150 times.
+        assert wakes(guard) - first <= 3
+        os.kill(agent.pid, signal.SIGSTOP)
+        w = subprocess.Popen([str(fakecuda / "workload_driver"), "-n", "100"], env={"WORKLOAD_TRUTH": "/dev/null"})
+        try:
+            rc = w.wait(timeout=10)
+        finally:
+            w.kill()
+        assert state(agent.pid) == "T" and rc == 0
+    finally:
+        agent.kill()
+        _, err = agent.communicate()
+    assert f"continued pid {w.pid}: held past the hold limit (2 s)" in err
+
+
 def test_memtrace_run_in_a_new_pid_namespace_is_exact(fakecuda: Path, tmp_path: Path) -> None:
     script = f"exec {sys.executable} {FIXTURES / 'ctypes_workload.py'} {fakecuda / 'lib'} --calls 300"
     truth = tmp_path / "truth.jsonl"

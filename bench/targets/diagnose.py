@@ -597,7 +597,7 @@ def trial(
 
     def watch() -> None:
         while agent.poll() is None:
-            c = harness.process_cpu_seconds(agent.pid)
+            c = harness.agent_cpu_seconds(agent.pid)
             if c is not None:
                 last_cpu[0] = c
                 if settle_at[0] <= time.monotonic() <= settle_at[1]:

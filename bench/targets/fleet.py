@@ -72,6 +72,18 @@ def trial(fleet: Fleet, fault: str, host: int) -> dict:
         host = fleet.victim.host
     else:
         want = {str(r.rank) for r in fleet.ranks if r.host == host}
+
+    # The agent's diagnoses count up (memtrace_diagnoses_total): what it said before the onset
+    # (an earlier trial's, or a healthy stretch's) is not this fault's word.
+    def diagnoses() -> dict[tuple[str, str, str], float]:
+        got = fleet.query(f'memtrace_diagnoses_total{{host_name="{fleet.hosts[host].name}"}}')
+        return {
+            (m.get("process_pid", ""), m.get("cause", ""), m.get("own_cause", "")): float(x["value"][1])
+            for x in got
+            for m in [x["metric"]]
+        }
+
+    before = diagnoses()
     onset = time.time()
     fleet.onset(fault, host)
     named_at = cause_at = None
@@ -79,9 +91,9 @@ def trial(fleet: Fleet, fault: str, host: int) -> dict:
     said: dict[tuple[str, str, str], float] = {}  # what the host's agent diagnosed, first seen (since onset)
     deadline = time.monotonic() + GIVE_UP_S
     while time.monotonic() < deadline and cause_at is None:
-        for x in fleet.query(f'memtrace_diagnoses_total{{host_name="{fleet.hosts[host].name}"}}'):
-            m = x["metric"]
-            said.setdefault((m.get("process_pid", ""), m.get("cause", ""), m.get("own_cause", "")), time.time() - onset)
+        for k, n in diagnoses().items():
+            if n > before.get(k, 0.0):
+                said.setdefault(k, time.time() - onset)
         for a in alerts(fleet):
             lab = a["labels"]
             seen.add((lab["memtrace_job_rank"], lab["host_name"], lab["slow_cause"]))
