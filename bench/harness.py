@@ -342,11 +342,15 @@ GUARDIAN = "memtrace-guard"  # memtrace/sensors/cuda/holds.GUARDIAN_NAME
 
 
 def guardians(pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """The child processes of `pid` (forked from any of its threads) named as
-    memtrace's guardian is."""
+    """The child processes of `pid` (forked from any of its threads) that are
+    the agent's own: named as memtrace's guardian is, or forked and never
+    exec'd (its command line is the agent's: the guardian of a memtrace from
+    before it was named). A traced job, the agent's child under `memtrace
+    run`, ran a program of its own."""
     out = []
     try:
         tids = os.listdir(proc / str(pid) / "task")
+        own = (proc / str(pid) / "cmdline").read_bytes()
     except OSError:
         return out
     for tid in tids:
@@ -356,7 +360,8 @@ def guardians(pid: int, proc: Path = Path("/proc")) -> list[int]:
             continue
         for kid in kids:
             try:
-                if (proc / kid / "comm").read_text().strip() == GUARDIAN:
+                named = (proc / kid / "comm").read_text().strip() == GUARDIAN
+                if named or (proc / kid / "cmdline").read_bytes() == own:
                     out.append(int(kid))
             except OSError:
                 continue

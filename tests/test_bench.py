@@ -219,28 +219,32 @@ def test_a_threads_cpu_is_read_by_its_name() -> None:
 
 def test_an_agents_reading_holds_its_guardians_cpu_and_no_other_childs() -> None:
     """The guardian is a process of its own (memtrace/sensors/cuda/holds.py):
-    the agent's CPU figures count it; a traced job, also the agent's child
-    under `memtrace run`, is not the agent's."""
+    the agent's CPU figures count it, by its name or, unnamed, as a fork that
+    never exec'd; a traced job, also the agent's child under `memtrace run`,
+    is not the agent's."""
     spin = "import ctypes,os,time; ctypes.CDLL(None).prctl(15, {name!r}); t=time.process_time()\n"
     spin += "while time.process_time() - t < 0.3: pass\nos.write(1, b'x'); time.sleep(30)"
     code = "import subprocess, sys, time\n"
     code += f"kids = [subprocess.Popen([sys.executable, '-c', {spin.format(name=b'memtrace-guard')!r}]),"
     code += f" subprocess.Popen([sys.executable, '-c', {spin.format(name=b'job')!r}])]\n"
+    # and one forked, never exec'd (the guardian of a memtrace from before it was named)
+    code += "import os\nif os.fork() == 0:\n    t = time.process_time()\n    while time.process_time() - t < 0.3: pass\n"
+    code += "    os.write(1, b'x'); time.sleep(30)\n"
     code += "time.sleep(30)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     try:
-        assert p.stdout is not None and p.stdout.read(2) == b"xx"
+        assert p.stdout is not None and p.stdout.read(3) == b"xxx"
         names = [name for name, _ in Reading.of(p.pid).threads.values()]
-        (guard,) = harness.guardians(p.pid)
+        kids = harness.guardians(p.pid)
         own = harness.process_cpu_seconds(p.pid)
         total = harness.agent_cpu_seconds(p.pid)
-        guard_cpu = harness.process_cpu_seconds(guard)
+        cpus = [harness.process_cpu_seconds(k) for k in kids]
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # the children too
         p.wait()
-    assert "memtrace-guard" in names and "job" not in names
-    assert own is not None and total is not None and guard_cpu is not None and guard_cpu >= 0.2
-    assert total == pytest.approx(own + guard_cpu, abs=0.02)
+    assert "memtrace-guard" in names and "job" not in names and len(kids) == 2
+    assert own is not None and total is not None and all(c is not None and c >= 0.2 for c in cpus)
+    assert total == pytest.approx(own + sum(c or 0.0 for c in cpus), abs=0.02)
 
 
 def test_a_cpu_window_counts_each_thread_from_the_first_reading_or_its_start() -> None:
