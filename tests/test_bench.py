@@ -228,7 +228,8 @@ def test_an_agents_reading_holds_its_guardians_cpu_and_no_other_childs() -> None
     code += f"kids = [subprocess.Popen([sys.executable, '-c', {spin.format(name=b'memtrace-guard')!r}]),"
     code += f" subprocess.Popen([sys.executable, '-c', {spin.format(name=b'job')!r}])]\n"
     # and one forked, never exec'd (the guardian of a memtrace from before it was named)
-    code += "import os\nif os.fork() == 0:\n    t = time.process_time()\n    while time.process_time() - t < 0.3: pass\n"
+    code += "import os\nif os.fork() == 0:\n    t = time.process_time()\n"
+    code += "    while time.process_time() - t < 0.3: pass\n"
     code += "    os.write(1, b'x'); time.sleep(30)\n"
     code += "time.sleep(30)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
