@@ -16,14 +16,24 @@ _COMM_LEN = 15  # TASK_COMM_LEN less its NUL
 _libc: Any = None
 
 
+def load_libc() -> None:
+    """Open libc's handle now: before a fork, so that the child names itself
+    with no dlopen (a lock another thread of the parent may have held at the
+    fork)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            pass
+
+
 def name_os_thread(name: str) -> bool:
     """Name the calling OS thread (cut to the kernel's 15 bytes); False where
     the kernel or libc says no, which harms nothing."""
-    global _libc
+    load_libc()
     try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        return bool(_libc.prctl(_PR_SET_NAME, name.encode()[:_COMM_LEN], 0, 0, 0) == 0)
+        return _libc is not None and bool(_libc.prctl(_PR_SET_NAME, name.encode()[:_COMM_LEN], 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from memtrace.bpf.libbpf import Libbpf, Map, map_info, maps_named
 from memtrace.core.abi import Hold
-from memtrace.core.threads import name_os_thread
+from memtrace.core.threads import load_libc, name_os_thread
 
 log = logging.getLogger("memtrace")
 
@@ -223,6 +223,7 @@ class Guardian:
     def __init__(self, held: Map, limit_s: float = HOLD_LIMIT_S) -> None:
         r, w = os.pipe()
         agent = os.getpid()
+        load_libc()  # the child names itself with no dlopen after the fork
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child (covered by the safety tests)
             try:
