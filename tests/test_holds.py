@@ -160,20 +160,26 @@ def test_foreground_job_of_an_interactive_shell_is_never_reported_stopped(fakecu
     assert "done-0-42" in text, text
 
 
+def run_beside_stopped(agent: subprocess.Popen[str], fakecuda: Path) -> subprocess.Popen[bytes]:
+    """Stop the agent (as ^Z would), then run a CUDA workload, which it
+    holds: the workload ran to its end while the agent stayed stopped."""
+    os.kill(agent.pid, signal.SIGSTOP)
+    w = subprocess.Popen([str(fakecuda / "workload_driver"), "-n", "100"], env={"WORKLOAD_TRUTH": "/dev/null"})
+    try:
+        rc = w.wait(timeout=10)
+    finally:
+        w.kill()
+    assert state(agent.pid) == "T"
+    assert rc == 0
+    return w
+
+
 def test_a_stopped_agent_holds_a_new_process_no_longer_than_the_limit(fakecuda: Path) -> None:
     """^Z on a host-wide agent must not freeze every new CUDA process: the
     guardian (its own session) continues holds older than the limit."""
     agent = start_agent(limit_s=1.0, stderr=subprocess.PIPE)
     try:
-        os.kill(agent.pid, signal.SIGSTOP)
-        w = subprocess.Popen([str(fakecuda / "workload_driver"), "-n", "100"], env={"WORKLOAD_TRUTH": "/dev/null"})
-        try:
-            rc = w.wait(timeout=10)
-        finally:
-            w.kill()
-        # The workload ran to its end while the agent was stopped throughout.
-        assert state(agent.pid) == "T"
-        assert rc == 0
+        w = run_beside_stopped(agent, fakecuda)
     finally:
         agent.kill()
         _, err = agent.communicate()
@@ -207,13 +213,7 @@ def test_an_idle_agents_guardian_wakes_once_a_hold_limit_and_still_bounds_a_hold
         # Three seconds at a 2 s limit: one wake, two where the first came early; a sweep
         # every 20 ms would have woken it 150 times.
         assert wakes(guard) - first <= 3
-        os.kill(agent.pid, signal.SIGSTOP)
-        w = subprocess.Popen([str(fakecuda / "workload_driver"), "-n", "100"], env={"WORKLOAD_TRUTH": "/dev/null"})
-        try:
-            rc = w.wait(timeout=10)
-        finally:
-            w.kill()
-        assert state(agent.pid) == "T" and rc == 0
+        w = run_beside_stopped(agent, fakecuda)
     finally:
         agent.kill()
         _, err = agent.communicate()
