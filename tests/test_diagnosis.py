@@ -657,6 +657,39 @@ def test_a_slowdown_past_a_step_a_window_is_judged_with_the_windows_held() -> No
     assert d.diagnoses[0].onset_ns == host(30).end_ns - W_NS + host(30).wall_offset_ns
 
 
+def test_a_rank_starved_of_its_cpu_is_not_said_to_wait_for_a_peer() -> None:
+    """A CI run's fleet rig (2026-11-30): a hog of higher priority on the CPU of one rank (301).
+    Its late wake-ups land in its collectives too: they grew from 7 to 16.5 ms a step, most of
+    its step's growth, and more than its neighbour's (300, slowed less by the same hog: 13.2
+    ms). Read as waiting, it was said to wait for its neighbour (its fleet's rule then left it
+    out, and named the neighbour). Its run queue grew by 9.8 ms a step, as much: that is no wait
+    for a peer. It is the straggler its peers wait for, its own cause the hog; a rank that only
+    waits (302) still waits for it."""
+    ranks = [ProcessKey(300 + r, 1) for r in range(4)]
+
+    def window(i: int, slow: bool) -> tuple[list[ProcWindow], HostWindow]:
+        ws = []
+        for r, key in enumerate(ranks):
+            w = proc(22.0 if slow else 10.0, key=key)
+            w.collective_ns = int(w.step_ns * 0.7)
+            if slow:
+                w.collective_ns = int(w.step_ns * (0.6, 0.75, 0.9, 0.9)[r])
+                if r < 2:
+                    w.runq_ns = int(W_NS * (0.2, 0.45)[r])
+                    w.off_cpu_ns -= w.runq_ns
+                    w.preemptors = {HOG_CGROUP: (w.runq_ns, "", "stress")}
+            ws.append(w)
+        return ws, host(i)
+
+    d, made = run(thirty_then_six(window))
+    by_pid = {x.key.pid: x for x in d.diagnoses}
+    starved = by_pid[301].evidence
+    assert by_pid[301].cause == "straggler" and "waits_for_pid" not in starved, made
+    assert starved["own_cause"] == "cpu_interference", starved
+    assert starved["run_queue_growth_seconds_per_step"] == pytest.approx(0.0098, rel=0.05)
+    assert by_pid[302].evidence["waits_for_pid"] == 301 and by_pid[303].evidence["waits_for_pid"] == 301
+
+
 def test_a_rank_slowed_by_its_own_loading_is_the_straggler_with_its_own_cause_as_evidence() -> None:
     """The slowed rank's own signals say input starvation (its GPU idles while
     its host work grew); its peers wait for it in collectives. The job's cause

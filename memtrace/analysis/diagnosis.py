@@ -720,29 +720,41 @@ def _memory_limit_newly_hit(
 
 
 def _summed(w: ProcWindow, ws: list[ProcWindow]) -> ProcWindow:
-    """`w` with the steps, step time and collective time of the windows `ws` summed: a rank
-    over a slowdown, as the straggler scorer compares ranks."""
+    """`w` with the steps, step time, collective time and run queue (None where a window's is not
+    known) of the windows `ws` summed: a rank over a slowdown, as the straggler scorer compares ranks."""
+    runq = [x.runq_ns for x in ws]
     return replace(
         w,
         steps=sum(x.steps for x in ws),
         step_ns=sum(x.step_ns for x in ws),
         collective_ns=sum(x.collective_ns for x in ws),
+        runq_ns=None if any(r is None for r in runq) else sum(r or 0 for r in runq),
     )
+
+
+def _runq_per_step(ws: list[tuple[ProcWindow, HostWindow]]) -> tuple[float, float] | None:
+    """Run-queue ns and step ns per step over the windows whose run queue is known (None: none)."""
+    known = [w for w, _ in ws if w.runq_ns is not None and w.steps]
+    n = sum(w.steps for w in known)
+    return (sum(w.runq_ns or 0 for w in known) / n, sum(w.step_ns for w in known) / n) if n else None
 
 
 def _runq_explains(before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]) -> bool:
     """The run queue's growth per step is at least MARGINS.host_starved_of_growth of the step's own
     growth (True where the steps or the run queue are not known: the share's rise alone decides)."""
-
-    def per_step(ws: list[tuple[ProcWindow, HostWindow]]) -> tuple[float, float] | None:
-        known = [w for w, _ in ws if w.runq_ns is not None and w.steps]
-        n = sum(w.steps for w in known)
-        return (sum(w.runq_ns or 0 for w in known) / n, sum(w.step_ns for w in known) / n) if n else None
-
-    b, a = per_step(before), per_step(after)
+    b, a = _runq_per_step(before), _runq_per_step(after)
     if b is None or a is None or a[1] <= b[1]:
         return True
     return a[0] - b[0] >= MARGINS.host_starved_of_growth * (a[1] - b[1])
+
+
+def _runq_growth(
+    before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]
+) -> float | None:
+    """How much longer, in ns a step, it waited for a CPU after than before (at least 0; None:
+    its run queue not known on one side)."""
+    b, a = _runq_per_step(before), _runq_per_step(after)
+    return None if b is None or a is None else max(a[0] - b[0], 0.0)
 
 
 def _unseen_idle(
@@ -1462,17 +1474,25 @@ class Diagnoser:
             return (sum(w.step_ns for w in ws) / steps, sum(w.collective_ns for w in ws) / steps) if steps else (0, 0)
 
         def coll_share(w: ProcWindow) -> float:
-            return _share(w.collective_ns, w.step_ns)
+            # Its step's share in collectives that was no wait for a CPU (at most: its run queue
+            # is not all inside them): a rank starved of its CPU is woken late in them too.
+            return _share(max(w.collective_ns - (w.runq_ns or 0), 0), w.step_ns)
 
         (step_b, coll_b), (step_a, coll_a) = per_step([w for w, _ in before]), per_step([w for w, _ in after])
         grew = step_a - step_b
         if grew <= 0:
             return 0.0, "straggler", {}
-        waited = (coll_a - coll_b) / grew  # the share of its extra step time spent waiting in collectives
+        # Its run queue's growth is no wait for a peer: a rank starved of its CPU is woken late in
+        # its collectives too, and that lands in their time (a CI run's fleet rig: the rank a hog
+        # sat on was first said to wait for its neighbour, and its fleet left it out).
+        starved = _runq_growth(before, after) or 0.0
+        waited = (coll_a - coll_b - starved) / grew  # the share of its extra step time spent waiting in collectives
         ev: dict[str, Any] = {
             "collective_seconds_per_step_before": round(coll_b / 1e9, 6),
             "collective_seconds_per_step": round(coll_a / 1e9, 6),
         }
+        if starved > 0:
+            ev["run_queue_growth_seconds_per_step"] = round(starved / 1e9, 6)
         # It waits for a peer: most of its step's growth is time in collectives, and a peer
         # spends a smaller share of the (shared) step there: the one it waits for. If every
         # rank waits alike, the collectives themselves slowed (their network): no straggler.
