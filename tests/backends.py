@@ -106,6 +106,15 @@ class VictoriaMetrics:
         assert doc["status"] == "success", doc
         return doc["data"]["result"]
 
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query_range?" + urllib.parse.urlencode(
+            {"query": expr, "start": start, "end": end, "step": f"{step}s"}
+        )
+        with urllib.request.urlopen(url, timeout=30) as r:
+            doc = json.load(r)
+        assert doc["status"] == "success", doc
+        return doc["data"]["result"]
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)

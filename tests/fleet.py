@@ -55,6 +55,7 @@ RULES = REPO / "deploy" / "prometheus" / "memtrace-fleet-rules.yaml"
 OTELCOL = Path(__file__).with_name("fleet-otelcol.yaml")
 VMALERT_VERSION = "v1.148.9"  # the newest whose module builds with this Go and the module proxy alone
 NIC_RATE = "80mbit"
+JOB = '{memtrace_job_id!=""}'
 NET_BYTES = 128 << 10  # sent by each rank each step
 CPU_HOGS = 1
 HOG_NICE = "-19"
@@ -477,6 +478,37 @@ class Fleet:
     def query(self, expr: str) -> list[dict]:
         assert self.vm is not None
         return self.vm.query(expr)
+
+    def evidence(self, since: float) -> str:
+        """What the rule read, each second from `since` (wall clock) to now, by rank: run-queue
+        seconds a second, wait share, step seconds; and every diagnosis its agents pushed,
+        with when it was first and last pushed. For a test's failure message: a rig that named
+        the wrong rank once in a dozen CI runs says why in that run's log."""
+        assert self.vm is not None
+        exprs = {
+            "run queue s/s": f"rate(memtrace_process_run_queue_time_seconds_total{JOB}[5s])",
+            "wait share": f"sum without (collective) (rate(memtrace_nccl_wait_time_seconds_total{JOB}[5s]))"
+            f" / rate(memtrace_step_duration_seconds_sum{JOB}[5s])",
+            "step s": f"rate(memtrace_step_duration_seconds_sum{JOB}[5s])"
+            f" / rate(memtrace_step_duration_seconds_count{JOB}[5s])",
+        }
+        end = time.time()
+        lines = []
+        for name, expr in exprs.items():
+            rows = {}
+            for series in self.vm.query_range(expr, since, end, 1.0):
+                rank = int(series["metric"].get("memtrace_job_rank", -1))
+                rows[rank] = " ".join(f"{float(v):.2f}" for _, v in series["values"])
+            lines.append(f"{name}, rank: each second from the onset")
+            lines += [f"  {r:>3} {rows[r]}" for r in sorted(rows)]
+        lines.append("diagnoses (host, pid, cause, own_cause: count, first and last push, s from the onset)")
+        for series in self.vm.query(f"memtrace_diagnoses_total[{int(end - since) + 60}s]"):  # the samples pushed
+            m, values = series["metric"], series["values"]
+            lines.append(
+                f"  {m.get('host_name')} {m.get('process_pid')} {m.get('cause')} {m.get('own_cause', '')}: "
+                f"{values[-1][1]}, {float(values[0][0]) - since:+.0f} {float(values[-1][0]) - since:+.0f}"
+            )
+        return "\n".join(lines)
 
     def close(self) -> None:
         self.faults.clear()  # killed with their hosts

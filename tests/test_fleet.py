@@ -71,14 +71,17 @@ def test_four_hosts_name_the_slow_rank_and_its_own_cause_and_a_healthy_job_nobod
 
         # A CPU hog on the CPU of rank 5 (host 1): that rank, and its own cause.
         victim = fleet.victim
+        onset = time.time()
         fleet.onset("cpu")
         named_until(fleet, lambda a: any(x["slow_cause"] != "pending" for x in a), seen)
-        assert seen, "nobody named"
+        assert seen, f"nobody named\n{fleet.evidence(onset)}"
         assert {(x["memtrace_job_rank"], x["host_name"], x["process_pid"]) for x in seen} == {
             (str(victim.rank), hosts[victim.host], str(victim.pid))
-        }, brief(seen)  # the ranks that waited for it never were
+        }, f"{brief(seen)}\n{fleet.evidence(onset)}"  # the ranks that waited for it never were
         assert {x["memtrace_job_id"] for x in seen} == {fleet.job}
-        assert {x["slow_cause"] for x in seen} in ({"cpu_interference"}, {"pending", "cpu_interference"}), brief(seen)
+        assert {x["slow_cause"] for x in seen} in ({"cpu_interference"}, {"pending", "cpu_interference"}), (
+            f"{brief(seen)}\n{fleet.evidence(onset)}"
+        )
         # The bulk flow on a host's NIC is measured by bench/targets/fleet.py, not held here: on
         # this 2-vCPU rig it slows that host's ranks by about as much as the hosts' shares of
         # waiting wander, and ranks of other hosts were named with them (docs/fleet.md).
