@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from memtrace.core.ids import ProcessKey
-from memtrace.model.steps import WORK_CLASSES_PER_OCTAVE
+from memtrace.model.steps import OTHER_WORK, WORK_CLASSES_PER_OCTAVE
 
 WINDOW_S = 0.5
 BASELINE = 20  # normal windows in a baseline
@@ -69,6 +69,8 @@ MIN_BASELINE = 6  # before this many, no judgement
 MIN_JUDGE = 4
 HOLD_PHASES = 3  # a third window in a row of one step longer than a window is judged
 TRIM_FROM = 4  # a training window of this many steps or more is judged without its longest
+MAIN_SHARE = 0.6  # a class of work of this share of a training loop's steps is its training steps
+SHORTER = 0.7  # ... and the steps of a class under this share of theirs are left out of a window's mean
 # A fault that halves one of three resources a step uses in equal parts slows
 # it by a sixth to a third; a healthy job's half-second means stay within a
 # few percent of its median (bench/diagnose prints the spread it saw).
@@ -264,6 +266,9 @@ class ProcWindow:
     # A server's copies in the window by (direction, size class: model/steps.CopySizeStats) ->
     # (calls, bytes, ns inside them).
     copies: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
+    # A training loop's steps in the window by class of work (model/steps.work_class): (steps, step
+    # ns); {}: not known (a server, or its first window).
+    classes: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -352,6 +357,8 @@ class _Seen:
     unit: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     serving: bool = False  # judged as a server (its baseline is in units of work)
     last: float | None = None  # its last window's symptom value (for a debug log)
+    # The classes of work its normal windows' means leave out (_short_classes).
+    short: frozenset[tuple[int, int]] = frozenset()
     active: Diagnosis | None = None
     since_detect: int = 0
     calm: int = 0
@@ -369,16 +376,50 @@ class _Seen:
     gone: int | None = None  # the window it was found gone in (Diagnoser.gone)
 
 
-def _step_mean(w: ProcWindow) -> float | None:
+def _short_classes(s: _Seen) -> frozenset[tuple[int, int]]:
+    """The classes of work (bytes in and out, model/steps.work_class) of a training loop's
+    steps, in its normal windows, that are shorter than its training steps: where one class
+    holds MAIN_SHARE or more of the steps (its training steps) but not all, the others whose
+    steps took under SHORTER of that class's. An evaluation's iterations (forward only, a count
+    read back, not a loss), say; not the longer steps beside them (an optimizer step's
+    all-reduce, a log line's synchronisation, a checkpoint), which a fault may slow alone.
+    Empty where no class holds MAIN_SHARE (batches of varying length)."""
+    per: dict[tuple[int, int], list[int]] = {}
+    for w, _h in s.normal_windows:
+        for wk, (n, ns) in w.classes.items():
+            c = per.setdefault(wk, [0, 0])
+            c[0] += n
+            c[1] += ns
+    total = sum(n for n, _ns in per.values())
+    if not total:
+        return frozenset()
+    main, (n, ns) = max(per.items(), key=lambda t: t[1][0])
+    if main == OTHER_WORK or not MAIN_SHARE * total <= n < total or ns <= 0:
+        return frozenset()
+    return frozenset(wk for wk, (m, mns) in per.items() if wk != main and m and mns / m < SHORTER * ns / n)
+
+
+def _step_mean(w: ProcWindow, short: frozenset[tuple[int, int]] = frozenset()) -> float | None:
     """A window's mean step without its longest, where it holds TRIM_FROM steps or more: a
     checkpoint's serialisation, a log line's synchronisation or a collection is one step, not
     the loop, and two of them in a row (or one beside a noisy window) read as a slowdown. A
-    slowdown stretches every step: the others show it."""
+    slowdown stretches every step: the others show it. Steps of a class shorter than the loop's
+    training steps (`short`, _short_classes) are left out where the window holds others: an
+    evaluation's 20 iterations, each a third of a training step, pulled a window's mean to
+    0.55-0.77 of its baseline, and a fault starting beside one was detected a window or two
+    later (the zoo's eval shape, 2.1-2.3 s)."""
     if not w.steps:
         return None
-    if w.steps >= TRIM_FROM and 0 < w.longest_ns < w.step_ns:
-        return (w.step_ns - w.longest_ns) / (w.steps - 1)
-    return w.step_ns / w.steps
+    n, ns = w.steps, w.step_ns
+    if short:
+        left_n = sum(c for wk, (c, _x) in w.classes.items() if wk in short)
+        left_ns = sum(x for wk, (_c, x) in w.classes.items() if wk in short)
+        if 0 < left_n < n:
+            n, ns = n - left_n, ns - left_ns
+    # Its longest step is one of those left in (longer than their mean: a short class's is not).
+    if n >= TRIM_FROM and ns / n <= w.longest_ns < ns:
+        return (ns - w.longest_ns) / (n - 1)
+    return ns / n
 
 
 def _phase(s: _Seen, w: ProcWindow) -> bool:
@@ -554,7 +595,7 @@ def _symptom_value(s: _Seen, w: ProcWindow) -> tuple[float | None, bool]:
     busy time barely moves). And whether its work is only bounded (a server's
     window of no known class of work)."""
     if not w.serving:
-        return _step_mean(w), False
+        return _step_mean(w, s.short), False
     busy, copies = _server_ratios(s, w)
     ratios = [r for r in (busy, copies) if r is not None]
     return (max(ratios) if ratios else None), _work_ratio(s, w) is None
@@ -933,6 +974,13 @@ class Diagnoser:
         # pace too. Slow with this one, they are slow windows: counted, and their signals evidence
         # (a job slowed past one step a window had its first seconds of evidence dropped).
         held, s.held_windows = s.held_windows, []
+        if not w.serving:
+            short = _short_classes(s)
+            if short != s.short:
+                # The baseline's means, each normal window's as it would be judged now.
+                s.short = short
+                means = [_step_mean(x, short) for x, _h in s.normal_windows]
+                s.normal = deque((m for m in means if m is not None), maxlen=BASELINE)
         # Only classes of work never seen (bounded): judged against their bound, never learnt as a ratio.
         mean, bounded = _symptom_value(s, w)
         s.last = mean
@@ -1474,25 +1522,27 @@ class Diagnoser:
             return (sum(w.step_ns for w in ws) / steps, sum(w.collective_ns for w in ws) / steps) if steps else (0, 0)
 
         def coll_share(w: ProcWindow) -> float:
-            # Its step's share in collectives that was no wait for a CPU (at most: its run queue
-            # is not all inside them): a rank starved of its CPU is woken late in them too.
-            return _share(max(w.collective_ns - (w.runq_ns or 0), 0), w.step_ns)
+            return _share(w.collective_ns, w.step_ns)
 
         (step_b, coll_b), (step_a, coll_a) = per_step([w for w, _ in before]), per_step([w for w, _ in after])
         grew = step_a - step_b
         if grew <= 0:
             return 0.0, "straggler", {}
-        # Its run queue's growth is no wait for a peer: a rank starved of its CPU is woken late in
-        # its collectives too, and that lands in their time (a CI run's fleet rig: the rank a hog
-        # sat on was first said to wait for its neighbour, and its fleet left it out).
-        starved = _runq_growth(before, after) or 0.0
-        waited = (coll_a - coll_b - starved) / grew  # the share of its extra step time spent waiting in collectives
+        waited = (coll_a - coll_b) / grew  # the share of its extra step time spent waiting in collectives
         ev: dict[str, Any] = {
             "collective_seconds_per_step_before": round(coll_b / 1e9, 6),
             "collective_seconds_per_step": round(coll_a / 1e9, 6),
         }
-        if starved > 0:
+        # A rank whose run queue grew by most of its step's growth (MARGINS.host_starved_of_growth)
+        # waits for its CPU: starved of it, it is woken late in its collectives too, and that lands
+        # in their time, so only their growth past its run queue's is a wait for a peer (a CI run's
+        # fleet rig: the rank a hog sat on was said to wait for its neighbour, and its fleet left
+        # it out). A rank that waits for a peer on a busy host has its run queue grow too, by less
+        # (the zoo's slow rank's peers): its waits are taken whole, as before.
+        starved = _runq_growth(before, after)
+        if starved is not None and starved >= MARGINS.host_starved_of_growth * grew:
             ev["run_queue_growth_seconds_per_step"] = round(starved / 1e9, 6)
+            waited = max(coll_a - coll_b - starved, 0.0) / grew
         # It waits for a peer: most of its step's growth is time in collectives, and a peer
         # spends a smaller share of the (shared) step there: the one it waits for. If every
         # rank waits alike, the collectives themselves slowed (their network): no straggler.

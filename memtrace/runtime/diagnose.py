@@ -89,6 +89,7 @@ class LiveDiagnosis:
         self._prev_hits: dict[ProcessKey, int] = {}  # its memory cgroups' limit hits
         self._prev_calls: dict[ProcessKey, int] = {}  # ns in its collective calls, as the NCCL sensor has them
         self._prev_work: dict[ProcessKey, dict[tuple[int, int], tuple[int, int]]] = {}  # a server's, by class
+        self._prev_classes: dict[ProcessKey, dict[tuple[int, int], tuple[int, int]]] = {}  # a training loop's
         self._prev_sizes: dict[ProcessKey, dict[tuple[int, int], tuple[int, int, int]]] = {}  # its copies, by size
         self._prev_durations: dict[ProcessKey, ExpHistogram] = {}  # its step durations (s)
         self._prev_pcie: dict[str, int] = {}  # per GPU: the PCIe bytes its driver counted
@@ -126,6 +127,7 @@ class LiveDiagnosis:
             self._prev_hits,
             self._prev_calls,
             self._prev_work,
+            self._prev_classes,
             self._prev_sizes,
             self._prev_durations,
         ):
@@ -184,6 +186,7 @@ class LiveDiagnosis:
                 prev = self._prev_counters.get(key)
                 self._prev_counters[key] = cur
                 work = self._work(key, steps)
+                classes = self._classes(key, steps)
                 sizes = self._sizes(key, steps)
                 longest = self._longest(key, steps)
                 if prev is None:
@@ -209,6 +212,7 @@ class LiveDiagnosis:
                     serving=work is not None,
                     work=work or {},  # a server's first window as one: no classes yet (learned next)
                     copies=sizes or {},
+                    classes=classes,
                 )
         hw = HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5, copy_bytes=copy_bytes)
         stall = self._stall.read_us()
@@ -338,6 +342,24 @@ class LiveDiagnosis:
         cur = {wk: (w.steps, w.busy_ns) for wk, w in steps.work.items()}
         prev = self._prev_work.get(key, {})
         self._prev_work[key] = cur
+        out = {}
+        for wk, (n, ns) in cur.items():
+            n0, ns0 = prev.get(wk, (0, 0))
+            if n > n0:
+                out[wk] = (n - n0, ns - ns0)
+        return out
+
+    def _classes(self, key: ProcessKey, steps: StepStats | None) -> dict[tuple[int, int], tuple[int, int]]:
+        """A training loop's steps in the window by class of work: (steps, step ns), the difference
+        of its cumulative classes ({} for a server, or in its first window)."""
+        if steps is None or steps.loop is Loop.SERVING:
+            self._prev_classes.pop(key, None)
+            return {}
+        cur = {wk: (w.steps, w.step_ns) for wk, w in steps.work.items()}
+        prev = self._prev_classes.get(key)
+        self._prev_classes[key] = cur
+        if prev is None:
+            return {}
         out = {}
         for wk, (n, ns) in cur.items():
             n0, ns0 = prev.get(wk, (0, 0))
