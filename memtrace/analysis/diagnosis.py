@@ -508,6 +508,22 @@ def _bounded_ratio(s: _Seen, w: ProcWindow) -> float | None:
     return busy / expected if expected else None
 
 
+def _keep_normal(s: _Seen, w: ProcWindow, host: HostWindow, mean: float) -> None:
+    """A normal window into the baseline: a server's classes of work learnt from it; a training
+    loop's short classes (_short_classes) weighed again with it, and where they changed, the
+    baseline's means made again, each normal window's as it would be judged now."""
+    s.normal.append(mean)
+    s.normal_windows.append((w, host))
+    if w.serving:
+        _learn_work(s, w)
+        return
+    short = _short_classes(s)
+    if short != s.short:
+        s.short = short
+        means = [_step_mean(x, short) for x, _h in s.normal_windows]
+        s.normal = deque((m for m in means if m is not None), maxlen=BASELINE)
+
+
 def _learn_work(s: _Seen, w: ProcWindow) -> None:
     """Fold a normal window's iterations into their classes' baselines."""
     for wk, (n, ns) in w.work.items():
@@ -761,15 +777,13 @@ def _memory_limit_newly_hit(
 
 
 def _summed(w: ProcWindow, ws: list[ProcWindow]) -> ProcWindow:
-    """`w` with the steps, step time, collective time and run queue (None where a window's is not
-    known) of the windows `ws` summed: a rank over a slowdown, as the straggler scorer compares ranks."""
-    runq = [x.runq_ns for x in ws]
+    """`w` with the steps, step time and collective time of the windows `ws` summed: a rank
+    over a slowdown, as the straggler scorer compares ranks."""
     return replace(
         w,
         steps=sum(x.steps for x in ws),
         step_ns=sum(x.step_ns for x in ws),
         collective_ns=sum(x.collective_ns for x in ws),
-        runq_ns=None if any(r is None for r in runq) else sum(r or 0 for r in runq),
     )
 
 
@@ -957,6 +971,7 @@ class Diagnoser:
             s.normal.clear()
             s.normal_windows.clear()
             s.unit.clear()
+            s.short = frozenset()
             s.slow, s.serving = [], w.serving
         if _phase(s, w):
             s.held += 1
@@ -974,13 +989,6 @@ class Diagnoser:
         # pace too. Slow with this one, they are slow windows: counted, and their signals evidence
         # (a job slowed past one step a window had its first seconds of evidence dropped).
         held, s.held_windows = s.held_windows, []
-        if not w.serving:
-            short = _short_classes(s)
-            if short != s.short:
-                # The baseline's means, each normal window's as it would be judged now.
-                s.short = short
-                means = [_step_mean(x, short) for x, _h in s.normal_windows]
-                s.normal = deque((m for m in means if m is not None), maxlen=BASELINE)
         # Only classes of work never seen (bounded): judged against their bound, never learnt as a ratio.
         mean, bounded = _symptom_value(s, w)
         s.last = mean
@@ -992,10 +1000,7 @@ class Diagnoser:
             return None
         if len(s.normal) < MIN_BASELINE and not (len(s.normal) >= MIN_JUDGE and self._slow(s, w, mean, host)):
             s.slow = []
-            s.normal.append(mean)
-            s.normal_windows.append((w, host))
-            if w.serving:
-                _learn_work(s, w)
+            _keep_normal(s, w, host, mean)
             return None
         base = statistics.median(s.normal)
         if s.active is not None:
@@ -1025,10 +1030,7 @@ class Diagnoser:
                 return self._detect(s, base, host, peers)
             return None
         s.slow = []
-        s.normal.append(mean)
-        s.normal_windows.append((w, host))
-        if w.serving:
-            _learn_work(s, w)
+        _keep_normal(s, w, host, mean)
         return None
 
     def _link(self, s: _Seen, w: ProcWindow, host: HostWindow) -> Diagnosis | None:
