@@ -99,21 +99,18 @@ class VictoriaMetrics:
     def otlp(self) -> str:
         return f"http://127.0.0.1:{self.port}/opentelemetry"
 
-    def query(self, expr: str) -> list[dict]:
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=10) as r:
+    def _api(self, path: str, params: dict[str, object], timeout: float) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             doc = json.load(r)
         assert doc["status"] == "success", doc
         return doc["data"]["result"]
 
+    def query(self, expr: str) -> list[dict]:
+        return self._api("query", {"query": expr}, 10)
+
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
-        url = f"http://127.0.0.1:{self.port}/api/v1/query_range?" + urllib.parse.urlencode(
-            {"query": expr, "start": start, "end": end, "step": f"{step}s"}
-        )
-        with urllib.request.urlopen(url, timeout=30) as r:
-            doc = json.load(r)
-        assert doc["status"] == "success", doc
-        return doc["data"]["result"]
+        return self._api("query_range", {"query": expr, "start": start, "end": end, "step": f"{step}s"}, 30)
 
     def stop(self) -> None:
         self.proc.terminate()
