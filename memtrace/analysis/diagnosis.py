@@ -69,6 +69,9 @@ MIN_BASELINE = 6  # before this many, no judgement
 MIN_JUDGE = 4
 HOLD_PHASES = 3  # a third window in a row of one step longer than a window is judged
 TRIM_FROM = 4  # a training window of this many steps or more is judged without its longest
+# ... where that step is LONE times the longest its normal windows hold (their median), or more: a
+# one-off (a checkpoint's serialisation, a collection), not a step of the loop's own pattern
+LONE = 3.0
 MAIN_SHARE = 0.6  # a class of work of this share of a training loop's steps is its training steps
 SHORTER = 0.7  # ... and the steps of a class under this share of theirs are left out of a window's mean
 # A fault that halves one of three resources a step uses in equal parts slows
@@ -359,6 +362,8 @@ class _Seen:
     last: float | None = None  # its last window's symptom value (for a debug log)
     # The classes of work its normal windows' means leave out (_short_classes).
     short: frozenset[tuple[int, int]] = frozenset()
+    # The shortest step its windows' means leave out as a one-off (_lone; None: any longest step).
+    lone: float | None = None
     active: Diagnosis | None = None
     since_detect: int = 0
     calm: int = 0
@@ -399,15 +404,21 @@ def _short_classes(s: _Seen) -> frozenset[tuple[int, int]]:
     return frozenset(wk for wk, (m, mns) in per.items() if wk != main and m and mns / m < SHORTER * ns / n)
 
 
-def _step_mean(w: ProcWindow, short: frozenset[tuple[int, int]] = frozenset()) -> float | None:
-    """A window's mean step without its longest, where it holds TRIM_FROM steps or more: a
-    checkpoint's serialisation, a log line's synchronisation or a collection is one step, not
-    the loop, and two of them in a row (or one beside a noisy window) read as a slowdown. A
-    slowdown stretches every step: the others show it. Steps of a class shorter than the loop's
-    training steps (`short`, _short_classes) are left out where the window holds others: an
-    evaluation's 20 iterations, each a third of a training step, pulled a window's mean to
-    0.55-0.77 of its baseline, and a fault starting beside one was detected a window or two
-    later (the zoo's eval shape, 2.1-2.3 s)."""
+def _step_mean(
+    w: ProcWindow, short: frozenset[tuple[int, int]] = frozenset(), lone: float | None = None
+) -> float | None:
+    """A window's mean step without its longest, where it holds TRIM_FROM steps or more and that
+    step is `lone` or longer (_lone): a checkpoint's serialisation or a collection is one step,
+    not the loop, and two of them in a row (or one beside a noisy window) read as a slowdown. A
+    slowdown stretches every step: the others show it. A step of the loop's own pattern is kept:
+    gradient accumulation's optimizer step (its all-reduce), two or three a window, was left out
+    whatever it took, and a flooded link that doubled it read 1.0-1.26x, the window's mean
+    swinging with how many of them it held (the zoo's accumulation shape: detected 2.6-5 s after
+    the onset, or never). Steps of a class shorter than the loop's training steps (`short`,
+    _short_classes) are left out where the window holds others: an evaluation's 20 iterations,
+    each a third of a training step, pulled a window's mean to 0.55-0.77 of its baseline, and a
+    fault starting beside one was detected a window or two later (the zoo's eval shape,
+    2.1-2.3 s)."""
     if not w.steps:
         return None
     n, ns = w.steps, w.step_ns
@@ -417,9 +428,17 @@ def _step_mean(w: ProcWindow, short: frozenset[tuple[int, int]] = frozenset()) -
         if 0 < left_n < n:
             n, ns = n - left_n, ns - left_ns
     # Its longest step is one of those left in (longer than their mean: a short class's is not).
-    if n >= TRIM_FROM and ns / n <= w.longest_ns < ns:
+    if n >= TRIM_FROM and ns / n <= w.longest_ns < ns and (lone is None or w.longest_ns >= lone):
         return (ns - w.longest_ns) / (n - 1)
     return ns / n
+
+
+def _lone(s: _Seen) -> float | None:
+    """The shortest step a training window's mean leaves out as a one-off: LONE times the median
+    of its normal windows' longest steps, once MIN_JUDGE of them are known; None before (any
+    longest step is left out, as where the runtime does not know them)."""
+    known = [w.longest_ns for w, _h in s.normal_windows if w.longest_ns and w.steps >= TRIM_FROM]
+    return LONE * statistics.median(known) if len(known) >= MIN_JUDGE else None
 
 
 def _phase(s: _Seen, w: ProcWindow) -> bool:
@@ -510,17 +529,18 @@ def _bounded_ratio(s: _Seen, w: ProcWindow) -> float | None:
 
 def _keep_normal(s: _Seen, w: ProcWindow, host: HostWindow, mean: float) -> None:
     """A normal window into the baseline: a server's classes of work learnt from it; a training
-    loop's short classes (_short_classes) weighed again with it, and where they changed, the
-    baseline's means made again, each normal window's as it would be judged now."""
+    loop's short classes (_short_classes) and one-off steps (_lone) weighed again with it, and
+    where they changed, the baseline's means made again, each normal window's as it would be
+    judged now."""
     s.normal.append(mean)
     s.normal_windows.append((w, host))
     if w.serving:
         _learn_work(s, w)
         return
-    short = _short_classes(s)
-    if short != s.short:
-        s.short = short
-        means = [_step_mean(x, short) for x, _h in s.normal_windows]
+    short, lone = _short_classes(s), _lone(s)
+    if short != s.short or lone != s.lone:
+        s.short, s.lone = short, lone
+        means = [_step_mean(x, short, lone) for x, _h in s.normal_windows]
         s.normal = deque((m for m in means if m is not None), maxlen=BASELINE)
 
 
@@ -611,7 +631,7 @@ def _symptom_value(s: _Seen, w: ProcWindow) -> tuple[float | None, bool]:
     busy time barely moves). And whether its work is only bounded (a server's
     window of no known class of work)."""
     if not w.serving:
-        return _step_mean(w, s.short), False
+        return _step_mean(w, s.short, s.lone), False
     busy, copies = _server_ratios(s, w)
     ratios = [r for r in (busy, copies) if r is not None]
     return (max(ratios) if ratios else None), _work_ratio(s, w) is None
@@ -971,7 +991,7 @@ class Diagnoser:
             s.normal.clear()
             s.normal_windows.clear()
             s.unit.clear()
-            s.short = frozenset()
+            s.short, s.lone = frozenset(), None
             s.slow, s.serving = [], w.serving
         if _phase(s, w):
             s.held += 1
