@@ -15,9 +15,9 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -54,6 +54,22 @@ class _Counters:
 
     def __sub__(self, prev: _Counters) -> _Counters:
         return _Counters(*(getattr(self, f.name) - getattr(prev, f.name) for f in dataclasses.fields(self)))
+
+
+_K = TypeVar("_K")
+_C = TypeVar("_C", bound=tuple[int, ...])
+
+
+def grown(prev: Mapping[_K, _C], cur: Mapping[_K, _C]) -> dict[_K, _C]:
+    """Per class, what its cumulative counters (the first one a count) moved from `prev` to
+    `cur`: the classes whose count grew, each counter's difference (a class not in `prev`: all
+    of it). A server's iterations and copies, a training loop's steps, by class."""
+    out: dict[_K, _C] = {}
+    for k, now in cur.items():
+        was = prev.get(k)
+        if now[0] > (0 if was is None else was[0]):
+            out[k] = now if was is None else cast(_C, tuple(a - b for a, b in zip(now, was, strict=True)))
+    return out
 
 
 def longest_added(prev: ExpHistogram | None, cur: ExpHistogram) -> int:
@@ -342,12 +358,7 @@ class LiveDiagnosis:
         cur = {wk: (w.steps, w.busy_ns) for wk, w in steps.work.items()}
         prev = self._prev_work.get(key, {})
         self._prev_work[key] = cur
-        out = {}
-        for wk, (n, ns) in cur.items():
-            n0, ns0 = prev.get(wk, (0, 0))
-            if n > n0:
-                out[wk] = (n - n0, ns - ns0)
-        return out
+        return grown(prev, cur)
 
     def _classes(self, key: ProcessKey, steps: StepStats | None) -> dict[tuple[int, int], tuple[int, int]]:
         """A training loop's steps in the window by class of work: (steps, step ns), the difference
@@ -358,14 +369,7 @@ class LiveDiagnosis:
         cur = {wk: (w.steps, w.step_ns) for wk, w in steps.work.items()}
         prev = self._prev_classes.get(key)
         self._prev_classes[key] = cur
-        if prev is None:
-            return {}
-        out = {}
-        for wk, (n, ns) in cur.items():
-            n0, ns0 = prev.get(wk, (0, 0))
-            if n > n0:
-                out[wk] = (n - n0, ns - ns0)
-        return out
+        return {} if prev is None else grown(prev, cur)
 
     def _sizes(self, key: ProcessKey, steps: StepStats | None) -> dict[tuple[int, int], tuple[int, int, int]] | None:
         """A server's copies in the window by (direction, size class): (calls, bytes, ns), as _work's
@@ -376,14 +380,7 @@ class LiveDiagnosis:
         cur = {ck: (c.calls, c.bytes, c.ns) for ck, c in steps.copies.items()}
         prev = self._prev_sizes.get(key)
         self._prev_sizes[key] = cur
-        if prev is None:
-            return None
-        out = {}
-        for ck, (n, b, ns) in cur.items():
-            n0, b0, ns0 = prev.get(ck, (0, 0, 0))
-            if n > n0:
-                out[ck] = (n - n0, b - b0, ns - ns0)
-        return out
+        return None if prev is None else grown(prev, cur)
 
     def _name_quota(self, diag: Diagnosis) -> None:
         """Whose quota throttled it (`quota_cgroup`): the cgroup it is charged to
