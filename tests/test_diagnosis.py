@@ -23,8 +23,10 @@ from memtrace.analysis.diagnosis import (
 )
 from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey
+from memtrace.core.tcp import TcpPath
+from memtrace.export.otlp import own_cause
 from memtrace.model.steps import work_class
-from memtrace.runtime.diagnose import longest_added
+from memtrace.runtime.diagnose import TCP_EVERY, longest_added
 
 MS = 1_000_000
 W_NS = int(WINDOW_S * 1e9)
@@ -519,6 +521,102 @@ def test_a_cause_whose_evidence_comes_seconds_later_renames_the_first() -> None:
     d, made = run(windows)
     assert made[0] == (31, "input_starvation") and made[-1][1] == "nic_contention", made
     assert d.diagnoses[0].evidence["first_named"] == "input_starvation"
+
+
+def connection(srtt_ms: float, least_ms: float = 0.011, idle_ms: int = 8, inode: int = 5151) -> TcpPath:
+    """A rank's connection to its peer on another host (the fleet rig's exchange), as sock_diag
+    gives it: its round trip now and its least, and how long since it last carried data."""
+    return TcpPath(
+        local="10.78.1.11:40312",
+        peer="10.78.1.12:5301",
+        srtt_us=int(srtt_ms * 1000),
+        min_rtt_us=int(least_ms * 1000),
+        last_send_ms=idle_ms,
+        last_recv_ms=idle_ms,
+        bytes_acked=1 << 30,
+        bytes_received=8192,
+        retransmits=0,
+        inode=inode,
+    )
+
+
+# The fleet rig's ranks' connections to their peers, read every second while healthy (ss, in
+# the rig's namespaces, 2026-12-01): 3.5-26 ms, their least 0.03-0.09 ms. Each rank's bursts
+# (4 ranks x 128 KiB a step) queue at its own 80 Mbit/s shaper: far above their least, always.
+RIG_HEALTHY_MS = (5.1, 8.5, 13.0, 24.1, 3.5, 7.7, 9.4, 6.8, 16.1, 18.0, 5.6, 14.8, 8.7, 15.3, 5.3)
+
+
+def waiting_on_the_network(busy: tuple[float, float] = (0.6, 0.5)) -> list[tuple[list[ProcWindow], HostWindow]]:
+    """Thirty windows of 10 ms steps, every TCP_EVERY-th with its connection read (as the runtime
+    reads it) at the rig's healthy round trips, then slow ones of 20 ms in which the
+    GPU idles 55% of each step and the host's share grows (input starvation's signal); its link
+    busy[0] then busy[1] (by default its own exchange, 60% of its link, then less: its steps
+    slowed)."""
+    ns = 4026532001
+    windows = [
+        ([replace(w, netns=ns)], replace(h, links=[LinkWindow(ns, "eth0", busy[0], 0, 0, 0)]))
+        for (w,), h in healthy(30)
+    ]
+    for i, ((w,), _h) in enumerate(windows):
+        if i % TCP_EVERY == TCP_EVERY - 1:
+            w.tcp = (connection(RIG_HEALTHY_MS[(i // TCP_EVERY) % len(RIG_HEALTHY_MS)]),)
+    for i in range(30, 36):
+        w = proc(20.0, netns=ns)
+        w.gpu_idle_ns, w.host_ns = int(w.step_ns * 0.55), int(w.step_ns * 0.7)
+        windows.append(([w], host(i, links=[LinkWindow(ns, "eth0", busy[1], 0, 0, 0)])))
+    return windows
+
+
+def test_a_wait_for_a_peer_whose_replies_queue_across_the_network_is_a_straggler_it_waits_for() -> None:
+    """The fleet rig (bench/targets/fleet.py, 2026-12-01): host 2's link flooded. Host 1's ranks
+    send their gradients to host 2 and wait for its reply, which queues behind the flood: their
+    GPU idles while their host's share grows, input starvation's signal, and their own link is
+    not full, so their agent named input_starvation, and the fleet's rule named one of them
+    beside host 2's ranks. Their connections to host 2 read round trips of 20-55 ms, against
+    3.5-26 ms while healthy (ss, in the rig's namespaces). Now such a rank is named a straggler
+    it waits for (own cause `waiting`, which the fleet's rule never names), with the peer and the
+    round trips. Judged against the connection's own baseline, not its least: the rig's healthy
+    round trips are 100 times their least."""
+    asked: list[ProcessKey] = []
+
+    def reader(paths: tuple[TcpPath, ...] | None) -> Callable[[ProcessKey], tuple[TcpPath, ...] | None]:
+        def read(key: ProcessKey) -> tuple[TcpPath, ...] | None:
+            asked.append(key)
+            return paths
+
+        return read
+
+    def judge(paths: tuple[TcpPath, ...] | None, **kw: tuple[float, float]) -> Diagnoser:
+        asked.clear()
+        d = Diagnoser(tcp=reader(paths))
+        for i, (procs, h) in enumerate(waiting_on_the_network(**kw)):
+            d.observe(procs, h)
+            assert asked == [KEY] * len(asked) and (i >= 30 or not asked)  # read at the slowdown only
+        return d
+
+    d = judge((connection(35.0),))
+    (x,) = d.diagnoses
+    assert x.cause == "straggler" and own_cause(x) == "waiting"
+    assert x.evidence["waits_for_peer"] == "10.78.1.12:5301" and x.evidence["queued_connections"] == 1
+    assert x.evidence["round_trip_seconds"] == 0.035 and x.evidence["least_round_trip_seconds"] == 0.000011
+    assert 0.005 <= x.evidence["baseline_round_trip_seconds"] <= 0.016  # the median of the healthy readings
+    assert "peer" in x.fix and "own_cause" not in x.evidence
+    assert 1 <= len(asked) <= 6  # at the slow windows it judged (and re-judged), never before
+    # Input starvation, as before: a round trip its healthy readings reached (19 ms, against their
+    # highest of 18 ms: 1700 times its least, as on the rig), a queued connection idle for 5 s, or
+    # one new since the baseline.
+    for paths in ((connection(19.0),), (connection(35.0, idle_ms=5000),), (connection(35.0, inode=7),)):
+        (x,) = judge(paths).diagnoses
+        assert x.cause == "input_starvation", paths
+    # Its own link busy: the queue is its own, nic_contention, as before; and where its link got
+    # busier, not yet past the NIC's margins, input starvation, as before (renamed as it fills).
+    (x,) = judge((connection(35.0),), busy=(0.8, 0.85)).diagnoses
+    assert x.cause == "nic_contention"
+    (x,) = judge((connection(35.0),), busy=(0.5, 0.65)).diagnoses
+    assert x.cause == "input_starvation" and x.evidence["candidates"]["nic_contention"] < 1.0
+    # Not read (the process gone, no privilege): said in the evidence, not silent.
+    (x,) = judge(None).diagnoses
+    assert x.cause == "input_starvation" and x.evidence["connections_read"] is False
 
 
 def straggling(n: int, slow: bool) -> list[ProcWindow]:

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from memtrace.core.ids import ProcessKey
+from memtrace.core.tcp import TcpPath
 from memtrace.model.steps import OTHER_WORK, WORK_CLASSES_PER_OCTAVE
 
 WINDOW_S = 0.5
@@ -184,6 +185,16 @@ class Margins:
     nvlink_errors_score: float = 2.5
     nvlink_waited: float = 0.5
     nvlink_times: float = 1.5
+    # A wait for a peer across the network (what input_starvation would name): a connection of the
+    # process that carried data in the last 2 s has a round trip twice its baseline's median and
+    # 2 ms over the baseline's highest (replies queued on the path, or a slow peer), read at least
+    # 3 times in the baseline.
+    path_recent_ms: int = 2000
+    path_rtt_times: float = 2.0
+    path_rtt_over_us: int = 2000
+    path_baseline_reads: int = 3
+    # ... unless its own link's mean utilization rose this much (its own queue, filling).
+    path_own_rise: float = 0.1
 
 
 MARGINS = Margins()
@@ -223,6 +234,9 @@ FIXES = {
     "idles while the host prepares the next batch",
     "straggler": "every rank waits for the slowest: look at that rank's host (CPU, NIC, GPU health); "
     "the others are healthy",
+    "straggler_remote": "it waits for a peer across the network whose replies come late (the round trip "
+    "to it rose: a queue on the path, most often a full link at the peer's side, or a slow peer): look at "
+    "that peer's host and link (memtrace there names its cause); this process is healthy",
     "ambiguous": "two causes fit the evidence about equally (its candidates); check both",
     "unknown": "no host signal moved with the slowdown: look at the job itself (a data change, a new "
     "code path) or at what memtrace cannot see",
@@ -261,6 +275,9 @@ class ProcWindow:
     memory_limit_hits: int | None = None
     collective_ns: int = 0  # time in NCCL calls and in the waits that followed them (charged to them)
     netns: int | None = None
+    # Its established TCP connections at the window's end (core/tcp.py); None: not read. The
+    # runtime reads them only when the diagnosis asks (Diagnoser.tcp).
+    tcp: tuple[TcpPath, ...] | None = None
     job: str = ""  # memtrace.job.id ("": none known)
     # A server (model/steps.Loop.SERVING): its iterations in the window by class of work
     # (model/steps.work_class) -> (iterations, busy ns: from each one's first call to its end).
@@ -885,10 +902,13 @@ def _cpu_share(ws: list[ProcWindow]) -> float | None:
 
 
 class Diagnoser:
-    def __init__(self) -> None:
+    def __init__(self, tcp: Callable[[ProcessKey], tuple[TcpPath, ...] | None] | None = None) -> None:
         self.seen: dict[ProcessKey, _Seen] = {}
         self.diagnoses: list[Diagnosis] = []
         self.windows = 0
+        # Reads a live process's TCP connections (sources/tcp.py), asked only where a slowdown
+        # would be named input starvation (_remote); None: only what the windows carry.
+        self.tcp = tcp
 
     def gone(self, key: ProcessKey) -> None:
         """A process that exited. Its history stays while it can still be a live rank's peer:
@@ -1214,6 +1234,71 @@ class Diagnoser:
 
     # ---- the cause ----
 
+    def _remote(
+        self,
+        before: list[tuple[ProcWindow, HostWindow]],
+        after: list[tuple[ProcWindow, HostWindow]],
+        scores: list[tuple[float, str, dict[str, Any]]],
+    ) -> list[tuple[float, str, dict[str, Any]]]:
+        """Input starvation that is a wait for a peer across the network: the host's share grew
+        while the process waited on a connection whose replies come late (its round trip stood
+        well above its least: core/tcp.TcpPath.queued). Named a straggler it waits for, as a rank
+        that waits for a local peer is (evidence `waits_for_peer`): a rank whose exchange crosses
+        a link flooded at the far side, a parameter server's client, a loader reading from a
+        storage server behind a queue. Where its own link got busier (path_own_rise), the queue
+        may be its own, filling: left to the NIC scorer, which names it as it fills (the fleet
+        rig's flooded host's ranks were called waiting for their peers without this)."""
+        w = after[-1][0]
+        starved = next((t for t in scores if t[1] == "input_starvation" and t[0] >= MARGINS.named), None)
+        if starved is None or any(c == "nic_contention" and sc >= MARGINS.named for sc, c, _e in scores):
+            return scores
+        if _own_link_rise(before, after) >= MARGINS.path_own_rise:
+            return scores
+        if w.tcp is None and self.tcp is not None:
+            w.tcp = self.tcp(w.key)
+            if w.tcp is None:  # said, not silent: the wait may be the network's (sources/tcp.py counts it)
+                at = scores.index(starved)
+                scores = [
+                    *scores[:at],
+                    (starved[0], starved[1], {**starved[2], "connections_read": False}),
+                    *scores[at + 1 :],
+                ]
+                return scores
+
+        # Each connection against its own round trips in the baseline (their median and highest:
+        # the runtime reads them every TCP_EVERY windows), over the slow windows' readings.
+        def readings(ws: list[tuple[ProcWindow, HostWindow]]) -> dict[int, list[int]]:
+            out: dict[int, list[int]] = {}
+            for x, _h in ws:
+                for p in x.tcp or ():
+                    out.setdefault(p.inode, []).append(p.srtt_us)
+            return out
+
+        base, slow = readings(before), readings(after)
+        queued = []
+        for p in w.tcp or ():
+            if len(base.get(p.inode, ())) < MARGINS.path_baseline_reads:
+                continue  # a connection new since the baseline, or too few readings: not judged
+            now = replace(p, srtt_us=int(statistics.median(slow[p.inode])))
+            b = statistics.median(base[p.inode])
+            if now.queued(
+                b, max(base[p.inode]), MARGINS.path_recent_ms, MARGINS.path_rtt_times, MARGINS.path_rtt_over_us
+            ):
+                queued.append((now, b))
+        if not queued:
+            return scores
+        worst, b = max(queued, key=lambda t: t[0].srtt_us - t[1])
+        ev = {
+            **starved[2],
+            "waits_for_peer": worst.peer,
+            "round_trip_seconds": worst.srtt_us / 1e6,
+            "baseline_round_trip_seconds": round(b / 1e6, 6),
+            "least_round_trip_seconds": worst.min_rtt_us / 1e6,
+            "queued_connections": len(queued),
+            "fix_key": "straggler_remote",
+        }
+        return [t for t in scores if t is not starved] + [(starved[0], "straggler", ev)]
+
     def _cause(self, s: _Seen, peers: list[ProcWindow]) -> tuple[str, dict[str, Any]]:
         before = _guarded(list(s.normal_windows), MIN_JUDGE)
         after = s.slow
@@ -1228,7 +1313,10 @@ class Diagnoser:
                 scores.append(r)
         if not scores:
             return "unknown", {"score": 0.0}
-        candidates = {c: round(sc, 3) for sc, c, _ev in sorted(scores, key=lambda t: -t[0])}
+        scores = self._remote(before, after, scores)
+        candidates: dict[str, float] = {}
+        for sc, c, _ev in sorted(scores, key=lambda t: -t[0]):
+            candidates.setdefault(c, round(sc, 3))  # a cause's best (two scorers may name a straggler)
         # A straggler is the job's cause: its peers wait for it (or this rank
         # waits for one). What slowed the straggler itself, if a signal says,
         # is its evidence: the fix is on that rank's host.
@@ -1236,7 +1324,7 @@ class Diagnoser:
         if straggler:
             score, cause, ev = straggler[0]
             own = max((t for t in scores if t[1] != "straggler"), key=lambda t: t[0], default=None)
-            if own is not None and own[0] >= MARGINS.named and "waits_for_pid" not in ev:
+            if own is not None and own[0] >= MARGINS.named and not ev.keys() & {"waits_for_pid", "waits_for_peer"}:
                 ev = {**ev, "own_cause": own[1], "own_evidence": {k: v for k, v in own[2].items() if k != "fix_key"}}
             return cause, {"score": round(score, 3), **ev, "candidates": candidates}
         # Input starvation is what is left when the host's growing share has no signal of its own: where
@@ -1581,6 +1669,23 @@ class Diagnoser:
                 {**ev, "collective_share": round(mine, 4), "peers_collective_share": round(theirs, 4)},
             )
         return 0.0, "straggler", ev
+
+
+def _own_link_rise(before: list[tuple[ProcWindow, HostWindow]], after: list[tuple[ProcWindow, HostWindow]]) -> float:
+    """How much the process's own busiest link's mean utilization rose, from the baseline's
+    windows to the slow ones (its namespace's links but lo; 0 where none is known)."""
+    ns = after[-1][0].netns
+
+    def mean(ws: list[tuple[ProcWindow, HostWindow]]) -> dict[str, float]:
+        busy: dict[str, list[float]] = {}
+        for _w, h in ws:
+            for x in h.links:
+                if x.netns == ns and x.interface != "lo" and x.utilization is not None:
+                    busy.setdefault(x.interface, []).append(x.utilization)
+        return {k: sum(v) / len(v) for k, v in busy.items()}
+
+    b, a = mean(before), mean(after)
+    return max((a[k] - b[k] for k in a.keys() & b.keys()), default=0.0)
 
 
 def _fix(cause: str, evidence: dict[str, Any]) -> str:

@@ -257,11 +257,12 @@ class _Points:
 
 def own_cause(d: Diagnosis) -> str:
     """A straggler diagnosis's rank's own cause (memtrace.diagnoses' own_cause):
-    `waiting` where it waits for a peer, else what slowed it (the evidence's
-    own_cause, or unknown); "" for other causes, which are its own."""
+    `waiting` where it waits for a peer (on this host, or across the network),
+    else what slowed it (the evidence's own_cause, or unknown); "" for other
+    causes, which are its own."""
     if d.cause != "straggler":
         return ""
-    if "waits_for_pid" in d.evidence:
+    if "waits_for_pid" in d.evidence or "waits_for_peer" in d.evidence:
         return "waiting"
     return str(d.evidence.get("own_cause") or "unknown")
 

@@ -25,6 +25,7 @@ from memtrace.analysis.diagnosis import Diagnoser, Diagnosis, GpuWindow, HostWin
 from memtrace.core.cpu import CpuStats
 from memtrace.core.histogram import ExpHistogram
 from memtrace.core.ids import ProcessKey
+from memtrace.core.tcp import TcpPath
 from memtrace.model.host import HostBook
 from memtrace.model.steps import Loop, StepStats
 from memtrace.runtime.agent import Agent
@@ -32,6 +33,7 @@ from memtrace.runtime.hostsignals import HostSignals
 from memtrace.sources.cgroup import CgroupNames
 from memtrace.sources.psi import Stall
 from memtrace.sources.steal import Steal, share
+from memtrace.sources.tcp import TcpSource
 
 log = logging.getLogger("memtrace")
 
@@ -90,13 +92,33 @@ def longest_added(prev: ExpHistogram | None, cur: ExpHistogram) -> int:
     return int(2.0 ** (top * 2.0**-d.scale) * 1e9)
 
 
+# The training loops' TCP connections are read every this many windows (2 s): a slowdown's round
+# trips are judged against theirs in the baseline (analysis/diagnosis.Diagnoser._remote).
+TCP_EVERY = 4
+
+
+def _whom(d: Diagnosis) -> str:
+    """Whom a straggler diagnosis's process waits for, where it waits (for the log line)."""
+    ev = d.evidence
+    if "waits_for_pid" in ev:
+        return f": waits for pid {ev['waits_for_pid']}"
+    if "waits_for_peer" in ev:
+        return (
+            f": waits for {ev['waits_for_peer']} across the network, round trip"
+            f" {ev['round_trip_seconds'] * 1e3:.3g} ms, {ev['baseline_round_trip_seconds'] * 1e3:.3g} ms before"
+        )
+    return ""
+
+
 class LiveDiagnosis:
     def __init__(
         self, agent: Agent, host: HostSignals, on_diagnosis: Callable[[Diagnosis], None] | None = None
     ) -> None:
         self.agent = agent
         self.host = host
-        self.engine = Diagnoser()
+        self.tcp = TcpSource()
+        self._ticks = 0  # windows judged (every TCP_EVERY-th reads the loops' TCP connections)
+        self.engine = Diagnoser(tcp=self._paths)
         self.on_diagnosis = on_diagnosis
         # Each live process's readings at the last window.
         self._prev_counters: dict[ProcessKey, _Counters] = {}
@@ -121,6 +143,23 @@ class LiveDiagnosis:
         self._stall = Stall("memory")
         self._steal = Steal()
         self._prev_steal: dict[int, int] | None = None
+
+    def _read_paths(self, procs: dict[ProcessKey, ProcWindow]) -> None:
+        """The TCP connections of the training loops that stepped in this window: their round
+        trips while healthy are what a slowdown's are judged against (Diagnoser._remote)."""
+        keys = [k for k, w in procs.items() if w.steps and not w.serving]
+        got = self.tcp.paths_of([k.pid for k in keys], fresh=False)  # also lets go of what no key needs
+        for k in keys:
+            procs[k].tcp = got.get(k.pid)
+
+    def _paths(self, key: ProcessKey) -> tuple[TcpPath, ...] | None:
+        """A process's TCP connections, for the diagnosis; a failure is counted and logged once."""
+        got = self.tcp.paths(key.pid)
+        if got is None and self.tcp.failures == 1:
+            log.warning(
+                "TCP connections not read (%s): a wait on the network reads as input starvation", self.tcp.last_error
+            )
+        return got
 
     @property
     def diagnoses(self) -> list[Diagnosis]:
@@ -270,6 +309,9 @@ class LiveDiagnosis:
         self._prune({key for key, _ in live})
         if first:
             return []
+        self._ticks += 1
+        if self._ticks % TCP_EVERY == 0:
+            self._read_paths(procs)
         made = self.engine.observe(list(procs.values()), hw)
         if log.isEnabledFor(logging.DEBUG):
             gpus = ", ".join(f"{g.index}: throttled {g.throttled} x{g.link_width}" for g in hw.gpus)
@@ -315,7 +357,9 @@ class LiveDiagnosis:
                 who["memtrace"] = who.get("process") == AGENT_COMM
             if isinstance(who, str) and who.startswith("its own CPU quota"):
                 self._name_quota(diag)
-            log.warning("diagnosis: pid %d %s: %s (%s)", diag.key.pid, diag.process, diag.symptom, diag.cause)
+            log.warning(
+                "diagnosis: pid %d %s: %s (%s%s)", diag.key.pid, diag.process, diag.symptom, diag.cause, _whom(diag)
+            )
             if self.on_diagnosis is not None:
                 self.on_diagnosis(diag)
         return made
