@@ -276,7 +276,8 @@ class ProcWindow:
     collective_ns: int = 0  # time in NCCL calls and in the waits that followed them (charged to them)
     netns: int | None = None
     # Its established TCP connections at the window's end (core/tcp.py); None: not read. The
-    # runtime reads them only when the diagnosis asks (Diagnoser.tcp).
+    # runtime reads a training loop's every few windows (runtime/diagnose.TCP_EVERY), and the
+    # diagnosis asks for them where it would name input starvation (Diagnoser.tcp).
     tcp: tuple[TcpPath, ...] | None = None
     job: str = ""  # memtrace.job.id ("": none known)
     # A server (model/steps.Loop.SERVING): its iterations in the window by class of work
@@ -1241,9 +1242,10 @@ class Diagnoser:
         scores: list[tuple[float, str, dict[str, Any]]],
     ) -> list[tuple[float, str, dict[str, Any]]]:
         """Input starvation that is a wait for a peer across the network: the host's share grew
-        while the process waited on a connection whose replies come late (its round trip stood
-        well above its least: core/tcp.TcpPath.queued). Named a straggler it waits for, as a rank
-        that waits for a local peer is (evidence `waits_for_peer`): a rank whose exchange crosses
+        while the process waited on a connection whose replies come late (its round trip over
+        the slow windows stood well above its round trips in the baseline: TcpPath.queued).
+        Named a straggler it waits for, as a rank that waits for a local peer is (evidence
+        `waits_for_peer`): a rank whose exchange crosses
         a link flooded at the far side, a parameter server's client, a loader reading from a
         storage server behind a queue. Where its own link got busier (path_own_rise), the queue
         may be its own, filling: left to the NIC scorer, which names it as it fills (the fleet

@@ -127,7 +127,8 @@ CAUSE = Attribute("cause", ", ".join(CAUSES) + " or unknown (docs/diagnosis.md)"
 OWN_CAUSE = Attribute(
     "own_cause",
     "on straggler diagnoses only: what slowed this rank itself (a cause above, or unknown) where its peers "
-    "wait for it, `waiting` where it waits for a peer; the fleet's rules name a slow rank's cause by it",
+    "wait for it, `waiting` where it waits for a peer (on its host, or across the network); the fleet's rules "
+    "name a slow rank's cause by it",
 )
 CONTEXT_SWITCH_TYPE = Attribute(
     "process.context_switch_type",

@@ -1,14 +1,16 @@
 """A process's established TCP connections and their round trips, through sock_diag.
 
-Read every few windows for the training loops that step (their round
-trips while healthy: a baseline), and when the diagnosis asks (a process
-slowed while waiting off the GPU, memtrace.analysis.diagnosis): one dump of the established TCP sockets
-of the process's network namespace, with each one's tcp_info
-(INET_DIAG_INFO), kept where the socket is one of the process's open files
-(/proc/PID/fd). A socket of another namespace is read from a sock_diag
-socket made inside it (sources/netdev.sockets_in: a short thread's setns),
-kept while a process there is read, so nothing pins a namespace for long. Parsed with struct:
-the few fields memtrace needs, the same way `ss -ti` reads them.
+Read every few windows for the training loops that step (their round trips
+while healthy: a baseline), and when the diagnosis asks (a process slowed
+while waiting off the GPU, memtrace.analysis.diagnosis). Its sockets are
+found in its open files (/proc/PID/fd); their tcp_info (INET_DIAG_INFO)
+comes from a dump of its network namespace's established TCP sockets, or
+from a lookup of each known one. A namespace other than the agent's is read
+from a sock_diag socket made inside it (sources/netdev.sockets_in: a short
+thread's setns), kept while a process there is read, so nothing pins a
+namespace for long. Parsed with struct: the few fields memtrace needs, as
+`ss -ti` reads them. A kernel whose tcp_info lacks tcpi_min_rtt (before
+4.6) gives no connections.
 """
 
 from __future__ import annotations
