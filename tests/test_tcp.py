@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 import time
+from pathlib import Path
 
 import pytest
 from test_netdev import Pair, pair  # noqa: F401 - the fixture
@@ -156,6 +157,40 @@ def test_each_connection_dumped_or_looked_up_is_the_kernels_own_tcp_info() -> No
     finally:
         for x in made:
             x.close()
+
+
+def test_a_process_of_many_files_is_scanned_less_often(tmp_path: Path) -> None:
+    """A baseline read reuses a process's last scan of its files for RESCAN_S (10 s), and for
+    longer where its files are many (at most SCAN_SHARE of a core on its scans): a process of
+    20,000 files (a loader's open shards) every 2 minutes, not every 10 s. A fresh read (at a
+    slowdown) always scans. Its files are a /proc of this test's making; its namespace is the
+    test's own."""
+    now = [1000.0]
+
+    def proc_of(pid: int, files: int) -> None:
+        fd = tmp_path / str(pid) / "fd"
+        fd.mkdir(parents=True)
+        for n in range(files):
+            (fd / str(n)).symlink_to(f"socket:[{900000 + n}]" if n < 3 else f"/data/shard-{n}")
+        (tmp_path / str(pid) / "ns").mkdir()
+        (tmp_path / str(pid) / "ns" / "net").symlink_to("/proc/self/ns/net")
+
+    (tmp_path / "self").symlink_to(f"/proc/{os.getpid()}")
+    proc_of(10, 200)
+    proc_of(11, 20_000)
+    source = TcpSource(proc=str(tmp_path), clock=lambda: now[0])
+    assert source.rescan_s(200) == source.RESCAN_S == 10.0 and source.rescan_s(20_000) == pytest.approx(120.0)
+    for pid, files in ((10, 200), (11, 20_000)):
+        source.scans = 0
+        assert source.paths_of([pid], fresh=False) == {pid: ()}  # sockets, none of them TCP
+        for step in (5.0, 10.1, 60.0, 121.0):
+            now[0] += step
+            source.paths_of([pid], fresh=False)
+        # 200 files: rescanned after 10.1 s, 60 s and 121 s; 20,000: after 121 s (196 s since) only.
+        assert source.scans == (4 if files == 200 else 2), (pid, source.scans)
+        source.paths(pid)
+        assert source.scans == (5 if files == 200 else 3)
+    assert source.failures == 0
 
 
 @pytest.mark.root

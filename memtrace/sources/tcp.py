@@ -21,6 +21,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -50,18 +51,19 @@ _U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
 RECV_BYTES = 1 << 16
 
 
-def _socket_inodes(pid: int, proc: str) -> set[int]:
-    """The inodes of the sockets the process holds open."""
+def _socket_inodes(pid: int, proc: str) -> tuple[set[int], int]:
+    """The inodes of the sockets the process holds open, and how many files it holds."""
     out: set[int] = set()
     fds = f"{proc}/{pid}/fd"
-    for fd in os.listdir(fds):
+    files = os.listdir(fds)
+    for fd in files:
         try:
             target = os.readlink(f"{fds}/{fd}")
         except OSError:
             continue  # closed meanwhile
         if target.startswith("socket:["):
             out.add(int(target[8:-1]))
-    return out
+    return out, len(files)
 
 
 def _address(family: int, raw: bytes, port: int) -> str:
@@ -155,6 +157,7 @@ class _Scan:
     at: float
     ns: int
     inodes: frozenset[int]
+    files: int
     ids: tuple[tuple[int, bytes], ...] | None = None
 
 
@@ -167,13 +170,18 @@ class TcpSource:
     takes both from the last scan while it is younger than RESCAN_S and looks each connection
     up alone (7 us), and keeps each namespace's sock_diag socket open between reads (one made
     in another namespace costs a thread's setns). A connection made since is missed until the
-    next scan: it has no baseline then."""
+    next scan: it has no baseline then. A process of many files is scanned less often: at most
+    SCAN_SHARE of a core's time goes to its scans (one of 10,000 files, every minute)."""
 
     name = "tcp"
     RESCAN_S = 10.0
+    SCAN_S_PER_FILE = 6e-6  # a readlink of /proc/PID/fd/N, from Python, on the development VM
+    SCAN_SHARE = 0.001
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, proc: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
         self.proc = proc
+        self.clock = clock
+        self.scans = 0  # fd tables read
         self.failures = 0
         self.last_error = ""
         self._own = os.stat(f"{proc}/self/ns/net").st_ino
@@ -194,18 +202,19 @@ class TcpSource:
     def paths_of(self, pids: list[int], fresh: bool = True) -> dict[int, tuple[TcpPath, ...] | None]:
         """paths() of each pid, with one dump per network namespace they share. With fresh=False
         (a baseline's read of every process that steps), a scan of their files younger than
-        RESCAN_S is reused and its connections are looked up one by one, not dumped; what is
+        rescan_s() is reused and its connections are looked up one by one, not dumped; what is
         kept of processes and namespaces not among pids goes."""
         out: dict[int, tuple[TcpPath, ...] | None] = {}
         by_ns: dict[int, dict[int, _Scan]] = {}  # netns inode -> pid -> its scan
-        now = time.monotonic()
+        now = self.clock()
         for pid in pids:
             try:
                 scan = self._scans.get(pid)
-                if fresh or scan is None or now - scan.at > self.RESCAN_S:
-                    inodes = frozenset(_socket_inodes(pid, self.proc))
-                    ns = os.stat(f"{self.proc}/{pid}/ns/net").st_ino if inodes else 0
-                    scan = self._scans[pid] = _Scan(now, ns, inodes)
+                if fresh or scan is None or now - scan.at > self.rescan_s(scan.files):
+                    found, files = _socket_inodes(pid, self.proc)
+                    self.scans += 1
+                    ns = os.stat(f"{self.proc}/{pid}/ns/net").st_ino if found else 0
+                    scan = self._scans[pid] = _Scan(now, ns, frozenset(found), files)
                 if not scan.inodes:
                     out[pid] = ()
                     continue
@@ -240,6 +249,10 @@ class TcpSource:
             for ns in self._sockets.keys() - by_ns.keys():
                 self._drop(ns)  # a socket pins its namespace: none kept where no process is read
         return out
+
+    def rescan_s(self, files: int) -> float:
+        """How long a baseline read reuses the scan of a process of this many files."""
+        return max(self.RESCAN_S, files * self.SCAN_S_PER_FILE / self.SCAN_SHARE)
 
     def _socket(self, ns: int, pid: int) -> socket.socket:
         """The sock_diag socket of the namespace (its inode) pid is in."""
