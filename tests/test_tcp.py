@@ -9,6 +9,7 @@ gives."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -256,4 +257,4 @@ def test_a_clients_round_trip_is_the_kernels_and_rises_when_its_peers_replies_qu
             p.wait()
     # Gone: None, counted and said.
     assert source.paths(client.pid) is None
-    assert source.failures == 1 and str(client.pid) in source.last_error
+    assert source.failures == 1 and str(client.pid) in source.last_error and source.last_errno == errno.ENOENT

@@ -12,6 +12,7 @@ meets a process a second for weeks keeps no state of those gone."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import time
@@ -118,6 +119,7 @@ class LiveDiagnosis:
         self.host = host
         self.tcp = TcpSource()
         self._ticks = 0  # windows judged (every TCP_EVERY-th reads the loops' TCP connections)
+        self._tcp_warned = False
         self.engine = Diagnoser(tcp=self._paths)
         self.on_diagnosis = on_diagnosis
         # Each live process's readings at the last window.
@@ -151,15 +153,23 @@ class LiveDiagnosis:
         got = self.tcp.paths_of([k.pid for k in keys], fresh=False)  # also lets go of what no key needs
         for k in keys:
             procs[k].tcp = got.get(k.pid)
+        self._tcp_said()
 
     def _paths(self, key: ProcessKey) -> tuple[TcpPath, ...] | None:
-        """A process's TCP connections, for the diagnosis; a failure is counted and logged once."""
+        """A process's TCP connections, for the diagnosis."""
         got = self.tcp.paths(key.pid)
-        if got is None and self.tcp.failures == 1:
+        self._tcp_said()
+        return got
+
+    def _tcp_said(self) -> None:
+        """The first failure to read a process's TCP connections for another reason than its
+        exit (no privilege to enter its namespace or read its files, no sock_diag) is logged
+        once; every failure is counted (TcpSource.failures)."""
+        if not self._tcp_warned and self.tcp.last_errno not in (0, errno.ENOENT, errno.ESRCH):
+            self._tcp_warned = True
             log.warning(
                 "TCP connections not read (%s): a wait on the network reads as input starvation", self.tcp.last_error
             )
-        return got
 
     @property
     def diagnoses(self) -> list[Diagnosis]:

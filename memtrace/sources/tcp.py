@@ -184,6 +184,7 @@ class TcpSource:
         self.scans = 0  # fd tables read
         self.failures = 0
         self.last_error = ""
+        self.last_errno = 0  # of the last failure (ENOENT: the process had exited)
         self._own = os.stat(f"{proc}/self/ns/net").st_ino
         self._scans: dict[int, _Scan] = {}  # pid -> its last scan
         self._sockets: dict[int, socket.socket] = {}  # netns inode -> its sock_diag socket
@@ -278,3 +279,4 @@ class TcpSource:
     def _failed(self, pid: int, e: OSError) -> None:
         self.failures += 1
         self.last_error = f"pid {pid}: {e.strerror or e}"
+        self.last_errno = e.errno or 0
