@@ -49,6 +49,7 @@ from pathlib import Path
 from backends import CACHE, Collector, VictoriaMetrics, free_port, wait_port
 from cgroups import make_limited
 from conftest import REPO
+from peers import ACK_SINK, DRAIN
 from test_nvml import HEALTHY, gpu, script
 
 RULES = REPO / "deploy" / "prometheus" / "memtrace-fleet-rules.yaml"
@@ -140,44 +141,6 @@ for line in sys.stdin:
                          stderr=open(req["stderr"], "ab"))
     procs[req["id"]] = p
     print("pid", p.pid, flush=True)
-"""
-
-SINK = """
-import socket, sys, threading
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2])))
-s.listen(64)
-def drain(c):
-    while c.recv(1 << 20):
-        pass
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
-"""
-
-# A rank's peer: it answers each step's exchange (NET_BYTES) with one byte once it has it all, so a
-# rank's step waits for its data to arrive (TRAINJOB_ACK), as a ring exchange does.
-ACK_SINK = """
-import socket, sys, threading
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2])))
-s.listen(64)
-size = int(sys.argv[3])
-def serve(c):
-    got = 0
-    while True:
-        b = c.recv(1 << 20)
-        if not b:
-            return
-        got += len(b)
-        while got >= size:
-            got -= size
-            c.sendall(b"k")
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
 
 BULK = """
@@ -382,7 +345,8 @@ class Fleet:
         # A storage server on the fabric: where a bulk flow goes (no host's own traffic).
         subprocess.run(["ip", "-n", self.fabric, "addr", "add", f"{self.storage_ip}/24", "dev", "br0"], check=True)
         self.storage = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{self.fabric}", sys.executable, "-c", SINK, self.storage_ip, str(PORT)]
+            ["nsenter", f"--net=/run/netns/{self.fabric}", sys.executable, "-c", DRAIN, self.storage_ip, str(PORT)],
+            stdout=subprocess.DEVNULL,
         )
         for h in range(self.nhosts):
             host = Host(self, h)
@@ -391,6 +355,7 @@ class Fleet:
             if self.gpus:
                 host.set_gpu(False)
             host.start_spawner()
+            # Its ranks' peer: answers each step's exchange once it has it all (TRAINJOB_ACK).
             host.run([sys.executable, "-c", ACK_SINK, host.ip, str(PORT), str(NET_BYTES)])
         endpoint = f"http://127.0.0.1:{self.col.http_port}"
         for host in self.hosts:

@@ -18,32 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from peers import ACK_SINK, DRAIN
 from test_netdev import Pair, pair  # noqa: F401 - the fixture
 
 from memtrace.sources.tcp import TcpSource
 
 PORT, BULK_PORT = 5311, 5312
 REQUEST = 128 << 10
-
-# In the shaped namespace (a): the sink answers each REQUEST bytes with one byte.
-SINK = f"""
-import socket, sys, threading
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", {PORT})); s.listen(4); print("ready", flush=True)
-def serve(c):
-    got = 0
-    while True:
-        b = c.recv(1 << 20)
-        if not b:
-            return
-        got += len(b)
-        while got >= {REQUEST}:
-            got -= {REQUEST}
-            c.sendall(b"k")
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"""
 
 # In namespace b: requests until told (a line on stdin) to stop, then its own TCP_INFO, then waits.
 CLIENT = f"""
@@ -61,19 +42,6 @@ u32 = lambda o: struct.unpack_from("=I", i, o)[0]
 u64 = lambda o: struct.unpack_from("=Q", i, o)[0]
 print({{"srtt": u32(68), "min": u32(148), "acked": u64(120), "received": u64(128), "retrans": u32(100)}}, flush=True)
 sys.stdin.read()
-"""
-
-# In namespace b: drains what the bulk flow sends.
-DRAIN = f"""
-import socket, threading
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", {BULK_PORT})); s.listen(8); print("ready", flush=True)
-def drain(c):
-    while c.recv(1 << 20):
-        pass
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
 """
 
 # In namespace a: four bulk flows out through its shaper.
@@ -163,9 +131,10 @@ def test_each_connection_dumped_or_looked_up_is_the_kernels_own_tcp_info() -> No
 def test_a_process_of_many_files_is_scanned_less_often(tmp_path: Path) -> None:
     """A baseline read reuses a process's last scan of its files for RESCAN_S (10 s), and for
     longer where its files are many (at most SCAN_SHARE of a core on its scans): a process of
-    20,000 files (a loader's open shards) every 2 minutes, not every 10 s. A fresh read (at a
-    slowdown) always scans. Its files are a /proc of this test's making; its namespace is the
-    test's own."""
+    20,000 files (a loader's open shards) every 2 minutes, not every 10 s. A fresh read always
+    scans. A pruning read (the runtime's baseline read of every process that steps) lets go of
+    the scans of processes not among its pids; another read keeps them. Its files are a /proc
+    of this test's making; its namespace is the test's own."""
     now = [1000.0]
 
     def proc_of(pid: int, files: int) -> None:
@@ -191,7 +160,14 @@ def test_a_process_of_many_files_is_scanned_less_often(tmp_path: Path) -> None:
         assert source.scans == (4 if files == 200 else 2), (pid, source.scans)
         source.paths(pid)
         assert source.scans == (5 if files == 200 else 3)
-    assert source.failures == 0
+    source.paths(10)
+    source.scans = 0
+    source.paths_of([11], fresh=False)  # pid 10's scan (just made) kept
+    source.paths_of([10], fresh=False)
+    assert source.scans == 0
+    source.paths_of([11], fresh=False, prune=True)  # pid 10's let go: scanned again
+    source.paths_of([10], fresh=False)
+    assert source.scans == 1 and source.failures == 0
 
 
 @pytest.mark.root
@@ -200,8 +176,8 @@ def test_a_clients_round_trip_is_the_kernels_and_rises_when_its_peers_replies_qu
     procs = []
     source = TcpSource()
     try:
-        sink = pair.run(pair.a, SINK)
-        drain = pair.run(pair.b, DRAIN)
+        sink = pair.run(pair.a, ACK_SINK, "0.0.0.0", str(PORT), str(REQUEST))  # one byte for each request
+        drain = pair.run(pair.b, DRAIN, "0.0.0.0", str(BULK_PORT))  # what the bulk flows send
         procs += [sink, drain]
         for p in (sink, drain):
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"

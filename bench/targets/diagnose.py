@@ -98,6 +98,7 @@ from memtrace.sources.steal import Steal
 
 sys.path.insert(0, str(REPO / "tests"))
 from cgroups import make_limited
+from peers import DRAIN
 from test_nvml import HEALTHY, gpu, script
 
 EXPECTED = {
@@ -392,20 +393,6 @@ class BenchCgroup:
                 time.sleep(0.05)
 
 
-SINK = """
-import socket, threading
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("10.201.0.2", 5301))
-s.listen(16)
-print("ready", flush=True)
-def drain(c):
-    while c.recv(1 << 20):
-        pass
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
-"""
 BULK = """
 import socket
 s = socket.create_connection(("10.201.0.2", 5301))
@@ -442,7 +429,7 @@ class NetPair:
         ):
             subprocess.run(cmd.split(), check=True)
         self.sink = subprocess.Popen(
-            ["ip", "netns", "exec", self.b, "taskset", "-c", "0", sys.executable, "-c", SINK],
+            ["ip", "netns", "exec", self.b, "taskset", "-c", "0", sys.executable, "-c", DRAIN, *PEER.split(":")],
             stdout=subprocess.PIPE,
             text=True,
         )
