@@ -150,14 +150,16 @@ class LiveDiagnosis:
         """The TCP connections of the training loops that stepped in this window: their round
         trips while healthy are what a slowdown's are judged against (Diagnoser._remote)."""
         keys = [k for k, w in procs.items() if w.steps and not w.serving]
-        got = self.tcp.paths_of([k.pid for k in keys], fresh=False)  # also lets go of what no key needs
+        got = self.tcp.paths_of([k.pid for k in keys], fresh=False, prune=True)  # lets go of what none needs
         for k in keys:
             procs[k].tcp = got.get(k.pid)
         self._tcp_said()
 
     def _paths(self, key: ProcessKey) -> tuple[TcpPath, ...] | None:
-        """A process's TCP connections, for the diagnosis."""
-        got = self.tcp.paths(key.pid)
+        """A process's TCP connections, for the diagnosis: those its last scan found, each looked
+        up now. A connection made since has no baseline to be judged against, and a fresh scan
+        at every window judged (a process of 10,000 files: 60 ms) would cost far more."""
+        got = self.tcp.paths_of([key.pid], fresh=False)[key.pid]
         self._tcp_said()
         return got
 

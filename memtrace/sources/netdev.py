@@ -69,7 +69,7 @@ RECV_BYTES = 1 << 16
 def _tbf_rate(buf: bytes | memoryview, start: int, end: int) -> int | None:
     """A tbf qdisc's rate in bits a second, from its TCA_OPTIONS (None: not there)."""
     rate: int | None = None
-    for t, a, b in _attrs(buf, start, end):
+    for t, a, b in attrs(buf, start, end):
         if t == TCA_TBF_PARMS and b - a >= _RATESPEC.size and rate is None:
             rate = _RATESPEC.unpack_from(buf, a)[5]
             if rate == 0xFFFFFFFF:
@@ -83,7 +83,7 @@ class NetlinkUnavailable(MemtraceError):
     """No rtnetlink socket: NIC signals are off."""
 
 
-def _attrs(buf: bytes | memoryview, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+def attrs(buf: bytes | memoryview, start: int, end: int) -> Iterator[tuple[int, int, int]]:
     """(type, payload start, payload end) of each rtattr in buf[start:end]."""
     while start + 4 <= end:
         length, kind = _RTATTR.unpack_from(buf, start)
@@ -91,6 +91,32 @@ def _attrs(buf: bytes | memoryview, start: int, end: int) -> Iterator[tuple[int,
             return
         yield kind & 0x3FFF, start + 4, start + length
         start += (length + 3) & ~3
+
+
+def ask(sock: socket.socket, kind: int, flags: int, seq: int, body: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """Send a netlink request and yield (buffer, message body start, message end) of each
+    answer to it: every message of a dump (flags NLM_F_DUMP) up to its NLMSG_DONE, or the one
+    answer of a request without it. An error the kernel answers is raised (OSError)."""
+    sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, NLM_F_REQUEST | flags, seq, 0) + body)
+    while True:
+        buf = sock.recv(RECV_BYTES)
+        off = 0
+        while off + _NLMSGHDR.size <= len(buf):
+            length, mtype, _flags, got, _pid = _NLMSGHDR.unpack_from(buf, off)
+            if length < _NLMSGHDR.size:
+                raise OSError(errno.EPROTO, "malformed netlink message")
+            if got == seq:
+                if mtype == NLMSG_DONE:
+                    return
+                if mtype == NLMSG_ERROR:
+                    (code,) = struct.unpack_from("=i", buf, off + _NLMSGHDR.size)
+                    if code:
+                        raise OSError(-code, os.strerror(-code))
+                    return
+                yield buf, off + _NLMSGHDR.size, off + length
+                if not flags & NLM_F_DUMP:
+                    return  # one answer, no NLMSG_DONE after it
+            off += (length + 3) & ~3
 
 
 @dataclass
@@ -319,25 +345,7 @@ class NetdevSource:
     def _dump(self, ns: _Namespace, kind: int, body: bytes) -> Iterator[tuple[bytes, int, int]]:
         """(buffer, message body start, message end) of each answer to a dump request."""
         ns.seq += 1
-        req = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, ns.seq, 0) + body
-        ns.rtnl.send(req)
-        while True:
-            buf = ns.rtnl.recv(RECV_BYTES)
-            off = 0
-            while off + _NLMSGHDR.size <= len(buf):
-                length, mtype, _flags, seq, _pid = _NLMSGHDR.unpack_from(buf, off)
-                if length < _NLMSGHDR.size:
-                    raise OSError(errno.EPROTO, "malformed netlink message")
-                if seq == ns.seq:
-                    if mtype == NLMSG_DONE:
-                        return
-                    if mtype == NLMSG_ERROR:
-                        (code,) = struct.unpack_from("=i", buf, off + _NLMSGHDR.size)
-                        if code:
-                            raise OSError(-code, os.strerror(-code))
-                        return
-                    yield buf, off + _NLMSGHDR.size, off + length
-                off += (length + 3) & ~3
+        return ask(ns.rtnl, kind, NLM_F_DUMP, ns.seq, body)
 
     def _interfaces(
         self, ns: _Namespace, read_links: bool, fast: dict[int, IfWindow], fresh: bool = False
@@ -385,7 +393,7 @@ class NetdevSource:
         body = _IF_STATS_MSG.pack(socket.AF_UNSPEC, 0, 1 << (IFLA_STATS_LINK_64 - 1))
         for buf, start, end in self._dump(ns, RTM_GETSTATS, body):
             _family, index, _mask = _IF_STATS_MSG.unpack_from(buf, start)
-            for kind, a, b in _attrs(buf, start + _IF_STATS_MSG.size, end):
+            for kind, a, b in attrs(buf, start + _IF_STATS_MSG.size, end):
                 if kind == IFLA_STATS_LINK_64 and b - a >= _STATS64.size:
                     out[index] = _STATS64.unpack_from(buf, a)
         return out
@@ -397,7 +405,7 @@ class NetdevSource:
             _family, _type, index, _flags, _change = _IFINFOMSG.unpack_from(buf, start)
             name = ""
             oper: str | None = None
-            for kind, a, b in _attrs(buf, start + _IFINFOMSG.size, end):
+            for kind, a, b in attrs(buf, start + _IFINFOMSG.size, end):
                 if kind == IFLA_IFNAME:
                     name = buf[a:b].split(b"\0", 1)[0].decode(errors="replace")
                 elif kind == IFLA_OPERSTATE:
@@ -439,13 +447,13 @@ class NetdevSource:
             basic = (0, 0)
             queue = (0, 0, 0, 0, 0)
             options: tuple[int, int] | None = None
-            for t, a, b in _attrs(buf, start + _TCMSG.size, end):
+            for t, a, b in attrs(buf, start + _TCMSG.size, end):
                 if t == TCA_KIND:
                     kind = buf[a:b].split(b"\0", 1)[0].decode(errors="replace")
                 elif t == TCA_OPTIONS:
                     options = (a, b)
                 elif t == TCA_STATS2:
-                    for t2, a2, b2 in _attrs(buf, a, b):
+                    for t2, a2, b2 in attrs(buf, a, b):
                         if t2 == TCA_STATS_BASIC and b2 - a2 >= _BASIC.size:
                             basic = _BASIC.unpack_from(buf, a2)
                         elif t2 == TCA_STATS_QUEUE and b2 - a2 >= _QUEUE.size:

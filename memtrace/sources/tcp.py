@@ -26,29 +26,24 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from memtrace.core.tcp import TcpPath
-from memtrace.sources.netdev import sockets_in
+from memtrace.sources.netdev import NLM_F_DUMP, ask, attrs, sockets_in
 
 # linux/sock_diag.h, linux/inet_diag.h, linux/tcp.h
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 INET_DIAG_INFO = 2
 TCPF_ESTABLISHED = 1 << 1
-_NLMSGHDR = struct.Struct("=IHHII")
 _SOCKID = 48
 _REQ = struct.Struct("=BBBxI48x")  # inet_diag_req_v2: family, protocol, extensions, states, sockid
 # inet_diag_msg: family, state, timer, retrans; sockid: sport, dport (big-endian), src, dst (16 bytes
 # each), interface, cookie; expires, rqueue, wqueue, uid, inode.
 _MSG = struct.Struct("=BBBB2H16s16sI8xIIIII")
-_RTATTR = struct.Struct("=HH")
 # struct tcp_info, the fields read (offsets from linux/tcp.h, stable since 4.10 for the last of them):
 # tcpi_last_data_sent 44, tcpi_last_data_recv 52, tcpi_rtt 68, tcpi_total_retrans 100,
 # tcpi_bytes_acked 120, tcpi_bytes_received 128, tcpi_min_rtt 148.
 _LAST_SENT, _LAST_RECV, _RTT, _RETRANS, _ACKED, _RECEIVED, _MIN_RTT = 44, 52, 68, 100, 120, 128, 148
 _TCP_INFO_MIN = 152
 _U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
-RECV_BYTES = 1 << 16
 
 
 def _socket_inodes(pid: int, proc: str) -> tuple[set[int], int]:
@@ -83,47 +78,26 @@ def _ask(
     connection table: about 0.2 ms a family here), or, given a sockid, that one socket looked
     up (a hash lookup: about 7 us); [] where it is gone."""
     seq = family + (0x100 if sockid is not None else 0)
-    flags = NLM_F_REQUEST | (NLM_F_DUMP if sockid is None else 0)
     body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), TCPF_ESTABLISHED)
     if sockid is not None:
         body = body[: _REQ.size - len(sockid)] + sockid
-    sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, seq, 0) + body)
     out: list[tuple[TcpPath, int, bytes]] = []
-    while True:
-        buf = sock.recv(RECV_BYTES)
-        off = 0
-        while off + _NLMSGHDR.size <= len(buf):
-            length, mtype, _flags, got_seq, _pid = _NLMSGHDR.unpack_from(buf, off)
-            if length < _NLMSGHDR.size:
-                raise OSError(errno.EPROTO, "malformed sock_diag message")
-            body_at, end = off + _NLMSGHDR.size, off + length
-            off += (length + 3) & ~3
-            if got_seq != seq:
-                continue
-            if mtype == NLMSG_DONE:
-                return out
-            if mtype == NLMSG_ERROR:
-                (code,) = struct.unpack_from("=i", buf, body_at)
-                if code == -errno.ENOENT and sockid is not None:
-                    return out  # closed since
-                if code:
-                    raise OSError(-code, os.strerror(-code))
-                return out
+    try:
+        for buf, body_at, end in ask(sock, SOCK_DIAG_BY_FAMILY, NLM_F_DUMP if sockid is None else 0, seq, body):
             fam, _state, _timer, _retrans, sport, dport, src, dst, _if, _exp, _rq, _wq, _uid, inode = _MSG.unpack_from(
                 buf, body_at
             )
-            if inode in inodes:
-                at = body_at + _MSG.size
-                while at + 4 <= end:
-                    alen, kind = _RTATTR.unpack_from(buf, at)
-                    if alen < 4:
-                        break
-                    if kind & 0x3FFF == INET_DIAG_INFO and alen - 4 >= _TCP_INFO_MIN:
-                        path = _path(buf, at + 4, fam, src, dst, sport, dport, inode)
-                        out.append((path, fam, bytes(buf[body_at + 4 : body_at + 4 + _SOCKID])))
-                    at += (alen + 3) & ~3
-            if sockid is not None:
-                return out  # one answer, no NLMSG_DONE after it
+            if inode not in inodes:
+                continue
+            for kind, at, at_end in attrs(buf, body_at + _MSG.size, end):
+                if kind == INET_DIAG_INFO and at_end - at >= _TCP_INFO_MIN:
+                    path = _path(buf, at, fam, src, dst, sport, dport, inode)
+                    out.append((path, fam, bytes(buf[body_at + 4 : body_at + 4 + _SOCKID])))
+    except OSError as e:
+        if e.errno != errno.ENOENT or sockid is None:
+            raise
+        return []  # the one looked up closed since
+    return out
 
 
 def _path(buf: bytes, i: int, fam: int, src: bytes, dst: bytes, sport: int, dport: int, inode: int) -> TcpPath:
@@ -166,7 +140,7 @@ class TcpSource:
 
     A process's open sockets are found by reading its fd table (a readlink per file: about 6
     us each here, so 5 ms for four processes of 200 files) and its connections in a dump of
-    its namespace's (0.5 ms, the kernel's walk of its table). A baseline read (fresh=False)
+    its namespace's (0.5 ms, the kernel's walk of its table). A read with fresh=False
     takes both from the last scan while it is younger than RESCAN_S and looks each connection
     up alone (7 us), and keeps each namespace's sock_diag socket open between reads (one made
     in another namespace costs a thread's setns). A connection made since is missed until the
@@ -200,11 +174,13 @@ class TcpSource:
         sock_diag), counted."""
         return self.paths_of([pid])[pid]
 
-    def paths_of(self, pids: list[int], fresh: bool = True) -> dict[int, tuple[TcpPath, ...] | None]:
-        """paths() of each pid, with one dump per network namespace they share. With fresh=False
-        (a baseline's read of every process that steps), a scan of their files younger than
-        rescan_s() is reused and its connections are looked up one by one, not dumped; what is
-        kept of processes and namespaces not among pids goes."""
+    def paths_of(
+        self, pids: list[int], fresh: bool = True, prune: bool = False
+    ) -> dict[int, tuple[TcpPath, ...] | None]:
+        """paths() of each pid, with one dump per network namespace they share. With fresh=False,
+        a scan of their files younger than rescan_s() is reused and its connections are looked
+        up one by one, not dumped. With prune (a baseline's read of every process that steps),
+        what is kept of processes and namespaces not among pids goes."""
         out: dict[int, tuple[TcpPath, ...] | None] = {}
         by_ns: dict[int, dict[int, _Scan]] = {}  # netns inode -> pid -> its scan
         now = self.clock()
@@ -244,7 +220,7 @@ class TcpSource:
                     self._scans.pop(p, None)
                 self._failed(pid, e)
                 out.update(dict.fromkeys(mine))
-        if not fresh:
+        if prune:
             for pid in self._scans.keys() - set(pids):
                 del self._scans[pid]
             for ns in self._sockets.keys() - by_ns.keys():
