@@ -447,6 +447,7 @@ def test_the_diagnosis_ticks_keep_the_samples_schedule_when_samples_take_turns_l
     opts = HostOptions(cpu=False, nccl=False, gpu=False, network=False, interval_s=0.05, fast_hz=0, tick_s=0.05)
     samples, ticks = [0], [0]
     host = HostSignals(opts, on_tick=lambda: ticks.__setitem__(0, ticks[0] + 1))
+    host._tracked = {7: ProcessKey(7, 1)}  # a process traced: samples at interval_s (nothing traced: 1 s)
     enough = threading.Event()
 
     def sample(final: bool = False) -> None:
@@ -463,37 +464,84 @@ def test_the_diagnosis_ticks_keep_the_samples_schedule_when_samples_take_turns_l
     assert ticks[0] >= samples[0] - 2, (ticks, samples)
 
 
+def test_the_samples_come_once_a_tick_while_nothing_is_traced_and_at_their_rate_once_a_process_is_met() -> None:
+    """An idle node's agent samples every quiet_s (a tick each), not each interval_s:
+    nothing traced, the samples come that far apart (the loop never wakes early). The agent
+    meeting a process nudges it back to interval_s at once (its first windows are read at the
+    rate its diagnosis needs), and it stays there while the process is traced."""
+    import itertools
+    import threading
+    import time
+
+    from memtrace.runtime.hostsignals import HostOptions, HostSignals
+
+    # Quiet every 0.2 s (1 s in the agent): five samples in a second.
+    opts = HostOptions(
+        cpu=False, nccl=False, gpu=False, network=False, interval_s=0.02, fast_hz=0, tick_s=0.1, quiet_s=0.2
+    )
+    host = HostSignals(opts, on_tick=lambda: None)
+    at: list[tuple[float, bool]] = []
+    quiet_seen, traced_seen = threading.Event(), threading.Event()
+
+    def sample(final: bool = False) -> None:
+        at.append((time.monotonic(), bool(host._tracked)))
+        if len(at) == 5:
+            quiet_seen.set()
+        if sum(traced for _, traced in at) >= 20:
+            traced_seen.set()
+
+    host.sample = sample  # type: ignore[method-assign]
+    with host.sampling():
+        assert quiet_seen.wait(30)
+        assert host.quiet()
+        host._tracked = {7: ProcessKey(7, 1)}  # what the sample after the nudge finds: a traced process
+        host.nudge(ProcessKey(7, 1))
+        assert not host.quiet()
+        assert traced_seen.wait(30)
+    quiet = [b - a for (a, _), (b, _) in itertools.pairwise(at[:5])]
+    # Samples start on a schedule of ticks (a late one is followed by an earlier one, not a tick later).
+    assert sum(quiet) >= 4 * 0.2 * 0.9, quiet
+    traced = [b - a for (a, ta), (b, tb) in itertools.pairwise(at) if ta and tb]
+    assert len(traced) >= 19
+    # At interval_s, not a tick: twenty samples traced in less time than five ticks (1 s, not 4 s).
+    assert sum(traced) < 5 * 0.2, traced
+
+
 def test_the_fast_sampler_slows_down_while_no_process_is_traced() -> None:
-    """An idle node's agent (push, top: nothing traced yet) ticks its C sampler at QUIET_FAST_HZ;
-    the first sample that traces a process puts it back at --host-rate, and it slows again once
-    the agent has let every process go. `memtrace run` names its command at start: always fast."""
-    from memtrace.runtime.hostsignals import QUIET_FAST_HZ, HostOptions, HostSignals
+    """An idle node's agent (push, top: nothing traced yet) ticks its C sampler at QUIET_FAST_HZ,
+    reading the interfaces and GPUs at QUIET_READ_HZ; the first sample that traces a process puts
+    it back at --host-rate, reading at every tick, and it slows again once the agent has let every
+    process go. `memtrace run` names its command at start: always fast."""
+    from memtrace.runtime.hostsignals import QUIET_FAST_HZ, QUIET_READ_HZ, HostOptions, HostSignals
 
     traced: set[ProcessKey] = set()
     opts = HostOptions(cpu=False, nccl=False, gpu=False, network=True, fast_hz=200.0)
 
-    def rates(hs: HostSignals) -> tuple[float, float]:
-        """The rate the view reports, and the one the C side holds."""
-        return hs.view()["fast_sampler"]["rate_hz"], hs._fast.rate_hz
+    def rates(hs: HostSignals) -> tuple[float, float, float, float]:
+        """The rates the view reports (ticks, reads), and the ones the C side holds."""
+        view = hs.view()["fast_sampler"]
+        return view["rate_hz"], hs._fast.rate_hz, view["read_hz"], hs._fast.read_hz
 
+    quiet = (QUIET_FAST_HZ, pytest.approx(QUIET_FAST_HZ), pytest.approx(QUIET_READ_HZ), pytest.approx(QUIET_READ_HZ))
+    fast = (200.0, pytest.approx(200.0), pytest.approx(200.0), pytest.approx(200.0))
     hs = HostSignals(opts, lambda: set(traced))
     hs.start()
     try:
         assert hs.view()["fast_sampler"]["state"] == "on"
-        assert rates(hs) == (QUIET_FAST_HZ, pytest.approx(QUIET_FAST_HZ))
+        assert rates(hs) == quiet
         traced.add(ProcessKey(os.getpid(), 1))
         hs.sample()
-        assert rates(hs) == (200.0, pytest.approx(200.0))
+        assert rates(hs) == fast
         traced.clear()
         hs.sample()
-        assert rates(hs) == (QUIET_FAST_HZ, pytest.approx(QUIET_FAST_HZ))
+        assert rates(hs) == quiet
     finally:
         hs.close()
     named = HostSignals(opts)
     named.start([os.getpid()])
     try:
         named.sample()
-        assert rates(named) == (200.0, pytest.approx(200.0))
+        assert rates(named) == fast
     finally:
         named.close()
 

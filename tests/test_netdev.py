@@ -614,6 +614,44 @@ def test_the_fast_samplers_cpu_time_is_its_threads_when_taken() -> None:
         fast.close()
 
 
+def test_the_fast_sampler_reads_the_interfaces_at_its_read_rate_and_watches_at_its_tick_rate() -> None:
+    """An idle agent's sampler ticks at 20 Hz (its rings watched each tick) and reads the
+    interfaces at 2 Hz: here 200 Hz and 20 Hz, every tenth tick. The interface's reads in a
+    window are the window's ticks whose number is a multiple of ten (one either way: a take may
+    fall inside a tick); set back to read each tick, each tick reads it."""
+    import socket
+
+    fast = FastSampler(200)
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    inode = os.stat("/proc/self/ns/net").st_ino
+
+    def window(ticks: int) -> tuple[int, int]:
+        """(ticks, reads of lo) over a window of `ticks` ticks or more."""
+        start = fast.poll().ticks
+        deadline = time.monotonic() + 30
+        while fast.ticks() - start < ticks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        w = fast.poll()
+        lo = [i for i in w.interfaces.values() if i.netns == inode and i.index == 1]
+        return w.ticks - start, lo[0].ticks if lo else 0
+
+    try:
+        fast.add_netns(inode, sock)
+        fast.start()
+        assert fast.set_rate(200, read_hz=20) == pytest.approx(200) and fast.read_hz == pytest.approx(20)
+        ticks, reads = window(200)
+        assert ticks >= 200 and abs(reads - ticks / 10) <= 1, (ticks, reads)
+        fast.set_rate(200)
+        assert fast.read_hz == pytest.approx(200)
+        ticks, reads = window(100)
+        assert ticks >= 100 and abs(reads - ticks) <= 1, (ticks, reads)
+        with pytest.raises(ValueError, match="reading rate"):
+            fast.set_rate(20, read_hz=40)
+    finally:
+        fast.close()
+        sock.close()
+
+
 def _comm(tid: int) -> str:
     try:
         return Path(f"/proc/self/task/{tid}/comm").read_text().strip()

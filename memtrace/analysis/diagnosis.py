@@ -106,6 +106,12 @@ MIN_CLASS_WINDOWS = 3  # a server's class of work is judged once its baseline ho
 # with them, and holds MIN_BASELINE windows: one copy's time is noisier than an iteration's (a
 # wake-up late on a busy CPU), and two such windows in its first seconds read as a slowdown.
 MIN_COPY_WINDOWS = 6
+# A server's slowdown that no signal explains is named `unknown` once it held this many windows (2 s):
+# its iterations at equal work are noisier than a training step (random arrivals mix batches; a copy's
+# time rides on the time a wake-up takes), and nothing else corroborates a short one. A healthy zoo
+# server read 1.23x at equal work, its copies 1.57x, for two windows, nothing else moving (seed 11);
+# a cause's evidence names a slowdown at DETECT_AFTER, as before.
+UNEXPLAINED_AFTER = 4
 NOISE_Z = 3.0  # a server's window is slow only this many of its noise's deviations above the baseline
 # A server's class of work never seen, larger than a known one, takes at most the known one's
 # time times the ratio of their work to a power, if nothing slowed: the steepest growth its own
@@ -1162,11 +1168,13 @@ class Diagnoser:
                 "iterations": sum(n for x, _ in s.slow for n, _ns in x.work.values()),
                 "busy_over_baseline": round(at_work if at_work is not None else ratio, 3),
             }
-            if cause == "unknown" and (at_work is None or at_work <= SLOW_RATIO):
+            unexplained = at_work is not None and at_work > SLOW_RATIO and len(s.slow) >= UNEXPLAINED_AFTER
+            if cause == "unknown" and not unexplained:
                 # Its copies alone, and no cause: one copy's time is noisier than an iteration's
                 # (the zoo's healthy servers had copies 1.3-1.9x for two windows, nothing else
                 # moved). Not a diagnosis; judged again next window while slow, named once a
-                # cause's evidence comes (a narrowed link, another copier).
+                # cause's evidence comes (a narrowed link, another copier), or as unknown once
+                # slow at equal work UNEXPLAINED_AFTER windows.
                 return None
             if copies is not None and copies > SLOW_RATIO and (at_work is None or copies > at_work):
                 # Its copies slowed more than its iterations: said so, with both.

@@ -727,7 +727,8 @@ class FastSampler(TypedDict):
     reads what is worth its resolution at --host-rate (each interface's
     counters, for the busiest tick's rates; each GPU's clock events and
     utilisation) and folds it until each sample takes it. While `push` or
-    `top` traces no process (an idle node) it ticks at 20 Hz. Installed
+    `top` traces no process (an idle node) it ticks at 20 Hz, watching the
+    agent's rings, and reads the interfaces and GPUs at 2 Hz. Installed
     without a C compiler, memtrace reads those in Python at each sample
     instead: then it is off."""
 
@@ -735,6 +736,7 @@ class FastSampler(TypedDict):
     reason: NotRequired[Annotated[str, "off only: why, in words"]]
     fix: NotRequired[Annotated[str, "off only: what to do about it"]]
     rate_hz: NotRequired[Annotated[float, "on, once it has ticked: its rate now"]]
+    read_hz: NotRequired[Annotated[float, "on, once it has ticked: how often it reads interfaces and GPUs now"]]
     ticks: NotRequired[Annotated[int, "on, once it has ticked: ticks so far"]]
     late_ticks: NotRequired[Annotated[int, "ticks that came late and were skipped"]]
     net_errors: NotRequired[Annotated[int, "netlink reads that failed"]]

@@ -124,6 +124,7 @@ struct mt_fast {
 	int n_gpu;
 	mt_util_fn util_fn;
 	uint32_t util_every;
+	uint32_t read_every; /* the NICs and GPUs read every read_every-th tick (the rings watched every tick) */
 	mt_mask_fn mask_fn;
 	mt_mask_fn mask_old_fn;
 	struct mt_stats stats;
@@ -259,8 +260,9 @@ static void read_gpu(struct mt_fast *f, int i, uint64_t t)
 	mt_nvml_util u;
 	unsigned long long mask = 0;
 	/* Utilisation is the share of NVML's own sample period (1/6 s to 1 s) that kernels ran: read every
-	 * util_every-th tick (10 Hz), more would read the same value again. Clock events are instantaneous. */
-	int read_util = f->util_fn && f->stats.ticks % f->util_every == 0;
+	 * util_every-th tick (10 Hz), more would read the same value again; at every read where reads are
+	 * sparser (read_every). Clock events are instantaneous. */
+	int read_util = f->util_fn && (f->read_every > 1 || f->stats.ticks % f->util_every == 0);
 	int ru = read_util ? f->util_fn(f->gpus[i], &u) : MT_NVML_NOT_SUPPORTED;
 	int rm = MT_NVML_NOT_SUPPORTED;
 	if (f->mask_fn) {
@@ -364,7 +366,8 @@ static void *loop(void *arg)
 	uint64_t next = now_ns(CLOCK_MONOTONIC);
 	while (!f->stop) {
 		pthread_mutex_lock(&f->cfg);
-		tick(f);
+		if (f->read_every <= 1 || f->stats.ticks % f->read_every == 0) /* ticks: this thread's own */
+			tick(f);
 		watch_rings(f);
 		uint64_t period = f->period_ns; /* mt_fast_set_period changes it under cfg */
 		pthread_mutex_unlock(&f->cfg);
@@ -425,6 +428,15 @@ __attribute__((visibility("default"))) uint64_t mt_fast_set_period(struct mt_fas
 	period_ns = f->period_ns;
 	pthread_mutex_unlock(&f->cfg);
 	return period_ns;
+}
+
+/* Read the NICs and GPUs every `every`-th tick only (1: every tick), from the next; the rings are
+ * watched every tick. An idle agent's rings want a short wait, its counters no fresh reading. */
+__attribute__((visibility("default"))) void mt_fast_set_read_every(struct mt_fast *f, uint32_t every)
+{
+	pthread_mutex_lock(&f->cfg);
+	f->read_every = every ? every : 1;
+	pthread_mutex_unlock(&f->cfg);
 }
 
 /* Sample the namespace whose rtnetlink socket is fd (dup'ed: the caller keeps its own). 0 or an errno. */

@@ -109,6 +109,7 @@ FOLD_LATENCY_S = 0.5
 # drain, and what is drained waits for a fold (a reader folds first anyway).
 GUARDED_QUIET_S = 1.0
 _EVENTS_SLOT, _CONTROL_SLOT = 0, 1  # the guard's two watches
+IDLE_TOTALS_S = 10.0  # sync_totals walks the kernel's maps this often while the model holds no process
 
 
 class RingGuard(Protocol):
@@ -190,6 +191,9 @@ class Agent:
         self._trap_costs: TrapCosts | None = None
         self.stacks: StackTable | None = None
         self._record = recorder
+        self._totals_walked = -IDLE_TOTALS_S  # when sync_totals last walked the kernel's maps (monotonic)
+        # Told each process the drains meet (the host signals' nudge: sampled at their rate from then).
+        self.on_met: Callable[[ProcessKey], None] | None = None
         self.cuda = CudaSensor(
             opts,
             Hooks(
@@ -222,6 +226,8 @@ class Agent:
             elif isinstance(n, ProcessMet):
                 if self.budget is not None:
                     self.budget.met(n.key)  # weighed from now, not from the fold that introduces it
+                if self.on_met is not None:
+                    self.on_met(n.key)
             elif isinstance(n, Exited):
                 if self.stacks is not None:
                     self.stacks.forget(n.key)
@@ -558,7 +564,17 @@ class Agent:
 
     def sync_totals(self) -> None:
         """Copy what the kernel counts (launches, traps, calls lost from the
-        ring) into the model, with the CPU time of the processes still running."""
+        ring) into the model, with the CPU time of the processes still running.
+        While the model holds no process the maps are walked every
+        IDLE_TOTALS_S only: a walk of an empty hash map reads every bucket
+        (about 0.1 ms a map here, half an idle agent's recorder tick), and
+        the kernel's totals of a process not met yet are copied at a sync
+        after it has been (they are totals), or within IDLE_TOTALS_S where
+        its notice never came."""
+        now = time.monotonic()
+        if not self.model.processes and now - self._totals_walked < IDLE_TOTALS_S:
+            return
+        self._totals_walked = now
         cpu = {}
         # Their CPU time is only read to tell their overhead (/proc, before taking the lock).
         for key, p in list(self.model.processes.items()) if self.calibration is not None else ():

@@ -281,6 +281,14 @@ class LiveDiagnosis:
                     copies=sizes or {},
                     classes=classes,
                 )
+        if not live:
+            # Nothing to judge (an idle node): the host's readings are not taken, and the next
+            # window with a process is a first one, every counter read afresh, as at the start (a
+            # process is judged from its second window: its first has no counters before it).
+            self._prune(set())
+            self._prev_t = None
+            self.engine.observe([], HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5))
+            return []
         hw = HostWindow(end_ns=mono, wall_offset_ns=offset, seconds=seconds or 0.5, copy_bytes=copy_bytes)
         stall = self._stall.read_us()
         if stall is not None and self._prev_stall is not None:

@@ -88,6 +88,16 @@ GAPS_S = 10.0  # the CPU sensor's gap counters are read this often (and at the l
 # watches the rings: a new process's notice then waits for the control thread 50 ms at most
 # (CONTROL_QUIET_S, 0.1 s, unwatched).
 QUIET_FAST_HZ = 20.0
+# ... reading the interfaces and GPUs at QUIET_READ_HZ only: its ticks then watch the rings (two loads
+# each), their readings (a netlink dump, NVML's calls: about half a tick's cost here) feed host series
+# nothing is diagnosed from.
+QUIET_READ_HZ = 2.0
+# While no process is traced, the samples come every QUIET_INTERVAL_S (HostOptions.quiet_s; tick_s
+# if longer; each is a tick), not each interval_s: nothing is diagnosed, and the host-wide readings pushed (its
+# NICs' and GPUs' counters, read as deltas) lose nothing. A process the agent meets (nudge) brings
+# back interval_s at once, for NUDGE_S while the model folds it in.
+QUIET_INTERVAL_S = 1.0
+NUDGE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,7 @@ class HostOptions:
     # those are read in Python at each sample.
     fast_hz: float = DEFAULT_FAST_HZ
     tick_s: float = 0.5  # on_tick (the live diagnosis's window) after the sample nearest each tick_s
+    quiet_s: float = QUIET_INTERVAL_S  # the samples' period while nothing is traced (tick_s at least)
 
 
 def _off(e: BaseException) -> SensorState:
@@ -173,6 +184,8 @@ class HostSignals:
         )
         self._fast_last: FastWindow | None = None  # its last window
         self._fast_hz = opts.fast_hz  # the rate it runs at now (QUIET_FAST_HZ while nothing is traced)
+        # Its readings' rate (None: each tick; QUIET_READ_HZ while nothing is traced).
+        self._fast_read_hz: float | None = None
         self._fast_gpus = False  # it reads the GPUs
         self._ring_owner = ring_owner
         self._nccl_since: dict[ProcessKey, float] = {}  # when its libnccl was attached, if after it loaded
@@ -192,6 +205,8 @@ class HostSignals:
         self._count = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by stop, and by nudge
+        self._nudged_until = 0.0  # monotonic: samples each interval_s until then, traced or not
         self.sample_errors = 0
         self.sample_cpu_ns = 0  # the CPU its samples took (bench/targets/agent_cpu.py)
         self._on_collectives = collectives
@@ -421,10 +436,16 @@ class HostSignals:
     def _pace_fast(self, fast: FastSampler, tracing: bool) -> None:
         """The fast sampler at --host-rate while a process is traced, at QUIET_FAST_HZ while none is."""
         want = self.opts.fast_hz if tracing else min(self.opts.fast_hz, QUIET_FAST_HZ)
-        if want != self._fast_hz:
-            fast.set_rate(want)
-            self._fast_hz = want
-            log.debug("the fast host sampler now ticks at %g Hz (%s)", want, "tracing" if tracing else "nothing traced")
+        read = None if tracing else min(want, QUIET_READ_HZ)
+        if (want, read) != (self._fast_hz, self._fast_read_hz):
+            fast.set_rate(want, read)
+            self._fast_hz, self._fast_read_hz = want, read
+            log.debug(
+                "the fast host sampler now ticks at %g Hz, reading at %g Hz (%s)",
+                want,
+                fast.read_hz,
+                "tracing" if tracing else "nothing traced",
+            )
 
     def sample(self, final: bool = False) -> None:
         """One reading of every sensor that is on, folded into the book."""
@@ -630,11 +651,29 @@ class HostSignals:
         finally:
             self.sample_cpu_ns += time.thread_time_ns() - start
 
+    def nudge(self, key: ProcessKey | None = None) -> None:
+        """The agent met a process (`key`; any thread): sample each interval_s
+        from now, where nothing traced had slowed the samples (QUIET_INTERVAL_S)."""
+        self._nudged_until = time.monotonic() + NUDGE_S
+        self._wake.set()
+
+    def quiet(self) -> bool:
+        """Nothing traced, nor met in the last NUDGE_S: the samples come every QUIET_INTERVAL_S."""
+        return not self._tracked and time.monotonic() >= self._nudged_until
+
     def _loop(self) -> None:
         interval = self.opts.interval_s
+        quiet = max(interval, self.opts.tick_s, self.opts.quiet_s)
         nxt = time.monotonic() + interval
-        while not self._stop.wait(max(0.0, nxt - time.monotonic())):
-            due, nxt = nxt, nxt + interval
+        while True:
+            self._wake.wait(max(0.0, nxt - time.monotonic()))
+            if self._stop.is_set():
+                break
+            if self._wake.is_set():  # nudged: the next sample an interval_s from now at the latest
+                self._wake.clear()
+                nxt = min(nxt, time.monotonic() + interval)
+                continue
+            due = nxt
             self._safe_sample()
             # Ticks keep the samples' schedule, not the clock after a sample: a sample that
             # ran long (a GPU detail read) then one that ran short must not skip a tick
@@ -642,14 +681,17 @@ class HostSignals:
             if self._on_tick is not None and due - self._last_tick >= self.opts.tick_s * 0.999:
                 self._last_tick = due
                 self._on_tick()
+            step = quiet if self.quiet() else interval
+            nxt = due + step
             now = time.monotonic()
             if nxt < now:  # fell behind (a stopped agent, a slow NVML call): skip, do not burst
-                nxt = now + interval
+                nxt = now + step
 
     @contextlib.contextmanager
     def sampling(self) -> Iterator[HostSignals]:
         """Sample on a thread of its own for the duration of the block."""
         self._stop.clear()
+        self._wake.clear()
         self._thread = thread(self._loop, "memtrace-host")
         self._thread.start()
         try:
@@ -659,6 +701,7 @@ class HostSignals:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -693,6 +736,7 @@ class HostSignals:
         w = self._fast_last
         if w is not None:
             out["rate_hz"] = self._fast_hz
+            out["read_hz"] = self._fast.read_hz if self._fast is not None else self._fast_hz
             out["ticks"] = w.ticks
             out["late_ticks"] = w.late
             out["net_errors"] = w.net_errors

@@ -98,6 +98,7 @@ class Pipeline:
                 follows_nccl=host.nccl and opts.cuda.hold_nccl,
                 on_tick=self._tick if opts.diagnose or recorder is not None else None,
             )
+            self.agent.on_met = self.host.nudge
             if opts.diagnose:
                 told = self._diagnosed if recorder is not None else on_diagnosis
                 self.diagnosis = LiveDiagnosis(self.agent, self.host, told)

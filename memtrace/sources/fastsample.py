@@ -154,6 +154,7 @@ def _prototypes(lib: ctypes.CDLL) -> None:
     lib.mt_fast_close.argtypes, lib.mt_fast_close.restype = [vp], None
     lib.mt_fast_ticks.argtypes, lib.mt_fast_ticks.restype = [vp], u64
     lib.mt_fast_set_period.argtypes, lib.mt_fast_set_period.restype = [vp, u64], u64
+    lib.mt_fast_set_read_every.argtypes, lib.mt_fast_set_read_every.restype = [vp, ctypes.c_uint32], None
     lib.mt_fast_sizes.argtypes, lib.mt_fast_sizes.restype = [ctypes.POINTER(ctypes.c_uint32)], None
 
 
@@ -198,6 +199,7 @@ class FastSampler:
             raise MemtraceError(f"a fast sampling rate of {rate_hz:g} Hz is out of range", "give 1 to 1000 Hz")
         self._lib, (max_ifs, max_gpus) = _library()
         self.rate_hz = rate_hz
+        self.read_hz = rate_hz  # the NICs and GPUs read each tick (set_rate's read_hz)
         self._handle = self._lib.mt_fast_open(int(1e9 / rate_hz), throttle_mask)
         if not self._handle:
             raise MemtraceError("the fast sampler could not allocate its state", "free some memory")
@@ -230,12 +232,20 @@ class FastSampler:
     def start(self) -> None:
         _check(self._lib.mt_fast_start(self._open()), "thread")
 
-    def set_rate(self, rate_hz: float) -> float:
-        """Tick at rate_hz (1 to 1000) from the tick after the one now awaited; returns the rate in force."""
+    def set_rate(self, rate_hz: float, read_hz: float | None = None) -> float:
+        """Tick at rate_hz (1 to 1000) from the tick after the one now awaited, watching the
+        rings each tick and reading the NICs and GPUs at read_hz (None: each tick); returns
+        the rate in force (read_hz in force: self.read_hz)."""
         if not 1 <= rate_hz <= 1000:
             raise ValueError(f"a fast sampling rate of {rate_hz:g} Hz is out of range (1 to 1000 Hz)")
-        period = int(self._lib.mt_fast_set_period(self._open(), int(1e9 / rate_hz)))
+        if read_hz is not None and not 0 < read_hz <= rate_hz:
+            raise ValueError(f"a reading rate of {read_hz:g} Hz is out of range (above 0, at most {rate_hz:g} Hz)")
+        handle = self._open()
+        period = int(self._lib.mt_fast_set_period(handle, int(1e9 / rate_hz)))
         self.rate_hz = 1e9 / period
+        every = 1 if read_hz is None else max(1, round(self.rate_hz / read_hz))
+        self._lib.mt_fast_set_read_every(handle, every)
+        self.read_hz = self.rate_hz / every
         return self.rate_hz
 
     def watch_ring(self, slot: int, cons: int, prod: int, nbytes: int, eventfd: int) -> None:
