@@ -91,7 +91,7 @@ def test_a_job_reading_past_its_memory_limit_is_counted_hitting_it(tmp_path: Pat
         stdout=subprocess.PIPE,
         text=True,
     )
-    d = limited_cgroup("memory", {"memory.max": str(8 << 20)}, {"memory.limit_in_bytes": str(8 << 20)})
+    d = limited_cgroup("memory", {"memory.max": str(32 << 20)}, {"memory.limit_in_bytes": str(32 << 20)})
     try:
         assert reader.stdout is not None and reader.stdin is not None
         assert reader.stdout.readline().strip() == "ready"
