@@ -81,7 +81,8 @@ def trial(fleet: Fleet, fault: str, host: int) -> dict:
     else:
         want = {str(r.rank) for r in fleet.ranks if r.host == host}
 
-    before = diagnosed(fleet, fleet.hosts[host].name)
+    name = fleet.hosts[host].name
+    before = diagnosed(fleet, name)
     onset = time.time()
     fleet.onset(fault, host)
     named_at = cause_at = None
@@ -90,7 +91,7 @@ def trial(fleet: Fleet, fault: str, host: int) -> dict:
     said: dict[tuple[str, str, str, str], float] = {}
     deadline = time.monotonic() + GIVE_UP_S
     while time.monotonic() < deadline and cause_at is None:
-        for k, n in diagnosed(fleet, fleet.hosts[host].name).items():
+        for k, n in diagnosed(fleet, name).items():
             if n > before.get(k, 0.0):
                 said.setdefault(k, time.time() - onset)
         for a in alerts(fleet):
@@ -150,10 +151,10 @@ def main() -> None:
                             print(f"  healthy alert: {a['labels']}", flush=True)
                     now = diagnosed(f)
                     for k, n in now.items():
-                        if n > said_before.get(k, 0.0):
-                            print(f"  healthy, an agent diagnosed: {k} x{n - said_before.get(k, 0.0):.0f}", flush=True)
-                            said += n - said_before.get(k, 0.0)
-                    said_before = {**said_before, **now}
+                        if (new := n - said_before.get(k, 0.0)) > 0:
+                            print(f"  healthy, an agent diagnosed: {k} x{new:.0f}", flush=True)
+                            said += new
+                    said_before |= now  # a series gone stale and back is not counted again
                     time.sleep(0.5)
                 false = len(keys)
                 healthy_h = (time.monotonic() - started) / 3600
