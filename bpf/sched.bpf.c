@@ -16,8 +16,10 @@
  * process's), as runqslower names it: on a kernel whose scheduler lets the
  * running task finish its slice before a woken one (EEVDF's run to parity),
  * a neighbour delays a thread that sleeps often mostly there, without ever
- * preempting it. A thread's exit
- * settles what it ran too, as its last switch-out may never be delivered.
+ * preempting it. Each cgroup is named by the process of its that traced
+ * threads waited on longest (a majority vote weighted by time, sched.h).
+ * A thread's exit settles what it ran too, as its last switch-out may
+ * never be delivered.
  *
  * Two rare events keep user space's idea of who the process is current,
  * at no cost between them: an exec (its command and executable) and a move
@@ -198,55 +200,64 @@ static __always_inline void put_thread(__u32 tid, struct sc_thread *t)
 		stat_inc(SC_STAT_THREADS_FULL);
 }
 
-/* The entry of the cgroup whose task `next` held a traced process's CPU,
- * with `next`'s vote for who names it (created at zero if new; NULL if the
- * map is full). */
-static __always_inline struct sc_preempt *holder(__u32 tgid, __u64 start, struct task_struct *next, __u64 cgid)
+/* The entry of the cgroup `cgid` in a traced process's table (created at
+ * zero if new; NULL if the map is full). */
+static __always_inline struct sc_preempt *holder(__u32 tgid, __u64 start, __u64 cgid)
 {
 	struct sc_preempt_key key = { .cgroup_id = cgid, .start_ns = start, .tgid = tgid };
 	struct sc_preempt *v;
 	struct zeroes *z;
-	__u32 zk = 0, kthread, who;
+	__u32 zk = 0;
 
 	z = bpf_map_lookup_elem(&zero, &zk);
 	if (!z)
 		return NULL;
 	v = lookup_or_try_init(&preempts, &key, &z->preempt);
-	if (!v) {
+	if (!v)
 		stat_inc(SC_STAT_PREEMPT_FULL);
-		return NULL;
-	}
-	/* The cgroup is named by a user process: kernel threads sharing it
-	 * (kworkers, rcu, some of them doing uprobe work for memtrace itself)
-	 * are the host's housekeeping, named only until one is seen, and have
-	 * no vote against it. Concurrent votes from two CPUs can lose one:
-	 * the name is a vote, the counts stay exact (atomic, by the callers). */
-	kthread = (BPF_CORE_READ(next, flags) & SC_PF_KTHREAD) ? 1 : 0;
-	who = BPF_CORE_READ(next, tgid);
-	if (v->votes && !v->kthread && kthread)
-		return v;
-	if (v->votes && who == v->tgid) {
-		if (v->votes < SC_VOTES_MAX)
-			v->votes++;
-	} else if (v->votes > 1 && (kthread || !v->kthread)) {
-		v->votes--;
-		return v;
-	} else {
-		/* Nobody named yet, the last vote lost, or a user process after a kernel thread. */
-		v->tgid = who;
-		v->kthread = kthread;
-		v->votes = 1;
-	}
-	BPF_CORE_READ_STR_INTO(&v->comm, next, comm); /* current: it may have exec'd */
 	return v;
 }
 
+/* `who`'s vote, weighing `us`, for the process that names the cgroup's
+ * entry (sched.h: a majority vote weighted by time). The cgroup is named by
+ * a user process: kernel threads sharing it (kworkers, rcu, some of them
+ * doing uprobe work for memtrace itself) are the host's housekeeping, named
+ * only until one is seen, and have no vote against it. Concurrent votes
+ * from two CPUs can lose one: the name is a vote, the counts stay exact
+ * (atomic, by the callers). */
+static __always_inline void vote(struct sc_preempt *v, struct task_struct *who_task, __u64 us)
+{
+	__u32 kthread = (BPF_CORE_READ(who_task, flags) & SC_PF_KTHREAD) ? 1 : 0;
+	__u32 who = BPF_CORE_READ(who_task, tgid), w, margin = v->votes;
+
+	w = us < 1 ? 1 : us > SC_VOTE_CAP_US ? SC_VOTE_CAP_US : (__u32)us;
+	if (margin && !v->kthread && kthread)
+		return;
+	if (margin && who == v->tgid) {
+		v->votes = margin + w < SC_VOTE_CAP_US ? margin + w : SC_VOTE_CAP_US;
+	} else if (margin > w && (kthread || !v->kthread)) {
+		v->votes = margin - w;
+		return;
+	} else {
+		/* Nobody named yet, outvoted, or a user process after a kernel
+		 * thread: named, by what it is ahead (never 0: 0 is "nobody"). */
+		v->tgid = who;
+		v->votes = margin && kthread == v->kthread && w > margin ? w - margin : w;
+		v->kthread = kthread;
+	}
+	BPF_CORE_READ_STR_INTO(&v->comm, who_task, comm); /* current: it may have exec'd */
+}
+
+/* `next` preempted a traced thread: counted, and a vote of 1 us (what it
+ * then runs of the thread's wait votes at the thread's switch-in). */
 static __always_inline void charge_preemptor(__u32 tgid, __u64 start, struct task_struct *next, __u64 cgid)
 {
-	struct sc_preempt *v = holder(tgid, start, next, cgid);
+	struct sc_preempt *v = holder(tgid, start, cgid);
 
-	if (v)
-		__sync_fetch_and_add(&v->count, 1);
+	if (!v)
+		return;
+	__sync_fetch_and_add(&v->count, 1);
+	vote(v, next, 1);
 }
 
 /* Switches a task made since its thread's last event that never reached
@@ -286,7 +297,8 @@ static __always_inline void count_gap(struct sc_missed m, bool state_says)
  * kernel's own figure, exact even when switches were never delivered); the
  * rest of the interval it waited, where its state says, if it was waiting:
  * off CPU, or queued (after a preemption: charged to the preemptor too;
- * after a wakeup: returned, for on_cpu to charge to who held the CPU).
+ * after a wakeup: for on_cpu to charge to who held the CPU). A queued wait
+ * is returned, of either kind, for on_cpu's vote on who held the CPU.
  * Across switches never delivered (`m`) it was off CPU in stretches between
  * its runs, in states never seen: blocked if one of those switches was
  * voluntary, else queued; the time joins the totals, not the histograms
@@ -326,7 +338,7 @@ static __always_inline __u64 settle(struct sc_proc *p, struct sc_thread *t, __u6
 		v = bpf_map_lookup_elem(&preempts, &key);
 		if (v)
 			__sync_fetch_and_add(&v->wait_ns, wait);
-		return 0;
+		return wait;
 	}
 	return wait; /* queued after a wakeup: for the caller to charge to who held the CPU */
 }
@@ -391,7 +403,11 @@ static __always_inline void switch_out(struct task_struct *prev, __u64 start, st
  * A wait in the run queue after a wakeup is charged to who held the CPU:
  * the task that ran last before it (prev, as runqslower names it), unless
  * that is the idle task or a thread of its own process. Its wait joins that
- * cgroup's entry, not its count of switches (the kernel's nivcsw, exact). */
+ * cgroup's entry, not its count of switches (the kernel's nivcsw, exact).
+ * prev votes for naming its cgroup by what it ran of the wait (its stint:
+ * its runtime since it was last switched in, at most the wait), after a
+ * wakeup, or after a preemption by its own cgroup: the process a thread
+ * waited on longest names the cgroup, not the one that switched most. */
 static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 now, struct task_struct *prev)
 {
 	__u32 tid = task->pid, tgid = task->tgid;
@@ -399,10 +415,10 @@ static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 
 	__u64 exec = task->se.sum_exec_runtime;
 	struct sc_thread n = { .ts = now, .exec = exec, .start = start, .tgid = tgid, .state = SC_T_RUNNING,
 			       .nvcsw = task->nvcsw, .nivcsw = task->nivcsw };
-	struct sc_preempt *v;
+	struct sc_preempt *v = NULL;
 	struct sc_missed m;
 	struct sc_proc *p;
-	__u64 queued;
+	__u64 queued, cgid, stint;
 
 	if (!t) {
 		if (prev) {
@@ -419,9 +435,18 @@ static __always_inline void on_cpu(struct task_struct *task, __u64 start, __u64 
 		count_gap(m, (t->state == SC_T_RUNNING) != !prev);
 		queued = settle(p, t, exec, now, m, false);
 		if (queued && prev && prev->pid && prev->tgid != tgid) {
-			v = holder(tgid, start, prev, BPF_CORE_READ(prev, cgroups, dfl_cgrp, kn, id));
-			if (v)
-				__sync_fetch_and_add(&v->wait_ns, queued);
+			cgid = BPF_CORE_READ(prev, cgroups, dfl_cgrp, kn, id);
+			if (t->state == SC_T_QUEUED) {
+				v = holder(tgid, start, cgid);
+				if (v)
+					__sync_fetch_and_add(&v->wait_ns, queued);
+			} else if (t->state == SC_T_PREEMPTED && cgid == t->preempt_cgroup) {
+				v = holder(tgid, start, cgid);
+			}
+			if (v) {
+				stint = prev->se.sum_exec_runtime - prev->se.prev_sum_exec_runtime;
+				vote(v, prev, (stint < queued ? stint : queued) / 1000);
+			}
 		}
 	}
 	*t = n; /* its preemptor, if any, had its wait in settle */

@@ -60,23 +60,27 @@ struct sc_preempt_key {
 	__u32 pad;
 };
 
-#define SC_VOTES_MAX 32
+/* The most one vote weighs, and the most a name's margin reaches (us). */
+#define SC_VOTE_CAP_US 20000
 
 struct sc_preempt {
 	__u64 count;   /* involuntary switches of the traced process in favour of this cgroup */
 	__u64 wait_ns; /* run-queue wait of the traced threads that followed them, and after their
 			* wakeups while this cgroup's task held the CPU */
-	/* The process the cgroup is named by: of its processes seen taking the
-	 * CPU (preempting, or holding it), the one seen most. A majority vote,
-	 * one vote a switch (Boyer-Moore's), its margin capped at SC_VOTES_MAX so
-	 * that one taking over is named once it is that many switches ahead: a
-	 * shared cgroup's rare waker (a shell, an agent) never names a spinner's
-	 * share.
+	/* The process the cgroup is named by: of its processes seen holding the
+	 * CPU a traced thread waited for, the one it waited on longest. A
+	 * majority vote weighted by time (Boyer-Moore's, in us): a holder votes
+	 * what it ran of the wait (its stint, at most the wait), a preemptor 1 us
+	 * for taking the CPU; one vote weighs at most SC_VOTE_CAP_US, and the
+	 * margin reaches at most that, so one taking over is named once it is
+	 * 20 ms ahead. A shared cgroup's frequent, brief waker (a shell, an
+	 * agent, a sandbox's tool) never names a spinner's share by switching
+	 * more often.
 	 * 0: the idle task. */
 	__u32 tgid;
 	char comm[SC_COMM_LEN];
 	__u32 kthread; /* it is a kernel thread: named only until a user process is seen */
-	__u32 votes;   /* its margin: 0 while no one is named */
+	__u32 votes;   /* its margin, us: 0 while no one is named */
 	__u32 pad;
 };
 

@@ -299,6 +299,53 @@ def test_a_cgroup_is_named_by_the_process_that_took_the_cpu_most_not_the_last_on
     assert after_waker.pid == hog.pid and after_waker.comm == "sched_workload", report
 
 
+def test_a_cgroup_is_named_by_the_process_that_held_the_cpu_longest_not_the_most_often(
+    sensor: SchedSensor, workload_bin: Path, hog_cgroup: Path
+) -> None:
+    """A spinner and a frequent, brief waker (a shell, an agent, a sandbox's tool: thousands of
+    wakeups a few microseconds long) share a cgroup and a traced server's CPU. The waker switches
+    far more often; the server waits on the spinner. The cgroup is named by the spinner: a vote
+    weighted by the time each held the CPU the server waited for, not one vote a switch (which
+    named the waker in a CI run and 2 in 2 here)."""
+    hog = subprocess.Popen(
+        ["sh", "-c", f"echo $$ > {hog_cgroup}/cgroup.procs && exec taskset -c {CPU} {workload_bin} hog"],
+        start_new_session=True,
+    )
+    waker = w = None
+    try:
+        favour(hog.pid)
+        while not (hog_cgroup / "cgroup.procs").read_text().strip():
+            time.sleep(0.001)
+        waker = Workload([str(workload_bin), "wake", "4000", "1", "5"], cgroup_procs=hog_cgroup / "cgroup.procs")
+        w = Workload([str(workload_bin), "wake", "600", "1", "2000"])
+        traced(sensor, w.pid)
+        before = {p: (sum(ctxt_switches(p)), sum_exec_ns(p)) for p in (hog.pid, waker.pid)}
+        waker.go()
+        w.go()
+        truth = w.result()
+        after = {p: (sum(ctxt_switches(p)), sum_exec_ns(p)) for p in (hog.pid, waker.pid)}
+        st = stats_of(sensor, w.pid)
+    finally:
+        for p in (hog, waker and waker.p):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        if w is not None:
+            w.kill()
+    hog_id = cgroup_id("/" + hog_cgroup.name)
+    switched = {p: after[p][0] - before[p][0] for p in after}
+    ran = {p: after[p][1] - before[p][1] for p in after}
+    report = {"st": st, "truth": truth, "switched": switched, "ran": ran, "hog": hog.pid, "waker": waker.pid}
+    # The scenario happened: the waker switched more often than the spinner, the spinner
+    # held the CPU far longer, and the server waited on the cgroup.
+    assert switched[waker.pid] > switched[hog.pid], report
+    assert ran[hog.pid] > 10 * ran[waker.pid], report
+    (part,) = [p for p in st.preemptors if p.cgroup_id == hog_id]
+    assert part.wait_ns >= 0.1 * 1e9, report
+    # Named by the one it waited on longest.
+    assert part.pid == hog.pid and part.comm == "sched_workload", report
+
+
 def test_a_woken_threads_wait_behind_a_neighbour_is_charged_to_the_neighbour(
     sensor: SchedSensor, workload_bin: Path, hog_cgroup: Path
 ) -> None:

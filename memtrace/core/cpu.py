@@ -38,7 +38,7 @@ class Preemptor:
     cgroup_id: int  # 0: nobody, the CPU went idle (the process's own quota throttled it)
     count: int  # involuntary switches of the traced process in its favour
     wait_ns: int  # run-queue wait of the traced threads that followed
-    pid: int  # the cgroup's process that took the CPU most (a vote: bpf/sched.h); 0: the idle task
+    pid: int  # the cgroup's process waited on longest (a vote weighted by time: bpf/sched.h); 0: the idle task
     comm: str
 
 

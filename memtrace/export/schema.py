@@ -421,8 +421,8 @@ class Preemptor(TypedDict):
     ]
     pid: Annotated[
         int,
-        "the user process of that cgroup seen taking its CPU most (a majority vote over the switches: one taking"
-        " over is named once 32 ahead; a kernel thread only while no user process was seen; 0: idle)",
+        "the user process of that cgroup the traced threads waited on longest (a majority vote weighted by time:"
+        " one taking over is named once 20 ms ahead; a kernel thread only while no user process was seen; 0: idle)",
     ]
     process: Annotated[str, "that process's command name"]
     memtrace: Annotated[bool, "true: that process is memtrace itself (its own threads took the CPU)"]
