@@ -679,3 +679,63 @@ def test_a_servers_copies_are_counted_by_direction_and_size_with_their_time() ->
         assert c.ns == c.calls * (100 if direction == Direction.H2D else 50) * US
         assert c.bytes % c.calls == 0 and work_class(c.bytes // c.calls, 0)[0] == size
     assert sum(c.calls for c in st.copies.values()) == 2 * st.steps
+
+
+def test_unique_inverse_is_numpys() -> None:
+    """The fold's grouping gives numpy's own answer: empty, one value (the steady fast path), many."""
+    from memtrace.core.arrays import unique_inverse
+
+    rng = np.random.default_rng(5)
+    for a in (
+        np.zeros(0, np.int64),
+        np.full(7, 3, np.int64),
+        rng.integers(-5, 5, 300),
+        rng.integers(0, 1 << 62, 50),
+    ):
+        u, inv = unique_inverse(a)
+        want_u, want_inv = np.unique(a, return_inverse=True)
+        assert u.tolist() == want_u.tolist() and inv.tolist() == want_inv.tolist()
+        assert (u[inv] == a).all()
+
+
+@pytest.mark.parametrize("steady", [True, False], ids=["steady", "mixed"])
+def test_steps_work_and_copy_classes_add_up_as_one_step_at_a_time(steady: bool) -> None:
+    """A batch of steps folds into work classes, read-back amounts and copy size classes exactly
+    as the steps would one at a time (work_class of each, summed), on a steady loop's batch (each
+    step moving the same bytes) and on a mixed one."""
+    from memtrace.model.steps import StepStats, _count_copies, _count_work, _quarter_octave, work_class
+
+    rng = np.random.default_rng(9)
+    n = 200
+    b_in = np.full(n, 3 << 20, np.int64) if steady else rng.choice([0, 1000, 1100, 3 << 20], n).astype(np.int64)
+    b_out = np.full(n, 4, np.int64) if steady else rng.choice([0, 4, 4096], n).astype(np.int64)
+    spans = rng.integers(1_000_000, 3_000_000, n).astype(np.int64)
+    busy = spans - rng.integers(0, 1000, n)
+    st = StepStats()
+    _count_work(st, b_in, b_out, spans, busy)
+    want: dict[tuple[int, int], list[int]] = {}
+    outputs: dict[int, int] = {}
+    for i, o, s, b in zip(b_in.tolist(), b_out.tolist(), spans.tolist(), busy.tolist(), strict=True):
+        acc = want.setdefault(work_class(i, o), [0, 0, 0, 0, 0])
+        for k, v in enumerate((1, s, b, i, o)):
+            acc[k] += v
+        outputs[o] = outputs.get(o, 0) + 1
+    got = {k: [w.steps, w.step_ns, w.busy_ns, w.bytes_in, w.bytes_out] for k, w in st.work.items()}
+    assert got == want
+    assert st.outputs == outputs
+    direction = rng.choice([int(Direction.H2D), int(Direction.D2H)], 3 * n).astype(np.uint8)
+    nbytes = (
+        np.where(direction == int(Direction.H2D), 3 << 20, 4).astype(np.int64)
+        if steady
+        else rng.choice([4, 5, 4096, 4097, 3 << 20], 3 * n).astype(np.int64)
+    )
+    ns = rng.integers(0, 50_000, 3 * n).astype(np.float64)
+    _count_copies(st, direction, nbytes, ns)
+    want_c: dict[tuple[int, int], list[int]] = {}
+    for d, nb, t in zip(direction.tolist(), nbytes.tolist(), ns.tolist(), strict=True):
+        acc = want_c.setdefault((d, int(_quarter_octave(np.array([nb]))[0])), [0, 0, 0])
+        acc[0] += 1
+        acc[1] += nb
+        acc[2] += int(t)
+    got_c = {k: [c.calls, c.bytes, c.ns] for k, c in st.copies.items()}
+    assert got_c == want_c

@@ -146,6 +146,7 @@ import numpy as np
 
 from memtrace.core import apis
 from memtrace.core.abi import Direction, Family
+from memtrace.core.arrays import unique_inverse
 from memtrace.core.histogram import ExpHistogram
 
 RING = 64  # return times kept per candidate symbol
@@ -785,49 +786,70 @@ class _Thread:
 
 
 def _count_copies(st: StepStats, direction: np.ndarray, nbytes: np.ndarray, ns: np.ndarray) -> None:
-    """Fold copies into their (direction, size class) (at most MAX_COPY_SIZES; more are not counted)."""
-    q = _quarter_octave(nbytes)
-    keys, inv = np.unique(direction.astype(np.int64) << 32 | q, return_inverse=True)
-    m = len(keys)
-    calls = np.bincount(inv, minlength=m)
-    moved = np.bincount(inv, nbytes.astype(np.float64), m)
-    took = np.bincount(inv, ns.clip(min=0), m)
-    for j, key in enumerate(keys.tolist()):
-        ck = (key >> 32, key & 0xFFFFFFFF)
+    """Fold copies into their (direction, size class) (at most MAX_COPY_SIZES; more are not counted).
+    Grouped by their exact (direction, bytes) first: a loop copies a few sizes over and over, so
+    the classes are taken of those few, not of every copy."""
+    raw, inv = unique_inverse(direction.astype(np.int64) << 56 | nbytes.astype(np.int64))
+    m = len(raw)
+    calls = np.bincount(inv, minlength=m).tolist()
+    moved = np.bincount(inv, nbytes.astype(np.float64), m).tolist()
+    took = np.bincount(inv, ns.clip(min=0), m).tolist()
+    classes = _quarter_octave(raw & _BYTES_MASK).tolist()
+    sums: dict[tuple[int, int], list[float]] = {}  # each class's calls, bytes and time
+    for j, (key, q) in enumerate(zip(raw.tolist(), classes, strict=True)):
+        acc = sums.setdefault((key >> 56, q), [0, 0.0, 0.0])
+        acc[0] += calls[j]
+        acc[1] += moved[j]
+        acc[2] += took[j]
+    for ck, (n, b, t) in sums.items():
         c = st.copies.get(ck)
         if c is None:
             if len(st.copies) >= MAX_COPY_SIZES:
                 continue
             c = st.copies[ck] = CopySizeStats()
-        c.calls += int(calls[j])
-        c.bytes += int(moved[j])
-        c.ns += int(took[j])
+        c.calls += int(n)
+        c.bytes += int(b)
+        c.ns += int(t)
+
+
+_BYTES_MASK = (1 << 56) - 1  # _count_copies: a copy's bytes below its direction
 
 
 def _count_work(st: StepStats, b_in: np.ndarray, b_out: np.ndarray, spans: np.ndarray, busy: np.ndarray) -> None:
     """Fold steps' work into their classes (at most MAX_WORK), and the bytes
     they read back into `outputs` (at most MAX_OUTPUTS amounts)."""
-    q_in, q_out = _quarter_octave(b_in), _quarter_octave(b_out)
-    keys, inv = np.unique(q_in << 32 | q_out, return_inverse=True)
-    m = len(keys)
-    sums = [np.bincount(inv, x.astype(np.float64), m) for x in (spans, busy, b_in, b_out)]
-    counts = np.bincount(inv, minlength=m)
-    for j, key in enumerate(keys.tolist()):
-        wk = (key >> 32, key & 0xFFFFFFFF)
+    n = len(b_in)
+    groups: list[tuple[tuple[int, int], int, list[float]]]  # (class, steps, [ns, busy ns, bytes in, bytes out])
+    if n and bool((b_in == b_in[0]).all()) and bool((b_out == b_out[0]).all()):
+        # A steady loop's steps, each moving the same bytes: one class, one amount read back.
+        i, o = int(b_in[0]), int(b_out[0])
+        groups = [(work_class(i, o), n, [float(spans.sum()), float(busy.sum()), i * n, o * n])]
+        amounts = [(o, n)]
+    else:
+        q_in, q_out = _quarter_octave(b_in), _quarter_octave(b_out)
+        keys, inv = unique_inverse(q_in << 32 | q_out)
+        m = len(keys)
+        sums = [np.bincount(inv, x.astype(np.float64), m).tolist() for x in (spans, busy, b_in, b_out)]
+        counts = np.bincount(inv, minlength=m).tolist()
+        groups = [
+            ((key >> 32, key & 0xFFFFFFFF), counts[j], [sums[0][j], sums[1][j], sums[2][j], sums[3][j]])
+            for j, key in enumerate(keys.tolist())
+        ]
+        amounts = list(zip(*(x.tolist() for x in np.unique(b_out, return_counts=True)), strict=True))
+    for wk, steps, (ns, busy_ns, bytes_in, bytes_out) in groups:
         w = st.work.get(wk)
         if w is None:
             if len(st.work) >= MAX_WORK:
                 wk = OTHER_WORK
             w = st.work.setdefault(wk, WorkStats())
-        w.steps += int(counts[j])
-        w.step_ns += int(sums[0][j])
-        w.busy_ns += int(sums[1][j])
-        w.bytes_in += int(sums[2][j])
-        w.bytes_out += int(sums[3][j])
-    for amount, count in zip(*np.unique(b_out, return_counts=True), strict=True):
-        a = int(amount)
+        w.steps += steps
+        w.step_ns += int(ns)
+        w.busy_ns += int(busy_ns)
+        w.bytes_in += int(bytes_in)
+        w.bytes_out += int(bytes_out)
+    for a, count in amounts:
         if a in st.outputs or len(st.outputs) < MAX_OUTPUTS:
-            st.outputs[a] = st.outputs.get(a, 0) + int(count)
+            st.outputs[a] = st.outputs.get(a, 0) + count
 
 
 class _Window(deque[int]):
