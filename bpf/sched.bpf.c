@@ -239,10 +239,11 @@ static __always_inline void vote(struct sc_preempt *v, struct task_struct *who_t
 		v->votes = margin - w;
 		return;
 	} else {
-		/* Nobody named yet, outvoted, or a user process after a kernel
-		 * thread: named, by what it is ahead (never 0: 0 is "nobody"). */
+		/* Nobody named yet, or a user process after a kernel thread: named
+		 * by its vote. Outvoted: named by what it is ahead, at least 1 us
+		 * (0 is "nobody"). */
+		v->votes = !margin || kthread != v->kthread ? w : w > margin ? w - margin : 1;
 		v->tgid = who;
-		v->votes = margin && kthread == v->kthread && w > margin ? w - margin : w;
 		v->kthread = kthread;
 	}
 	BPF_CORE_READ_STR_INTO(&v->comm, who_task, comm); /* current: it may have exec'd */
