@@ -78,12 +78,15 @@ def test_the_agent_counts_the_cpu_of_its_folds_and_only_theirs(clock: Clock) -> 
     assert agent.fold_cpu_ns == 0
     agent.fold()
     assert agent.fold_cpu_ns == 7_000 and agent.model.events == 10
+    assert agent.folds == 1
+    agent.fold()  # nothing pending: not a fold
+    assert agent.folds == 1
     agent._take([Events(copies(4_000_001, 3))])
     with agent.lock:
         agent._fold(2)  # a share: two events now, the third next time
         agent._fold(2)
     assert agent.fold_cpu_ns == sum(spent) == 7_000 + 8_000 + 9_000
-    assert agent.model.events == 13
+    assert agent.model.events == 13 and agent.folds == 3
 
 
 def test_the_diagnosis_counts_its_own_cpu_not_the_agents_drain_and_fold(clock: Clock) -> None:

@@ -298,7 +298,7 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
     total = (seconds + 1.0) * rounds + 40
     job_cmd = host_job(fx, total)
     harness.pin_self({0})
-    parts = ("agent", "sampler", "floor", "fold", "diagnosis", "sample", "events")
+    parts = ("agent", "sampler", "floor", "fold", "diagnosis", "sample", "events", "folds")
     got: dict[str, list[float]] = {k: [] for k in parts}
     with pipeline() as pipe:
         agent, signals, diagnosis = pipe.agent, pipe.host, pipe.diagnosis
@@ -320,21 +320,23 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
                 for r in range(rounds):
                     c0 = cpu_now(bare.pid, sampler, agent, diagnosis, signals)
                     with agent.locked() as model:
-                        before = model.events
+                        before, folds0 = model.events, agent.folds
                     a0 = Reading.of(os.getpid())
                     time.sleep(seconds)
                     a = CpuWindow.between(a0, Reading.of(os.getpid()))
                     with agent.locked() as model:
-                        after = model.events
+                        after, folds1 = model.events, agent.folds
                     c1 = cpu_now(bare.pid, sampler, agent, diagnosis, signals)
-                    for k, v0, v1 in zip(parts[:-1], c0[1:], c1[1:], strict=True):
+                    for k, v0, v1 in zip(parts[:-2], c0[1:], c1[1:], strict=True):
                         got[k].append((v1 - v0) / 1e9 / (c1[0] - c0[0]))
                     got["events"].append((after - before) / (c1[0] - c0[0]))
+                    got["folds"].append((folds1 - folds0) / (c1[0] - c0[0]))
                     print(
                         f"round {r + 1}  agent {got['agent'][-1]:6.2%}  its C sampler {got['sampler'][-1]:6.2%}  "
                         f"floor {got['floor'][-1]:6.2%} of one core; of the agent: fold {got['fold'][-1]:.2%} "
-                        f"({got['events'][-1]:,.0f} events/s), diagnosis {got['diagnosis'][-1]:.2%}, "
-                        f"host samples {got['sample'][-1]:.2%}; its threads: {a.busiest(at_least=0)}",
+                        f"({got['events'][-1]:,.0f} events/s in {got['folds'][-1]:.1f} folds/s), "
+                        f"diagnosis {got['diagnosis'][-1]:.2%}, host samples {got['sample'][-1]:.2%}; "
+                        f"its threads: {a.busiest(at_least=0)}",
                         flush=True,
                     )
             signals.close()
@@ -392,6 +394,16 @@ def floor(seconds: float, rounds: int, rec: Record) -> None:
         spread=Spread.of(x * 100 for x in got["fold"]),
         note=f"{Spread.of(got['events']).median:,.0f} events/s folded",
     )
+    per_fold = [f / n * 1e3 for f, n in zip(got["fold"], got["folds"], strict=True) if n > 0]
+    if per_fold:  # a fold's cost is mostly fixed: the CPU a fold takes, and how often the agent folds
+        rec.add(
+            "agent's fold, CPU per fold",
+            Spread.of(per_fold).median,
+            "ms",
+            ".2f",
+            spread=Spread.of(per_fold),
+            note=f"{Spread.of(got['folds']).median:.1f} folds/s",
+        )
     rec.add(
         "agent's live diagnosis beside the floor",
         di * 100,

@@ -172,6 +172,7 @@ class Agent:
         self._pending_max = 0
         # The CPU its folds took, every thread's (the model's share of the agent's cost: bench/targets/agent_cpu.py).
         self.fold_cpu_ns = 0
+        self.folds = 0  # the folds that took something: a fold's cost is mostly fixed, so how often matters
         self._interval = 0.0
         self._put_off = 0.0  # how much later than its period the drain thread will start the next drain
         self.drain_nice = DRAIN_NICE  # 0: the drain thread keeps the process's priority
@@ -311,6 +312,9 @@ class Agent:
                     self._pending.insert(0, Events(last.batch[keep:]))
                     events = most
                 self._pending_events -= events
+        if not pending:
+            return 0
+        self.folds += 1
         t = time.thread_time_ns()
         self.model.take(pending)
         self.fold_cpu_ns += time.thread_time_ns() - t
