@@ -20,6 +20,7 @@ import numpy as np
 
 from memtrace.core import apis
 from memtrace.core.abi import EVENT_DTYPE, Family, Layer
+from memtrace.core.arrays import unique_inverse
 from memtrace.core.histogram import Grouped, add_grouped_all
 from memtrace.core.ids import ProcessInfo, ProcessKey
 from memtrace.core.nccl import Collective
@@ -307,7 +308,7 @@ class Model:
             if met in self.processes and met not in self.collective_waits:
                 self.collective_waits[met] = WaitAttributor()
         if len(events):
-            pids, inv = np.unique(events["pid"], return_inverse=True)
+            pids, inv = unique_inverse(events["pid"])
             for i, pid in enumerate(pids.tolist()):
                 key = self._by_pid.get(pid)
                 ev = events[inv == i]

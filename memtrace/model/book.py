@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from memtrace.core.arrays import unique_inverse
+
 _TOP = 2**64 - 1  # the highest address: ranges end there at the latest
 # What an address book says of a pointer. _DRIVER: host memory the GPU driver
 # had mapped into a process before tracing began (pinned, of unknown allocations).
@@ -109,7 +111,7 @@ class AddressBook:
         add = op_add.nonzero()[0]
         op_end = op_start + np.minimum(np.maximum(op_size, 1), np.uint64(_TOP) - op_start)  # as add() clamps
         # Every range that exists at some moment: the book's and the batch's.
-        u, inv = np.unique(np.concatenate([b_start, op_start[add]]), return_inverse=True)
+        u, inv = unique_inverse(np.concatenate([b_start, op_start[add]]))
         if len(u) == 0:
             return np.zeros(len(q_ptr), np.uint8)  # nothing tracked; removals change nothing
         reach = np.zeros(len(u), np.uint64)

@@ -792,14 +792,14 @@ def _count_copies(st: StepStats, direction: np.ndarray, nbytes: np.ndarray, ns: 
     raw, inv = unique_inverse(direction.astype(np.int64) << 56 | nbytes.astype(np.int64))
     m = len(raw)
     calls = np.bincount(inv, minlength=m).tolist()
-    moved = np.bincount(inv, nbytes.astype(np.float64), m).tolist()
     took = np.bincount(inv, ns.clip(min=0), m).tolist()
-    classes = _quarter_octave(raw & _BYTES_MASK).tolist()
-    sums: dict[tuple[int, int], list[float]] = {}  # each class's calls, bytes and time
-    for j, (key, q) in enumerate(zip(raw.tolist(), classes, strict=True)):
-        acc = sums.setdefault((key >> 56, q), [0, 0.0, 0.0])
+    size = raw & _BYTES_MASK
+    classes = _quarter_octave(size).tolist()
+    sums: dict[tuple[int, int], list[float]] = {}  # each class's calls, bytes (each size times its calls) and time
+    for j, (key, b, q) in enumerate(zip(raw.tolist(), size.tolist(), classes, strict=True)):
+        acc = sums.setdefault((key >> 56, q), [0, 0, 0.0])
         acc[0] += calls[j]
-        acc[1] += moved[j]
+        acc[1] += b * calls[j]
         acc[2] += took[j]
     for ck, (n, b, t) in sums.items():
         c = st.copies.get(ck)
